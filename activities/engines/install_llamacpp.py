@@ -1,0 +1,117 @@
+"""Install llama-server on this node: build (or reuse the cached build), place it in its
+versioned engine directory, and count it installed only once it is seen to run.
+
+Failures the same attempt would repeat (a build error, a missing library) come back as a
+FAILED status with the reason; only transient ones (the download) raise, so Temporal retries
+them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from activities.engines.build_llamacpp import (
+    BINARY,
+    BuildFailedError,
+    Progress,
+    TransientInstallError,
+    build_llamacpp,
+)
+from activities.engines.engine_dir import (
+    engine_dir,
+    installed_binary,
+    place,
+    read_marker,
+    remove_marker,
+    write_marker,
+)
+from activities.engines.llamacpp import ENGINE, LLAMACPP_DEFAULT_VERSION
+from activities.engines.verify import Verification, verify_binary
+from workflows.contracts import EngineRequirement, EngineState, EngineStatus
+
+__all__ = ["TransientInstallError", "install_llamacpp", "installed_binary"]
+
+# The version names a directory: nothing that could climb out of engines_root.
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+
+
+@contextmanager
+def _exclusive(lock_file: Path) -> Iterator[None]:
+    # Two installs of one version on one node (a retried activity racing its predecessor's
+    # thread) would build into the same tree; the second waits and then finds the cache.
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _status(version: str, check: Verification, binary: Path) -> EngineStatus:
+    if not check.ok:
+        return EngineStatus(
+            engine=ENGINE, version=version, state=EngineState.FAILED, detail=check.detail
+        )
+    detail = "; ".join((check.detail, *check.notes))
+    return EngineStatus(
+        engine=ENGINE,
+        version=version,
+        state=EngineState.INSTALLED,
+        path=str(binary),
+        detail=detail,
+    )
+
+
+def _failed(version: str, reason: str) -> EngineStatus:
+    return EngineStatus(engine=ENGINE, version=version, state=EngineState.FAILED, detail=reason)
+
+
+def verify_operator_binary(version: str, path: str) -> EngineStatus:
+    """An operator-named binary is checked, never installed or replaced."""
+    binary = Path(path).expanduser()
+    return _status(version, verify_binary(binary), binary)
+
+
+def install_llamacpp(
+    req: EngineRequirement, engines_root: Path, cache_dir: Path, progress: Progress
+) -> EngineStatus:
+    version = req.version or LLAMACPP_DEFAULT_VERSION
+    if req.path:
+        progress(f"verifying operator-provided {req.path}")
+        return verify_operator_binary(version, req.path)
+    if not _VERSION.match(version):
+        return _failed(version, f"invalid llama.cpp version {version!r}")
+
+    directory = engine_dir(engines_root, ENGINE, version)
+    with _exclusive(engines_root / ENGINE / f".{version}.lock"):
+        marker = read_marker(directory)
+        if marker is not None:
+            progress(f"re-verifying installed llama-server {version}")
+            check = verify_binary(directory / marker.binary)
+            if check.ok:
+                return _status(version, check, directory / marker.binary)
+            # Something removed a file since (an upgrade, a cleanup): reinstall from the cache,
+            # and if a system library is what is missing, the new copy fails and says which.
+            progress(f"installed copy no longer runs ({check.detail}); reinstalling")
+            remove_marker(directory)
+
+        try:
+            dist = build_llamacpp(version, cache_dir, progress)
+        except BuildFailedError as err:
+            return _failed(version, str(err))
+
+        progress(f"installing llama-server {version}")
+        place(dist, directory)
+        progress(f"verifying llama-server {version}")
+        check = verify_binary(directory / BINARY)
+        if not check.ok:
+            shutil.rmtree(directory, ignore_errors=True)
+            return _failed(version, check.detail)
+        write_marker(directory, ENGINE, version, BINARY, check.detail)
+        return _status(version, check, directory / BINARY)

@@ -1,0 +1,248 @@
+"""The node agent's Temporal activities: discovery, engine installs, and the life of engine
+processes on this machine. Registered by the agent's worker on `node_task_queue(node)`.
+
+Blocking work (subprocesses, builds, /proc scans) runs in threads so the activities can keep
+heartbeating; the heartbeat details are what the Temporal UI shows an operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.discovery import discover_inventory
+from activities.engines.install_llamacpp import install_llamacpp, installed_binary
+from activities.engines.llamacpp import ENGINE as LLAMACPP
+from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION, command_line, engine_env
+from activities.readiness import wait_ready
+from activities.supervisor import ShardSupervisor
+from workflows.contracts import (
+    DiscoverRequest,
+    EngineExit,
+    EngineInstallRequest,
+    EngineState,
+    EngineStatus,
+    LaunchRequest,
+    LaunchResult,
+    NodeInventory,
+    ReadyRequest,
+    ReadyResult,
+    ShardRef,
+    StopResult,
+)
+from workflows.engine_keys import engine_key
+from workflows.names import NodeActivity
+
+# Only these reach an engine from the agent's environment; the key is added explicitly. Anything
+# else the agent holds (credentials, the node secret's source) stays out of engine processes.
+INHERITED_ENV = ("PATH", "HOME", "LANG")
+INSTALL_HEARTBEAT_S = 3.0
+
+T = TypeVar("T")
+
+
+@dataclass
+class AgentConfig:
+    node: str
+    address: str
+    state_dir: Path
+    cache_dir: Path
+    node_secret: bytes = field(repr=False)
+    # engine name -> an operator-provided binary used instead of an installed one.
+    engine_paths: dict[str, str] = field(default_factory=dict)
+    supervise_poll_s: float = 2.0
+    ready_poll_s: float = 0.5
+    stop_grace_s: float = 10.0
+
+    @property
+    def engines_root(self) -> Path:
+        return self.state_dir / "engines"
+
+    @property
+    def agent_dir(self) -> Path:
+        return self.state_dir / "agent" / self.node
+
+
+@dataclass(frozen=True)
+class DeadShard:
+    """An engine that ended while no agent watched: reported to its replica workflow at boot."""
+
+    workflow_id: str
+    exit: EngineExit
+
+
+def _not_retryable(message: str, kind: str) -> ApplicationError:
+    return ApplicationError(message, type=kind, non_retryable=True)
+
+
+class NodeAgentActivities:
+    def __init__(self, config: AgentConfig) -> None:
+        self._config = config
+        self._supervisor = ShardSupervisor(config.agent_dir / "shards", config.agent_dir / "logs")
+
+    @property
+    def supervisor(self) -> ShardSupervisor:
+        return self._supervisor
+
+    # --- discovery and installs ----------------------------------------------------------
+
+    @activity.defn(name=NodeActivity.DISCOVER)
+    async def discover(self, req: DiscoverRequest) -> NodeInventory:
+        if req.node != self._config.node:
+            raise _not_retryable(
+                f"discovery for node {req.node} reached agent {self._config.node}", "WrongNode"
+            )
+        return await asyncio.to_thread(discover_inventory, self._config.node, self._config.address)
+
+    @activity.defn(name=NodeActivity.INSTALL_ENGINE)
+    async def install_engine(self, req: EngineInstallRequest) -> EngineStatus:
+        requirement = req.requirement
+        if requirement.engine != LLAMACPP:
+            return EngineStatus(
+                engine=requirement.engine,
+                version=requirement.version,
+                state=EngineState.FAILED,
+                detail=f"engine {requirement.engine} is not supported on this node yet",
+            )
+        configured = self._config.engine_paths.get(requirement.engine)
+        if requirement.path is None and configured:
+            requirement = requirement.model_copy(update={"path": configured})
+        latest = [f"installing {requirement.engine} {requirement.version}"]
+
+        def progress(line: str) -> None:
+            latest[0] = line  # read by the heartbeat loop below; a list cell is thread-safe
+
+        return await self._heartbeating(
+            lambda: install_llamacpp(
+                requirement, self._config.engines_root, self._config.cache_dir, progress
+            ),
+            lambda: latest[0],
+        )
+
+    @staticmethod
+    async def _heartbeating(work: Callable[[], T], details: Callable[[], str]) -> T:
+        """Run blocking `work` in a thread, heartbeating its latest progress until it ends."""
+        task = asyncio.ensure_future(asyncio.to_thread(work))
+        while True:
+            activity.heartbeat(details())
+            done, _ = await asyncio.wait({task}, timeout=INSTALL_HEARTBEAT_S)
+            if done:
+                return task.result()
+
+    # --- engine processes ----------------------------------------------------------------
+
+    def _binary(self, engine: str, version: str) -> Path:
+        configured = self._config.engine_paths.get(engine)
+        if configured:
+            return Path(configured)
+        binary = installed_binary(self._config.engines_root, engine, version)
+        if binary is None:
+            raise _not_retryable(
+                f"engine {engine} {version} is not installed on node {self._config.node}",
+                "EngineNotInstalled",
+            )
+        return binary
+
+    def _engine_env(self, replica_id: str) -> dict[str, str]:
+        env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
+        env.update(engine_env(engine_key(self._config.node_secret, replica_id)))
+        return env
+
+    @activity.defn(name=NodeActivity.START_ENGINE)
+    async def start_engine(self, req: LaunchRequest) -> LaunchResult:
+        return await asyncio.to_thread(self._launch, req)
+
+    def _launch(self, req: LaunchRequest) -> LaunchResult:
+        model = req.model
+        if model.engine != LLAMACPP:
+            raise _not_retryable(
+                f"engine {model.engine} is not supported on this node yet", "EngineNotSupported"
+            )
+        binary = self._binary(model.engine, model.engine_version or LLAMACPP_DEFAULT_VERSION)
+        if not Path(model.weights).is_file():
+            raise _not_retryable(
+                f"weights file {model.weights} for model {model.name} not found on node "
+                f"{self._config.node}",
+                "WeightsMissing",
+            )
+        try:
+            command = command_line(
+                str(binary),
+                model,
+                self._config.address,
+                req.allocation.port,
+                req.allocation.cpu_cores,
+            )
+        except ValueError as err:
+            raise _not_retryable(str(err), "InvalidModelArgs") from err
+        return self._supervisor.launch(
+            req.replica_id,
+            req.workflow_id,
+            command,
+            self._engine_env(req.replica_id),
+            model.fingerprint(),
+            req.allocation.port,
+        )
+
+    @activity.defn(name=NodeActivity.WAIT_READY)
+    async def wait_ready(self, req: ReadyRequest) -> ReadyResult:
+        def heartbeat() -> None:
+            activity.heartbeat(f"waiting for {req.replica_id} on port {req.port} to load")
+
+        return await wait_ready(
+            req.port,
+            engine_key(self._config.node_secret, req.replica_id),
+            req.timeout_s,
+            heartbeat,
+            lambda: self._supervisor.is_alive(req.replica_id),
+            poll_s=self._config.ready_poll_s,
+            host=self._config.address,
+        )
+
+    @activity.defn(name=NodeActivity.SUPERVISE_ENGINE)
+    async def supervise_engine(self, req: ShardRef) -> EngineExit:
+        spec = self._supervisor.read_spec(req.replica_id)
+        pid = spec.pid if spec else None
+
+        def heartbeat() -> None:
+            activity.heartbeat(f"engine {req.replica_id} running (pid {pid})")
+
+        # Cancellation (replica stopping, agent shutting down) arrives as CancelledError out of
+        # the wait and is left to propagate: the engine outlives its watch, and stopping it is
+        # STOP_ENGINE's job alone.
+        return await self._supervisor.wait_exit(
+            req.replica_id, heartbeat, self._config.supervise_poll_s
+        )
+
+    @activity.defn(name=NodeActivity.STOP_ENGINE)
+    async def stop_engine(self, req: ShardRef) -> StopResult:
+        return await asyncio.to_thread(
+            self._supervisor.stop, req.replica_id, self._config.stop_grace_s
+        )
+
+    # --- for the agent process itself ----------------------------------------------------
+
+    def dead_shards(self) -> list[DeadShard]:
+        """Engines that ended while no agent was watching (called at boot, to tell their
+        replica workflows)."""
+        return [
+            DeadShard(
+                workflow_id=spec.workflow_id,
+                exit=EngineExit(
+                    replica_id=spec.replica_id,
+                    reason=f"engine process {spec.pid} ended while the agent was not running",
+                    log_tail=self._supervisor.log_tail(spec.replica_id),
+                ),
+            )
+            for spec in self._supervisor.dead_shards()
+        ]
+
+    def stop_all_engines(self) -> list[StopResult]:
+        return self._supervisor.stop_all(self._config.stop_grace_s)

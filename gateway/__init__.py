@@ -1,0 +1,1 @@
+"""The gateway: the OpenAI-compatible front door and the store of keys and usage it owns."""

@@ -1,0 +1,110 @@
+"""The gateway application: `create_app` wires the routers, and its lifespan owns every client
+and background loop, so nothing starts at import and tests build as many apps as they like."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+from fastapi import FastAPI
+
+from gateway import admin_routes, openai_routes
+from gateway.auth import KeyCache
+from gateway.deps import GatewayState, State
+from gateway.errors import install_error_handlers
+from gateway.inflight import InFlight
+from gateway.loops import PeriodicTask
+from gateway.route_source import RouteRefresher, RouteSource
+from gateway.settings import GatewaySettings
+from gateway.store import Store
+from gateway.upstream_keys import EngineKeys
+from gateway.usage import UsageRecorder
+
+log = logging.getLogger(__name__)
+
+
+def _upstream_session(settings: GatewaySettings) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        # No total limit: a long stream is fine as long as bytes keep coming.
+        timeout=aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=settings.upstream_connect_timeout_s,
+            sock_read=settings.upstream_read_timeout_s,
+        ),
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+        # Never pick up HTTP(S)_PROXY from the environment: engine traffic goes straight to
+        # the node, with its key.
+        trust_env=False,
+    )
+
+
+def create_app(settings: GatewaySettings, store: Store, route_source: RouteSource) -> FastAPI:
+    """The store belongs to the caller (it opens and closes it); the app calls `init()` and reads
+    the master secret at start-up."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await store.init()
+        keys = KeyCache(store)
+        await keys.refresh()
+        routes = RouteRefresher(route_source)
+        # One try before serving, so a healthy cluster has routes from the first request; a
+        # failure here is not fatal, the loop keeps trying.
+        await routes.refresh()
+        usage = UsageRecorder(store)
+        engine_keys = EngineKeys(await store.master_secret())
+        session = _upstream_session(settings)
+        state = GatewayState(
+            settings=settings,
+            store=store,
+            keys=keys,
+            routes=routes,
+            inflight=InFlight(),
+            usage=usage,
+            engine_keys=engine_keys,
+            session=session,
+        )
+        app.state.gateway = state
+        loops = [
+            PeriodicTask("routes-refresh", settings.refresh_interval_s, routes.refresh),
+            PeriodicTask("keys-refresh", settings.key_refresh_interval_s, keys.refresh),
+            PeriodicTask("usage-flush", settings.usage_flush_interval_s, usage.flush),
+        ]
+        for loop in loops:
+            loop.start()
+        try:
+            yield
+        finally:
+            for loop in loops:
+                await loop.stop()
+            try:
+                await usage.flush()
+            except Exception:
+                log.exception("usage could not be written at shutdown: %s", usage.pending())
+            await session.close()
+
+    app = FastAPI(
+        title="llmgw gateway",
+        lifespan=lifespan,
+        # The OpenAI surface is documented by OpenAI; no schema pages to expose.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    install_error_handlers(app)
+    app.include_router(openai_routes.router)
+    app.include_router(admin_routes.router)
+
+    @app.get("/healthz")
+    async def healthz(state: State) -> dict[str, Any]:
+        # The gateway itself is up; how fresh its routes are is shown, not judged.
+        return {
+            "status": "ok",
+            "routes_version": state.routes.snapshot.version,
+            "routes_age_s": state.routes.age_s(),
+        }
+
+    return app

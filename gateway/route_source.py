@@ -1,0 +1,83 @@
+"""Where the routing table comes from, and the loop that keeps the gateway's copy fresh.
+
+The ledger workflow owns the table; the gateway queries it in the background and requests read
+only the in-memory snapshot, so a slow or unreachable Temporal never delays a request: the last
+good table keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import timedelta
+from typing import Protocol
+
+from temporalio.client import Client
+
+from gateway.routing import RoutingSnapshot
+from workflows.contracts import RoutingTable
+from workflows.names import LEDGER_WORKFLOW_ID
+
+log = logging.getLogger(__name__)
+
+ROUTING_TABLE_QUERY = "routing_table"
+
+
+class RouteSource(Protocol):
+    async def fetch(self) -> RoutingTable: ...
+
+
+class TemporalRouteSource:
+    """Reads the table with a query on the ledger workflow (a query is not recorded in history
+    and costs a few milliseconds)."""
+
+    def __init__(self, client: Client, rpc_timeout: timedelta = timedelta(seconds=2)) -> None:
+        self._client = client
+        self._rpc_timeout = rpc_timeout
+
+    async def fetch(self) -> RoutingTable:
+        handle = self._client.get_workflow_handle(LEDGER_WORKFLOW_ID)
+        table = await handle.query(
+            ROUTING_TABLE_QUERY, result_type=RoutingTable, rpc_timeout=self._rpc_timeout
+        )
+        if not isinstance(table, RoutingTable):
+            raise TypeError(f"ledger answered {type(table).__name__}, not RoutingTable")
+        return table
+
+
+class RouteRefresher:
+    """Holds the current snapshot and replaces it when the source returns a different table."""
+
+    def __init__(self, source: RouteSource, timeout_s: float = 2.0) -> None:
+        self._source = source
+        self._timeout_s = timeout_s
+        self.snapshot = RoutingSnapshot(RoutingTable())
+        self.last_success: float | None = None  # time.monotonic() of the last good fetch
+        self.last_error: str | None = None
+
+    async def refresh(self) -> bool:
+        """One fetch; True if it succeeded. Failures keep the previous table."""
+        try:
+            # asyncio.timeout rather than wait_for: on 3.11, wait_for can swallow a
+            # cancellation that lands as the fetch completes, and the loop would never stop.
+            async with asyncio.timeout(self._timeout_s):
+                table = await self._source.fetch()
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if self.last_error is None:
+                # Logged on the change only: an outage would otherwise log twice a second.
+                log.warning("routing table refresh failed, keeping the last one: %s", reason)
+            self.last_error = reason
+            return False
+        if self.last_error is not None:
+            log.info("routing table refresh recovered (version %d)", table.version)
+        self.last_error = None
+        self.last_success = time.monotonic()
+        # An unchanged table keeps its snapshot, and so its round-robin position.
+        if table != self.snapshot.table:
+            self.snapshot = RoutingSnapshot(table)
+        return True
+
+    def age_s(self) -> float | None:
+        return None if self.last_success is None else time.monotonic() - self.last_success

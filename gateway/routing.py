@@ -1,0 +1,67 @@
+"""Choosing a replica for a request: pure, in memory, no I/O.
+
+A snapshot is built from the ledger's routing table each time it changes. Only READY routes are
+candidates; the rest are kept so an unknown model (404) can be told from a known model whose
+replicas are all starting, restarting or stopping (503).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from workflows.contracts import ReplicaState, Route, RoutingTable
+
+
+class RoutingSnapshot:
+    def __init__(self, table: RoutingTable) -> None:
+        self.table = table
+        routable = ReplicaState.routable()
+        self._all: dict[str, list[Route]] = {}
+        self._ready: dict[str, list[Route]] = {}
+        # Sorted so every gateway walks replicas in the same order, whatever the ledger's order.
+        for route in sorted(table.routes, key=lambda r: r.replica_id):
+            self._all.setdefault(route.model, []).append(route)
+            if route.state in routable:
+                self._ready.setdefault(route.model, []).append(route)
+        # Where each model's round-robin resumes: ties go to the replica after the last pick.
+        self._cursor: dict[str, int] = {}
+
+    @property
+    def version(self) -> int:
+        return self.table.version
+
+    def models(self) -> list[str]:
+        return sorted(self._all)
+
+    def knows(self, model: str) -> bool:
+        return model in self._all
+
+    def ready(self, model: str) -> list[Route]:
+        return list(self._ready.get(model, ()))
+
+    def routes(self, model: str) -> list[Route]:
+        return list(self._all.get(model, ()))
+
+    def pick(
+        self, model: str, inflight: Mapping[str, int], exclude: Collection[str] = ()
+    ) -> Route | None:
+        """The READY replica of `model` with the fewest requests in flight, ties broken round
+        robin; None when there is none (ask `knows` whether the model exists at all)."""
+        candidates = self._ready.get(model)
+        if not candidates:
+            return None
+        start = self._cursor.get(model, 0) % len(candidates)
+        best: int | None = None
+        best_load = 0
+        for offset in range(len(candidates)):
+            index = (start + offset) % len(candidates)
+            route = candidates[index]
+            if route.replica_id in exclude:
+                continue
+            load = inflight.get(route.replica_id, 0)
+            if best is None or load < best_load:
+                best, best_load = index, load
+        if best is None:
+            return None
+        self._cursor[model] = best + 1
+        return candidates[best]

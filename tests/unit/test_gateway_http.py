@@ -1,0 +1,639 @@
+"""The gateway as a client sees it: a real uvicorn server on an ephemeral port, a real SQLite
+store, a fake route source, and real upstreams — the llama-server stand-in
+(tests/standin_engine.py) in its own process, plus a small in-test upstream that records what
+it was sent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from aiohttp import web
+from starlette.requests import Request
+
+from gateway.admin_routes import require_local
+from gateway.errors import ApiError
+from gateway.server import serve, uvicorn_config
+from gateway.settings import GatewaySettings
+from gateway.store import Store, open_store
+from workflows.contracts import ReplicaState, Route, RoutingTable
+from workflows.engine_keys import engine_key_from_master
+
+STANDIN = Path(__file__).resolve().parents[1] / "standin_engine.py"
+NODE = "node-a"
+MODEL = "smol"
+TIMEOUT = httpx.Timeout(15.0)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def route(replica_id: str, endpoint: str, state: ReplicaState = ReplicaState.READY) -> Route:
+    return Route(
+        replica_id=replica_id,
+        model=MODEL,
+        node=NODE,
+        endpoint=endpoint,
+        engine="llamacpp",
+        state=state,
+    )
+
+
+class FakeRouteSource:
+    """Stands in for the ledger query; counts calls so a test can tell when the gateway asks."""
+
+    def __init__(self, *routes: Route) -> None:
+        self.table = RoutingTable(version=1, routes=list(routes))
+        self.fetches = 0
+
+    async def fetch(self) -> RoutingTable:
+        self.fetches += 1
+        return self.table
+
+
+# --- upstreams ---------------------------------------------------------------------------
+
+
+def start_standin(tmp: Path, keys: list[str], env: dict[str, str] | None = None) -> tuple[str, Any]:
+    weights = tmp / "model.gguf"
+    weights.write_bytes(b"GGUF")
+    port = free_port()
+    command = [sys.executable, str(STANDIN), "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(
+        [*command, "-m", str(weights), "--load-delay", "0"],
+        env={**os.environ, "LLAMA_API_KEY": ",".join(keys), **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1, trust_env=False).status_code == 200:
+                return url, proc
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the stand-in engine did not come up")
+
+
+def stop(proc: Any) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@dataclass
+class Recorder:
+    """An upstream that answers one fixed chat completion and keeps every request it got."""
+
+    url: str = ""
+    seen: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[str]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def recording_upstream() -> AsyncIterator[Recorder]:
+    recorder = Recorder()
+
+    async def chat(request: web.Request) -> web.Response:
+        recorder.seen.append((dict(request.headers), await request.json()))
+        return web.json_response(
+            {
+                "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
+            }
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    async with serving(app) as url:
+        recorder.url = url
+        yield recorder
+
+
+async def truncated_stream(request: web.Request) -> web.StreamResponse:
+    """An engine that closes its stream cleanly but early: no usage, no [DONE]."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    chunk = {"choices": [{"index": 0, "delta": {"content": "half"}, "finish_reason": None}]}
+    await response.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
+    await response.write_eof()
+    return response
+
+
+# --- the gateway -------------------------------------------------------------------------
+
+
+@dataclass
+class Gateway:
+    url: str
+    client: httpx.AsyncClient
+    store: Store
+    source: FakeRouteSource
+    key_id: str
+    api_key: str
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    async def chat(self, **body: Any) -> httpx.Response:
+        body.setdefault("model", MODEL)
+        body.setdefault("messages", [{"role": "user", "content": "tell me about otters"}])
+        return await self.client.post("/v1/chat/completions", json=body, headers=self.auth)
+
+    async def usage_totals(self, expect_requests: int, timeout: float = 5.0) -> tuple[int, int]:
+        """(prompt, completion) tokens once the store shows `expect_requests` requests."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = await self.store.usage(key_id=self.key_id)
+            if sum(r.requests for r in rows) >= expect_requests or time.monotonic() > deadline:
+                assert sum(r.requests for r in rows) == expect_requests
+                return (
+                    sum(r.prompt_tokens for r in rows),
+                    sum(r.completion_tokens for r in rows),
+                )
+            await asyncio.sleep(0.05)
+
+
+def fast_settings(**overrides: Any) -> GatewaySettings:
+    values: dict[str, Any] = {
+        "refresh_interval_s": 0.05,
+        "key_refresh_interval_s": 0.1,
+        "usage_flush_interval_s": 0.1,
+        "upstream_read_timeout_s": 10,
+    }
+    return GatewaySettings(**{**values, **overrides})
+
+
+@asynccontextmanager
+async def running_gateway(
+    store: Store, source: FakeRouteSource, settings: GatewaySettings | None = None
+) -> AsyncIterator[Gateway]:
+    settings = settings or fast_settings()
+    record, plaintext = await store.create_key(f"test-{uuid.uuid4().hex[:8]}")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn_config(settings, store, source))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    url = f"http://127.0.0.1:{port}"
+    client = httpx.AsyncClient(base_url=url, timeout=TIMEOUT, trust_env=False)
+    try:
+        yield Gateway(url, client, store, source, record.key_id, plaintext)
+    finally:
+        await client.aclose()
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gateway")
+
+
+@pytest.fixture(scope="module")
+async def store(state_dir: Path) -> AsyncIterator[Store]:
+    store = open_store(None, state_dir)
+    await store.init()
+    yield store
+    await store.close()
+
+
+@pytest.fixture(scope="module")
+async def engine_keys(store: Store) -> dict[str, str]:
+    master = await store.master_secret()
+    return {rid: engine_key_from_master(master, NODE, rid) for rid in ("smol-0", "smol-1")}
+
+
+@pytest.fixture(scope="module")
+def standin(state_dir: Path, engine_keys: dict[str, str]) -> Iterator[str]:
+    url, proc = start_standin(state_dir, list(engine_keys.values()))
+    yield url
+    stop(proc)
+
+
+@pytest.fixture
+async def gateway(store: Store, standin: str) -> AsyncIterator[Gateway]:
+    async with running_gateway(store, FakeRouteSource(route("smol-0", standin))) as gw:
+        yield gw
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert "Traceback" not in response.text
+    if code is not None:
+        assert body["error"]["code"] == code
+
+
+async def sse_events(response: httpx.Response) -> list[str]:
+    return [line[len("data: ") :] async for line in response.aiter_lines() if line]
+
+
+# --- authentication ----------------------------------------------------------------------
+
+
+async def test_missing_wrong_and_revoked_keys_are_401(gateway: Gateway, store: Store) -> None:
+    assert_openai_error(
+        await gateway.client.post("/v1/chat/completions", json={"model": MODEL}),
+        401,
+        "invalid_api_key",
+    )
+    wrong = gateway.api_key[:-3] + ("abc" if not gateway.api_key.endswith("abc") else "xyz")
+    response = await gateway.client.post(
+        "/v1/chat/completions", json={"model": MODEL}, headers={"Authorization": f"Bearer {wrong}"}
+    )
+    assert_openai_error(response, 401, "invalid_api_key")
+    assert (await gateway.chat()).status_code == 200
+    await store.revoke_key(gateway.key_id)
+    # The running gateway picks the revocation up within its key refresh interval.
+    deadline = time.monotonic() + 3
+    while (response := await gateway.chat()).status_code == 200 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert_openai_error(response, 401, "invalid_api_key")
+    assert_openai_error(await gateway.client.get("/v1/models", headers=gateway.auth), 401)
+
+
+async def test_a_key_limited_to_other_models_gets_403(gateway: Gateway, store: Store) -> None:
+    _, limited = await store.create_key(f"limited-{uuid.uuid4().hex[:6]}", models=["other"])
+    response = await gateway.client.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": []},
+        headers={"Authorization": f"Bearer {limited}"},
+    )
+    assert_openai_error(response, 403, "model_not_allowed")
+    listed = await gateway.client.get("/v1/models", headers={"Authorization": f"Bearer {limited}"})
+    assert listed.json()["data"] == []
+
+
+# --- request validation ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{not json", None),
+        (b"[1, 2]", None),
+        (b'{"messages": []}', "model"),
+        (b'{"model": 7}', "model"),
+        (b'{"model": "smol", "stream": "yes"}', "stream"),
+        (b'{"model": "smol", "stream": true, "stream_options": 1}', "stream_options"),
+        (b'{"model": "smol", "api_base": "http://169.254.169.254/"}', "api_base"),
+        (b'{"model": "smol", "base_url": "http://evil/"}', "base_url"),
+        (b'{"model": "smol", "api_key": "sk-other"}', "api_key"),
+        (b'{"model": "smol", "headers": {"X-A": "1"}}', "headers"),
+    ],
+)
+async def test_bad_bodies_are_400_naming_the_field(
+    gateway: Gateway, body: bytes, param: str | None
+) -> None:
+    response = await gateway.client.post(
+        "/v1/chat/completions",
+        content=body,
+        headers={**gateway.auth, "Content-Type": "application/json"},
+    )
+    assert_openai_error(response, 400)
+    assert response.json()["error"]["param"] == param
+
+
+async def test_an_oversized_body_is_refused(store: Store, standin: str) -> None:
+    source = FakeRouteSource(route("smol-0", standin))
+    async with running_gateway(store, source, fast_settings(max_body_bytes=1024)) as gw:
+        response = await gw.chat(messages=[{"role": "user", "content": "x" * 4096}])
+        assert_openai_error(response, 413, "request_too_large")
+
+
+# --- routing outcomes --------------------------------------------------------------------
+
+
+async def test_unknown_model_is_404(gateway: Gateway) -> None:
+    assert_openai_error(await gateway.chat(model="nope"), 404, "model_not_found")
+
+
+async def test_model_without_a_ready_replica_is_503_with_retry_after(store: Store) -> None:
+    source = FakeRouteSource(route("smol-0", "http://127.0.0.1:1", ReplicaState.LOADING))
+    async with running_gateway(store, source) as gw:
+        response = await gw.chat()
+        assert_openai_error(response, 503, "no_ready_replica")
+        assert response.headers["retry-after"] == "2"
+        models = (await gw.client.get("/v1/models", headers=gw.auth)).json()["data"]
+        assert [(m["id"], m["ready_replicas"]) for m in models] == [(MODEL, 0)]
+
+
+async def test_unreachable_replica_fails_over_to_another(store: Store, standin: str) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    # smol-0 sorts first, so the first pick is the dead one.
+    source = FakeRouteSource(route("smol-0", dead), route("smol-1", standin))
+    async with running_gateway(store, source) as gw:
+        for _ in range(3):
+            response = await gw.chat()
+            assert response.status_code == 200, response.text
+
+
+async def test_no_reachable_replica_is_502(store: Store) -> None:
+    source = FakeRouteSource(
+        route("smol-0", f"http://127.0.0.1:{free_port()}"),
+        route("smol-1", f"http://127.0.0.1:{free_port()}"),
+    )
+    async with running_gateway(store, source) as gw:
+        assert_openai_error(await gw.chat(), 502, "upstream_unreachable")
+
+
+async def test_requests_never_wait_on_the_route_source(store: Store, standin: str) -> None:
+    source = FakeRouteSource(route("smol-0", standin))
+    async with running_gateway(store, source, fast_settings(refresh_interval_s=10)) as gw:
+        before = source.fetches
+        for _ in range(5):
+            assert (await gw.chat()).status_code == 200
+        assert source.fetches == before
+
+
+async def test_route_changes_reach_the_gateway_without_restart(store: Store, standin: str) -> None:
+    source = FakeRouteSource(route("smol-0", standin, ReplicaState.STARTING))
+    async with running_gateway(store, source) as gw:
+        assert (await gw.chat()).status_code == 503
+        source.table = RoutingTable(version=2, routes=[route("smol-0", standin)])
+        deadline = time.monotonic() + 3
+        while (response := await gw.chat()).status_code == 503 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert response.status_code == 200
+
+
+# --- relaying ----------------------------------------------------------------------------
+
+
+async def test_upstream_sees_the_engine_key_never_the_clients(
+    store: Store, engine_keys: dict[str, str]
+) -> None:
+    async with recording_upstream() as upstream:
+        source = FakeRouteSource(route("smol-0", upstream.url))
+        async with running_gateway(store, source) as gw:
+            response = await gw.client.post(
+                "/v1/chat/completions",
+                json={"model": MODEL, "messages": [], "temperature": 0.5},
+                headers={**gw.auth, "X-Secret-Header": "client-only", "Cookie": "a=b"},
+            )
+            assert response.status_code == 200
+            assert response.json()["choices"][0]["message"]["content"] == "hi"
+            client_key = gw.api_key
+    ((headers, body),) = upstream.seen
+    assert headers["Authorization"] == f"Bearer {engine_keys['smol-0']}"
+    assert all(client_key not in value for value in headers.values())
+    assert "X-Secret-Header" not in headers and "Cookie" not in headers
+    assert body == {"model": MODEL, "messages": [], "temperature": 0.5}
+
+
+async def test_plain_chat_is_relayed_and_usage_recorded(gateway: Gateway) -> None:
+    response = await gateway.chat(messages=[{"role": "user", "content": "one two three"}])
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["choices"][0]["message"]["content"] == "echo: one two three"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert await gateway.usage_totals(expect_requests=1) == (3, 4)
+
+
+async def test_text_completions_are_relayed(gateway: Gateway) -> None:
+    response = await gateway.client.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "a b"}, headers=gateway.auth
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] == "echo: a b"
+
+
+async def test_stream_is_relayed_without_the_usage_chunk_it_did_not_ask_for(
+    gateway: Gateway,
+) -> None:
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "messages": [{"role": "user", "content": "one two three"}],
+    }
+    async with gateway.client.stream(
+        "POST", "/v1/chat/completions", json=body, headers=gateway.auth
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = await sse_events(response)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == "echo: one two three"
+    assert all("usage" not in c for c in chunks)
+    # The gateway asked the engine for usage anyway, so the request is accounted in full.
+    assert await gateway.usage_totals(expect_requests=1) == (3, 4)
+
+
+async def test_stream_keeps_the_usage_chunk_when_asked(gateway: Gateway) -> None:
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "a b"}],
+    }
+    async with gateway.client.stream(
+        "POST", "/v1/chat/completions", json=body, headers=gateway.auth
+    ) as response:
+        events = await sse_events(response)
+    usage_chunk = json.loads(events[-2])
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"]["completion_tokens"] == 3
+    assert await gateway.usage_totals(expect_requests=1) == (2, 3)
+
+
+async def test_an_engine_dying_mid_stream_ends_the_stream_with_an_error(
+    store: Store, engine_keys: dict[str, str], tmp_path: Path
+) -> None:
+    url, proc = start_standin(
+        tmp_path, list(engine_keys.values()), {"STANDIN_DIE_AFTER_CHUNKS": "3"}
+    )
+    try:
+        async with running_gateway(store, FakeRouteSource(route("smol-0", url))) as gw:
+            body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "a"}]}
+            async with gw.client.stream(
+                "POST", "/v1/chat/completions", json=body, headers=gw.auth
+            ) as response:
+                assert response.status_code == 200
+                events = await asyncio.wait_for(sse_events(response), 10)
+            assert events[-1] == "[DONE]"
+            error = json.loads(events[-2])["error"]
+            assert error["code"] == "upstream_stream_error"
+            assert len(events) == 5, "three relayed chunks, the error, [DONE]"
+            # What did get through is still accounted.
+            assert (await gw.usage_totals(expect_requests=1))[1] >= 1
+    finally:
+        stop(proc)
+
+
+async def test_a_stream_cut_short_without_done_ends_with_an_error(store: Store) -> None:
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", truncated_stream)
+    async with (
+        serving(app) as url,
+        running_gateway(store, FakeRouteSource(route("smol-0", url))) as gw,
+    ):
+        body = {"model": MODEL, "stream": True, "messages": []}
+        async with gw.client.stream(
+            "POST", "/v1/chat/completions", json=body, headers=gw.auth
+        ) as response:
+            events = await sse_events(response)
+    assert json.loads(events[0])["choices"][0]["delta"]["content"] == "half"
+    assert json.loads(events[1])["error"]["code"] == "upstream_stream_error"
+    assert events[2:] == ["[DONE]"]
+
+
+async def test_a_client_leaving_mid_stream_frees_the_replica(
+    store: Store, engine_keys: dict[str, str], tmp_path: Path
+) -> None:
+    url, proc = start_standin(
+        tmp_path, list(engine_keys.values()), {"STANDIN_TOKEN_DELAY_S": "0.2"}
+    )
+    try:
+        async with running_gateway(store, FakeRouteSource(route("smol-0", url))) as gw:
+            body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "a"}]}
+            async with gw.client.stream(
+                "POST", "/v1/chat/completions", json=body, headers=gw.auth
+            ) as response:
+                assert response.status_code == 200
+                # Held in a variable: a dropped line iterator is closed by the garbage
+                # collector, which would hang up early.
+                lines = response.aiter_lines()
+                assert (await anext(lines)).startswith("data: ")
+                inflight = (await gw.client.get("/admin/v1/routes")).json()["inflight"]
+                assert inflight == {"smol-0": 1}
+            # Least-loaded routing would shun this replica forever if the slot leaked.
+            deadline = time.monotonic() + 3
+            while (await gw.client.get("/admin/v1/routes")).json()["inflight"]:
+                assert time.monotonic() < deadline, "in-flight count never went back to 0"
+                await asyncio.sleep(0.05)
+            assert (await gw.usage_totals(expect_requests=1))[1] >= 1
+    finally:
+        stop(proc)
+
+
+async def test_usage_is_written_at_shutdown(store: Store, standin: str) -> None:
+    source = FakeRouteSource(route("smol-0", standin))
+    settings = fast_settings(usage_flush_interval_s=60)
+    async with running_gateway(store, source, settings) as gw:
+        assert (await gw.chat()).status_code == 200
+        assert await store.usage(key_id=gw.key_id) == []
+    (row,) = await store.usage(key_id=gw.key_id)
+    assert row.requests == 1 and row.completion_tokens > 0
+
+
+class UnreachableStore:
+    async def init(self) -> None:
+        raise ConnectionError("no database")
+
+
+async def test_serve_reports_a_failed_start_as_an_error() -> None:
+    settings = GatewaySettings(port=free_port())
+    with pytest.raises(RuntimeError, match="failed to start"):
+        await serve(settings, UnreachableStore(), FakeRouteSource())  # type: ignore[arg-type]
+
+
+# --- the rest of the surface -------------------------------------------------------------
+
+
+async def test_unknown_paths_and_methods_get_openai_shaped_errors(gateway: Gateway) -> None:
+    assert_openai_error(await gateway.client.get("/nope"), 404)
+    assert_openai_error(await gateway.client.get("/v1/chat/completions"), 405)
+
+
+async def test_an_internal_failure_is_a_plain_500(
+    gateway: Gateway, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("db password is hunter2")
+
+    monkeypatch.setattr(store, "usage", broken)
+    response = await gateway.client.get("/admin/v1/usage")
+    assert_openai_error(response, 500, "internal_error")
+    assert "hunter2" not in response.text
+
+
+async def test_healthz(gateway: Gateway) -> None:
+    response = await gateway.client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json()["routes_version"] == 1
+
+
+async def test_admin_answers_loopback_clients_naming_an_address(gateway: Gateway) -> None:
+    await gateway.chat()
+    routes = await gateway.client.get("/admin/v1/routes")
+    assert routes.status_code == 200
+    assert [r["replica_id"] for r in routes.json()["routes"]] == ["smol-0"]
+    for host in ("localhost:8080", "[::1]:8080", "127.0.0.1"):
+        response = await gateway.client.get("/admin/v1/routes", headers={"Host": host})
+        assert response.status_code == 200, host
+    deadline = time.monotonic() + 3
+    while not (usage := (await gateway.client.get("/admin/v1/usage")).json()["data"]):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    assert gateway.key_id in {row["key_id"] for row in usage}
+
+
+async def test_admin_refuses_a_host_name_even_from_loopback(gateway: Gateway) -> None:
+    # A DNS-rebinding page reaches 127.0.0.1 but still sends its own name as Host.
+    for host in ("evil.example.com", "evil.example.com:8080", "127.0.0.1.nip.io"):
+        for path in ("/admin/v1/routes", "/admin/v1/usage"):
+            response = await gateway.client.get(path, headers={"Host": host})
+            assert_openai_error(response, 403, "admin_local_only")
+
+
+@pytest.mark.parametrize("client", ["10.0.0.7", "192.168.1.2", "2001:db8::1"])
+def test_admin_refuses_clients_off_the_machine(client: str) -> None:
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/admin/v1/routes",
+        "headers": [(b"host", b"127.0.0.1:8080")],
+        "client": (client, 40000),
+    }
+    with pytest.raises(ApiError) as caught:
+        require_local(Request(scope))
+    assert caught.value.status == 403

@@ -1,0 +1,163 @@
+"""Replica choice from a routing table, and keeping that table fresh."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from gateway.route_source import ROUTING_TABLE_QUERY, RouteRefresher, TemporalRouteSource
+from gateway.routing import RoutingSnapshot
+from workflows.contracts import ReplicaState, Route, RoutingTable
+from workflows.names import LEDGER_WORKFLOW_ID
+
+
+def route(replica_id: str, model: str = "m", state: ReplicaState = ReplicaState.READY) -> Route:
+    return Route(
+        replica_id=replica_id,
+        model=model,
+        node="node-a",
+        endpoint=f"http://127.0.0.1:1/{replica_id}",
+        engine="llamacpp",
+        state=state,
+    )
+
+
+def table(*routes: Route, version: int = 1) -> RoutingTable:
+    return RoutingTable(version=version, routes=list(routes))
+
+
+def test_only_ready_replicas_are_picked() -> None:
+    snap = RoutingSnapshot(
+        table(
+            route("m-0", state=ReplicaState.LOADING),
+            route("m-1"),
+            route("m-2", state=ReplicaState.STOPPING),
+        )
+    )
+    assert {snap.pick("m", {}).replica_id for _ in range(5)} == {"m-1"}  # type: ignore[union-attr]
+
+
+def test_unknown_model_and_model_without_ready_replica_differ() -> None:
+    snap = RoutingSnapshot(table(route("m-0", state=ReplicaState.STARTING)))
+    assert snap.pick("m", {}) is None and snap.knows("m")
+    assert snap.pick("other", {}) is None and not snap.knows("other")
+    assert snap.models() == ["m"]
+
+
+def test_least_in_flight_wins() -> None:
+    snap = RoutingSnapshot(table(route("m-0"), route("m-1"), route("m-2")))
+    picked = snap.pick("m", {"m-0": 3, "m-1": 1, "m-2": 2})
+    assert picked is not None and picked.replica_id == "m-1"
+
+
+def test_ties_rotate_round_robin() -> None:
+    snap = RoutingSnapshot(table(route("m-0"), route("m-1"), route("m-2")))
+    picks = [snap.pick("m", {}) for _ in range(6)]
+    assert [p.replica_id for p in picks if p] == ["m-0", "m-1", "m-2", "m-0", "m-1", "m-2"]
+    # Among the tied least-loaded only: m-1 is busy, so m-0 and m-2 alternate.
+    loads = Counter(p.replica_id for p in (snap.pick("m", {"m-1": 5}) for _ in range(4)) if p)
+    assert loads == {"m-0": 2, "m-2": 2}
+
+
+def test_excluded_replicas_are_skipped() -> None:
+    snap = RoutingSnapshot(table(route("m-0"), route("m-1")))
+    picked = snap.pick("m", {}, exclude={"m-0"})
+    assert picked is not None and picked.replica_id == "m-1"
+    assert snap.pick("m", {}, exclude={"m-0", "m-1"}) is None
+
+
+def test_models_are_kept_apart() -> None:
+    snap = RoutingSnapshot(table(route("a-0", model="a"), route("b-0", model="b")))
+    picked = snap.pick("b", {})
+    assert picked is not None and picked.replica_id == "b-0"
+    assert [r.replica_id for r in snap.ready("a")] == ["a-0"]
+
+
+class FlakySource:
+    def __init__(self) -> None:
+        self.tables: list[RoutingTable | Exception] = []
+
+    async def fetch(self) -> RoutingTable:
+        item = self.tables.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+async def test_refresher_keeps_the_last_good_table_when_the_source_fails() -> None:
+    source = FlakySource()
+    first = table(route("m-0"), version=3)
+    source.tables = [first, ConnectionError("temporal down"), table(route("m-1"), version=4)]
+    refresher = RouteRefresher(source)
+    assert refresher.snapshot.models() == []
+    assert await refresher.refresh()
+    assert refresher.snapshot.version == 3
+    assert not await refresher.refresh()
+    assert refresher.snapshot.version == 3, "an outage keeps the last good table"
+    assert refresher.last_error is not None and "temporal down" in refresher.last_error
+    assert await refresher.refresh()
+    assert refresher.snapshot.version == 4 and refresher.last_error is None
+
+
+async def test_refresher_keeps_round_robin_position_when_nothing_changed() -> None:
+    source = FlakySource()
+    source.tables = [table(route("m-0"), route("m-1")), table(route("m-0"), route("m-1"))]
+    refresher = RouteRefresher(source)
+    await refresher.refresh()
+    first = refresher.snapshot.pick("m", {})
+    await refresher.refresh()
+    second = refresher.snapshot.pick("m", {})
+    assert first is not None and second is not None
+    assert first.replica_id != second.replica_id
+
+
+class HangingSource:
+    async def fetch(self) -> RoutingTable:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+
+async def test_a_hanging_source_times_out_instead_of_stalling_the_loop() -> None:
+    refresher = RouteRefresher(HangingSource(), timeout_s=0.05)
+    assert not await refresher.refresh()
+    assert refresher.last_error is not None and "TimeoutError" in refresher.last_error
+
+
+class FakeHandle:
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, Any, Any]] = []
+
+    async def query(self, name: str, *, result_type: Any, rpc_timeout: Any) -> Any:
+        self.calls.append((name, result_type, rpc_timeout))
+        return self.answer
+
+
+class FakeClient:
+    def __init__(self, handle: FakeHandle) -> None:
+        self.handle = handle
+        self.workflow_ids: list[str] = []
+
+    def get_workflow_handle(self, workflow_id: str) -> FakeHandle:
+        self.workflow_ids.append(workflow_id)
+        return self.handle
+
+
+async def test_temporal_source_queries_the_ledger_for_its_routing_table() -> None:
+    expected = table(route("m-0"), version=7)
+    client = FakeClient(FakeHandle(expected))
+    source = TemporalRouteSource(client, rpc_timeout=timedelta(seconds=1))  # type: ignore[arg-type]
+    assert await source.fetch() == expected
+    assert client.workflow_ids == [LEDGER_WORKFLOW_ID]
+    assert client.handle.calls == [(ROUTING_TABLE_QUERY, RoutingTable, timedelta(seconds=1))]
+    assert ROUTING_TABLE_QUERY == "routing_table"
+
+
+async def test_temporal_source_refuses_a_wrongly_typed_answer() -> None:
+    source = TemporalRouteSource(FakeClient(FakeHandle({"routes": []})))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        await source.fetch()

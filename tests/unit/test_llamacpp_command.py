@@ -1,0 +1,74 @@
+"""llama-server's command line and environment: what `ps` on the node would show."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from activities.engines.llamacpp import command_line, engine_env
+from workflows.contracts import ModelSpec
+
+# A built llama-server to check flags against, when this machine has one.
+REAL_SERVER = Path(os.environ.get("LLMGW_LLAMA_SERVER", "/tmp/lcbuild/bin/llama-server"))
+
+
+def spec(**overrides: object) -> ModelSpec:
+    fields: dict[str, object] = {
+        "name": "smollm2",
+        "weights": "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "context_size": 8192,
+        "parallel": 4,
+    }
+    fields.update(overrides)
+    return ModelSpec.model_validate(fields)
+
+
+def test_command_line_is_explicit_about_everything_llmgw_decides() -> None:
+    argv = command_line("/e/llama-server", spec(), "127.0.0.1", 18001, 6)
+    assert argv == [
+        "/e/llama-server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "18001",
+        "--metrics",
+        "-m",
+        "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "-c",
+        "8192",
+        "-np",
+        "4",
+        "-t",
+        "6",
+    ]
+
+
+def test_operator_args_come_last() -> None:
+    argv = command_line("llama-server", spec(args=["--lora", "/a.gguf", "-fa", "on"]), "h", 1, 2)
+    assert argv[-4:] == ["--lora", "/a.gguf", "-fa", "on"]
+
+
+@pytest.mark.parametrize("arg", ["--api-key", "--port", "--host=0.0.0.0", "-m", "--api-key-file"])
+def test_args_may_not_take_over_what_llmgw_sets(arg: str) -> None:
+    with pytest.raises(ValueError, match="llmgw sets them itself"):
+        command_line("llama-server", spec(args=[arg, "x"]), "127.0.0.1", 18001, 2)
+
+
+def test_key_is_in_the_environment_never_on_argv() -> None:
+    key = "llmgw-engine-0123abcd"
+    argv = command_line("llama-server", spec(), "127.0.0.1", 18001, 2)
+    assert all(key not in a for a in argv)
+    assert engine_env(key) == {"LLAMA_API_KEY": key}
+
+
+@pytest.mark.skipif(not REAL_SERVER.is_file(), reason="no built llama-server on this machine")
+def test_every_flag_is_known_to_the_real_build() -> None:
+    help_text = subprocess.run(
+        [str(REAL_SERVER), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    listed = help_text.stdout + help_text.stderr
+    argv = command_line(str(REAL_SERVER), spec(), "127.0.0.1", 18001, 2)
+    flags = [a for a in argv[1:] if a.startswith("-")]
+    for flag in flags:
+        assert f"{flag}," in listed or f"{flag} " in listed, f"{flag} missing from --help"

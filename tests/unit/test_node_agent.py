@@ -1,0 +1,246 @@
+"""The node agent's activities through Temporal's ActivityEnvironment, with the stand-in engine
+as the operator-configured llama-server."""
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities import procfs
+from activities.node_agent import AgentConfig, NodeAgentActivities
+from workflows.contracts import (
+    Allocation,
+    DiscoverRequest,
+    EngineInstallRequest,
+    EngineRequirement,
+    EngineState,
+    LaunchRequest,
+    ModelSpec,
+    ReadyRequest,
+    ShardRef,
+)
+from workflows.engine_keys import engine_key
+
+STANDIN = Path(__file__).resolve().parent.parent / "standin_llama_server"
+SECRET = b"node-secret-for-tests-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(autouse=True)
+def venv_python_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stand-in wrapper runs `python3` from PATH (the only variable, with HOME and LANG, an
+    # engine inherits): make that this interpreter, which has aiohttp.
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+
+
+def make_config(tmp_path: Path, with_engine: bool = True) -> AgentConfig:
+    return AgentConfig(
+        node="node-a",
+        address="127.0.0.1",
+        state_dir=tmp_path / "state",
+        cache_dir=tmp_path / "cache",
+        node_secret=SECRET,
+        engine_paths={"llamacpp": str(STANDIN)} if with_engine else {},
+        supervise_poll_s=0.1,
+        ready_poll_s=0.1,
+        stop_grace_s=2.0,
+    )
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[NodeAgentActivities]:
+    acts = NodeAgentActivities(make_config(tmp_path))
+    yield acts
+    acts.stop_all_engines()
+
+
+@pytest.fixture
+def weights(tmp_path: Path) -> Path:
+    path = tmp_path / "smollm2.gguf"
+    path.write_bytes(b"GGUF")
+    return path
+
+
+def launch_request(weights: Path, port: int, replica: str = "smollm2-0") -> LaunchRequest:
+    return LaunchRequest(
+        replica_id=replica,
+        workflow_id=f"replica:smollm2:{replica[-1]}",
+        model=ModelSpec(name="smollm2", weights=str(weights), cpu_cores=2),
+        allocation=Allocation(
+            replica_id=replica,
+            node="node-a",
+            address="127.0.0.1",
+            port=port,
+            cpu_cores=2,
+            memory_mb=1024,
+        ),
+    )
+
+
+def recording_env() -> tuple[ActivityEnvironment, list[tuple[object, ...]]]:
+    env = ActivityEnvironment()
+    beats: list[tuple[object, ...]] = []
+    env.on_heartbeat = lambda *details: beats.append(details)
+    return env, beats
+
+
+async def test_discover_reports_this_node(agent: NodeAgentActivities) -> None:
+    inventory = await ActivityEnvironment().run(agent.discover, DiscoverRequest(node="node-a"))
+    assert inventory.name == "node-a"
+    assert inventory.cpu_cores > 0
+    with pytest.raises(ApplicationError, match="reached agent node-a") as raised:
+        await ActivityEnvironment().run(agent.discover, DiscoverRequest(node="node-b"))
+    assert raised.value.non_retryable
+
+
+async def test_unknown_engine_is_a_failed_status_not_an_error(
+    agent: NodeAgentActivities,
+) -> None:
+    req = EngineInstallRequest(
+        node="node-a", requirement=EngineRequirement(engine="vllm", version="0.10.0")
+    )
+    status = await ActivityEnvironment().run(agent.install_engine, req)
+    assert status.state is EngineState.FAILED
+    assert status.detail == "engine vllm is not supported on this node yet"
+
+
+async def test_configured_engine_path_is_verified_with_heartbeats(
+    agent: NodeAgentActivities,
+) -> None:
+    env, beats = recording_env()
+    req = EngineInstallRequest(
+        node="node-a", requirement=EngineRequirement(engine="llamacpp", version="11434.0.0")
+    )
+    status = await env.run(agent.install_engine, req)
+    assert status.state is EngineState.INSTALLED, status.detail
+    assert status.path == str(STANDIN)
+    assert status.detail.startswith("version: 1 (standin)")
+    assert beats, "the UI must see progress while installing"
+
+
+async def test_start_ready_kill_supervise(agent: NodeAgentActivities, weights: Path) -> None:
+    port = free_port()
+    env, beats = recording_env()
+    launched = await env.run(agent.start_engine, launch_request(weights, port))
+    assert not launched.adopted
+    assert launched.command[:5] == [str(STANDIN), "--host", "127.0.0.1", "--port", str(port)]
+
+    ready = await env.run(agent.wait_ready, ReadyRequest(replica_id="smollm2-0", port=port))
+    assert ready.ready, ready.detail
+
+    # The engine accepts the derived key, which never appears on its command line.
+    key = engine_key(SECRET, "smollm2-0")
+    async with httpx.AsyncClient() as client:
+        ok = await client.get(
+            f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {key}"}
+        )
+        denied = await client.get(f"http://127.0.0.1:{port}/v1/models")
+    assert ok.status_code == 200
+    assert denied.status_code == 401
+    assert key.encode() not in Path(f"/proc/{launched.pid}/cmdline").read_bytes()
+
+    supervise = asyncio.create_task(
+        env.run(agent.supervise_engine, ShardRef(replica_id="smollm2-0"))
+    )
+    await asyncio.sleep(0.3)
+    assert not supervise.done()
+    beats.clear()
+    os.kill(launched.pid, signal.SIGKILL)
+    ended = await asyncio.wait_for(supervise, 10)
+    assert ended.replica_id == "smollm2-0"
+    assert ended.exit_code == -signal.SIGKILL
+    assert "killed by SIGKILL" in ended.reason
+    assert "listening" in ended.log_tail
+
+
+async def test_start_twice_adopts_one_process_then_stop(
+    agent: NodeAgentActivities, weights: Path
+) -> None:
+    port = free_port()
+    env = ActivityEnvironment()
+    first = await env.run(agent.start_engine, launch_request(weights, port))
+    second = await env.run(agent.start_engine, launch_request(weights, port))
+    assert second.adopted
+    assert second.pid == first.pid
+    assert [s.pid for s in agent.supervisor.shards()] == [first.pid]
+
+    stopped = await env.run(agent.stop_engine, ShardRef(replica_id="smollm2-0"))
+    assert stopped.was_running
+    stat = procfs.read_stat(first.pid)
+    assert stat is None or not stat.running
+    again = await env.run(agent.stop_engine, ShardRef(replica_id="smollm2-0"))
+    assert not again.was_running
+
+
+async def test_restarted_agent_adopts_and_cancelled_watch_leaves_engine_running(
+    tmp_path: Path, weights: Path
+) -> None:
+    port = free_port()
+    before = NodeAgentActivities(make_config(tmp_path))
+    first = await ActivityEnvironment().run(before.start_engine, launch_request(weights, port))
+    after = NodeAgentActivities(make_config(tmp_path))  # the agent process restarted
+    try:
+        adopted = await ActivityEnvironment().run(after.start_engine, launch_request(weights, port))
+        assert adopted.adopted
+        assert adopted.pid == first.pid
+
+        env = ActivityEnvironment()
+        watch = asyncio.create_task(
+            env.run(after.supervise_engine, ShardRef(replica_id="smollm2-0"))
+        )
+        await asyncio.sleep(0.3)
+        env.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await watch
+        assert after.supervisor.is_alive("smollm2-0")
+    finally:
+        after.stop_all_engines()
+        before.stop_all_engines()
+
+
+async def test_engine_dead_while_agent_was_down_is_reported_at_boot(
+    tmp_path: Path, weights: Path
+) -> None:
+    port = free_port()
+    before = NodeAgentActivities(make_config(tmp_path))
+    launched = await ActivityEnvironment().run(before.start_engine, launch_request(weights, port))
+    os.kill(launched.pid, signal.SIGKILL)
+    # Reaped (as init would reap a gone agent's orphan) once the kill has landed.
+    for _ in range(200):
+        if not before.supervisor.is_alive("smollm2-0"):
+            break
+        await asyncio.sleep(0.05)
+    after = NodeAgentActivities(make_config(tmp_path))
+    (dead,) = after.dead_shards()
+    assert dead.workflow_id == "replica:smollm2:0"
+    assert dead.exit.replica_id == "smollm2-0"
+    assert "while the agent was not running" in dead.exit.reason
+    assert after.stop_all_engines()[0].was_running is False
+
+
+async def test_missing_engine_or_weights_fail_without_retry(tmp_path: Path, weights: Path) -> None:
+    bare = NodeAgentActivities(make_config(tmp_path, with_engine=False))
+    with pytest.raises(ApplicationError, match="not installed on node node-a") as raised:
+        await ActivityEnvironment().run(bare.start_engine, launch_request(weights, free_port()))
+    assert raised.value.non_retryable
+
+    agent = NodeAgentActivities(make_config(tmp_path))
+    with pytest.raises(ApplicationError, match="not found on node node-a") as raised:
+        await ActivityEnvironment().run(
+            agent.start_engine, launch_request(tmp_path / "absent.gguf", free_port())
+        )
+    assert raised.value.non_retryable
+    assert agent.supervisor.shards() == []

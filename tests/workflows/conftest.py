@@ -1,0 +1,131 @@
+"""Workflow tests: the time-skipping test server, the real ledger, a stand-in node agent."""
+
+import asyncio
+import contextlib
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.ledger_calls import LedgerActivities, update_ledger
+from tests.workflows.fake_agent import FakeAgent
+from workers.registry import CONTROL_WORKFLOWS
+from workflows.contracts import (
+    EngineState,
+    EngineStatus,
+    LedgerAck,
+    LedgerState,
+    NodeInventory,
+    NodeRecord,
+    NodeState,
+    Route,
+)
+from workflows.names import CONTROL_TASK_QUEUE, LEDGER_WORKFLOW_ID, node_task_queue
+
+HISTORIES = Path(__file__).parent / "histories"
+
+
+def binary(name: str) -> str:
+    path = shutil.which(name) or str(Path(__file__).parents[2] / ".venv" / "bin" / name)
+    assert Path(path).exists(), f"{name} not found: install the dev extras"
+    return path
+
+
+@pytest.fixture(scope="session")
+async def env() -> AsyncIterator[WorkflowEnvironment]:
+    environment = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=binary("temporal-test-server"),
+        data_converter=pydantic_data_converter,
+    )
+    yield environment
+    await environment.shutdown()
+
+
+@pytest.fixture(scope="session")
+async def control_worker(env: WorkflowEnvironment) -> AsyncIterator[Worker]:
+    """One control worker for the session: the ledger is one long-lived workflow, as in
+    production, and a worker per test would leave it waiting on a dead worker's sticky queue."""
+    worker = Worker(
+        env.client,
+        task_queue=CONTROL_TASK_QUEUE,
+        workflows=CONTROL_WORKFLOWS,
+        activities=[*LedgerActivities(env.client).all()],
+    )
+    async with worker:
+        yield worker
+
+
+@pytest.fixture
+async def cluster(env: WorkflowEnvironment, control_worker: Worker) -> AsyncIterator["Cluster"]:
+    """A stand-in agent for a node of this test's own, beside the session's control worker."""
+    node = unique("n1")
+    agent = FakeAgent(node)
+    async with Worker(env.client, task_queue=node_task_queue(node), activities=agent.all()):
+        cluster = Cluster(env.client, node, agent)
+        yield cluster
+        await cluster.close()
+
+
+class Cluster:
+    def __init__(self, client: Client, node: str, agent: FakeAgent) -> None:
+        self.client = client
+        self.node = node
+        self.agent = agent
+        self.started: list[WorkflowHandle[Any, Any]] = []
+
+    async def add_node(self, cores: int = 8, engine_state: EngineState = EngineState.INSTALLED):
+        record = NodeRecord(
+            inventory=NodeInventory(name=self.node, cpu_cores=cores, memory_mb=16384),
+            state=NodeState.READY,
+            engines={
+                "llamacpp": EngineStatus(
+                    engine="llamacpp", version="1", state=engine_state, path="/x/llama-server"
+                )
+            },
+        )
+        await update_ledger(self.client, "upsert_node", record, LedgerAck)
+
+    async def ledger(self) -> LedgerState:
+        handle = self.client.get_workflow_handle(LEDGER_WORKFLOW_ID)
+        return await handle.query("snapshot", result_type=LedgerState)
+
+    async def route(self, replica: str) -> Route | None:
+        return (await self.ledger()).routes.get(replica)
+
+    async def start(self, workflow: Any, arg: Any, *, id: str) -> WorkflowHandle[Any, Any]:
+        handle = await self.client.start_workflow(
+            workflow, arg, id=id, task_queue=CONTROL_TASK_QUEUE
+        )
+        self.started.append(handle)
+        return handle
+
+    async def close(self) -> None:
+        # The ledger outlives each test: take this test's node out of placement, and end what
+        # the test left running, so the next test starts from a quiet cluster.
+        for handle in self.started:
+            with contextlib.suppress(Exception):
+                await handle.terminate("test over")
+        state = await self.ledger()
+        if self.node in state.nodes:
+            record = state.nodes[self.node]
+            record.state = NodeState.LOST
+            await update_ledger(self.client, "upsert_node", record, LedgerAck)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {check.__doc__ or check}")
+        await asyncio.sleep(0.05)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"

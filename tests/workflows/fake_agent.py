@@ -1,0 +1,104 @@
+"""A stand-in node agent for workflow tests: the same activity names as the real one, with
+engines that are just records the test can inspect and kill."""
+
+import asyncio
+import contextlib
+import itertools
+from dataclasses import dataclass, field
+
+from temporalio import activity
+
+from workflows.contracts import (
+    EngineExit,
+    EngineInstallRequest,
+    EngineState,
+    EngineStatus,
+    LaunchRequest,
+    LaunchResult,
+    ReadyRequest,
+    ReadyResult,
+    ShardRef,
+    StopResult,
+)
+from workflows.names import NodeActivity
+
+_pids = itertools.count(1000)
+
+
+@dataclass
+class FakeEngine:
+    pid: int
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    exit_code: int | None = None
+
+
+class FakeAgent:
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.engines: dict[str, FakeEngine] = {}
+        self.launches: list[str] = []
+        self.stops: list[str] = []
+        self.installs: list[EngineInstallRequest] = []
+        self.install_result = EngineState.INSTALLED
+
+    def all(self) -> list:
+        return [self.install, self.start, self.wait_ready, self.supervise, self.stop]
+
+    def kill(self, replica_id: str, code: int = -9) -> None:
+        engine = self.engines[replica_id]
+        engine.exit_code = code
+        engine.exited.set()
+
+    def vanish(self, replica_id: str) -> None:
+        """The engine dies while nobody watches (its agent was down): supervise never hears."""
+        del self.engines[replica_id]
+
+    def running(self) -> list[str]:
+        return [r for r, e in self.engines.items() if not e.exited.is_set()]
+
+    @activity.defn(name=NodeActivity.INSTALL_ENGINE)
+    async def install(self, req: EngineInstallRequest) -> EngineStatus:
+        self.installs.append(req)
+        activity.heartbeat("building llama-server 50%")
+        return EngineStatus(
+            engine=req.requirement.engine,
+            version=req.requirement.version,
+            state=self.install_result,
+            path="/engines/llama-server",
+            detail="version: 1 (fake)",
+        )
+
+    @activity.defn(name=NodeActivity.START_ENGINE)
+    async def start(self, req: LaunchRequest) -> LaunchResult:
+        current = self.engines.get(req.replica_id)
+        if current is not None and not current.exited.is_set():
+            return LaunchResult(pid=current.pid, adopted=True, command=["llama-server"])
+        self.launches.append(req.replica_id)
+        engine = FakeEngine(pid=next(_pids))
+        self.engines[req.replica_id] = engine
+        return LaunchResult(pid=engine.pid, adopted=False, command=["llama-server"])
+
+    @activity.defn(name=NodeActivity.WAIT_READY)
+    async def wait_ready(self, req: ReadyRequest) -> ReadyResult:
+        return ReadyResult(ready=True, detail="ok")
+
+    @activity.defn(name=NodeActivity.SUPERVISE_ENGINE)
+    async def supervise(self, ref: ShardRef) -> EngineExit:
+        engine = self.engines[ref.replica_id]
+        while not engine.exited.is_set():
+            activity.heartbeat()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(engine.exited.wait(), 0.2)
+        return EngineExit(
+            replica_id=ref.replica_id, exit_code=engine.exit_code, reason="engine exited"
+        )
+
+    @activity.defn(name=NodeActivity.STOP_ENGINE)
+    async def stop(self, ref: ShardRef) -> StopResult:
+        self.stops.append(ref.replica_id)
+        engine = self.engines.get(ref.replica_id)
+        was_running = engine is not None and not engine.exited.is_set()
+        if engine is not None:
+            engine.exit_code = 0
+            engine.exited.set()
+        return StopResult(replica_id=ref.replica_id, was_running=was_running)

@@ -1,0 +1,111 @@
+"""The replica lifecycle on the time-skipping server, with a stand-in agent."""
+
+from tests.workflows.conftest import Cluster, eventually, unique
+from workflows.contracts import (
+    EngineExit,
+    EngineState,
+    ModelSpec,
+    ReplicaInput,
+    ReplicaState,
+    ReplicaView,
+    StopReplica,
+)
+from workflows.names import replica_id, replica_workflow_id
+from workflows.replica import ReplicaWorkflow, restart_backoff
+
+
+def spec(cores: int = 2) -> ModelSpec:
+    return ModelSpec(name=unique("m"), weights="/w/model.gguf", cpu_cores=cores, engine_version="1")
+
+
+async def start_replica(cluster: Cluster, model: ModelSpec):
+    rid = replica_id(model.name, 0)
+    handle = await cluster.start(
+        ReplicaWorkflow.run,
+        ReplicaInput(replica_id=rid, model=model),
+        id=replica_workflow_id(model.name, 0),
+    )
+    return rid, handle
+
+
+async def test_replica_becomes_routable_restarts_after_exit_and_releases_on_stop(cluster):
+    await cluster.add_node()
+    rid, handle = await start_replica(cluster, spec())
+
+    async def ready() -> bool:
+        route = await cluster.route(rid)
+        return route is not None and route.state == ReplicaState.READY
+
+    await eventually(ready)
+    route = await cluster.route(rid)
+    alloc = (await cluster.ledger()).allocations[rid]
+    assert route.endpoint == f"http://127.0.0.1:{alloc.port}"
+    assert route.node == cluster.node
+
+    cluster.agent.kill(rid)
+
+    async def restarted_and_ready() -> bool:
+        view = await handle.query("describe", result_type=ReplicaView)
+        return view.restarts == 1 and view.state == ReplicaState.READY
+
+    await eventually(restarted_and_ready)
+    assert cluster.agent.launches == [rid, rid]
+    assert (await cluster.ledger()).allocations[rid].port == alloc.port  # restarted in place
+
+    await handle.signal("stop", StopReplica(reason="scaled down"))
+    view = await handle.result()
+    assert view.state == ReplicaState.STOPPED
+    assert cluster.agent.stops == [rid]
+    assert cluster.agent.running() == []
+    state = await cluster.ledger()
+    assert rid not in state.allocations and rid not in state.routes
+
+
+async def test_replica_waits_for_a_node_and_says_why(cluster):
+    await cluster.add_node(engine_state=EngineState.INSTALLING)
+    rid, handle = await start_replica(cluster, spec())
+
+    async def pending_with_reason() -> bool:
+        view = await handle.query("describe", result_type=ReplicaView)
+        return view.state == ReplicaState.PENDING and "llamacpp installing" in view.detail
+
+    await eventually(pending_with_reason)
+    assert cluster.agent.launches == []
+
+    await cluster.add_node(engine_state=EngineState.INSTALLED)
+
+    async def ready() -> bool:
+        route = await cluster.route(rid)
+        return route is not None and route.state == ReplicaState.READY
+
+    await eventually(ready, timeout=60)
+    await handle.signal("stop", StopReplica())
+    await handle.result()
+
+
+async def test_engine_exit_reported_by_a_restarted_agent_restarts_the_engine(cluster):
+    await cluster.add_node()
+    rid, handle = await start_replica(cluster, spec())
+
+    async def ready() -> bool:
+        view = await handle.query("describe", result_type=ReplicaView)
+        return view.state == ReplicaState.READY
+
+    await eventually(ready)
+    # What an agent does at boot for an engine it finds dead: a signal, not a supervise result.
+    cluster.agent.vanish(rid)
+    await handle.signal("engine_exited", EngineExit(replica_id=rid, reason="found dead at boot"))
+
+    async def restarted() -> bool:
+        view = await handle.query("describe", result_type=ReplicaView)
+        return view.restarts == 1 and view.state == ReplicaState.READY
+
+    await eventually(restarted)
+    assert cluster.agent.launches == [rid, rid]
+    await handle.signal("stop", StopReplica())
+    await handle.result()
+
+
+def test_restart_backoff_doubles_and_caps():
+    assert [restart_backoff(n).total_seconds() for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
+    assert restart_backoff(30).total_seconds() == 60

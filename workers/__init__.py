@@ -1,0 +1,1 @@
+"""The top floor: processes, the CLI and `llmgw up`, wired from the packages below."""

@@ -1,0 +1,15 @@
+"""Which workflows each worker hosts."""
+
+from workflows.engine_install import EngineInstallWorkflow
+from workflows.ledger import ClusterLedgerWorkflow
+from workflows.model import ModelWorkflow
+from workflows.node import NodeWorkflow
+from workflows.replica import ReplicaWorkflow
+
+CONTROL_WORKFLOWS = [
+    ClusterLedgerWorkflow,
+    NodeWorkflow,
+    EngineInstallWorkflow,
+    ModelWorkflow,
+    ReplicaWorkflow,
+]

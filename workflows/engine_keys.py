@@ -1,0 +1,33 @@
+"""Engine keys: every engine refuses requests without its key, which only the gateway holds.
+
+The key is a function of a shared secret rather than a row per replica, so a gateway can send
+the right key to replicas it never saw start (adopted after a restart, or started while it was
+down). Two levels keep a node from holding more than it needs: the master secret (in the
+gateway's store) derives a per-node secret, which is all an agent is given; the node secret
+derives each of its replicas' keys. A key taken from one engine opens that replica only.
+
+Keys are derived where they are used and never travel in a workflow payload.
+"""
+
+import hashlib
+import hmac
+import secrets
+
+ENGINE_KEY_PREFIX = "llmgw-engine-"
+
+
+def new_master_secret() -> bytes:
+    return secrets.token_bytes(32)
+
+
+def node_secret(master: bytes, node: str) -> bytes:
+    return hmac.new(master, b"node:" + node.encode(), hashlib.sha256).digest()
+
+
+def engine_key(node_secret_value: bytes, replica_id: str) -> str:
+    mac = hmac.new(node_secret_value, b"replica:" + replica_id.encode(), hashlib.sha256)
+    return ENGINE_KEY_PREFIX + mac.hexdigest()
+
+
+def engine_key_from_master(master: bytes, node: str, replica_id: str) -> str:
+    return engine_key(node_secret(master, node), replica_id)

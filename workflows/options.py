@@ -1,0 +1,52 @@
+"""Activity timeouts and retry policies, named, with the reasoning beside them."""
+
+from datetime import timedelta
+
+from temporalio.common import RetryPolicy
+
+# Ledger calls are quick updates on one workflow; retry briskly, they are idempotent.
+LEDGER_CALL_TIMEOUT = timedelta(seconds=30)
+LEDGER_RETRY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200), maximum_interval=timedelta(seconds=5)
+)
+
+# A source build of llama.cpp takes about 14 minutes on two busy cores; the heartbeat carries
+# its progress, and a silent agent is noticed within two minutes.
+INSTALL_TIMEOUT = timedelta(hours=1)
+INSTALL_HEARTBEAT = timedelta(minutes=2)
+INSTALL_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=5))
+
+# Launching is idempotent on the agent (it adopts a process it already started), so a retry
+# after a lost worker or agent never starts a second engine.
+START_TIMEOUT = timedelta(minutes=2)
+START_RETRY = RetryPolicy(
+    maximum_attempts=5,
+    initial_interval=timedelta(seconds=1),
+    non_retryable_error_types=["EngineNotRunnable"],
+)
+
+# Loading weights legitimately takes minutes for large models.
+READY_TIMEOUT = timedelta(minutes=15)
+READY_HEARTBEAT = timedelta(seconds=30)
+
+# Supervision lasts as long as the engine. A missed heartbeat means the agent died: the retry
+# lands on the restarted agent, which adopts the engine (or reports it gone).
+SUPERVISE_TIMEOUT = timedelta(days=3650)
+SUPERVISE_HEARTBEAT = timedelta(seconds=20)
+SUPERVISE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10)
+)
+
+STOP_TIMEOUT = timedelta(minutes=1)
+STOP_RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=10))
+
+# Engine restart backoff: 1, 2, 4 ... seconds, capped; reset after a run this long.
+RESTART_BACKOFF_MAX = timedelta(seconds=60)
+RESTART_BACKOFF_RESET_AFTER = timedelta(minutes=5)
+
+# A replica nobody can take yet retries placement on this ladder.
+PLACEMENT_RETRY_MAX = timedelta(seconds=30)
+
+# Node liveness: agents heartbeat every NODE_HEARTBEAT; a node silent for NODE_GRACE is lost.
+NODE_HEARTBEAT = timedelta(seconds=10)
+NODE_GRACE = timedelta(seconds=45)
