@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -90,6 +90,17 @@ class NodeAgentActivities:
     @property
     def supervisor(self) -> ShardSupervisor:
         return self._supervisor
+
+    def all(self) -> list[Callable[..., Awaitable[object]]]:
+        """Every activity, for the agent's worker."""
+        return [
+            self.discover,
+            self.install_engine,
+            self.start_engine,
+            self.wait_ready,
+            self.supervise_engine,
+            self.stop_engine,
+        ]
 
     # --- discovery and installs ----------------------------------------------------------
 

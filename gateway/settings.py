@@ -7,7 +7,7 @@ from pydantic import BaseModel, Field
 
 class GatewaySettings(BaseModel):
     host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
+    port: int = Field(default=8000, ge=0, le=65535)
     # How often the routing table is re-read from the ledger: a replica-state change should
     # reach every gateway within about a second.
     refresh_interval_s: float = Field(default=0.5, gt=0, le=10)

@@ -17,7 +17,17 @@ API_KEY_ENV = "LLAMA_API_KEY"
 # would make the engine listen where nothing routes, and --api-key would put a secret on the
 # command line, which every user of the node can read in /proc.
 RESERVED_FLAGS = frozenset(
-    {"--host", "--port", "--api-key", "--api-key-file", "-m", "--model", "--metrics"}
+    {
+        "--host",
+        "--port",
+        "--api-key",
+        "--api-key-file",
+        "-m",
+        "--model",
+        "--metrics",
+        "-a",
+        "--alias",
+    }
 )
 
 
@@ -40,6 +50,9 @@ def command_line(binary: str, model: ModelSpec, host: str, port: int, threads: i
         "--metrics",
         "-m",
         model.weights,
+        # Responses and /v1/models name the model as clients asked for it, not by file path.
+        "--alias",
+        model.name,
         "-c",
         str(model.context_size),
         "-np",

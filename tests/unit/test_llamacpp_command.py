@@ -6,11 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from activities.engines.llamacpp import command_line, engine_env
+from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION, command_line, engine_env
 from workflows.contracts import ModelSpec
 
 # A built llama-server to check flags against, when this machine has one.
-REAL_SERVER = Path(os.environ.get("LLMGW_LLAMA_SERVER", "/tmp/lcbuild/bin/llama-server"))
+REAL_SERVER = Path(
+    os.environ.get("LLMGW_LLAMA_SERVER")
+    or Path.home() / ".cache/llmgw/llamacpp" / f"{LLAMACPP_DEFAULT_VERSION}-cpu/dist/llama-server"
+)
 
 
 def spec(**overrides: object) -> ModelSpec:
@@ -35,6 +38,8 @@ def test_command_line_is_explicit_about_everything_llmgw_decides() -> None:
         "--metrics",
         "-m",
         "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "--alias",
+        "smollm2",
         "-c",
         "8192",
         "-np",

@@ -2,6 +2,8 @@
 
 import asyncio
 import contextlib
+import json
+import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -10,6 +12,7 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowHandle
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -27,9 +30,12 @@ from workflows.contracts import (
     NodeState,
     Route,
 )
+from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import CONTROL_TASK_QUEUE, LEDGER_WORKFLOW_ID, node_task_queue
 
 HISTORIES = Path(__file__).parent / "histories"
+# Set to 1 to (re)write the replay tests' histories from this run: see test_replay.py.
+RECORD_HISTORIES = os.environ.get("LLMGW_RECORD_HISTORIES") == "1"
 
 
 def binary(name: str) -> str:
@@ -59,6 +65,14 @@ async def control_worker(env: WorkflowEnvironment) -> AsyncIterator[Worker]:
         activities=[*LedgerActivities(env.client).all()],
     )
     async with worker:
+        # The ledger exists before any test looks at it, as it does once `llmgw up` has run.
+        await env.client.start_workflow(
+            ClusterLedgerWorkflow.run,
+            LedgerState(),
+            id=LEDGER_WORKFLOW_ID,
+            task_queue=CONTROL_TASK_QUEUE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
         yield worker
 
 
@@ -129,3 +143,17 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15.0
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+async def record_history(handle: WorkflowHandle[Any, Any], name: str) -> None:
+    """With LLMGW_RECORD_HISTORIES=1, store this workflow's history for test_replay.py.
+
+    The file is the history as `temporal workflow show --output json` gives it, plus the
+    workflow ID (which the history itself does not carry) so the replay sees the same
+    `workflow.info()`."""
+    if not RECORD_HISTORIES:
+        return
+    history = await handle.fetch_history()
+    HISTORIES.mkdir(exist_ok=True)
+    document = {"workflow_id": history.workflow_id, **history.to_json_dict()}
+    (HISTORIES / f"{name}.json").write_text(json.dumps(document, indent=1) + "\n")

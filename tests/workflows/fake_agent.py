@@ -40,6 +40,8 @@ class FakeAgent:
         self.stops: list[str] = []
         self.installs: list[EngineInstallRequest] = []
         self.install_result = EngineState.INSTALLED
+        # What the install reports beside its result; None: the usual line for that result.
+        self.install_detail: str | None = None
 
     def all(self) -> list:
         return [self.install, self.start, self.wait_ready, self.supervise, self.stop]
@@ -60,12 +62,16 @@ class FakeAgent:
     async def install(self, req: EngineInstallRequest) -> EngineStatus:
         self.installs.append(req)
         activity.heartbeat("building llama-server 50%")
+        installed = self.install_result == EngineState.INSTALLED
+        detail = self.install_detail
+        if detail is None:
+            detail = "version: 1 (fake)" if installed else "cmake: compiler not found (fake)"
         return EngineStatus(
             engine=req.requirement.engine,
             version=req.requirement.version,
             state=self.install_result,
-            path="/engines/llama-server",
-            detail="version: 1 (fake)",
+            path="/engines/llama-server" if installed else None,
+            detail=detail,
         )
 
     @activity.defn(name=NodeActivity.START_ENGINE)

@@ -1,0 +1,88 @@
+"""The cluster ledger under contention: placements are serialized, so nothing is handed out
+twice, and a refusal says why."""
+
+import asyncio
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.ledger_calls import update_ledger
+from tests.workflows.conftest import Cluster, record_history, unique
+from workflows.contracts import Allocation, LedgerAck, PlacementRequest, ReleaseRequest
+from workflows.ledger import NO_PLACEMENT
+from workflows.names import LEDGER_WORKFLOW_ID
+
+
+def one_core(replica: str) -> PlacementRequest:
+    return PlacementRequest(
+        replica_id=replica,
+        model=replica.rsplit("-", 1)[0],
+        engine="llamacpp",
+        engine_version="1",
+        cpu_cores=1,
+        memory_mb=64,
+    )
+
+
+async def place(cluster: Cluster, replica: str) -> Allocation | ApplicationError:
+    try:
+        return await update_ledger(cluster.client, "place", one_core(replica), Allocation)
+    except ApplicationError as err:
+        return err
+
+
+async def release(cluster: Cluster, replica: str) -> None:
+    await update_ledger(cluster.client, "release", ReleaseRequest(replica_id=replica), LedgerAck)
+
+
+async def test_concurrent_placements_never_oversubscribe_a_node(cluster):
+    await cluster.add_node(cores=8)
+    model = unique("m")
+    replicas = [f"{model}-{i}" for i in range(50)]
+
+    outcomes = await asyncio.gather(*(place(cluster, r) for r in replicas))
+
+    placed = [o for o in outcomes if isinstance(o, Allocation)]
+    refused = [o for o in outcomes if isinstance(o, ApplicationError)]
+    assert len(placed) == 8 and len(refused) == 42
+    assert {a.node for a in placed} == {cluster.node}
+    assert len({a.port for a in placed}) == 8
+    for err in refused:
+        assert err.type == NO_PLACEMENT
+        assert f"{cluster.node}: 0 of 8 CPU cores free, 1 wanted" in err.message
+    state = await cluster.ledger()
+    mine = [a for a in state.allocations.values() if a.node == cluster.node]
+    assert sorted(a.replica_id for a in mine) == sorted(a.replica_id for a in placed)
+    assert sum(a.cpu_cores for a in mine) == 8
+
+    # A retried placement (a control worker that died mid-call) gets the same answer.
+    first = placed[0]
+    assert await place(cluster, first.replica_id) == first
+
+    # Releasing frees the cores and the port for the next replica.
+    await release(cluster, first.replica_id)
+    assert first.replica_id not in (await cluster.ledger()).allocations
+    late = await place(cluster, f"{model}-late")
+    assert isinstance(late, Allocation)
+    assert (late.node, late.port) == (cluster.node, first.port)
+    assert isinstance(await place(cluster, f"{model}-later"), ApplicationError)
+
+    for replica in [late.replica_id, *(a.replica_id for a in placed[1:])]:
+        await release(cluster, replica)
+    state = await cluster.ledger()
+    assert not [a for a in state.allocations.values() if a.node == cluster.node]
+
+
+async def test_a_cluster_without_a_ready_node_refuses_with_every_nodes_reason(cluster):
+    await cluster.add_node(cores=8)
+    await cluster.close()  # the node is lost now
+    err = await place(cluster, f"{unique('m')}-0")
+    assert isinstance(err, ApplicationError)
+    assert err.type == NO_PLACEMENT
+    assert f"{cluster.node}: node is lost" in err.message
+
+
+@pytest.fixture(scope="module", autouse=True)
+async def record_the_ledger(env, control_worker):
+    yield
+    await record_history(env.client.get_workflow_handle(LEDGER_WORKFLOW_ID), "ClusterLedger")

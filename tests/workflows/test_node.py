@@ -1,0 +1,166 @@
+"""The node workflow: registration installs engines, silence makes a node lost, a heartbeat
+brings it back, and a failed install keeps replicas away with the install's own words."""
+
+import pytest
+from temporalio.client import WithStartWorkflowOperation, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+
+from activities.ledger_calls import update_ledger
+from tests.workflows.conftest import Cluster, eventually, record_history, unique
+from workflows import options
+from workflows.contracts import (
+    Allocation,
+    EngineRequirement,
+    EngineState,
+    EngineStatus,
+    NodeHeartbeat,
+    NodeInventory,
+    NodeRecord,
+    NodeRegistration,
+    NodeState,
+    NodeView,
+    PlacementRequest,
+)
+from workflows.engine_install import EngineInstallWorkflow
+from workflows.ledger import NO_PLACEMENT
+from workflows.names import (
+    CONTROL_TASK_QUEUE,
+    engine_install_workflow_id,
+    node_workflow_id,
+)
+from workflows.node import NodeWorkflow
+
+
+def registration(name: str, boot_id: str = "boot-1") -> NodeRegistration:
+    return NodeRegistration(
+        inventory=NodeInventory(name=name, cpu_cores=8, memory_mb=16384),
+        boot_id=boot_id,
+        engines=[EngineRequirement(engine="llamacpp", version="1")],
+    )
+
+
+async def register(cluster: Cluster, node: str, reg: NodeRegistration) -> NodeView:
+    """What the agent does at boot: start the node workflow if missing, then register."""
+    start = WithStartWorkflowOperation(
+        NodeWorkflow.run,
+        id=node_workflow_id(node),
+        task_queue=CONTROL_TASK_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    view: NodeView = await cluster.client.execute_update_with_start_workflow(
+        "register", reg, start_workflow_operation=start, result_type=NodeView
+    )
+    cluster.started.append(await start.workflow_handle())
+    return view
+
+
+async def ledger_record(cluster: Cluster) -> NodeRecord | None:
+    return (await cluster.ledger()).nodes.get(cluster.node)
+
+
+async def wait_for_node(cluster: Cluster, state: NodeState, engine: EngineState) -> NodeRecord:
+    async def there() -> bool:
+        record = await ledger_record(cluster)
+        llamacpp = record.engines.get("llamacpp") if record else None
+        return record is not None and record.state == state and llamacpp.state == engine
+
+    await eventually(there)
+    record = await ledger_record(cluster)
+    assert record is not None
+    return record
+
+
+def node_handle(cluster: Cluster) -> WorkflowHandle[NodeWorkflow, None]:
+    return cluster.client.get_workflow_handle_for(NodeWorkflow.run, node_workflow_id(cluster.node))
+
+
+async def test_registration_installs_engines_and_the_node_becomes_ready(cluster):
+    view = await register(cluster, cluster.node, registration(cluster.node))
+    assert view.record.inventory.name == cluster.node
+    assert view.record.state == NodeState.READY
+
+    record = await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
+    llamacpp = record.engines["llamacpp"]
+    assert (llamacpp.version, llamacpp.path) == ("1", "/engines/llama-server")
+    assert record.inventory.cpu_cores == 8
+    assert [(i.node, i.requirement.engine) for i in cluster.agent.installs] == [
+        (cluster.node, "llamacpp")
+    ]
+    described = await node_handle(cluster).query("describe", result_type=NodeView)
+    assert described.boot_id == "boot-1"
+    assert described.record.engines["llamacpp"].state == EngineState.INSTALLED
+
+    install = cluster.client.get_workflow_handle_for(
+        EngineInstallWorkflow.run, engine_install_workflow_id(cluster.node, "llamacpp", "1")
+    )
+    assert (await install.result()).state == EngineState.INSTALLED
+    await record_history(install, "EngineInstall")
+
+
+async def test_a_node_cannot_register_under_another_nodes_name(cluster):
+    await register(cluster, cluster.node, registration(cluster.node))
+    await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
+    impostor = unique("impostor")
+
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await node_handle(cluster).execute_update(
+            "register", registration(impostor, boot_id="boot-x"), result_type=NodeView
+        )
+    assert f"cannot register as {cluster.node!r}" in str(refused.value.cause)
+    described = await node_handle(cluster).query("describe", result_type=NodeView)
+    assert described.record.inventory.name == cluster.node
+    assert described.boot_id == "boot-1"
+    assert impostor not in (await cluster.ledger()).nodes
+
+
+async def test_a_silent_node_is_lost_and_a_heartbeat_brings_it_back(cluster, env):
+    await register(cluster, cluster.node, registration(cluster.node))
+    await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
+    handle = node_handle(cluster)
+
+    # Heartbeats within the grace keep it ready.
+    for _ in range(3):
+        await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-1"))
+        await env.sleep(options.NODE_GRACE.total_seconds() * 2 / 3)
+    assert (await ledger_record(cluster)).state == NodeState.READY
+
+    await env.sleep(options.NODE_GRACE.total_seconds() + 15)
+    record = await wait_for_node(cluster, NodeState.LOST, EngineState.INSTALLED)
+    assert record.engines["llamacpp"].state == EngineState.INSTALLED  # only liveness changed
+
+    # A heartbeat from an earlier boot of the agent is not this agent: the node stays lost.
+    await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-0"))
+    await env.sleep(1)
+    assert (await ledger_record(cluster)).state == NodeState.LOST
+
+    await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-1"))
+    await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
+    await record_history(handle, "Node")
+
+
+async def test_a_failed_install_is_reported_and_placement_refuses_the_node(cluster):
+    cluster.agent.install_result = EngineState.FAILED
+    cluster.agent.install_detail = "cmake: no C++ compiler found"
+    await register(cluster, cluster.node, registration(cluster.node))
+
+    record = await wait_for_node(cluster, NodeState.READY, EngineState.FAILED)
+    assert record.engines["llamacpp"] == EngineStatus(
+        engine="llamacpp",
+        version="1",
+        state=EngineState.FAILED,
+        detail="cmake: no C++ compiler found",
+    )
+
+    request = PlacementRequest(
+        replica_id=unique("m") + "-0",
+        model="m",
+        engine="llamacpp",
+        engine_version="1",
+        cpu_cores=1,
+        memory_mb=64,
+    )
+    with pytest.raises(ApplicationError) as refused:
+        await update_ledger(cluster.client, "place", request, Allocation)
+    assert refused.value.type == NO_PLACEMENT
+    assert f"{cluster.node}: llamacpp failed: cmake: no C++ compiler found" in refused.value.message

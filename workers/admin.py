@@ -1,0 +1,162 @@
+"""The operator's commands: status, nodes, models, keys and usage, printed as tables."""
+
+import argparse
+from datetime import datetime
+
+from temporalio.client import Client, WorkflowUpdateFailedError
+
+from gateway.store import KeyNameTaken, Store, open_store
+from workers.connect import connect_with_retry
+from workers.models import apply_model, list_models, remove_model, scale_model
+from workers.paths import Locations
+from workers.progress import engine_lines, ledger_snapshot
+from workflows.contracts import ModelSpec
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=False)]
+    lines = [
+        "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=False)).rstrip()
+        for row in [headers, *rows]
+    ]
+    return "\n".join(lines)
+
+
+async def run_command(args: argparse.Namespace, where: Locations, expires: datetime | None) -> None:
+    if args.command in ("key", "usage"):
+        store = open_store(where.database_url, where.state_dir)
+        await store.init()
+        try:
+            await store_command(args, store, expires)
+        finally:
+            await store.close()
+        return
+    client = await connect_with_retry(where, attempts=3)
+    if args.command == "status":
+        await status(client)
+    elif args.command == "nodes":
+        await nodes(client)
+    elif args.command == "model":
+        await model_command(args, client)
+
+
+async def status(client: Client) -> None:
+    await nodes(client)
+    state = await ledger_snapshot(client)
+    print()
+    rows = [
+        [r.replica_id, r.model, r.state.value, r.node, r.endpoint, r.detail]
+        for r in sorted(state.routes.values(), key=lambda r: r.replica_id)
+    ]
+    print(table(["REPLICA", "MODEL", "STATE", "NODE", "ENDPOINT", "DETAIL"], rows))
+
+
+async def nodes(client: Client) -> None:
+    state = await ledger_snapshot(client)
+    rows = []
+    for name, record in sorted(state.nodes.items()):
+        inv = record.inventory
+        gpus = ", ".join(g.gpu_class for g in inv.gpus) or "none"
+        flags = "avx2" if "avx2" in inv.cpu_flags else "NO AVX2"
+        engines = "; ".join(await engine_lines(client, record)) or "none"
+        rows.append(
+            [
+                name,
+                record.state.value,
+                f"{inv.cpu_cores} ({flags})",
+                f"{inv.memory_mb}",
+                gpus,
+                engines,
+            ]
+        )
+    print(table(["NODE", "STATE", "CPUS", "MEMORY MB", "GPUS", "ENGINES"], rows))
+
+
+async def model_command(args: argparse.Namespace, client: Client) -> None:
+    try:
+        if args.action == "add":
+            spec = ModelSpec(
+                name=args.name,
+                weights=args.weights,
+                replicas=args.replicas,
+                cpu_cores=args.cpu_cores,
+                memory_mb=args.memory_mb,
+                context_size=args.context_size,
+                parallel=args.parallel,
+                engine_version=args.engine_version,
+                args=args.arg,
+            )
+            view = await apply_model(client, spec)
+            print(f"model {view.spec.name}: {view.spec.replicas} replica(s) wanted")
+        elif args.action == "scale":
+            view = await scale_model(client, args.name, args.replicas)
+            print(f"model {view.spec.name}: {view.spec.replicas} replica(s) wanted")
+        elif args.action == "rm":
+            await remove_model(client, args.name)
+            print(f"model {args.name}: removing; its replicas stop and release their resources")
+        elif args.action == "list":
+            state = await ledger_snapshot(client)
+            rows = []
+            for view in await list_models(client):
+                routes = [r for r in state.routes.values() if r.model == view.spec.name]
+                ready = sum(1 for r in routes if r.state.value == "ready")
+                rows.append(
+                    [
+                        view.spec.name,
+                        view.spec.engine,
+                        str(view.spec.replicas),
+                        str(ready),
+                        view.spec.weights,
+                    ]
+                )
+            print(table(["MODEL", "ENGINE", "WANTED", "READY", "WEIGHTS"], rows))
+    except WorkflowUpdateFailedError as err:
+        raise SystemExit(f"refused: {err.cause}") from None
+
+
+async def store_command(args: argparse.Namespace, store: Store, expires: datetime | None) -> None:
+    if args.command == "usage":
+        key_id = None
+        if args.key:
+            keys = [k for k in await store.list_keys() if args.key in (k.name, k.key_id)]
+            if not keys:
+                raise SystemExit(f"no key {args.key!r}")
+            key_id = keys[0].key_id
+        names = {k.key_id: k.name for k in await store.list_keys()}
+        rows = [
+            [
+                str(u.day),
+                names.get(u.key_id, u.key_id),
+                u.model,
+                str(u.requests),
+                str(u.prompt_tokens),
+                str(u.completion_tokens),
+            ]
+            for u in await store.usage(key_id=key_id, model=args.model)
+        ]
+        print(table(["DAY", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION"], rows))
+    elif args.action == "create":
+        models = [m.strip() for m in args.models.split(",")] if args.models else None
+        try:
+            record, secret = await store.create_key(args.name, models=models, expires_at=expires)
+        except KeyNameTaken as err:
+            raise SystemExit(str(err)) from None
+        print(f"key {record.name} ({record.key_id}) created; it is shown only this once:")
+        print(secret)
+    elif args.action == "list":
+        rows = [
+            [
+                k.name,
+                k.key_id,
+                ",".join(k.models) if k.models else "all",
+                k.created_at.strftime("%Y-%m-%d %H:%M"),
+                k.expires_at.strftime("%Y-%m-%d %H:%M") if k.expires_at else "-",
+                "revoked" if k.revoked_at else "active",
+            ]
+            for k in await store.list_keys()
+        ]
+        print(table(["NAME", "ID", "MODELS", "CREATED", "EXPIRES", "STATE"], rows))
+    elif args.action == "revoke":
+        if not await store.revoke_key(args.name_or_id):
+            raise SystemExit(f"no active key {args.name_or_id!r}")
+        print(f"revoked {args.name_or_id}")

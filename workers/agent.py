@@ -1,0 +1,136 @@
+"""`llmgw agent`: one per machine. Registers the node, heartbeats, and runs the node's
+activities (installs, engine processes) on its own task queue.
+
+Engines outlive the agent: a restarted agent adopts what is still running, tells replica
+workflows about engines that died while it was away, and stops engines no workflow owns.
+"""
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError
+from temporalio.worker import Worker
+
+from activities.discovery import discover_inventory
+from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION
+from activities.node_agent import AgentConfig, NodeAgentActivities
+from workers.connect import connect_with_retry
+from workers.paths import Locations
+from workers.signals import stop_event, wait_or_stop
+from workflows import options
+from workflows.contracts import EngineRequirement, NodeHeartbeat, NodeRegistration, NodeView
+from workflows.names import CONTROL_TASK_QUEUE, node_task_queue, node_workflow_id
+from workflows.node import NodeWorkflow
+
+log = logging.getLogger("llmgw.agent")
+
+
+@dataclass
+class AgentOptions:
+    node: str
+    address: str = "127.0.0.1"
+    engine_paths: dict[str, str] = field(default_factory=dict)
+    # `llmgw up` owns the whole machine and leaves nothing behind; a standalone agent leaves its
+    # engines serving across its own restarts.
+    stop_engines_on_exit: bool = False
+
+
+def engine_requirements(opts: AgentOptions) -> list[EngineRequirement]:
+    return [
+        EngineRequirement(
+            engine="llamacpp",
+            version=LLAMACPP_DEFAULT_VERSION,
+            path=opts.engine_paths.get("llamacpp"),
+        )
+    ]
+
+
+async def register(client: Client, reg: NodeRegistration) -> NodeView:
+    start = WithStartWorkflowOperation(
+        NodeWorkflow.run,
+        id=node_workflow_id(reg.inventory.name),
+        task_queue=CONTROL_TASK_QUEUE,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    )
+    view: NodeView = await client.execute_update_with_start_workflow(
+        "register", reg, start_workflow_operation=start, result_type=NodeView
+    )
+    return view
+
+
+async def reconcile_shards(client: Client, agent: NodeAgentActivities) -> None:
+    """Tell replica workflows about engines that died unwatched; stop engines whose replica
+    workflow is gone (nothing can describe them, and they hold a port and cores)."""
+    for dead in agent.dead_shards():
+        try:
+            await client.get_workflow_handle(dead.workflow_id).signal("engine_exited", dead.exit)
+            log.info("told %s its engine had ended", dead.workflow_id)
+        except RPCError:
+            log.info("no workflow %s for a dead engine; forgetting it", dead.workflow_id)
+            agent.supervisor.stop(dead.exit.replica_id, 0)
+    for spec in agent.supervisor.shards():
+        if not agent.supervisor.is_alive(spec.replica_id):
+            continue
+        try:
+            described = await client.get_workflow_handle(spec.workflow_id).describe()
+            owned = described.status == WorkflowExecutionStatus.RUNNING
+        except RPCError:
+            owned = False
+        if not owned:
+            log.warning("stopping engine %s: no running workflow owns it", spec.replica_id)
+            await asyncio.to_thread(agent.supervisor.stop, spec.replica_id, 10.0)
+
+
+async def run_agent(where: Locations, opts: AgentOptions) -> None:
+    secret_file = where.node_secret_file(opts.node)
+    if not secret_file.exists():
+        raise SystemExit(
+            f"no node secret at {secret_file}: `llmgw up` writes it for this machine's agent"
+        )
+    config = AgentConfig(
+        node=opts.node,
+        address=opts.address,
+        state_dir=where.state_dir,
+        cache_dir=where.cache_dir,
+        node_secret=bytes.fromhex(secret_file.read_text().strip()),
+        engine_paths=opts.engine_paths,
+    )
+    agent = NodeAgentActivities(config)
+    client = await connect_with_retry(where)
+    stop = stop_event()
+    worker = Worker(client, task_queue=node_task_queue(opts.node), activities=agent.all())
+    boot_id = uuid.uuid4().hex
+    try:
+        async with worker:
+            inventory = await asyncio.to_thread(discover_inventory, opts.node, opts.address)
+            reg = NodeRegistration(
+                inventory=inventory, boot_id=boot_id, engines=engine_requirements(opts)
+            )
+            await register(client, reg)
+            log.info(
+                "node %s registered: %d cores, %d MB, %d GPUs",
+                opts.node,
+                inventory.cpu_cores,
+                inventory.memory_mb,
+                len(inventory.gpus),
+            )
+            await reconcile_shards(client, agent)
+            handle = client.get_workflow_handle(node_workflow_id(opts.node))
+            while not stop.is_set():
+                try:
+                    await handle.signal("heartbeat", NodeHeartbeat(boot_id=boot_id))
+                except RPCError as err:
+                    log.warning("heartbeat failed: %s", err)
+                await wait_or_stop(stop, options.NODE_HEARTBEAT.total_seconds())
+    finally:
+        if opts.stop_engines_on_exit:
+            stopped = await asyncio.to_thread(agent.stop_all_engines)
+            log.info("stopped %d engine(s)", len(stopped))
+
+
+def main(where: Locations, opts: AgentOptions) -> None:
+    asyncio.run(run_agent(where, opts))

@@ -1,0 +1,163 @@
+"""The `llmgw` command."""
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from workers.paths import Locations, default_node_name
+
+
+def parse_engine_paths(values: list[str]) -> dict[str, str]:
+    paths = {}
+    for value in values:
+        engine, sep, path = value.partition("=")
+        if not sep or not engine or not path:
+            raise SystemExit(f"--engine-path wants ENGINE=PATH, got {value!r}")
+        paths[engine] = str(Path(path).resolve())
+    return paths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--state-dir", help="default $LLMGW_STATE_DIR or ~/.local/state/llmgw")
+    common.add_argument("--temporal", help="Temporal address, default $LLMGW_TEMPORAL_ADDRESS")
+    common.add_argument("--database-url", help="PostgreSQL URL, default $LLMGW_DATABASE_URL")
+
+    parser = argparse.ArgumentParser(prog="llmgw", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", parents=[common], help="run everything on this machine")
+    up.add_argument("--node", default=default_node_name())
+    up.add_argument("--host", default="127.0.0.1", help="gateway address")
+    up.add_argument("--port", type=int, default=8000, help="gateway port")
+    up.add_argument("--temporal-port", type=int, default=7233)
+    up.add_argument("--ui-port", type=int, default=8233, help="Temporal web UI port")
+    up.add_argument("--headless", action="store_true", help="no Temporal web UI")
+    up.add_argument("--no-demo", action="store_true", help="do not define the demo model")
+    up.add_argument("--engine-path", action="append", default=[], metavar="ENGINE=PATH")
+
+    sub.add_parser("control", parents=[common], help="run the control-plane worker")
+
+    agent = sub.add_parser("agent", parents=[common], help="run this machine's node agent")
+    agent.add_argument("--node", default=default_node_name())
+    agent.add_argument("--address", default="127.0.0.1", help="address engines listen on")
+    agent.add_argument("--engine-path", action="append", default=[], metavar="ENGINE=PATH")
+    agent.add_argument("--stop-engines-on-exit", action="store_true")
+
+    gw = sub.add_parser("gateway", parents=[common], help="run the OpenAI gateway")
+    gw.add_argument("--host", default="127.0.0.1")
+    gw.add_argument("--port", type=int, default=8000)
+
+    sub.add_parser("status", parents=[common], help="nodes and replicas")
+    sub.add_parser("nodes", parents=[common], help="nodes, their hardware and engines")
+
+    model = sub.add_parser("model", help="define, scale and remove models")
+    msub = model.add_subparsers(dest="action", required=True)
+    add = msub.add_parser("add", parents=[common], help="define a model (or change it)")
+    add.add_argument("name")
+    add.add_argument("--weights", required=True, help="path of a GGUF file on the nodes")
+    add.add_argument("--replicas", type=int, default=1)
+    add.add_argument("--cpu-cores", type=int, default=2)
+    add.add_argument("--memory-mb", type=int, default=1024)
+    add.add_argument("--context-size", type=int, default=4096)
+    add.add_argument("--parallel", type=int, default=2)
+    add.add_argument("--engine-version", default="")
+    add.add_argument("--arg", action="append", default=[], help="extra engine argument")
+    msub.add_parser("list", parents=[common], help="models and their replicas")
+    scale = msub.add_parser("scale", parents=[common], help="set a model's replica count")
+    scale.add_argument("name")
+    scale.add_argument("replicas", type=int)
+    rm = msub.add_parser("rm", parents=[common], help="remove a model and stop its replicas")
+    rm.add_argument("name")
+
+    key = sub.add_parser("key", help="API keys")
+    ksub = key.add_subparsers(dest="action", required=True)
+    create = ksub.add_parser("create", parents=[common], help="make a key; prints it once")
+    create.add_argument("name")
+    create.add_argument("--models", help="comma-separated allowlist (default: all models)")
+    create.add_argument("--expires-in-days", type=float)
+    ksub.add_parser("list", parents=[common])
+    revoke = ksub.add_parser("revoke", parents=[common])
+    revoke.add_argument("name_or_id")
+
+    usage = sub.add_parser("usage", parents=[common], help="requests and tokens per key and day")
+    usage.add_argument("--key", help="key name or id")
+    usage.add_argument("--model")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    where = Locations.resolve(args.state_dir, args.temporal, getattr(args, "database_url", None))
+    try:
+        dispatch(args, where)
+    except ValidationError as err:
+        raise SystemExit(f"invalid input: {err}") from None
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def dispatch(args: argparse.Namespace, where: Locations) -> None:
+    from workers import admin
+
+    if args.command == "up":
+        from workers.up import UpOptions
+        from workers.up import main as up_main
+
+        logging.getLogger().setLevel(logging.WARNING)
+        up_main(
+            where,
+            UpOptions(
+                node=args.node,
+                host=args.host,
+                port=args.port,
+                temporal_port=args.temporal_port,
+                ui_port=None if args.headless else args.ui_port,
+                demo=not args.no_demo,
+                engine_paths=parse_engine_paths(args.engine_path),
+            ),
+        )
+    elif args.command == "control":
+        from workers.control import main as control_main
+
+        control_main(where)
+    elif args.command == "agent":
+        from workers.agent import AgentOptions
+        from workers.agent import main as agent_main
+
+        agent_main(
+            where,
+            AgentOptions(
+                node=args.node,
+                address=args.address,
+                engine_paths=parse_engine_paths(args.engine_path),
+                stop_engines_on_exit=args.stop_engines_on_exit,
+            ),
+        )
+    elif args.command == "gateway":
+        from gateway.settings import GatewaySettings
+        from workers.gateway_main import main as gateway_main
+
+        gateway_main(where, GatewaySettings(host=args.host, port=args.port))
+    else:
+        expires = None
+        if getattr(args, "expires_in_days", None):
+            expires = datetime.now(UTC) + timedelta(days=args.expires_in_days)
+        asyncio.run(admin.run_command(args, where, expires))
+        # The Temporal client's native runtime can call into Python while the interpreter
+        # finalizes and abort it ("PyGILState_Release ... must be current"), turning a command
+        # that succeeded into exit status 134. Nothing is left to clean up here: leave directly.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""`llmgw gateway`: the OpenAI front door, reading routes from the ledger in the background."""
+
+import asyncio
+
+from gateway.route_source import TemporalRouteSource
+from gateway.server import serve
+from gateway.settings import GatewaySettings
+from gateway.store import open_store
+from workers.connect import connect_with_retry
+from workers.paths import Locations
+
+
+async def run_gateway(where: Locations, settings: GatewaySettings) -> None:
+    store = open_store(where.database_url, where.state_dir)
+    client = await connect_with_retry(where)
+    try:
+        await serve(settings, store, TemporalRouteSource(client))
+    finally:
+        await store.close()
+
+
+def main(where: Locations, settings: GatewaySettings) -> None:
+    asyncio.run(run_gateway(where, settings))

@@ -1,0 +1,63 @@
+"""Where llmgw keeps things on this machine, and how a process finds the rest of the system.
+
+Everything comes from flags first, then the environment, then a default, so one set of
+environment variables points every command (`up`, `agent`, `key create` ...) at the same place.
+"""
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from workflows.client import DEFAULT_NAMESPACE, DEFAULT_TEMPORAL_ADDRESS
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("LLMGW_STATE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "llmgw"
+
+
+def default_cache_dir() -> Path:
+    """Engine builds live here rather than in a state dir: a llama.cpp build takes many minutes
+    and is the same for every state dir on this machine."""
+    env = os.environ.get("LLMGW_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "llmgw"
+
+
+def default_node_name() -> str:
+    name = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")
+    return name or "node"
+
+
+@dataclass(frozen=True)
+class Locations:
+    state_dir: Path
+    cache_dir: Path
+    temporal: str
+    namespace: str
+    database_url: str | None
+
+    @classmethod
+    def resolve(
+        cls,
+        state_dir: str | None = None,
+        temporal: str | None = None,
+        database_url: str | None = None,
+    ) -> "Locations":
+        return cls(
+            state_dir=Path(state_dir).expanduser() if state_dir else default_state_dir(),
+            cache_dir=default_cache_dir(),
+            temporal=temporal or os.environ.get("LLMGW_TEMPORAL_ADDRESS", DEFAULT_TEMPORAL_ADDRESS),
+            namespace=os.environ.get("LLMGW_TEMPORAL_NAMESPACE", DEFAULT_NAMESPACE),
+            database_url=database_url or os.environ.get("LLMGW_DATABASE_URL") or None,
+        )
+
+    def node_secret_file(self, node: str) -> Path:
+        return self.state_dir / "agent" / node / "node.secret"

@@ -1,0 +1,220 @@
+"""`llmgw up`: the whole system on one machine, with real parts.
+
+An embedded Temporal server (SQLite file, web UI), the control worker, this machine's agent and
+the gateway, each its own process; the demo model defined if missing. Ctrl-C stops everything,
+engines included. Running it again finds the same models, keys and usage.
+"""
+
+import asyncio
+import fcntl
+import logging
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO
+
+from temporalio.client import Client
+
+from activities.node_agent import AgentConfig, NodeAgentActivities
+from gateway.store import Store, open_store
+from workers.children import Child, Children
+from workers.connect import connect_with_retry
+from workers.demo import DEMO_MODEL, demo_spec
+from workers.models import define_if_missing
+from workers.paths import Locations
+from workers.progress import engine_lines, ledger_snapshot
+from workers.signals import stop_event, wait_or_stop
+from workers.temporal_server import TemporalDevServer
+from workflows.contracts import ReplicaState
+from workflows.engine_keys import node_secret
+
+log = logging.getLogger("llmgw.up")
+
+
+@dataclass
+class UpOptions:
+    node: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    temporal_port: int = 7233
+    ui_port: int | None = 8233
+    demo: bool = True
+    engine_paths: dict[str, str] = field(default_factory=dict)
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def lock_state_dir(state_dir: Path) -> IO[str]:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    handle = (state_dir / "up.lock").open("w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"another `llmgw up` is running with state dir {state_dir}") from None
+    return handle
+
+
+def write_secret_file(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text + "\n")
+
+
+async def ensure_demo_key(store: Store, key_file: Path) -> str:
+    """A ready API key for the quick start, kept (0600) in the state dir so every `up` can print a
+    curl line that works; made anew if it was revoked or lost."""
+    if key_file.exists():  # noqa: ASYNC240 - a tiny file, read once at start-up
+        secret = key_file.read_text().strip()  # noqa: ASYNC240
+        key_id = secret.split("-")[1] if secret.count("-") >= 2 else ""
+        record = await store.get_key(key_id)
+        if record is not None and record.revoked_at is None:
+            return secret
+    existing = {k.name for k in await store.list_keys() if k.revoked_at is None}
+    name = "quickstart"
+    n = 1
+    while name in existing:
+        n += 1
+        name = f"quickstart-{n}"
+    _, secret = await store.create_key(name)
+    write_secret_file(key_file, secret)
+    return secret
+
+
+def child_env(where: Locations) -> dict[str, str]:
+    env = dict(os.environ)
+    env["LLMGW_STATE_DIR"] = str(where.state_dir)
+    env["LLMGW_TEMPORAL_ADDRESS"] = where.temporal
+    if where.database_url:
+        env["LLMGW_DATABASE_URL"] = where.database_url
+    # This environment's tools first: engines and the stand-in engine find the same Python.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def start_children(where: Locations, opts: UpOptions) -> Children:
+    logs = where.state_dir / "logs"
+    run = where.state_dir / "run"
+    children = Children(env=child_env(where))
+    agent_args = ["agent", "--node", opts.node, "--stop-engines-on-exit"]
+    for engine, path in opts.engine_paths.items():
+        agent_args += ["--engine-path", f"{engine}={path}"]
+    gateway_args = ["gateway", "--host", opts.host, "--port", str(opts.port)]
+    for name, args in (("control", ["control"]), ("agent", agent_args), ("gateway", gateway_args)):
+        children.add(Child(name, args, logs / f"{name}.log", run / f"{name}.pid"))
+    return children
+
+
+async def wait_until_serving(client: Client, model: str, stop: asyncio.Event) -> bool:
+    """Print what happens until a replica of the model is ready; False if stopped first."""
+    last = ""
+    while not stop.is_set():
+        try:
+            state = await ledger_snapshot(client)
+        except Exception:
+            state = None
+        if state is not None:
+            routes = [r for r in state.routes.values() if r.model == model]
+            if any(r.state == ReplicaState.READY for r in routes):
+                return True
+            lines = []
+            for record in state.nodes.values():
+                lines += await engine_lines(client, record)
+            lines += [f"{r.replica_id}: {r.state.value} {r.detail}".strip() for r in routes]
+            text = "; ".join(lines) or "waiting for this machine's agent to register"
+            if text != last:
+                say(f"  ... {text}")
+                last = text
+        await wait_or_stop(stop, 1.0)
+    return False
+
+
+def banner(opts: UpOptions, where: Locations, api_key: str) -> str:
+    base = f"http://{opts.host}:{opts.port}"
+    ui = f"http://127.0.0.1:{opts.ui_port}" if opts.ui_port else "(headless)"
+    body = '{"model": "' + DEMO_MODEL + '", "messages": [{"role": "user", "content": "Say hello"}]}'
+    lines = [
+        "",
+        "llmgw is up.",
+        f"  OpenAI API:   {base}/v1",
+        f"  API key:      {api_key}",
+        f"  Temporal UI:  {ui}",
+        f"  State:        {where.state_dir}",
+    ]
+    if opts.demo:
+        lines += [
+            "",
+            "Try it:",
+            f"  curl -s {base}/v1/chat/completions \\",
+            f"    -H 'Authorization: Bearer {api_key}' -H 'Content-Type: application/json' \\",
+            f"    -d '{body}'",
+        ]
+    lines += ["", "Ctrl-C stops everything."]
+    return "\n".join(lines)
+
+
+def sweep_engines(where: Locations, node: str) -> int:
+    """Stop any engine an agent left behind (an agent killed with -9 cannot stop its own)."""
+    config = AgentConfig(
+        node=node,
+        address="",
+        state_dir=where.state_dir,
+        cache_dir=where.cache_dir,
+        node_secret=b"",
+    )
+    return len([r for r in NodeAgentActivities(config).stop_all_engines() if r.was_running])
+
+
+async def run_up(where: Locations, opts: UpOptions) -> None:
+    lock = lock_state_dir(where.state_dir)
+    stop = stop_event()
+    store = open_store(where.database_url, where.state_dir)
+    await store.init()
+    master = await store.master_secret()
+    write_secret_file(where.node_secret_file(opts.node), node_secret(master, opts.node).hex())
+    api_key = await ensure_demo_key(store, where.state_dir / "quickstart.key")
+    await store.close()
+
+    server = TemporalDevServer(
+        where.state_dir / "temporal.db",
+        where.state_dir / "logs" / "temporal.log",
+        opts.temporal_port,
+        opts.ui_port,
+    )
+    say(f"starting Temporal ({where.state_dir / 'temporal.db'})")
+    await asyncio.to_thread(server.start)
+    where = replace(where, temporal=server.address)
+    children: Children | None = None
+    try:
+        children = start_children(where, opts)
+        say("started the control worker, this machine's agent and the gateway")
+        client = await connect_with_retry(where)
+        if opts.demo:
+            spec = demo_spec(cpu_cores=min(2, os.cpu_count() or 1))
+            if await define_if_missing(client, spec):
+                say(f"defined the demo model {spec.name}")
+            say(f"waiting for {DEMO_MODEL} to serve (the first run builds llama.cpp)")
+            await wait_until_serving(client, DEMO_MODEL, stop)
+        if not stop.is_set():
+            say(banner(opts, where, api_key))
+        while not stop.is_set():
+            for child, code in children.restart_dead():
+                say(f"{child.name} exited with status {code}; started it again")
+            await wait_or_stop(stop, 1.0)
+        say("stopping")
+    finally:
+        if children is not None:
+            await asyncio.to_thread(children.stop_all)
+        await asyncio.to_thread(server.stop)
+        swept = await asyncio.to_thread(sweep_engines, where, opts.node)
+        if swept:
+            say(f"stopped {swept} engine(s) left behind")
+        lock.close()
+        say("stopped")
+
+
+def main(where: Locations, opts: UpOptions) -> None:
+    asyncio.run(run_up(where, opts))
