@@ -22,7 +22,13 @@ from workers.connect import connect_with_retry
 from workers.paths import Locations
 from workers.signals import stop_event, wait_or_stop
 from workflows import options
-from workflows.contracts import EngineRequirement, NodeHeartbeat, NodeRegistration, NodeView
+from workflows.contracts import (
+    EngineExit,
+    EngineRequirement,
+    NodeHeartbeat,
+    NodeRegistration,
+    NodeView,
+)
 from workflows.names import CONTROL_TASK_QUEUE, node_task_queue, node_workflow_id
 from workflows.node import NodeWorkflow
 
@@ -128,8 +134,25 @@ async def run_agent(where: Locations, opts: AgentOptions) -> None:
                 await wait_or_stop(stop, options.NODE_HEARTBEAT.total_seconds())
     finally:
         if opts.stop_engines_on_exit:
-            stopped = await asyncio.to_thread(agent.stop_all_engines)
-            log.info("stopped %d engine(s)", len(stopped))
+            await stop_engines_and_tell(client, agent)
+
+
+async def stop_engines_and_tell(client: Client, agent: NodeAgentActivities) -> None:
+    """Stop every engine and tell each replica workflow, so that its route stops reading ready
+    and it starts the engine again when this node's agent is back. Signals are recorded by the
+    server even while no control worker runs."""
+    owners = {spec.replica_id: spec.workflow_id for spec in agent.supervisor.shards()}
+    stopped = await asyncio.to_thread(agent.stop_all_engines)
+    for result in stopped:
+        workflow_id = owners.get(result.replica_id)
+        if not result.was_running or workflow_id is None:
+            continue
+        report = EngineExit(replica_id=result.replica_id, reason="stopped with its agent")
+        try:
+            await client.get_workflow_handle(workflow_id).signal("engine_exited", report)
+        except RPCError as err:
+            log.warning("could not tell %s its engine stopped: %s", workflow_id, err)
+    log.info("stopped %d engine(s)", len(stopped))
 
 
 def main(where: Locations, opts: AgentOptions) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
+import httpx
 from temporalio.client import Client
 
 from activities.node_agent import AgentConfig, NodeAgentActivities
@@ -118,7 +119,9 @@ async def wait_until_serving(client: Client, model: str, stop: asyncio.Event) ->
             state = None
         if state is not None:
             routes = [r for r in state.routes.values() if r.model == model]
-            if any(r.state == ReplicaState.READY for r in routes):
+            ready = [r for r in routes if r.state == ReplicaState.READY]
+            # The ledger may still hold a route from before a restart: trust the engine itself.
+            if ready and await answers_health(ready[0].endpoint):
                 return True
             lines = []
             for record in state.nodes.values():
@@ -130,6 +133,14 @@ async def wait_until_serving(client: Client, model: str, stop: asyncio.Event) ->
                 last = text
         await wait_or_stop(stop, 1.0)
     return False
+
+
+async def answers_health(endpoint: str) -> bool:
+    try:
+        async with httpx.AsyncClient(timeout=2) as http:
+            return (await http.get(f"{endpoint}/health")).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def banner(opts: UpOptions, where: Locations, api_key: str) -> str:

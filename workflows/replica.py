@@ -12,10 +12,12 @@ second reservation.
 import asyncio
 import contextlib
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.workflow import ActivityHandle
 
 with workflow.unsafe.imports_passed_through():
     from workflows import options
@@ -39,6 +41,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.ledger import NO_PLACEMENT
     from workflows.names import CONTROL_TASK_QUEUE, ControlActivity, NodeActivity, node_task_queue
+
+
+T = TypeVar("T")
 
 
 def restart_backoff(consecutive_failures: int) -> timedelta:
@@ -153,15 +158,19 @@ class ReplicaWorkflow:
         except ActivityError as err:
             return EngineExit(replica_id=self.inp.replica_id, reason=f"start failed: {err.cause}")
         await self._set_state(ReplicaState.LOADING, f"pid {launch.pid}")
-        ready: ReadyResult = await workflow.execute_activity(
-            NodeActivity.WAIT_READY,
-            ReadyRequest(replica_id=self.inp.replica_id, port=alloc.port),
-            task_queue=queue,
-            start_to_close_timeout=options.READY_TIMEOUT,
-            heartbeat_timeout=options.READY_HEARTBEAT,
-            retry_policy=RetryPolicy(maximum_attempts=3),
-            result_type=ReadyResult,
+        ready = await self._unless_interrupted(
+            workflow.start_activity(
+                NodeActivity.WAIT_READY,
+                ReadyRequest(replica_id=self.inp.replica_id, port=alloc.port),
+                task_queue=queue,
+                start_to_close_timeout=options.READY_TIMEOUT,
+                heartbeat_timeout=options.READY_HEARTBEAT,
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                result_type=ReadyResult,
+            )
         )
+        if isinstance(ready, EngineExit):
+            return ready
         if not ready.ready:
             await self._stop_engine(alloc)
             return EngineExit(replica_id=self.inp.replica_id, reason=f"never ready: {ready.detail}")
@@ -169,25 +178,30 @@ class ReplicaWorkflow:
         return await self._supervise(alloc)
 
     async def _supervise(self, alloc: Allocation) -> EngineExit:
-        supervise = workflow.start_activity(
-            NodeActivity.SUPERVISE_ENGINE,
-            ShardRef(replica_id=self.inp.replica_id),
-            task_queue=node_task_queue(alloc.node),
-            start_to_close_timeout=options.SUPERVISE_TIMEOUT,
-            heartbeat_timeout=options.SUPERVISE_HEARTBEAT,
-            retry_policy=options.SUPERVISE_RETRY,
-            result_type=EngineExit,
+        return await self._unless_interrupted(
+            workflow.start_activity(
+                NodeActivity.SUPERVISE_ENGINE,
+                ShardRef(replica_id=self.inp.replica_id),
+                task_queue=node_task_queue(alloc.node),
+                start_to_close_timeout=options.SUPERVISE_TIMEOUT,
+                heartbeat_timeout=options.SUPERVISE_HEARTBEAT,
+                retry_policy=options.SUPERVISE_RETRY,
+                result_type=EngineExit,
+            )
         )
+
+    async def _unless_interrupted(self, handle: ActivityHandle[T]) -> T | EngineExit:
+        """The activity's result, unless a stop is asked for or an agent reports the engine gone
+        first: then the activity is cancelled and the interruption returned as an exit."""
         await workflow.wait_condition(
-            lambda: supervise.done() or bool(self.stop_request or self.exit_report)
+            lambda: handle.done() or bool(self.stop_request or self.exit_report)
         )
-        if supervise.done():
-            exit_info: EngineExit = supervise.result()
-            return exit_info
+        if handle.done():
+            return handle.result()
         # TRY_CANCEL (the default) resolves at once even when the agent is gone.
-        supervise.cancel()
+        handle.cancel()
         with contextlib.suppress(ActivityError, asyncio.CancelledError):
-            await supervise
+            await handle
         if self.exit_report is not None:
             return self.exit_report
         return EngineExit(replica_id=self.inp.replica_id, reason="stop requested")

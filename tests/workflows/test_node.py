@@ -63,7 +63,12 @@ async def wait_for_node(cluster: Cluster, state: NodeState, engine: EngineState)
     async def there() -> bool:
         record = await ledger_record(cluster)
         llamacpp = record.engines.get("llamacpp") if record else None
-        return record is not None and record.state == state and llamacpp.state == engine
+        return (
+            record is not None
+            and record.state == state
+            and llamacpp is not None
+            and llamacpp.state == engine
+        )
 
     await eventually(there)
     record = await ledger_record(cluster)

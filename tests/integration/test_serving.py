@@ -1,0 +1,138 @@
+"""A model defined through the CLI is placed, started, routed and metered; bad requests get
+OpenAI-shaped errors."""
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from tests.system import System, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def wait_ready(system: System, model: str, count: int, timeout: float = 60) -> list[str]:
+    """Until the ledger has `count` ready replicas of the model and the gateway routes to them
+    (its routing table follows the ledger within about a second)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    headers = {"Authorization": f"Bearer {system.api_key}"}
+    async with httpx.AsyncClient(timeout=10) as http:
+        while True:
+            ready = await system.ready_replicas(model)
+            if len(ready) == count:
+                listed = (await http.get(f"{system.base_url}/models", headers=headers)).json()
+                routed = {m["id"]: m.get("ready_replicas") for m in listed["data"]}
+                if routed.get(model) == count and await engines_answer(http, system, ready):
+                    return ready
+            if asyncio.get_running_loop().time() > deadline:
+                status = system.cli("status").stdout
+                raise AssertionError(f"{model}: {len(ready)} of {count} ready; {status}")
+            await asyncio.sleep(0.2)
+
+
+async def engines_answer(http: httpx.AsyncClient, system: System, replicas: list[str]) -> bool:
+    """The ledger can still hold a route from before a restart; ask the engines themselves."""
+    state = await system.ledger()
+    for replica in replicas:
+        try:
+            health = await http.get(f"{state.routes[replica].endpoint}/health")
+        except httpx.HTTPError:
+            return False
+        if health.status_code != 200:
+            return False
+    return True
+
+
+async def test_model_defined_by_cli_serves_plain_and_streamed_chat_with_usage(system, weights):
+    system.cli("model", "add", "echo", "--weights", str(weights), "--cpu-cores", "1")
+    await wait_ready(system, "echo", 1)
+    client = openai.OpenAI(base_url=system.base_url, api_key=system.api_key)
+
+    reply = client.chat.completions.create(
+        model="echo", messages=[{"role": "user", "content": "hello there"}]
+    )
+    assert reply.choices[0].message.content
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+    chunks = list(
+        client.chat.completions.create(
+            model="echo",
+            messages=[{"role": "user", "content": "stream please"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[-1].usage is not None
+
+    models = [m.id for m in client.models.list()]
+    assert "echo" in models
+
+    def usage_recorded() -> bool:
+        out = system.cli("usage", "--model", "echo").stdout
+        return any(line.split()[3:4] == ["2"] for line in out.splitlines()[1:])
+
+    wait_for(usage_recorded, 15, "two requests in llmgw usage")
+
+
+async def test_bad_requests_get_openai_shaped_errors(system, weights):
+    await wait_ready(system, "echo", 1)
+    url = f"{system.base_url}/chat/completions"
+    good = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+    auth = {"Authorization": f"Bearer {system.api_key}"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        no_key = await http.post(url, json=good)
+        assert no_key.status_code == 401
+        assert no_key.json()["error"]["code"] == "invalid_api_key"
+        wrong = await http.post(url, json=good, headers={"Authorization": "Bearer llmgw-00-x"})
+        assert wrong.status_code == 401
+
+        unknown = await http.post(url, json={**good, "model": "nope"}, headers=auth)
+        assert unknown.status_code == 404
+        assert "error" in unknown.json()
+
+        broken = await http.post(
+            url, content=b"{not json", headers={**auth, "Content-Type": "application/json"}
+        )
+        assert broken.status_code == 400
+        assert "Traceback" not in broken.text
+
+        redirect = await http.post(url, json={**good, "api_base": "http://evil"}, headers=auth)
+        assert redirect.status_code == 400
+
+
+async def test_a_loading_replica_is_not_routed_and_the_client_is_told_to_retry(system, weights):
+    system.cli(
+        "model", "add", "slow", "--weights", str(weights), "--cpu-cores", "1",
+        "--arg=--load-delay", "--arg=600",
+    )  # fmt: skip
+
+    async def loading() -> bool:
+        state = await system.ledger()
+        return any(r.model == "slow" and r.state.value == "loading" for r in state.routes.values())
+
+    deadline = asyncio.get_running_loop().time() + 60
+    while not await loading():
+        assert asyncio.get_running_loop().time() < deadline, system.cli("status").stdout
+        await asyncio.sleep(0.2)
+    async with httpx.AsyncClient(timeout=30) as http:
+        resp = await http.post(
+            f"{system.base_url}/chat/completions",
+            json={"model": "slow", "messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {system.api_key}"},
+        )
+    assert resp.status_code == 503
+    assert resp.headers["Retry-After"]
+    system.cli("model", "rm", "slow")
+
+    async def gone() -> bool:
+        state = await system.ledger()
+        return not any(a.replica_id.startswith("slow-") for a in state.allocations.values())
+
+    deadline = asyncio.get_running_loop().time() + 60
+    while not await gone():
+        assert asyncio.get_running_loop().time() < deadline, system.cli("status").stdout
+        await asyncio.sleep(0.2)
+    assert system.engine_processes("--load-delay") == []

@@ -1,0 +1,157 @@
+"""A whole llmgw on this machine for tests: `llmgw up` as a user runs it, in a temporary state
+dir on free ports, driven through its CLI, its gateway and its Temporal server."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from temporalio.client import Client
+
+from workflows.client import connect
+from workflows.contracts import LedgerState, ReplicaState
+from workflows.names import LEDGER_WORKFLOW_ID
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN_ENGINE = REPO / "tests" / "standin_llama_server"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.2)
+
+
+class System:
+    def __init__(self, state_dir: Path, *, demo: bool, engine_path: Path | None) -> None:
+        self.state_dir = state_dir
+        self.demo = demo
+        self.engine_path = engine_path
+        self.node = "testnode"
+        self.port = free_port()
+        self.temporal_port = free_port()
+        self.process: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["LLMGW_STATE_DIR"] = str(self.state_dir)
+        env["LLMGW_TEMPORAL_ADDRESS"] = f"127.0.0.1:{self.temporal_port}"
+        env.pop("LLMGW_DATABASE_URL", None)
+        return env
+
+    def start(self, timeout: float = 300.0) -> None:
+        cmd = [
+            sys.executable, "-m", "workers.cli", "up", "--node", self.node, "--headless",
+            "--port", str(self.port), "--temporal-port", str(self.temporal_port),
+        ]  # fmt: skip
+        if not self.demo:
+            cmd.append("--no-demo")
+        if self.engine_path is not None:
+            cmd += ["--engine-path", f"llamacpp={self.engine_path}"]
+        self.output = []
+        self.process = subprocess.Popen(
+            cmd, cwd=REPO, env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, bufsize=1,
+        )  # fmt: skip
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout
+        for line in self.process.stdout:
+            self.output.append(line.rstrip())
+            if "Ctrl-C stops everything" in line:
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError("llmgw up did not come up:\n" + "\n".join(self.output))
+        else:
+            raise AssertionError("llmgw up exited:\n" + "\n".join(self.output))
+        # Keep draining its output so it never blocks on a full pipe.
+        import threading
+
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line.rstrip())
+
+    def stop(self) -> int:
+        """Ctrl-C, as a user would; returns up's exit status."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGINT)
+        return self.process.wait(60)
+
+    # --- what a user sees ----------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def api_key(self) -> str:
+        return (self.state_dir / "quickstart.key").read_text().strip()
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [sys.executable, "-m", "workers.cli", *args],
+            cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"llmgw {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+        return result
+
+    async def client(self) -> Client:
+        return await connect(f"127.0.0.1:{self.temporal_port}")
+
+    async def ledger(self) -> LedgerState:
+        client = await self.client()
+        handle = client.get_workflow_handle(LEDGER_WORKFLOW_ID)
+        return await handle.query("snapshot", result_type=LedgerState)
+
+    async def ready_replicas(self, model: str) -> list[str]:
+        state = await self.ledger()
+        return sorted(
+            r.replica_id
+            for r in state.routes.values()
+            if r.model == model and r.state == ReplicaState.READY
+        )
+
+    # --- what the machine runs -----------------------------------------------------------
+
+    def child_pid(self, name: str) -> int:
+        return int((self.state_dir / "run" / f"{name}.pid").read_text())
+
+    def shard(self, replica_id: str) -> dict:
+        path = self.state_dir / "agent" / self.node / "shards" / f"{replica_id}.json"
+        return json.loads(path.read_text())
+
+    def engine_processes(self, model_weights: str) -> list[int]:
+        """Live processes whose command line serves these weights (engines, not wrappers)."""
+        pids = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            if stat.split(") ", 1)[-1].startswith("Z"):
+                continue  # a zombie serves nothing
+            if model_weights.encode() in cmdline and b"-m" in cmdline:
+                pids.append(int(proc.name))
+        return pids
