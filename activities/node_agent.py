@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,16 @@ class DeadShard:
 
     workflow_id: str
     exit: EngineExit
+
+
+def port_free(address: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+        return True
 
 
 def _not_retryable(message: str, kind: str) -> ApplicationError:
@@ -193,6 +204,16 @@ class NodeAgentActivities:
             )
         except ValueError as err:
             raise _not_retryable(str(err), "InvalidModelArgs") from err
+        port = req.allocation.port
+        if not self._supervisor.is_alive(req.replica_id) and not port_free(
+            self._config.address, port
+        ):
+            # Something outside llmgw holds the port: the engine would fail to bind, and the
+            # readiness probe would knock on the stranger's door.
+            raise _not_retryable(
+                f"port {port} on node {self._config.node} is in use by another process",
+                "PortInUse",
+            )
         return self._supervisor.launch(
             req.replica_id,
             req.workflow_id,

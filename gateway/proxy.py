@@ -58,6 +58,15 @@ async def proxy_completion(
 ) -> Response:
     snapshot = state.routes.snapshot
     model = request.model
+    if not snapshot.knows(model) and state.routes.last_success is None:
+        # A gateway that has not read the routing table yet cannot say a model does not exist.
+        raise ApiError(
+            503,
+            "The gateway is still loading its routing table; try again shortly.",
+            type_=SERVER_ERROR,
+            code="routes_not_loaded",
+            headers={"Retry-After": RETRY_AFTER_S},
+        )
     if not snapshot.knows(model):
         raise ApiError(
             404, f"The model '{model}' does not exist.", param="model", code="model_not_found"

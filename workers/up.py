@@ -49,7 +49,7 @@ def say(text: str) -> None:
 
 
 def lock_state_dir(state_dir: Path) -> IO[str]:
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     handle = (state_dir / "up.lock").open("w")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -180,6 +180,10 @@ def sweep_engines(where: Locations, node: str) -> int:
 
 
 async def run_up(where: Locations, opts: UpOptions) -> None:
+    # The state dir holds the store (API key hashes, the engine-key master secret), node secrets
+    # and Temporal's database: nothing in it is for other users of this machine. The children
+    # inherit this.
+    os.umask(0o077)
     lock = lock_state_dir(where.state_dir)
     stop = stop_event()
     store = open_store(where.database_url, where.state_dir)

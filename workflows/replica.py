@@ -126,8 +126,12 @@ class ReplicaWorkflow:
                 cause = err.cause
                 if not (isinstance(cause, ApplicationError) and cause.type == NO_PLACEMENT):
                     raise
-                self.view.state = ReplicaState.PENDING
-                self.view.detail = cause.message
+                if self.view.detail != cause.message:
+                    self.view.state = ReplicaState.PENDING
+                    self.view.detail = cause.message
+                    # Listed with its reason, so `llmgw status` and the gateway (503, not 404)
+                    # know the replica exists before it has a node.
+                    await self._ledger(ControlActivity.LEDGER_SET_ROUTE, self._route("", ""))
                 await self._sleep_unless_stopped(wait)
                 wait = min(wait * 2, options.PLACEMENT_RETRY_MAX)
                 continue
@@ -231,17 +235,20 @@ class ReplicaWorkflow:
         self.view.state = state
         self.view.detail = detail
         assert self.alloc is not None
-        route = Route(
+        endpoint = f"http://{self.alloc.address}:{self.alloc.port}"
+        await self._ledger(ControlActivity.LEDGER_SET_ROUTE, self._route(self.alloc.node, endpoint))
+
+    def _route(self, node: str, endpoint: str) -> Route:
+        return Route(
             replica_id=self.inp.replica_id,
             model=self.inp.model.name,
-            node=self.alloc.node,
-            endpoint=f"http://{self.alloc.address}:{self.alloc.port}",
+            node=node,
+            endpoint=endpoint,
             engine=self.inp.model.engine,
-            state=state,
+            state=self.view.state,
             fingerprint=self.inp.model.fingerprint(),
-            detail=detail,
+            detail=self.view.detail,
         )
-        await self._ledger(ControlActivity.LEDGER_SET_ROUTE, route)
 
     async def _ledger(self, activity_name: str, arg: Route | ReleaseRequest) -> None:
         await workflow.execute_activity(

@@ -355,6 +355,19 @@ async def test_unknown_model_is_404(gateway: Gateway) -> None:
     assert_openai_error(await gateway.chat(model="nope"), 404, "model_not_found")
 
 
+class UnreachableLedger(FakeRouteSource):
+    async def fetch(self) -> RoutingTable:
+        self.fetches += 1
+        raise ConnectionError("Temporal is not up yet")
+
+
+async def test_before_the_first_routing_table_every_model_is_503_not_404(store: Store) -> None:
+    async with running_gateway(store, UnreachableLedger()) as gw:
+        response = await gw.chat(model="anything")
+        assert_openai_error(response, 503, "routes_not_loaded")
+        assert response.headers["retry-after"] == "2"
+
+
 async def test_model_without_a_ready_replica_is_503_with_retry_after(store: Store) -> None:
     source = FakeRouteSource(route("smol-0", "http://127.0.0.1:1", ReplicaState.LOADING))
     async with running_gateway(store, source) as gw:

@@ -244,3 +244,17 @@ async def test_missing_engine_or_weights_fail_without_retry(tmp_path: Path, weig
         )
     assert raised.value.non_retryable
     assert agent.supervisor.shards() == []
+
+
+async def test_a_port_held_by_a_stranger_fails_the_start_clearly(
+    agent: NodeAgentActivities, weights: Path
+) -> None:
+    with socket.socket() as stranger:
+        stranger.bind(("127.0.0.1", 0))
+        stranger.listen()
+        port = stranger.getsockname()[1]
+        with pytest.raises(ApplicationError, match=f"port {port} .* in use") as raised:
+            await ActivityEnvironment().run(agent.start_engine, launch_request(weights, port))
+    assert raised.value.non_retryable
+    assert raised.value.type == "PortInUse"
+    assert agent.supervisor.shards() == []

@@ -156,7 +156,8 @@ def test_identical_requests_spread_evenly_over_nodes(cores, count):
     if open_nodes:
         counts = [per_node[n] for n in open_nodes]
         assert max(counts) - min(counts) <= 1
-        assert all(per_node[n] <= max(counts) for n in state.nodes)
+        # A node that filled up did so while level with the others, so it is at most one ahead.
+        assert all(per_node[n] <= max(counts) + 1 for n in state.nodes)
 
 
 def test_an_empty_cluster_says_no_node_has_registered():

@@ -71,6 +71,9 @@ async def test_replica_waits_for_a_node_and_says_why(cluster):
 
     await eventually(pending_with_reason)
     assert cluster.agent.launches == []
+    listed = await cluster.route(rid)  # what `llmgw status` and the gateway see
+    assert listed is not None and listed.state == ReplicaState.PENDING
+    assert "llamacpp installing" in listed.detail and listed.endpoint == ""
 
     await cluster.add_node(engine_state=EngineState.INSTALLED)
 
