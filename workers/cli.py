@@ -24,15 +24,17 @@ def parse_engine_paths(values: list[str]) -> dict[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--state-dir", help="default $LLMGW_STATE_DIR or ~/.local/state/llmgw")
+    local = argparse.ArgumentParser(add_help=False)
+    local.add_argument("--state-dir", help="default $LLMGW_STATE_DIR or ~/.local/state/llmgw")
+    local.add_argument("--database-url", help="PostgreSQL URL, default $LLMGW_DATABASE_URL")
+    # `up` runs its own Temporal server, so only the other commands take an address.
+    common = argparse.ArgumentParser(add_help=False, parents=[local])
     common.add_argument("--temporal", help="Temporal address, default $LLMGW_TEMPORAL_ADDRESS")
-    common.add_argument("--database-url", help="PostgreSQL URL, default $LLMGW_DATABASE_URL")
 
     parser = argparse.ArgumentParser(prog="llmgw", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    up = sub.add_parser("up", parents=[common], help="run everything on this machine")
+    up = sub.add_parser("up", parents=[local], help="run everything on this machine")
     up.add_argument("--node", default=default_node_name())
     up.add_argument("--host", default="127.0.0.1", help="gateway address")
     up.add_argument("--port", type=int, default=8000, help="gateway port")
@@ -95,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    where = Locations.resolve(args.state_dir, args.temporal, getattr(args, "database_url", None))
+    where = Locations.resolve(
+        args.state_dir, getattr(args, "temporal", None), getattr(args, "database_url", None)
+    )
     try:
         dispatch(args, where)
     except ValidationError as err:
