@@ -135,9 +135,14 @@ class System:
     def child_pid(self, name: str) -> int:
         return int((self.state_dir / "run" / f"{name}.pid").read_text())
 
-    def shard(self, replica_id: str) -> dict:
+    def engine_pid(self, replica_id: str) -> int | None:
+        """The pid in the agent's spec file for the replica; None while there is none (between
+        an engine's death and its replacement's start)."""
         path = self.state_dir / "agent" / self.node / "shards" / f"{replica_id}.json"
-        return json.loads(path.read_text())
+        try:
+            return int(json.loads(path.read_text())["pid"])
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
 
     def engine_processes(self, model_weights: str) -> list[int]:
         """Live processes whose command line serves these weights (engines, not wrappers)."""

@@ -2,6 +2,7 @@
 
 import argparse
 from datetime import datetime
+from pathlib import Path
 
 from temporalio.client import Client, WorkflowUpdateFailedError
 
@@ -22,6 +23,11 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def absolute(path: str) -> str:
+    """A path on a command line is relative to where the operator stands, not to the agent."""
+    return str(Path(path).expanduser().absolute())
+
+
 async def run_command(args: argparse.Namespace, where: Locations, expires: datetime | None) -> None:
     if args.command in ("key", "usage"):
         store = open_store(where.database_url, where.state_dir)
@@ -31,7 +37,12 @@ async def run_command(args: argparse.Namespace, where: Locations, expires: datet
         finally:
             await store.close()
         return
-    client = await connect_with_retry(where, attempts=3)
+    try:
+        client = await connect_with_retry(where, attempts=3)
+    except RuntimeError as err:
+        raise SystemExit(
+            f"cannot reach Temporal at {where.temporal}: is `llmgw up` running? ({err})"
+        ) from None
     if args.command == "status":
         await status(client)
     elif args.command == "nodes":
@@ -77,7 +88,7 @@ async def model_command(args: argparse.Namespace, client: Client) -> None:
         if args.action == "add":
             spec = ModelSpec(
                 name=args.name,
-                weights=args.weights,
+                weights=absolute(args.weights),
                 replicas=args.replicas,
                 cpu_cores=args.cpu_cores,
                 memory_mb=args.memory_mb,

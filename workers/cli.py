@@ -154,13 +154,22 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
         expires = None
         if getattr(args, "expires_in_days", None):
             expires = datetime.now(UTC) + timedelta(days=args.expires_in_days)
-        asyncio.run(admin.run_command(args, where, expires))
+        code = 0
+        try:
+            asyncio.run(admin.run_command(args, where, expires))
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+            if isinstance(stop.code, str):
+                print(stop.code, file=sys.stderr)
+        except ValueError as err:
+            print(f"invalid input: {err}", file=sys.stderr)
+            code = 2
         # The Temporal client's native runtime can call into Python while the interpreter
         # finalizes and abort it ("PyGILState_Release ... must be current"), turning a command
         # that succeeded into exit status 134. Nothing is left to clean up here: leave directly.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(code)
 
 
 if __name__ == "__main__":

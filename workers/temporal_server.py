@@ -87,6 +87,9 @@ class TemporalDevServer:
                 raise SystemExit(f"Temporal server did not listen within {timeout_s}s")
             time.sleep(0.1)
 
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
     def stop(self, grace_s: float = 10.0) -> None:
         if self.process is None or self.process.poll() is not None:
             return

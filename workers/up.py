@@ -167,6 +167,12 @@ def banner(opts: UpOptions, where: Locations, api_key: str) -> str:
     return "\n".join(lines)
 
 
+def write_pid(path: Path, server: TemporalDevServer) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert server.process is not None
+    path.write_text(str(server.process.pid))
+
+
 def sweep_engines(where: Locations, node: str) -> int:
     """Stop any engine an agent left behind (an agent killed with -9 cannot stop its own)."""
     config = AgentConfig(
@@ -201,6 +207,8 @@ async def run_up(where: Locations, opts: UpOptions) -> None:
     )
     say(f"starting Temporal ({where.state_dir / 'temporal.db'})")
     await asyncio.to_thread(server.start)
+    pid_file = where.state_dir / "run" / "temporal.pid"
+    write_pid(pid_file, server)
     where = replace(where, temporal=server.address)
     children: Children | None = None
     try:
@@ -216,6 +224,11 @@ async def run_up(where: Locations, opts: UpOptions) -> None:
         if not stop.is_set():
             say(banner(opts, where, api_key))
         while not stop.is_set():
+            if server.exited() is not None:
+                # Everything durable is in its SQLite file; the others reconnect by themselves.
+                say(f"Temporal exited with status {server.exited()}; started it again")
+                await asyncio.to_thread(server.start)
+                write_pid(pid_file, server)
             for child, code in children.restart_dead():
                 say(f"{child.name} exited with status {code}; started it again")
             await wait_or_stop(stop, 1.0)

@@ -96,9 +96,10 @@ async def test_no_key_or_a_wrong_key_is_refused(system: System) -> None:
 async def test_killed_engine_recovers(system: System, client) -> None:
     await wait_ready(system, DEMO_MODEL, 1)
     replica = f"{DEMO_MODEL}-0"
-    first = system.shard(replica)["pid"]
+    first = system.engine_pid(replica)
+    assert first is not None
     os.kill(first, signal.SIGKILL)
-    wait_for(lambda: system.shard(replica)["pid"] != first, 60, "a new llama-server")
+    wait_for(lambda: system.engine_pid(replica) not in (None, first), 60, "a new llama-server")
     await wait_ready(system, DEMO_MODEL, 1, timeout=120)
     assert ask(client, "Say hello.").strip()
     assert len(system.engine_processes(str(demo_weights()))) == 1

@@ -1,6 +1,7 @@
 """Faults through the real processes: a killed engine, a killed control worker, and a restart of
 the whole system. Afterwards nothing is lost and nothing runs twice."""
 
+import asyncio
 import base64
 import os
 import signal
@@ -28,11 +29,12 @@ def chat(system: System, model: str) -> str:
 async def test_killed_engine_is_restarted_and_serves_again(system, weights):
     system.cli("model", "add", "phoenix", "--weights", str(weights), "--cpu-cores", "1")
     await wait_ready(system, "phoenix", 1)
-    first = system.shard("phoenix-0")["pid"]
+    first = system.engine_pid("phoenix-0")
+    assert first is not None
     os.kill(first, signal.SIGKILL)
 
     def restarted() -> bool:
-        return system.shard("phoenix-0")["pid"] != first
+        return system.engine_pid("phoenix-0") not in (None, first)
 
     wait_for(restarted, 30, "a new engine process")
     await wait_ready(system, "phoenix", 1)
@@ -108,3 +110,27 @@ def decoded_payloads(node: object) -> bytes:
     if isinstance(node, list):
         return b"\n".join(decoded_payloads(v) for v in node)
     return b""
+
+
+async def test_temporal_killed_is_restarted_and_nothing_is_lost(system, weights, tmp_path):
+    own = tmp_path / "durable.gguf"
+    own.write_bytes(weights.read_bytes())
+    system.cli("model", "add", "durable", "--weights", str(own), "--cpu-cores", "1")
+    await wait_ready(system, "durable", 1)
+    os.kill(system.child_pid("temporal"), signal.SIGKILL)
+    # The gateway keeps serving from its last routing table while Temporal is down.
+    assert chat(system, "durable")
+    wait_for(lambda: any("Temporal exited" in line for line in system.output), 30, "a restart")
+    # The workflows come back from the SQLite file and still take commands.
+    system.cli("model", "scale", "durable", "0")
+
+    async def released() -> bool:
+        state = await system.ledger()
+        return not any(a.replica_id.startswith("durable-") for a in state.allocations.values())
+
+    deadline = asyncio.get_running_loop().time() + 90
+    while not await released():
+        assert asyncio.get_running_loop().time() < deadline, system.cli("status").stdout
+        await asyncio.sleep(0.5)
+    wait_for(lambda: not system.engine_processes(str(own)), 30, "its engine to stop")
+    system.cli("model", "rm", "durable")
