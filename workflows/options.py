@@ -28,6 +28,8 @@ START_RETRY = RetryPolicy(
 # Loading weights legitimately takes minutes for large models.
 READY_TIMEOUT = timedelta(minutes=15)
 READY_HEARTBEAT = timedelta(seconds=30)
+# A few tries cover an agent restart mid-load; after that the replica restarts with backoff.
+READY_RETRY = RetryPolicy(maximum_attempts=3)
 
 # Supervision lasts as long as the engine. A missed heartbeat means the agent died: the retry
 # lands on the restarted agent, which adopts the engine (or reports it gone).
@@ -38,6 +40,9 @@ SUPERVISE_RETRY = RetryPolicy(
 )
 
 STOP_TIMEOUT = timedelta(minutes=1)
+# A stop waits this long for the node's agent to take it at all; then the replica releases its
+# resources anyway (a returning agent stops engines no running workflow owns).
+STOP_GIVE_UP = timedelta(minutes=5)
 STOP_RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=10))
 
 # Engine restart backoff: 1, 2, 4 ... seconds, capped; reset after a run this long.

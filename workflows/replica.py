@@ -15,7 +15,6 @@ from datetime import timedelta
 from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ActivityHandle
 
@@ -162,17 +161,21 @@ class ReplicaWorkflow:
         except ActivityError as err:
             return EngineExit(replica_id=self.inp.replica_id, reason=f"start failed: {err.cause}")
         await self._set_state(ReplicaState.LOADING, f"pid {launch.pid}")
-        ready = await self._unless_interrupted(
-            workflow.start_activity(
-                NodeActivity.WAIT_READY,
-                ReadyRequest(replica_id=self.inp.replica_id, port=alloc.port),
-                task_queue=queue,
-                start_to_close_timeout=options.READY_TIMEOUT,
-                heartbeat_timeout=options.READY_HEARTBEAT,
-                retry_policy=RetryPolicy(maximum_attempts=3),
-                result_type=ReadyResult,
+        try:
+            ready = await self._unless_interrupted(
+                workflow.start_activity(
+                    NodeActivity.WAIT_READY,
+                    ReadyRequest(replica_id=self.inp.replica_id, port=alloc.port),
+                    task_queue=queue,
+                    start_to_close_timeout=options.READY_TIMEOUT,
+                    heartbeat_timeout=options.READY_HEARTBEAT,
+                    retry_policy=options.READY_RETRY,
+                    result_type=ReadyResult,
+                )
             )
-        )
+        except ActivityError as err:
+            # The agent stayed away through every attempt: a fault to restart from, like an exit.
+            return EngineExit(replica_id=self.inp.replica_id, reason=f"readiness: {err.cause}")
         if isinstance(ready, EngineExit):
             return ready
         if not ready.ready:
@@ -211,14 +214,20 @@ class ReplicaWorkflow:
         return EngineExit(replica_id=self.inp.replica_id, reason="stop requested")
 
     async def _stop_engine(self, alloc: Allocation) -> None:
-        await workflow.execute_activity(
-            NodeActivity.STOP_ENGINE,
-            ShardRef(replica_id=self.inp.replica_id),
-            task_queue=node_task_queue(alloc.node),
-            start_to_close_timeout=options.STOP_TIMEOUT,
-            retry_policy=options.STOP_RETRY,
-            result_type=StopResult,
-        )
+        try:
+            await workflow.execute_activity(
+                NodeActivity.STOP_ENGINE,
+                ShardRef(replica_id=self.inp.replica_id),
+                task_queue=node_task_queue(alloc.node),
+                start_to_close_timeout=options.STOP_TIMEOUT,
+                schedule_to_close_timeout=options.STOP_GIVE_UP,
+                retry_policy=options.STOP_RETRY,
+                result_type=StopResult,
+            )
+        except ActivityError as err:
+            # The node's agent is gone. Release anyway: a returning agent stops any engine that
+            # no running workflow owns, so nothing keeps serving unseen.
+            workflow.logger.warning("could not stop %s: %s", self.inp.replica_id, err.cause)
 
     async def _stop(self) -> None:
         reason = self.stop_request.reason if self.stop_request else ""
