@@ -10,6 +10,7 @@ import fcntl
 import logging
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
@@ -109,10 +110,14 @@ def start_children(where: Locations, opts: UpOptions) -> Children:
     return children
 
 
-async def wait_until_serving(client: Client, model: str, stop: asyncio.Event) -> bool:
-    """Print what happens until a replica of the model is ready; False if stopped first."""
+async def wait_until_serving(
+    client: Client, model: str, stop: asyncio.Event, tick: Callable[[], Awaitable[None]]
+) -> bool:
+    """Print what happens until a replica of the model is ready; False if stopped first.
+    `tick` runs every second, so a process that dies during a long first build is revived."""
     last = ""
     while not stop.is_set():
+        await tick()
         try:
             state = await ledger_snapshot(client)
         except Exception:
@@ -214,16 +219,9 @@ async def run_up(where: Locations, opts: UpOptions) -> None:
     try:
         children = start_children(where, opts)
         say("started the control worker, this machine's agent and the gateway")
-        client = await connect_with_retry(where)
-        if opts.demo:
-            spec = demo_spec(cpu_cores=min(2, os.cpu_count() or 1))
-            if await define_if_missing(client, spec):
-                say(f"defined the demo model {spec.name}")
-            say(f"waiting for {DEMO_MODEL} to serve (the first run builds llama.cpp)")
-            await wait_until_serving(client, DEMO_MODEL, stop)
-        if not stop.is_set():
-            say(banner(opts, where, api_key))
-        while not stop.is_set():
+
+        async def revive() -> None:
+            assert children is not None
             if server.exited() is not None:
                 # Everything durable is in its SQLite file; the others reconnect by themselves.
                 say(f"Temporal exited with status {server.exited()}; started it again")
@@ -231,6 +229,18 @@ async def run_up(where: Locations, opts: UpOptions) -> None:
                 write_pid(pid_file, server)
             for child, code in children.restart_dead():
                 say(f"{child.name} exited with status {code}; started it again")
+
+        client = await connect_with_retry(where)
+        if opts.demo:
+            spec = demo_spec(cpu_cores=min(2, os.cpu_count() or 1))
+            if await define_if_missing(client, spec):
+                say(f"defined the demo model {spec.name}")
+            say(f"waiting for {DEMO_MODEL} to serve (the first run builds llama.cpp)")
+            await wait_until_serving(client, DEMO_MODEL, stop, revive)
+        if not stop.is_set():
+            say(banner(opts, where, api_key))
+        while not stop.is_set():
+            await revive()
             await wait_or_stop(stop, 1.0)
         say("stopping")
     finally:

@@ -118,6 +118,16 @@ async def test_a_loading_replica_is_not_routed_and_the_client_is_told_to_retry(s
         assert asyncio.get_running_loop().time() < deadline, system.cli("status").stdout
         await asyncio.sleep(0.2)
     async with httpx.AsyncClient(timeout=30) as http:
+        headers = {"Authorization": f"Bearer {system.api_key}"}
+
+        async def gateway_knows_it() -> bool:
+            listed = (await http.get(f"{system.base_url}/models", headers=headers)).json()
+            return any(m["id"] == "slow" for m in listed["data"])
+
+        # The gateway's table follows the ledger within about a second.
+        while not await gateway_knows_it():
+            assert asyncio.get_running_loop().time() < deadline, system.cli("status").stdout
+            await asyncio.sleep(0.1)
         resp = await http.post(
             f"{system.base_url}/chat/completions",
             json={"model": "slow", "messages": [{"role": "user", "content": "hi"}]},
