@@ -1,6 +1,7 @@
 """A whole llmgw on this machine for tests: `llmgw up` as a user runs it, in a temporary state
 dir on free ports, driven through its CLI, its gateway and its Temporal server."""
 
+import asyncio
 import json
 import os
 import signal
@@ -8,9 +9,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx
 from temporalio.client import Client
 
 from workflows.client import connect
@@ -130,6 +132,20 @@ class System:
             if r.model == model and r.state == ReplicaState.READY
         )
 
+    async def until(self, check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+        """Poll `check` until true; on timeout fail with what `llmgw status` shows."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not await check():
+            if asyncio.get_running_loop().time() > deadline:
+                status = self.cli("status", check=False).stdout
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{status}")
+            await asyncio.sleep(0.2)
+
+    async def released(self, model: str) -> bool:
+        """No allocation of the model is left in the ledger."""
+        state = await self.ledger()
+        return not any(a.replica_id.startswith(f"{model}-") for a in state.allocations.values())
+
     # --- what the machine runs -----------------------------------------------------------
 
     def child_pid(self, name: str) -> int:
@@ -160,3 +176,35 @@ class System:
             if model_weights.encode() in cmdline and b"-m" in cmdline:
                 pids.append(int(proc.name))
         return pids
+
+
+async def wait_ready(system: System, model: str, count: int, timeout: float = 60) -> list[str]:
+    """Until the ledger has `count` ready replicas of the model and the gateway routes to them
+    (its routing table follows the ledger within about a second)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    headers = {"Authorization": f"Bearer {system.api_key}"}
+    async with httpx.AsyncClient(timeout=10) as http:
+        while True:
+            ready = await system.ready_replicas(model)
+            if len(ready) == count:
+                listed = (await http.get(f"{system.base_url}/models", headers=headers)).json()
+                routed = {m["id"]: m.get("ready_replicas") for m in listed["data"]}
+                if routed.get(model) == count and await engines_answer(http, system, ready):
+                    return ready
+            if asyncio.get_running_loop().time() > deadline:
+                status = system.cli("status").stdout
+                raise AssertionError(f"{model}: {len(ready)} of {count} ready; {status}")
+            await asyncio.sleep(0.2)
+
+
+async def engines_answer(http: httpx.AsyncClient, system: System, replicas: list[str]) -> bool:
+    """The ledger can still hold a route from before a restart; ask the engines themselves."""
+    state = await system.ledger()
+    for replica in replicas:
+        try:
+            health = await http.get(f"{state.routes[replica].endpoint}/health")
+        except httpx.HTTPError:
+            return False
+        if health.status_code != 200:
+            return False
+    return True

@@ -12,8 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.test_serving import wait_ready
-from tests.system import System, wait_for
+from tests.system import System, wait_for, wait_ready
 from workers.demo import DEMO_MODEL, demo_weights
 
 pytestmark = pytest.mark.e2e

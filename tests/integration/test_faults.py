@@ -1,7 +1,6 @@
 """Faults through the real processes: a killed engine, a killed control worker, and a restart of
 the whole system. Afterwards nothing is lost and nothing runs twice."""
 
-import asyncio
 import base64
 import os
 import signal
@@ -10,8 +9,7 @@ import openai
 import pytest
 
 from gateway.store import open_store
-from tests.integration.test_serving import wait_ready
-from tests.system import System, wait_for
+from tests.system import System, wait_for, wait_ready
 from workflows.engine_keys import engine_key_from_master
 from workflows.names import replica_workflow_id
 
@@ -123,14 +121,6 @@ async def test_temporal_killed_is_restarted_and_nothing_is_lost(system, weights,
     wait_for(lambda: any("Temporal exited" in line for line in system.output), 30, "a restart")
     # The workflows come back from the SQLite file and still take commands.
     system.cli("model", "scale", "durable", "0")
-
-    async def released() -> bool:
-        state = await system.ledger()
-        return not any(a.replica_id.startswith("durable-") for a in state.allocations.values())
-
-    deadline = asyncio.get_running_loop().time() + 90
-    while not await released():
-        assert asyncio.get_running_loop().time() < deadline, system.cli("status").stdout
-        await asyncio.sleep(0.5)
+    await system.until(lambda: system.released("durable"), 90, "durable to release")
     wait_for(lambda: not system.engine_processes(str(own)), 30, "its engine to stop")
     system.cli("model", "rm", "durable")

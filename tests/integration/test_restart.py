@@ -4,8 +4,7 @@ usage, and serves again."""
 import openai
 import pytest
 
-from tests.integration.test_serving import wait_ready
-from tests.system import wait_for
+from tests.system import wait_for, wait_ready
 
 pytestmark = pytest.mark.integration
 

@@ -1,47 +1,13 @@
 """A model defined through the CLI is placed, started, routed and metered; bad requests get
 OpenAI-shaped errors."""
 
-import asyncio
-
 import httpx
 import openai
 import pytest
 
-from tests.system import System, wait_for
+from tests.system import wait_for, wait_ready
 
 pytestmark = pytest.mark.integration
-
-
-async def wait_ready(system: System, model: str, count: int, timeout: float = 60) -> list[str]:
-    """Until the ledger has `count` ready replicas of the model and the gateway routes to them
-    (its routing table follows the ledger within about a second)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    headers = {"Authorization": f"Bearer {system.api_key}"}
-    async with httpx.AsyncClient(timeout=10) as http:
-        while True:
-            ready = await system.ready_replicas(model)
-            if len(ready) == count:
-                listed = (await http.get(f"{system.base_url}/models", headers=headers)).json()
-                routed = {m["id"]: m.get("ready_replicas") for m in listed["data"]}
-                if routed.get(model) == count and await engines_answer(http, system, ready):
-                    return ready
-            if asyncio.get_running_loop().time() > deadline:
-                status = system.cli("status").stdout
-                raise AssertionError(f"{model}: {len(ready)} of {count} ready; {status}")
-            await asyncio.sleep(0.2)
-
-
-async def engines_answer(http: httpx.AsyncClient, system: System, replicas: list[str]) -> bool:
-    """The ledger can still hold a route from before a restart; ask the engines themselves."""
-    state = await system.ledger()
-    for replica in replicas:
-        try:
-            health = await http.get(f"{state.routes[replica].endpoint}/health")
-        except httpx.HTTPError:
-            return False
-        if health.status_code != 200:
-            return False
-    return True
 
 
 async def test_model_defined_by_cli_serves_plain_and_streamed_chat_with_usage(system, weights):
@@ -113,10 +79,7 @@ async def test_a_loading_replica_is_not_routed_and_the_client_is_told_to_retry(s
         state = await system.ledger()
         return any(r.model == "slow" and r.state.value == "loading" for r in state.routes.values())
 
-    deadline = asyncio.get_running_loop().time() + 60
-    while not await loading():
-        assert asyncio.get_running_loop().time() < deadline, system.cli("status").stdout
-        await asyncio.sleep(0.2)
+    await system.until(loading, 60, "slow to be loading")
     async with httpx.AsyncClient(timeout=30) as http:
         headers = {"Authorization": f"Bearer {system.api_key}"}
 
@@ -125,9 +88,7 @@ async def test_a_loading_replica_is_not_routed_and_the_client_is_told_to_retry(s
             return any(m["id"] == "slow" for m in listed["data"])
 
         # The gateway's table follows the ledger within about a second.
-        while not await gateway_knows_it():
-            assert asyncio.get_running_loop().time() < deadline, system.cli("status").stdout
-            await asyncio.sleep(0.1)
+        await system.until(gateway_knows_it, 10, "the gateway to list slow")
         resp = await http.post(
             f"{system.base_url}/chat/completions",
             json={"model": "slow", "messages": [{"role": "user", "content": "hi"}]},
@@ -136,13 +97,5 @@ async def test_a_loading_replica_is_not_routed_and_the_client_is_told_to_retry(s
     assert resp.status_code == 503
     assert resp.headers["Retry-After"]
     system.cli("model", "rm", "slow")
-
-    async def gone() -> bool:
-        state = await system.ledger()
-        return not any(a.replica_id.startswith("slow-") for a in state.allocations.values())
-
-    deadline = asyncio.get_running_loop().time() + 60
-    while not await gone():
-        assert asyncio.get_running_loop().time() < deadline, system.cli("status").stdout
-        await asyncio.sleep(0.2)
+    await system.until(lambda: system.released("slow"), 60, "slow to release its allocation")
     assert system.engine_processes("--load-delay") == []
