@@ -5,7 +5,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,18 +14,13 @@ from pathlib import Path
 import httpx
 from temporalio.client import Client
 
+from workers.progress import ledger_snapshot
+from workers.temporal_server import free_port
 from workflows.client import connect
 from workflows.contracts import LedgerState, ReplicaState
-from workflows.names import LEDGER_WORKFLOW_ID
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN_ENGINE = REPO / "tests" / "standin_llama_server"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -120,9 +114,7 @@ class System:
         return await connect(f"127.0.0.1:{self.temporal_port}")
 
     async def ledger(self) -> LedgerState:
-        client = await self.client()
-        handle = client.get_workflow_handle(LEDGER_WORKFLOW_ID)
-        return await handle.query("snapshot", result_type=LedgerState)
+        return await ledger_snapshot(await self.client())
 
     async def ready_replicas(self, model: str) -> list[str]:
         state = await self.ledger()

@@ -27,16 +27,10 @@ async def apply_model(client: Client, spec: ModelSpec) -> ModelView:
 
 
 async def define_if_missing(client: Client, spec: ModelSpec) -> bool:
-    """Start the model only when no workflow runs for it, leaving an operator's changes alone."""
+    """Define the model only when no workflow runs for it, leaving an operator's changes alone."""
     if await describe_model(client, spec.name) is not None:
         return False
-    await client.start_workflow(
-        ModelWorkflow.run,
-        ModelState(spec=spec),
-        id=model_workflow_id(spec.name),
-        task_queue=CONTROL_TASK_QUEUE,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-    )
+    await apply_model(client, spec)
     return True
 
 

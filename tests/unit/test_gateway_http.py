@@ -30,6 +30,7 @@ from gateway.errors import ApiError
 from gateway.server import serve, uvicorn_config
 from gateway.settings import GatewaySettings
 from gateway.store import Store, open_store
+from workers.temporal_server import free_port
 from workflows.contracts import ReplicaState, Route, RoutingTable
 from workflows.engine_keys import engine_key_from_master
 
@@ -37,12 +38,6 @@ STANDIN = Path(__file__).resolve().parents[1] / "standin_engine.py"
 NODE = "node-a"
 MODEL = "smol"
 TIMEOUT = httpx.Timeout(15.0)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def route(replica_id: str, endpoint: str, state: ReplicaState = ReplicaState.READY) -> Route:

@@ -16,6 +16,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities import procfs
 from activities.node_agent import AgentConfig, NodeAgentActivities
+from workers.temporal_server import free_port
 from workflows.contracts import (
     Allocation,
     DiscoverRequest,
@@ -31,12 +32,6 @@ from workflows.engine_keys import engine_key
 
 STANDIN = Path(__file__).resolve().parent.parent / "standin_llama_server"
 SECRET = b"node-secret-for-tests-0123456789"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,5 @@
 """Readiness against the stand-in engine: /health first, then /v1/models with the key."""
 
-import socket
 import subprocess
 import sys
 import time
@@ -10,15 +9,10 @@ from pathlib import Path
 import pytest
 
 from activities.readiness import wait_ready
+from workers.temporal_server import free_port
 
 STANDIN = Path(__file__).resolve().parent.parent / "standin_engine.py"
 KEY = "llmgw-engine-test-key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """The stand-in engine speaks llama-server's surface closely enough for the gateway's tests."""
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -11,16 +10,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from workers.temporal_server import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "standin_engine.py"
 KEY = "llmgw-engine-standin-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(base: str, timeout_s: float = 15.0) -> None:

@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.ledger_calls import LedgerActivities, update_ledger
 from tests.workflows.fake_agent import FakeAgent
+from workers.control import ensure_ledger
+from workers.progress import ledger_snapshot
 from workers.registry import CONTROL_WORKFLOWS
 from workflows.contracts import (
     EngineState,
@@ -30,8 +31,7 @@ from workflows.contracts import (
     NodeState,
     Route,
 )
-from workflows.ledger import ClusterLedgerWorkflow
-from workflows.names import CONTROL_TASK_QUEUE, LEDGER_WORKFLOW_ID, node_task_queue
+from workflows.names import CONTROL_TASK_QUEUE, node_task_queue
 
 HISTORIES = Path(__file__).parent / "histories"
 # Set to 1 to (re)write the replay tests' histories from this run: see test_replay.py.
@@ -66,13 +66,7 @@ async def control_worker(env: WorkflowEnvironment) -> AsyncIterator[Worker]:
     )
     async with worker:
         # The ledger exists before any test looks at it, as it does once `llmgw up` has run.
-        await env.client.start_workflow(
-            ClusterLedgerWorkflow.run,
-            LedgerState(),
-            id=LEDGER_WORKFLOW_ID,
-            task_queue=CONTROL_TASK_QUEUE,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
+        await ensure_ledger(env.client)
         yield worker
 
 
@@ -107,8 +101,7 @@ class Cluster:
         await update_ledger(self.client, "upsert_node", record, LedgerAck)
 
     async def ledger(self) -> LedgerState:
-        handle = self.client.get_workflow_handle(LEDGER_WORKFLOW_ID)
-        return await handle.query("snapshot", result_type=LedgerState)
+        return await ledger_snapshot(self.client)
 
     async def route(self, replica: str) -> Route | None:
         return (await self.ledger()).routes.get(replica)

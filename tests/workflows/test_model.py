@@ -1,10 +1,10 @@
 """The model workflow: replicas follow the declared count, and removal leaves nothing behind."""
 
 import pytest
-from temporalio.client import WithStartWorkflowOperation, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.client import WorkflowUpdateFailedError
 
 from tests.workflows.conftest import Cluster, eventually, record_history, unique
+from workers.models import apply_model
 from workflows.contracts import (
     ModelSpec,
     ModelState,
@@ -14,7 +14,7 @@ from workflows.contracts import (
     ScaleRequest,
 )
 from workflows.model import ModelWorkflow
-from workflows.names import CONTROL_TASK_QUEUE, model_workflow_id, replica_id, replica_workflow_id
+from workflows.names import model_workflow_id, replica_id, replica_workflow_id
 from workflows.replica import ReplicaWorkflow
 
 
@@ -111,17 +111,8 @@ async def test_apply_creates_a_missing_model_then_updates_it_as_the_cli_does(clu
     track_replicas(cluster, model)
 
     async def apply(declared: ModelSpec) -> ModelView:
-        start = WithStartWorkflowOperation(
-            ModelWorkflow.run,
-            ModelState(spec=declared),
-            id=model_workflow_id(declared.name),
-            task_queue=CONTROL_TASK_QUEUE,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-        )
-        view: ModelView = await cluster.client.execute_update_with_start_workflow(
-            "apply", declared, start_workflow_operation=start, result_type=ModelView
-        )
-        cluster.started.append(await start.workflow_handle())
+        view = await apply_model(cluster.client, declared)  # what `llmgw model add` calls
+        cluster.started.append(cluster.client.get_workflow_handle(model_workflow_id(declared.name)))
         return view
 
     view = await apply(model)

@@ -2,12 +2,12 @@
 brings it back, and a failed install keeps replicas away with the install's own words."""
 
 import pytest
-from temporalio.client import WithStartWorkflowOperation, WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
 from activities.ledger_calls import update_ledger
 from tests.workflows.conftest import Cluster, eventually, record_history, unique
+from workers.agent import register as agent_register
 from workflows import options
 from workflows.contracts import (
     Allocation,
@@ -25,7 +25,6 @@ from workflows.contracts import (
 from workflows.engine_install import EngineInstallWorkflow
 from workflows.ledger import NO_PLACEMENT
 from workflows.names import (
-    CONTROL_TASK_QUEUE,
     engine_install_workflow_id,
     node_workflow_id,
 )
@@ -42,16 +41,8 @@ def registration(name: str, boot_id: str = "boot-1") -> NodeRegistration:
 
 async def register(cluster: Cluster, node: str, reg: NodeRegistration) -> NodeView:
     """What the agent does at boot: start the node workflow if missing, then register."""
-    start = WithStartWorkflowOperation(
-        NodeWorkflow.run,
-        id=node_workflow_id(node),
-        task_queue=CONTROL_TASK_QUEUE,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-    )
-    view: NodeView = await cluster.client.execute_update_with_start_workflow(
-        "register", reg, start_workflow_operation=start, result_type=NodeView
-    )
-    cluster.started.append(await start.workflow_handle())
+    view = await agent_register(cluster.client, reg)
+    cluster.started.append(cluster.client.get_workflow_handle(node_workflow_id(node)))
     return view
 
 

@@ -129,18 +129,22 @@ def ready_node(name: str, cores: int) -> NodeRecord:
     )
 
 
+def request(replica_id: str, cpu_cores: int = 1, engine_version: str = "") -> PlacementRequest:
+    return PlacementRequest(
+        replica_id=replica_id,
+        model="m",
+        engine="llamacpp",
+        engine_version=engine_version,
+        cpu_cores=cpu_cores,
+        memory_mb=64,
+    )
+
+
 @given(st.lists(st.integers(4, 32), min_size=1, max_size=5), st.integers(1, 20))
 def test_identical_requests_spread_evenly_over_nodes(cores, count):
     state = LedgerState(nodes={f"n{i}": ready_node(f"n{i}", c) for i, c in enumerate(cores)})
     for i in range(count):
-        req = PlacementRequest(
-            replica_id=f"m-{i}",
-            model="m",
-            engine="llamacpp",
-            engine_version="",
-            cpu_cores=1,
-            memory_mb=64,
-        )
+        req = request(f"m-{i}")
         decision = place(state, req)
         if isinstance(decision, PlacementRefused):
             # Only once every node is full.
@@ -161,10 +165,7 @@ def test_identical_requests_spread_evenly_over_nodes(cores, count):
 
 
 def test_an_empty_cluster_says_no_node_has_registered():
-    req = PlacementRequest(
-        replica_id="m-0", model="m", engine="llamacpp", engine_version="", cpu_cores=1, memory_mb=64
-    )
-    decision = place(LedgerState(), req)
+    decision = place(LedgerState(), request("m-0"))
     assert decision == PlacementRefused(
         replica_id="m-0", reasons={"(cluster)": "no nodes have registered"}
     )
@@ -183,15 +184,7 @@ def test_refusal_reasons_name_what_is_missing():
             "d": ready_node("d", 8).model_copy(update={"state": NodeState.LOST}),
         }
     )
-    req = PlacementRequest(
-        replica_id="m-0",
-        model="m",
-        engine="llamacpp",
-        engine_version="1",
-        cpu_cores=2,
-        memory_mb=64,
-    )
-    decision = place(state, req)
+    decision = place(state, request("m-0", cpu_cores=2, engine_version="1"))
     assert isinstance(decision, PlacementRefused)
     assert decision.reasons == {
         "a": "1 of 1 CPU cores free, 2 wanted",
