@@ -1,7 +1,10 @@
-"""What this machine is: CPU, memory, OS and NVIDIA GPUs, as a NodeInventory.
+"""What this machine is: CPU, memory, OS, NVIDIA GPUs and their topology, RDMA ports, the
+management interface and IMEX, as a NodeInventory.
 
-The parsers are pure and fed recorded output in tests; `discover_inventory` only gathers the
-text and calls them.
+The parsers are pure and fed recorded output in tests (gpu_parsing, topology_parsing,
+fabric_parsing, imex); `discover_inventory` only gathers the text and calls them. Nothing it
+finds wrong raises: a failing step becomes a line in `problems`, so registration still happens
+and the operator hears what broke.
 """
 
 from __future__ import annotations
@@ -10,12 +13,32 @@ import os
 import platform
 import shutil
 import socket
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from activities.gpu_parsing import NvidiaSmiReport, parse_nvidia_smi_xml
-from workflows.contracts import NodeInventory
+from activities.fabric_parsing import SYSFS_INFINIBAND, management_interface, read_rdma_ports
+from activities.gpu_parsing import NvidiaSmiReport
+from activities.imex import CHANNELS_DIR, discover_imex
+from activities.nvml_source import (
+    GpuSource,
+    GpuToolFailed,
+    GpuToolMissing,
+    NvidiaSmiSource,
+    NvmlSource,
+    Runner,
+    merge_reports,
+    needs_fill,
+    run_command,
+)
+from activities.topology_parsing import (
+    PCI_DEVICES,
+    Topology,
+    attach_topology,
+    has_nvswitch,
+    parse_topo_matrix,
+    read_pci_numa_node,
+)
+from workflows.contracts import GpuInfo, NodeInventory
 
 # Flags that decide which engine build runs fast (or at all) on this CPU. The full list is
 # hundreds of words nobody places on.
@@ -30,7 +53,6 @@ RELEVANT_CPU_FLAGS = (
     "neon",
     "asimd",
 )
-NVIDIA_SMI_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -97,7 +119,18 @@ def parse_os_release(text: str) -> str:
     return " ".join(v for v in (values.get("NAME", ""), values.get("VERSION_ID", "")) if v)
 
 
-def _read(path: str) -> str:
+@dataclass(frozen=True)
+class MachinePaths:
+    """Where discovery reads the machine; tests point these into a fixture tree."""
+
+    proc: Path = Path("/proc")
+    etc: Path = Path("/etc")
+    infiniband: Path = SYSFS_INFINIBAND
+    pci_devices: Path = PCI_DEVICES
+    imex_channels: Path = CHANNELS_DIR
+
+
+def _read(path: Path | str) -> str:
     try:
         return Path(path).read_text(errors="replace")
     except OSError:
@@ -112,43 +145,90 @@ def _usable_cores() -> int:
         return os.cpu_count() or 0
 
 
-def query_nvidia_smi(binary: str = "nvidia-smi") -> NvidiaSmiReport:
-    """GPUs from nvidia-smi; a machine without the binary simply has no NVIDIA GPUs.
+def discover_gpus(smi: GpuSource, nvml: GpuSource | None) -> tuple[NvidiaSmiReport, list[str]]:
+    """GPUs from nvidia-smi, filled from NVML where it lacked something; and any problems.
 
-    A binary that exists but fails (driver not loaded, timeout) raises: that node has GPUs it
-    cannot use, which an operator must hear about rather than see as a CPU node.
+    No nvidia-smi is a CPU node unless NVML alone finds GPUs. An nvidia-smi that fails is a
+    problem line, not an exception: the node still registers and says what is wrong.
     """
+    empty = NvidiaSmiReport(driver_version=None, cuda_version=None)
+    try:
+        report: NvidiaSmiReport | None = smi.read()
+    except GpuToolMissing:
+        report = None
+    except GpuToolFailed as err:
+        return empty, [str(err)]
+    if nvml is None or (report is not None and not needs_fill(report)):
+        return report or empty, []
+    try:
+        fill = nvml.read()
+    except (GpuToolMissing, GpuToolFailed):
+        return report or empty, []
+    return (merge_reports(report, fill) if report is not None else fill), []
+
+
+def read_topology(run: Runner = run_command, binary: str = "nvidia-smi") -> Topology | str:
+    """`nvidia-smi topo -m` parsed, or the reason it could not be read."""
     path = shutil.which(binary)
     if path is None:
-        return NvidiaSmiReport(driver_version=None, cuda_version=None)
-    done = subprocess.run(
-        [path, "-q", "-x"],
-        capture_output=True,
-        text=True,
-        timeout=NVIDIA_SMI_TIMEOUT_S,
-        check=False,
-    )
+        return f"{binary} not found"
+    done = run([path, "topo", "-m"])
     if done.returncode != 0:
-        reason = (done.stderr or done.stdout).strip()[-500:]
-        raise RuntimeError(f"nvidia-smi -q -x exited {done.returncode}: {reason}")
-    return parse_nvidia_smi_xml(done.stdout)
+        return f"nvidia-smi topo -m exited {done.returncode}: {done.stderr.strip()[-300:]}"
+    return parse_topo_matrix(done.stdout)
 
 
-def discover_inventory(name: str, address: str) -> NodeInventory:
-    cpu = parse_cpuinfo(_read("/proc/cpuinfo"))
-    gpus = query_nvidia_smi()
+def _with_pci_numa(gpus: list[GpuInfo], root: Path) -> list[GpuInfo]:
+    # Where topo -m gave no NUMA node (N/A, or it failed), the kernel's view of the PCI device.
+    return [
+        g
+        if g.numa_node is not None
+        else g.model_copy(update={"numa_node": read_pci_numa_node(g.pci_bus_id, root)})
+        for g in gpus
+    ]
+
+
+def discover_inventory(
+    name: str,
+    address: str,
+    *,
+    paths: MachinePaths | None = None,
+    nvml: GpuSource | None = None,
+) -> NodeInventory:
+    paths = paths or MachinePaths()
+    cpu = parse_cpuinfo(_read(paths.proc / "cpuinfo"))
+    report, problems = discover_gpus(NvidiaSmiSource(), nvml or NvmlSource())
+    gpus = report.gpus
+    matrix: list[list[str]] = []
+    nvswitch = False
+    if gpus:
+        topology = read_topology()
+        if isinstance(topology, str):
+            problems.append(topology)
+        else:
+            gpus = attach_topology(gpus, topology)
+            matrix = topology.matrix
+            nvswitch = has_nvswitch(topology)
+        gpus = _with_pci_numa(gpus, paths.pci_devices)
     return NodeInventory(
         name=name,
         address=address,
         hostname=socket.gethostname(),
-        os=parse_os_release(_read("/etc/os-release")) or platform.system(),
+        machine_id=_read(paths.etc / "machine-id").strip(),
+        os=parse_os_release(_read(paths.etc / "os-release")) or platform.system(),
         kernel=platform.release(),
         arch=platform.machine(),
         cpu_model=cpu.model or platform.processor(),
         cpu_cores=_usable_cores(),
         cpu_flags=cpu.flags,
-        memory_mb=parse_meminfo(_read("/proc/meminfo")),
-        nvidia_driver=gpus.driver_version,
-        cuda_version=gpus.cuda_version,
-        gpus=gpus.gpus,
+        memory_mb=parse_meminfo(_read(paths.proc / "meminfo")),
+        nvidia_driver=report.driver_version,
+        cuda_version=report.cuda_version,
+        gpus=gpus,
+        nvlink_matrix=matrix,
+        nvswitch=nvswitch,
+        network_ports=read_rdma_ports(paths.infiniband),
+        management_interface=management_interface(address),
+        imex=discover_imex(proc_root=paths.proc, channels_dir=paths.imex_channels),
+        problems=problems,
     )

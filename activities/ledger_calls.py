@@ -14,9 +14,12 @@ from workflows.contracts import (
     Allocation,
     LedgerAck,
     LedgerState,
+    NodeName,
+    NodeNames,
     NodeRecord,
     PlacementRequest,
     ReleaseRequest,
+    ReplicaRefs,
     Route,
 )
 from workflows.ledger import ClusterLedgerWorkflow
@@ -49,12 +52,26 @@ async def update_ledger(client: Client, update: str, arg: BaseModel, result_type
         raise
 
 
+async def query_ledger(client: Client, query: str, result_type: type[R], *args: BaseModel) -> R:
+    result: R = await client.get_workflow_handle(LEDGER_WORKFLOW_ID).query(
+        query, *args, result_type=result_type
+    )
+    return result
+
+
 class LedgerActivities:
     def __init__(self, client: Client) -> None:
         self.client = client
 
     def all(self) -> list[Callable[..., Awaitable[BaseModel]]]:
-        return [self.upsert_node, self.place, self.release, self.set_route]
+        return [
+            self.upsert_node,
+            self.place,
+            self.release,
+            self.set_route,
+            self.replicas_on_node,
+            self.node_names,
+        ]
 
     @activity.defn(name=ControlActivity.LEDGER_UPSERT_NODE)
     async def upsert_node(self, record: NodeRecord) -> LedgerAck:
@@ -71,3 +88,11 @@ class LedgerActivities:
     @activity.defn(name=ControlActivity.LEDGER_SET_ROUTE)
     async def set_route(self, route: Route) -> LedgerAck:
         return await update_ledger(self.client, "set_route", route, LedgerAck)
+
+    @activity.defn(name=ControlActivity.LEDGER_REPLICAS_ON_NODE)
+    async def replicas_on_node(self, node: NodeName) -> ReplicaRefs:
+        return await query_ledger(self.client, "replicas_on", ReplicaRefs, node)
+
+    @activity.defn(name=ControlActivity.LEDGER_NODE_NAMES)
+    async def node_names(self) -> NodeNames:
+        return await query_ledger(self.client, "node_names", NodeNames)

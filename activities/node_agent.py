@@ -12,6 +12,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -19,15 +20,26 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.discovery import discover_inventory
-from activities.engines.install_llamacpp import install_llamacpp, installed_binary
+from activities.engine_drain import wait_idle
+from activities.engines import vllm
+from activities.engines.install_llamacpp import (
+    install_llamacpp,
+    installed_binary,
+    nvidia_driver_loaded,
+)
 from activities.engines.llamacpp import ENGINE as LLAMACPP
 from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION, command_line, engine_env
+from activities.engines.python_env import env_is_cpu_build, install_python_engine
+from activities.engines.python_env import reverify as reverify_python_env
+from activities.engines.trtllm import check_trtllm
+from activities.engines.verify import Verification, verify_llamacpp
 from activities.readiness import wait_ready
 from activities.supervisor import ShardSupervisor
 from workflows.contracts import (
     DiscoverRequest,
     EngineExit,
     EngineInstallRequest,
+    EngineRequirement,
     EngineState,
     EngineStatus,
     LaunchRequest,
@@ -37,8 +49,11 @@ from workflows.contracts import (
     ReadyResult,
     ShardRef,
     StopResult,
+    VerifyEnginesRequest,
+    VerifyEnginesResult,
 )
 from workflows.engine_keys import engine_key
+from workflows.engine_plan import SGLANG, TRTLLM, VLLM
 from workflows.names import NodeActivity
 
 # Only these reach an engine from the agent's environment; the key is added explicitly. Anything
@@ -61,6 +76,12 @@ class AgentConfig:
     supervise_poll_s: float = 2.0
     ready_poll_s: float = 0.5
     stop_grace_s: float = 10.0
+    # Whether an NVIDIA driver is loaded here; None: look in /proc when asked.
+    nvidia: bool | None = None
+
+    @property
+    def has_nvidia(self) -> bool:
+        return nvidia_driver_loaded() if self.nvidia is None else self.nvidia
 
     @property
     def engines_root(self) -> Path:
@@ -111,6 +132,7 @@ class NodeAgentActivities:
             self.wait_ready,
             self.supervise_engine,
             self.stop_engine,
+            self.verify_engines,
         ]
 
     # --- discovery and installs ----------------------------------------------------------
@@ -126,13 +148,6 @@ class NodeAgentActivities:
     @activity.defn(name=NodeActivity.INSTALL_ENGINE)
     async def install_engine(self, req: EngineInstallRequest) -> EngineStatus:
         requirement = req.requirement
-        if requirement.engine != LLAMACPP:
-            return EngineStatus(
-                engine=requirement.engine,
-                version=requirement.version,
-                state=EngineState.FAILED,
-                detail=f"engine {requirement.engine} is not supported on this node yet",
-            )
         configured = self._config.engine_paths.get(requirement.engine)
         if requirement.path is None and configured:
             requirement = requirement.model_copy(update={"path": configured})
@@ -141,11 +156,80 @@ class NodeAgentActivities:
         def progress(line: str) -> None:
             latest[0] = line  # read by the heartbeat loop below; a list cell is thread-safe
 
-        return await self._heartbeating(
-            lambda: install_llamacpp(
-                requirement, self._config.engines_root, self._config.cache_dir, progress
-            ),
-            lambda: latest[0],
+        work = self._installer(requirement, progress)
+        if work is None:
+            return EngineStatus(
+                engine=requirement.engine,
+                version=requirement.version,
+                state=EngineState.FAILED,
+                detail=f"engine {requirement.engine} is not supported on this node",
+            )
+        return await self._heartbeating(work, lambda: latest[0])
+
+    def _installer(
+        self, req: EngineRequirement, progress: Callable[[str], None]
+    ) -> Callable[[], EngineStatus] | None:
+        root, cache = self._config.engines_root, self._config.cache_dir
+        if req.engine == LLAMACPP:
+            return lambda: install_llamacpp(req, root, cache, progress, self._config.has_nvidia)
+        if req.engine in (VLLM, SGLANG):
+            return lambda: install_python_engine(
+                req, root, cache, progress, self._config.has_nvidia
+            )
+        if req.engine == TRTLLM:
+            return lambda: check_trtllm(req)
+        return None
+
+    @activity.defn(name=NodeActivity.VERIFY_ENGINES)
+    async def verify_engines(self, req: VerifyEnginesRequest) -> VerifyEnginesResult:
+        """Run each installed engine's checks again: an upgrade elsewhere can take a library
+        away, and a later failure must be reported, not hidden behind the first success."""
+        if req.node != self._config.node:
+            raise _not_retryable(
+                f"verification for node {req.node} reached agent {self._config.node}", "WrongNode"
+            )
+        latest = ["re-verifying engines"]
+
+        def run_all() -> VerifyEnginesResult:
+            result = VerifyEnginesResult()
+            for status in req.engines:
+                latest[0] = f"verifying {status.engine} {status.version}"
+                result.engines.append(self._reverify(status))
+            return result
+
+        return await self._heartbeating(run_all, lambda: latest[0])
+
+    def _reverify(self, status: EngineStatus) -> EngineStatus:
+        if status.state is not EngineState.INSTALLED:
+            return status  # nothing installed to check; the install workflow owns the rest
+        if not status.path:
+            check = Verification(False, "no path recorded for the installed engine")
+        elif status.engine == LLAMACPP:
+            check = verify_llamacpp(Path(status.path))
+        elif status.engine in (VLLM, SGLANG):
+            entry = Path(status.path)
+            cpu = env_is_cpu_build(entry.parent.parent)
+            req = EngineRequirement(
+                engine=status.engine, version=status.version, package="-cpu" if cpu else None
+            )
+            check = reverify_python_env(req, entry, self._config.has_nvidia)
+        elif status.engine == TRTLLM:
+            trt = check_trtllm(
+                EngineRequirement(engine=TRTLLM, version=status.version, path=status.path)
+            )
+            check = Verification(trt.state is EngineState.INSTALLED, trt.detail)
+        else:
+            check = Verification(False, f"engine {status.engine} is not supported on this node")
+        if not check.ok:
+            return status.model_copy(
+                update={
+                    "state": EngineState.FAILED,
+                    "detail": f"re-verification failed: {check.detail}",
+                }
+            )
+        now = datetime.now(UTC).isoformat(timespec="seconds")
+        return status.model_copy(
+            update={"detail": "; ".join((check.detail, *check.notes)), "verified_at": now}
         )
 
     @staticmethod
@@ -163,7 +247,9 @@ class NodeAgentActivities:
     def _binary(self, engine: str, version: str) -> Path:
         configured = self._config.engine_paths.get(engine)
         if configured:
-            return Path(configured)
+            path = Path(configured)
+            # A Python engine's operator path may name its environment rather than its script.
+            return path / "bin" / engine if path.is_dir() else path
         binary = installed_binary(self._config.engines_root, engine, version)
         if binary is None:
             raise _not_retryable(
@@ -172,9 +258,9 @@ class NodeAgentActivities:
             )
         return binary
 
-    def _engine_env(self, replica_id: str) -> dict[str, str]:
+    def _engine_env(self, extra: dict[str, str]) -> dict[str, str]:
         env = {name: os.environ[name] for name in INHERITED_ENV if name in os.environ}
-        env.update(engine_env(engine_key(self._config.node_secret, replica_id)))
+        env.update(extra)
         return env
 
     @activity.defn(name=NodeActivity.START_ENGINE)
@@ -183,25 +269,35 @@ class NodeAgentActivities:
 
     def _launch(self, req: LaunchRequest) -> LaunchResult:
         model = req.model
-        if model.engine != LLAMACPP:
+        if model.engine not in (LLAMACPP, VLLM):
             raise _not_retryable(
                 f"engine {model.engine} is not supported on this node yet", "EngineNotSupported"
             )
-        binary = self._binary(model.engine, model.engine_version or LLAMACPP_DEFAULT_VERSION)
-        if not Path(model.weights).is_file():
+        version = model.engine_version or (
+            LLAMACPP_DEFAULT_VERSION if model.engine == LLAMACPP else ""
+        )
+        if not version:
             raise _not_retryable(
-                f"weights file {model.weights} for model {model.name} not found on node "
+                f"model {model.name}: engine_version is required for {model.engine}",
+                "InvalidModelArgs",
+            )
+        binary = self._binary(model.engine, version)
+        if not Path(model.weights).exists():
+            raise _not_retryable(
+                f"weights {model.weights} for model {model.name} not found on node "
                 f"{self._config.node}",
                 "WeightsMissing",
             )
+        key = engine_key(self._config.node_secret, req.replica_id)
+        address, port, cores = self._config.address, req.allocation.port, req.allocation.cpu_cores
         try:
-            command = command_line(
-                str(binary),
-                model,
-                self._config.address,
-                req.allocation.port,
-                req.allocation.cpu_cores,
-            )
+            if model.engine == VLLM:
+                cpu = not self._config.has_nvidia
+                command = vllm.command_line(str(binary), model, address, port, cpu=cpu)
+                env = self._engine_env(vllm.engine_env(key, model, cpu=cpu))
+            else:
+                command = command_line(str(binary), model, address, port, cores)
+                env = self._engine_env(engine_env(key))
         except ValueError as err:
             raise _not_retryable(str(err), "InvalidModelArgs") from err
         port = req.allocation.port
@@ -218,7 +314,7 @@ class NodeAgentActivities:
             req.replica_id,
             req.workflow_id,
             command,
-            self._engine_env(req.replica_id),
+            env,
             model.fingerprint(),
             req.allocation.port,
         )
@@ -255,6 +351,14 @@ class NodeAgentActivities:
 
     @activity.defn(name=NodeActivity.STOP_ENGINE)
     async def stop_engine(self, req: ShardRef) -> StopResult:
+        spec = self._supervisor.read_spec(req.replica_id) if req.drain_s > 0 else None
+        if spec is not None and self._supervisor.is_alive(req.replica_id):
+            outcome = await wait_idle(
+                f"http://{self._config.address}:{spec.port}/metrics",
+                engine_key(self._config.node_secret, req.replica_id),
+                req.drain_s,
+            )
+            activity.logger.info("draining %s: %s", req.replica_id, outcome)
         return await asyncio.to_thread(
             self._supervisor.stop, req.replica_id, self._config.stop_grace_s
         )

@@ -9,18 +9,11 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from gateway.store import KeyNameTaken, Store, open_store
 from workers.connect import connect_with_retry
 from workers.models import apply_model, list_models, remove_model, scale_model
+from workers.node_commands import node_command, show_nodes
 from workers.paths import Locations
-from workers.progress import engine_lines, ledger_snapshot
+from workers.progress import ledger_snapshot
+from workers.tables import table
 from workflows.contracts import ModelSpec
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=False)]
-    lines = [
-        "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=False)).rstrip()
-        for row in [headers, *rows]
-    ]
-    return "\n".join(lines)
 
 
 def absolute(path: str) -> str:
@@ -46,13 +39,15 @@ async def run_command(args: argparse.Namespace, where: Locations, expires: datet
     if args.command == "status":
         await status(client)
     elif args.command == "nodes":
-        await nodes(client)
+        await show_nodes(client)
+    elif args.command == "node":
+        await node_command(client, where, args)
     elif args.command == "model":
         await model_command(args, client)
 
 
 async def status(client: Client) -> None:
-    await nodes(client)
+    await show_nodes(client)
     state = await ledger_snapshot(client)
     print()
     rows = [
@@ -60,27 +55,6 @@ async def status(client: Client) -> None:
         for r in sorted(state.routes.values(), key=lambda r: r.replica_id)
     ]
     print(table(["REPLICA", "MODEL", "STATE", "NODE", "ENDPOINT", "DETAIL"], rows))
-
-
-async def nodes(client: Client) -> None:
-    state = await ledger_snapshot(client)
-    rows = []
-    for name, record in sorted(state.nodes.items()):
-        inv = record.inventory
-        gpus = ", ".join(g.gpu_class for g in inv.gpus) or "none"
-        flags = "avx2" if "avx2" in inv.cpu_flags else "NO AVX2"
-        engines = "; ".join(await engine_lines(client, record)) or "none"
-        rows.append(
-            [
-                name,
-                record.state.value,
-                f"{inv.cpu_cores} ({flags})",
-                f"{inv.memory_mb}",
-                gpus,
-                engines,
-            ]
-        )
-    print(table(["NODE", "STATE", "CPUS", "MEMORY MB", "GPUS", "ENGINES"], rows))
 
 
 async def model_command(args: argparse.Namespace, client: Client) -> None:

@@ -9,14 +9,20 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
-from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecutionStatus
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.discovery import discover_inventory
-from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION
 from activities.node_agent import AgentConfig, NodeAgentActivities
 from workers.connect import connect_with_retry
 from workers.paths import Locations
@@ -24,11 +30,12 @@ from workers.signals import stop_event, wait_or_stop
 from workflows import options
 from workflows.contracts import (
     EngineExit,
-    EngineRequirement,
     NodeHeartbeat,
+    NodeInventory,
     NodeRegistration,
     NodeView,
 )
+from workflows.engine_keys import node_identity
 from workflows.names import CONTROL_TASK_QUEUE, node_task_queue, node_workflow_id
 from workflows.node import NodeWorkflow
 
@@ -40,19 +47,19 @@ class AgentOptions:
     node: str
     address: str = "127.0.0.1"
     engine_paths: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    # How often the agent looks at its machine again (a fabric manager restarting drops every
+    # card out of its NVLink domain at once) and at the engines it runs.
+    look_every_s: float = 60.0
+    heartbeat_s: float = options.NODE_HEARTBEAT.total_seconds()
+    lost_after_s: float = options.NODE_GRACE.total_seconds()
     # `llmgw up` owns the whole machine and leaves nothing behind; a standalone agent leaves its
     # engines serving across its own restarts.
     stop_engines_on_exit: bool = False
 
 
-def engine_requirements(opts: AgentOptions) -> list[EngineRequirement]:
-    return [
-        EngineRequirement(
-            engine="llamacpp",
-            version=LLAMACPP_DEFAULT_VERSION,
-            path=opts.engine_paths.get("llamacpp"),
-        )
-    ]
+class NodeRemoved(Exception):
+    """The node's workflow has ended: an operator removed this node from the cluster."""
 
 
 async def register(client: Client, reg: NodeRegistration) -> NodeView:
@@ -95,7 +102,9 @@ async def run_agent(where: Locations, opts: AgentOptions) -> None:
     secret_file = where.node_secret_file(opts.node)
     if not secret_file.exists():
         raise SystemExit(
-            f"no node secret at {secret_file}: `llmgw up` writes it for this machine's agent"
+            f"no node secret at {secret_file}: run `llmgw node add {opts.node}` where the "
+            "cluster's store is, then start this agent with `--join TOKEN` (`llmgw up` "
+            "writes it for its own machine's agent)"
         )
     config = AgentConfig(
         node=opts.node,
@@ -109,32 +118,87 @@ async def run_agent(where: Locations, opts: AgentOptions) -> None:
     client = await connect_with_retry(where)
     stop = stop_event()
     worker = Worker(client, task_queue=node_task_queue(opts.node), activities=agent.all())
-    boot_id = uuid.uuid4().hex
+    removed = False
     try:
         async with worker:
-            inventory = await asyncio.to_thread(discover_inventory, opts.node, opts.address)
-            reg = NodeRegistration(
-                inventory=inventory, boot_id=boot_id, engines=engine_requirements(opts)
-            )
-            await register(client, reg)
-            log.info(
-                "node %s registered: %d cores, %d MB, %d GPUs",
-                opts.node,
-                inventory.cpu_cores,
-                inventory.memory_mb,
-                len(inventory.gpus),
-            )
-            await reconcile_shards(client, agent)
-            handle = client.get_workflow_handle(node_workflow_id(opts.node))
-            while not stop.is_set():
-                try:
-                    await handle.signal("heartbeat", NodeHeartbeat(boot_id=boot_id))
-                except RPCError as err:
-                    log.warning("heartbeat failed: %s", err)
-                await wait_or_stop(stop, options.NODE_HEARTBEAT.total_seconds())
+            await serve_node(client, agent, opts, node_identity(config.node_secret), stop)
+    except NodeRemoved:
+        removed = True
+        log.warning("node %s was removed from the cluster; stopping its engines", opts.node)
     finally:
-        if opts.stop_engines_on_exit:
+        if opts.stop_engines_on_exit or removed:
             await stop_engines_and_tell(client, agent)
+
+
+async def serve_node(
+    client: Client,
+    agent: NodeAgentActivities,
+    opts: AgentOptions,
+    identity: str,
+    stop: asyncio.Event,
+) -> None:
+    """Register, then heartbeat until stopped, looking at the machine and its engines again
+    every `look_every_s`."""
+    boot_id = uuid.uuid4().hex
+    inventory = await asyncio.to_thread(discover_inventory, opts.node, opts.address)
+    reg = NodeRegistration(
+        inventory=inventory,
+        boot_id=boot_id,
+        identity=identity,
+        labels=opts.labels,
+        engine_paths=opts.engine_paths,
+        lost_after_s=opts.lost_after_s,
+    )
+    try:
+        await register(client, reg)
+    except WorkflowUpdateFailedError as err:
+        # Another machine holds this name, or this is not the node's token: say so and stop,
+        # rather than retrying forever under systemd.
+        raise SystemExit(f"node {opts.node}: registration refused: {err.cause}") from None
+    log.info(
+        "node %s registered: %d cores, %d MB, %d GPUs",
+        opts.node,
+        inventory.cpu_cores,
+        inventory.memory_mb,
+        len(inventory.gpus),
+    )
+    await reconcile_shards(client, agent)
+    handle = client.get_workflow_handle(node_workflow_id(opts.node))
+    loop = asyncio.get_running_loop()
+    next_look = loop.time() + opts.look_every_s
+    changed: NodeInventory | None = None
+    while not stop.is_set():
+        if loop.time() >= next_look:
+            next_look = loop.time() + opts.look_every_s
+            changed = await look_again(opts, inventory)
+            await reconcile_shards(client, agent)
+        try:
+            await handle.signal("heartbeat", NodeHeartbeat(boot_id=boot_id, inventory=changed))
+            if changed is not None:
+                inventory, changed = changed, None
+        except RPCError as err:
+            if await _workflow_ended(handle):
+                raise NodeRemoved from err
+            log.warning("heartbeat failed: %s", err)
+        await wait_or_stop(stop, opts.heartbeat_s)
+
+
+async def look_again(opts: AgentOptions, before: NodeInventory) -> NodeInventory | None:
+    """The machine as it is now, when it differs from what the node workflow was last told."""
+    try:
+        now = await asyncio.to_thread(discover_inventory, opts.node, opts.address)
+    except Exception as err:
+        log.warning("discovery failed: %s", err)
+        return None
+    return now if now.comparable() != before.comparable() else None
+
+
+async def _workflow_ended(handle: WorkflowHandle[Any, Any]) -> bool:
+    try:
+        described = await handle.describe()
+    except RPCError:
+        return False
+    return described.status != WorkflowExecutionStatus.RUNNING
 
 
 async def stop_engines_and_tell(client: Client, agent: NodeAgentActivities) -> None:

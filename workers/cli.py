@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from workers import doctor
+from workers.node_commands import add_node_parsers, parse_labels
 from workers.paths import Locations, default_node_name
 
 
@@ -43,14 +45,31 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--headless", action="store_true", help="no Temporal web UI")
     up.add_argument("--no-demo", action="store_true", help="do not define the demo model")
     up.add_argument("--engine-path", action="append", default=[], metavar="ENGINE=PATH")
+    up.add_argument("--config", help="server configuration YAML, default $LLMGW_CONFIG")
 
-    sub.add_parser("control", parents=[common], help="run the control-plane worker")
+    control = sub.add_parser("control", parents=[common], help="run the control-plane worker")
+    control.add_argument("--config", help="server configuration YAML, default $LLMGW_CONFIG")
 
     agent = sub.add_parser("agent", parents=[common], help="run this machine's node agent")
     agent.add_argument("--node", default=default_node_name())
     agent.add_argument("--address", default="127.0.0.1", help="address engines listen on")
     agent.add_argument("--engine-path", action="append", default=[], metavar="ENGINE=PATH")
     agent.add_argument("--stop-engines-on-exit", action="store_true")
+    agent.add_argument(
+        "--join",
+        metavar="TOKEN",
+        default=os.environ.get("LLMGW_JOIN_TOKEN"),
+        help="the token `llmgw node add` printed (default $LLMGW_JOIN_TOKEN)",
+    )
+    agent.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    agent.add_argument("--heartbeat-every", type=float, default=10.0, metavar="SECONDS")
+    agent.add_argument(
+        "--lost-after",
+        type=float,
+        default=45.0,
+        metavar="SECONDS",
+        help="silent this long, the node is lost and its replicas move (default 45)",
+    )
 
     gw = sub.add_parser("gateway", parents=[common], help="run the OpenAI gateway")
     gw.add_argument("--host", default="127.0.0.1")
@@ -58,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("status", parents=[common], help="nodes and replicas")
     sub.add_parser("nodes", parents=[common], help="nodes, their hardware and engines")
+    add_node_parsers(sub, common)
+    # The doctor reads this machine only: it brings its own --state-dir and needs no Temporal.
+    doctor.add_arguments(
+        sub.add_parser("doctor", help="check what this node's GPUs, fabric and engines need")
+    )
 
     model = sub.add_parser("model", help="define, scale and remove models")
     msub = model.add_subparsers(dest="action", required=True)
@@ -108,6 +132,30 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
 
 
+def lost_after(args: argparse.Namespace) -> float:
+    if args.lost_after < 2 * args.heartbeat_every:
+        raise SystemExit("--lost-after must be at least twice --heartbeat-every")
+    return float(args.lost_after)
+
+
+def join(where: Locations, args: argparse.Namespace) -> Locations:
+    """Take a join token: keep the node's secret, and use the token's node name and Temporal
+    address unless the command line names them."""
+    from dataclasses import replace
+
+    from workers.join import JoinToken, accept_join_token
+
+    try:
+        token = JoinToken.decode(args.join)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+    if args.node not in (token.node, default_node_name()):
+        raise SystemExit(f"this token joins node {token.node!r}, not {args.node!r}")
+    args.node = token.node
+    accept_join_token(where, token)
+    return where if args.temporal else replace(where, temporal=token.temporal)
+
+
 def dispatch(args: argparse.Namespace, where: Locations) -> None:
     from workers import admin
 
@@ -126,25 +174,33 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 ui_port=None if args.headless else args.ui_port,
                 demo=not args.no_demo,
                 engine_paths=parse_engine_paths(args.engine_path),
+                config_file=where.config_file(args.config),
             ),
         )
     elif args.command == "control":
         from workers.control import main as control_main
 
-        control_main(where)
+        control_main(where, where.config_file(args.config))
     elif args.command == "agent":
         from workers.agent import AgentOptions
         from workers.agent import main as agent_main
 
+        if args.join:
+            where = join(where, args)
         agent_main(
             where,
             AgentOptions(
                 node=args.node,
+                labels=parse_labels(args.label),
+                heartbeat_s=args.heartbeat_every,
+                lost_after_s=lost_after(args),
                 address=args.address,
                 engine_paths=parse_engine_paths(args.engine_path),
                 stop_engines_on_exit=args.stop_engines_on_exit,
             ),
         )
+    elif args.command == "doctor":
+        sys.exit(doctor.run(args))
     elif args.command == "gateway":
         from gateway.settings import GatewaySettings
         from workers.gateway_main import main as gateway_main

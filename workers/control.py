@@ -2,15 +2,22 @@
 
 import asyncio
 import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from temporalio.client import Client
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.worker import Worker
 
+from activities.engine_planning import ControlConfigActivities
 from activities.ledger_calls import LedgerActivities
+from activities.node_admin import NodeAdminActivities
+from activities.server_config import load_server_config
 from workers.connect import connect_with_retry
 from workers.paths import Locations
 from workers.registry import CONTROL_WORKFLOWS
+from workers.schedules import ScheduleSettings, ensure_schedules
 from workers.signals import stop_event
 from workflows.contracts import LedgerState
 from workflows.ledger import ClusterLedgerWorkflow
@@ -30,14 +37,34 @@ async def ensure_ledger(client: Client) -> None:
     )
 
 
-async def run_control(where: Locations) -> None:
+def control_activities(client: Client, config_file: Path | None) -> list[Callable[..., Any]]:
+    return [
+        *LedgerActivities(client).all(),
+        *ControlConfigActivities(config_file).all(),
+        NodeAdminActivities(client).add,
+    ]
+
+
+async def run_control(where: Locations, config_file: Path | None) -> None:
+    # A broken configuration stops the worker here, with the field named, rather than failing
+    # every node's engine plan later.
+    config = load_server_config(config_file)
     client = await connect_with_retry(where)
     await ensure_ledger(client)
+    await ensure_schedules(
+        client,
+        ScheduleSettings(
+            reverify_every=config.reverify_every,
+            inventory_every=config.inventory_every,
+            onboarding_every=config.onboarding_every,
+            onboarding=config.nodes_file is not None,
+        ),
+    )
     worker = Worker(
         client,
         task_queue=CONTROL_TASK_QUEUE,
         workflows=CONTROL_WORKFLOWS,
-        activities=LedgerActivities(client).all(),
+        activities=control_activities(client, config_file),
     )
     stop = stop_event()
     async with worker:
@@ -45,5 +72,5 @@ async def run_control(where: Locations) -> None:
         await stop.wait()
 
 
-def main(where: Locations) -> None:
-    asyncio.run(run_control(where))
+def main(where: Locations, config_file: Path | None) -> None:
+    asyncio.run(run_control(where, config_file))

@@ -59,5 +59,14 @@ class Locations:
             database_url=database_url or os.environ.get("LLMGW_DATABASE_URL") or None,
         )
 
+    def config_file(self, given: str | None = None) -> Path | None:
+        """The server configuration (`engines:`, `nodes_file:`, schedules): a flag, then
+        $LLMGW_CONFIG, then llmgw.yaml in the state dir if there is one; None: defaults."""
+        named = given or os.environ.get("LLMGW_CONFIG")
+        if named:
+            return Path(named).expanduser().absolute()
+        default = self.state_dir / "llmgw.yaml"
+        return default if default.exists() else None
+
     def node_secret_file(self, node: str) -> Path:
         return self.state_dir / "agent" / node / "node.secret"

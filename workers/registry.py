@@ -1,6 +1,7 @@
 """Which workflows each worker hosts."""
 
 from workflows.engine_install import EngineInstallWorkflow
+from workflows.fleet import FleetRefreshWorkflow, ScheduledOnboardingWorkflow
 from workflows.ledger import ClusterLedgerWorkflow
 from workflows.model import ModelWorkflow
 from workflows.node import NodeWorkflow
@@ -12,4 +13,6 @@ CONTROL_WORKFLOWS = [
     EngineInstallWorkflow,
     ModelWorkflow,
     ReplicaWorkflow,
+    FleetRefreshWorkflow,
+    ScheduledOnboardingWorkflow,
 ]

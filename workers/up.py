@@ -19,6 +19,7 @@ import httpx
 from temporalio.client import Client
 
 from activities.node_agent import AgentConfig, NodeAgentActivities
+from activities.server_config import ConfigError, load_server_config
 from gateway.store import Store, open_store
 from workers.children import Child, Children
 from workers.connect import connect_with_retry
@@ -26,6 +27,7 @@ from workers.demo import DEMO_MODEL, demo_spec
 from workers.models import define_if_missing
 from workers.paths import Locations
 from workers.progress import engine_lines, ledger_snapshot
+from workers.secret_files import write_secret_file
 from workers.signals import stop_event, wait_or_stop
 from workers.temporal_server import TemporalDevServer
 from workflows.contracts import ReplicaState
@@ -43,6 +45,7 @@ class UpOptions:
     ui_port: int | None = 8233
     demo: bool = True
     engine_paths: dict[str, str] = field(default_factory=dict)
+    config_file: Path | None = None
 
 
 def say(text: str) -> None:
@@ -57,13 +60,6 @@ def lock_state_dir(state_dir: Path) -> IO[str]:
     except BlockingIOError:
         raise SystemExit(f"another `llmgw up` is running with state dir {state_dir}") from None
     return handle
-
-
-def write_secret_file(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text + "\n")
 
 
 async def ensure_demo_key(store: Store, key_file: Path) -> str:
@@ -105,7 +101,14 @@ def start_children(where: Locations, opts: UpOptions) -> Children:
     for engine, path in opts.engine_paths.items():
         agent_args += ["--engine-path", f"{engine}={path}"]
     gateway_args = ["gateway", "--host", opts.host, "--port", str(opts.port)]
-    for name, args in (("control", ["control"]), ("agent", agent_args), ("gateway", gateway_args)):
+    control_args = ["control"]
+    if opts.config_file is not None:
+        control_args += ["--config", str(opts.config_file)]
+    for name, args in (
+        ("control", control_args),
+        ("agent", agent_args),
+        ("gateway", gateway_args),
+    ):
         children.add(Child(name, args, logs / f"{name}.log", run / f"{name}.pid"))
     return children
 
@@ -195,6 +198,11 @@ async def run_up(where: Locations, opts: UpOptions) -> None:
     # and Temporal's database: nothing in it is for other users of this machine. The children
     # inherit this.
     os.umask(0o077)
+    try:
+        # Checked here, before anything starts: a control worker would only restart on it.
+        load_server_config(opts.config_file)
+    except ConfigError as err:
+        raise SystemExit(f"configuration: {err}") from None
     lock = lock_state_dir(where.state_dir)
     stop = stop_event()
     store = open_store(where.database_url, where.state_dir)

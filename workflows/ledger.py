@@ -13,10 +13,15 @@ with workflow.unsafe.imports_passed_through():
         Allocation,
         LedgerAck,
         LedgerState,
+        NodeName,
+        NodeNames,
         NodeRecord,
+        NodeState,
         PlacementRefused,
         PlacementRequest,
         ReleaseRequest,
+        ReplicaRef,
+        ReplicaRefs,
         ReplicaState,
         Route,
         RoutingTable,
@@ -44,7 +49,18 @@ class ClusterLedgerWorkflow:
 
     @workflow.update(name="upsert_node")
     def upsert_node(self, record: NodeRecord) -> LedgerAck:
-        self.state.nodes[record.inventory.name] = record
+        name = record.inventory.name
+        if record.state == NodeState.REMOVED:
+            self.state.nodes.pop(name, None)
+        else:
+            self.state.nodes[name] = record
+        if record.state in (NodeState.LOST, NodeState.REMOVED):
+            # Gateways must stop sending requests there now, not when each replica workflow
+            # gets round to saying so.
+            for route in self.state.routes.values():
+                if route.node == name and route.state in ReplicaState.routable():
+                    route.state = ReplicaState.RESTARTING
+                    route.detail = f"node {name} is {record.state.value}"
         return self._changed()
 
     @workflow.update(name="place")
@@ -79,6 +95,20 @@ class ClusterLedgerWorkflow:
     @workflow.query(name="routing_table")
     def routing_table(self) -> RoutingTable:
         return RoutingTable(version=self.state.version, routes=list(self.state.routes.values()))
+
+    @workflow.query(name="replicas_on")
+    def replicas_on(self, node: NodeName) -> ReplicaRefs:
+        return ReplicaRefs(
+            replicas=[
+                ReplicaRef(replica_id=a.replica_id, workflow_id=a.workflow_id, model=a.model)
+                for a in self.state.allocations.values()
+                if a.node == node.name
+            ]
+        )
+
+    @workflow.query(name="node_names")
+    def node_names(self) -> NodeNames:
+        return NodeNames(names=sorted(self.state.nodes))
 
     @workflow.query(name="snapshot")
     def snapshot(self) -> LedgerState:

@@ -40,6 +40,14 @@ class ControlActivity:
     LEDGER_PLACE = "ledger_place"
     LEDGER_RELEASE = "ledger_release"
     LEDGER_SET_ROUTE = "ledger_set_route"
+    LEDGER_REPLICAS_ON_NODE = "ledger_replicas_on_node"
+    LEDGER_NODE_NAMES = "ledger_node_names"
+    # Which engines a node should have, from the cluster's `engines:` configuration.
+    ENGINE_PLAN = "control_engine_plan"
+    # The nodes an operator listed in a file, for scheduled onboarding.
+    READ_NODES_FILE = "control_read_nodes_file"
+    # Expect a node: create its workflow if missing, set its labels and identity.
+    ADD_NODE = "control_add_node"
 
 
 class NodeActivity:
@@ -51,3 +59,14 @@ class NodeActivity:
     WAIT_READY = "node_wait_ready"
     SUPERVISE_ENGINE = "node_supervise_engine"
     STOP_ENGINE = "node_stop_engine"
+    VERIFY_ENGINES = "node_verify_engines"
+
+
+# Temporal Schedules: each starts a short fleet-wide workflow that signals every node.
+ENGINE_REVERIFY_SCHEDULE_ID = "llmgw-engine-reverify"
+INVENTORY_REFRESH_SCHEDULE_ID = "llmgw-inventory-refresh"
+SCHEDULED_ONBOARDING_SCHEDULE_ID = "llmgw-scheduled-onboarding"
+# The workflow IDs each schedule's runs get (Temporal appends the scheduled time).
+ENGINE_REVERIFY_WORKFLOW_ID = "fleet-reverify"
+INVENTORY_REFRESH_WORKFLOW_ID = "fleet-inventory"
+SCHEDULED_ONBOARDING_WORKFLOW_ID = "fleet-onboarding"

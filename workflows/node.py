@@ -1,32 +1,58 @@
-"""A node's lifecycle: registration, engine convergence, liveness.
+"""A node's lifecycle: onboarding, engine convergence, inventory, liveness and operator commands.
 
 The agent registers with an update (update-with-start, so a brand-new node needs no separate
-step) and then heartbeats with signals. Every change is copied to the ledger, which placement
-reads. A node silent for longer than its grace is marked lost; its next heartbeat or
-registration brings it back.
+step) and then heartbeats with signals. Operators cordon, uncordon, drain and remove with
+signals, so `llmgw node ...` and `temporal workflow signal` do the same thing. The schedules
+signal `refresh` to look at the machine again or re-verify its engines. Every change is copied
+to the ledger, which placement reads.
+
+A node silent for longer than its grace is lost: its replicas are re-placed elsewhere at once.
+A draining node keeps serving until each replica's successor is ready elsewhere.
 """
 
+from datetime import datetime, timedelta
+
 from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows import options
     from workflows.contracts import (
+        DiscoverRequest,
         EngineInstallRequest,
+        EnginePlan,
+        EnginePlanRequest,
+        EngineRequirement,
         EngineState,
         EngineStatus,
         LedgerAck,
+        NodeAdd,
+        NodeCommand,
         NodeHeartbeat,
+        NodeInventory,
+        NodeName,
         NodeRecord,
+        NodeRefresh,
         NodeRegistration,
         NodeState,
         NodeView,
+        ReplaceReplicas,
+        ReplicaRefs,
+        VerifyEnginesRequest,
+        VerifyEnginesResult,
     )
     from workflows.engine_install import EngineInstallWorkflow
     from workflows.names import (
         CONTROL_TASK_QUEUE,
         ControlActivity,
+        NodeActivity,
         engine_install_workflow_id,
+        model_workflow_id,
+        node_task_queue,
     )
+
+# The operator commands, by signal name.
+CORDON, UNCORDON, DRAIN, REMOVE = "cordon", "uncordon", "drain", "remove"
 
 
 @workflow.defn(name="Node")
@@ -35,27 +61,30 @@ class NodeWorkflow:
     def __init__(self, view: NodeView | None = None) -> None:
         self.view = view
         self.pending: NodeRegistration | None = None
-        self.heard = False
+        self.commands: list[tuple[str, NodeCommand]] = []
+        self.refresh_asked: NodeRefresh | None = None
+        self.changed_inventory: NodeInventory | None = None
+        self.last_heard: datetime | None = None
+        self.last_published = False
 
     @workflow.run
-    async def run(self, view: NodeView | None = None) -> None:
+    async def run(self, view: NodeView | None = None) -> NodeView | None:
+        self.last_heard = workflow.now()
         while True:
-            if self.pending is not None:
-                await self._onboard(self.pending)
-            self.heard = False
+            await self._work()
+            if self._state() == NodeState.REMOVED:
+                return self.view
+            if self.view is not None and self.view.record.draining:
+                await self._follow_drain()
             try:
-                await workflow.wait_condition(
-                    lambda: self.heard or self.pending is not None,
-                    timeout=options.NODE_GRACE,
-                )
+                await workflow.wait_condition(self._has_work, timeout=self._until_lost())
             except TimeoutError:
-                await self._set_state(NodeState.LOST)
-            else:
-                if self.heard and self.view and self.view.record.state == NodeState.LOST:
-                    await self._set_state(NodeState.READY)
-            if workflow.info().is_continue_as_new_suggested() and self.pending is None:
+                await self._lose()
+            if workflow.info().is_continue_as_new_suggested() and not self._has_work():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self.view)
+
+    # --- messages -------------------------------------------------------------------------
 
     @workflow.update(name="register")
     def register(self, reg: NodeRegistration) -> NodeView:
@@ -64,54 +93,341 @@ class NodeWorkflow:
 
     @register.validator
     def _check_registration(self, reg: NodeRegistration) -> None:
-        # A node cannot claim another node's workflow: its inventory must carry this node's name.
+        # A node cannot claim another node's workflow: its inventory must carry this node's name,
+        # the identity of the join token this node was given, and, while the node is live, the
+        # same machine.
         expected = workflow.info().workflow_id.removeprefix("node:")
         if reg.inventory.name != expected:
             raise ValueError(f"node {reg.inventory.name!r} cannot register as {expected!r}")
+        if self.view is None:
+            return
+        if self.view.identity and reg.identity != self.view.identity:
+            raise ValueError(
+                f"node {expected!r} was joined with another token; give this machine that "
+                f"node's token, or `llmgw node rm {expected}` first"
+            )
+        record = self.view.record
+        live = record.state == NodeState.READY and self._silent_for() < self._grace()
+        ours, theirs = record.inventory.machine_id, reg.inventory.machine_id
+        if live and ours and theirs and ours != theirs:
+            raise ValueError(
+                f"node {expected!r} is live on another machine ({record.inventory.hostname}); "
+                "two agents cannot share a node name"
+            )
+
+    @workflow.update(name="add")
+    def add(self, req: NodeAdd) -> NodeView:
+        """An operator expects this node (`llmgw node add`, scheduled onboarding)."""
+        if self.view is None:
+            inventory = NodeInventory(name=req.name, address=req.address or "127.0.0.1")
+            record = NodeRecord(inventory=inventory, state=NodeState.AWAITING)
+            self.view = NodeView(record=record)
+        before = (dict(self.view.record.labels), self.view.identity)
+        self.view.record.labels.update(req.labels)
+        self.view.identity = req.identity or self.view.identity
+        if (self.view.record.labels, self.view.identity) != before or not self.last_published:
+            self.refresh_asked = self.refresh_asked or NodeRefresh()  # publishes the change
+        return self.view
 
     @workflow.signal(name="heartbeat")
     def heartbeat(self, beat: NodeHeartbeat) -> None:
         if self.view is not None and beat.boot_id == self.view.boot_id:
-            self.heard = True
+            self.last_heard = workflow.now()
+            if beat.inventory is not None:
+                self.changed_inventory = beat.inventory
+
+    @workflow.signal(name=CORDON)
+    def cordon(self, cmd: NodeCommand) -> None:
+        self.commands.append((CORDON, cmd))
+
+    @workflow.signal(name=UNCORDON)
+    def uncordon(self, cmd: NodeCommand) -> None:
+        self.commands.append((UNCORDON, cmd))
+
+    @workflow.signal(name=DRAIN)
+    def drain(self, cmd: NodeCommand) -> None:
+        self.commands.append((DRAIN, cmd))
+
+    @workflow.signal(name=REMOVE)
+    def remove(self, cmd: NodeCommand) -> None:
+        self.commands.append((REMOVE, cmd))
+
+    @workflow.signal(name="refresh")
+    def refresh(self, req: NodeRefresh) -> None:
+        asked = self.refresh_asked or NodeRefresh()
+        self.refresh_asked = NodeRefresh(
+            inventory=asked.inventory or req.inventory, engines=asked.engines or req.engines
+        )
 
     @workflow.query(name="describe")
     def describe(self) -> NodeView | None:
         return self.view
 
-    def _view_of(self, reg: NodeRegistration) -> NodeView:
-        record = NodeRecord(inventory=reg.inventory, state=NodeState.READY)
-        if self.view is not None:
-            record.cordoned = self.view.record.cordoned
-            record.engines = dict(self.view.record.engines)
-        return NodeView(record=record, boot_id=reg.boot_id)
+    # --- the loop's work --------------------------------------------------------------------
+
+    def _has_work(self) -> bool:
+        changed = self.changed_inventory is not None or self.refresh_asked is not None
+        back = self._state() == NodeState.LOST and self._silent_for() < self._grace()
+        return self.pending is not None or bool(self.commands) or changed or back
+
+    def _state(self) -> NodeState | None:
+        return self.view.record.state if self.view is not None else None
+
+    def _grace(self) -> timedelta:
+        return timedelta(seconds=self.view.lost_after_s) if self.view else options.NODE_GRACE
+
+    def _silent_for(self) -> timedelta:
+        return workflow.now() - (self.last_heard or workflow.now())
+
+    def _until_lost(self) -> timedelta | None:
+        """How long the loop may sleep before the node counts as lost; None: no timer."""
+        if self._state() not in (NodeState.READY, NodeState.REGISTERING):
+            return None
+        remaining = self._grace() - self._silent_for()
+        if self.view is not None and self.view.record.draining:
+            remaining = min(remaining, options.DRAIN_POLL)
+        return max(remaining, timedelta(seconds=1))
+
+    async def _work(self) -> None:
+        if self.pending is not None:
+            reg, self.pending = self.pending, None
+            await self._onboard(reg)
+        while self.commands:
+            name, cmd = self.commands.pop(0)
+            await self._command(name, cmd)
+            if self._state() == NodeState.REMOVED:
+                return
+        if self._state() == NodeState.LOST and self._silent_for() < self._grace():
+            await self._set_state(NodeState.READY)
+        if self.changed_inventory is not None:
+            inventory, self.changed_inventory = self.changed_inventory, None
+            await self._take_inventory(inventory)
+        if self.refresh_asked is not None:
+            asked, self.refresh_asked = self.refresh_asked, None
+            await self._refresh(asked)
 
     async def _onboard(self, reg: NodeRegistration) -> None:
-        self.pending = None
         self.view = self._view_of(reg)
-        for req in reg.engines:
-            self.view.record.engines[req.engine] = EngineStatus(
+        await self._converge_engines()
+
+    def _view_of(self, reg: NodeRegistration) -> NodeView:
+        record = NodeRecord(inventory=reg.inventory, state=NodeState.READY, labels=reg.labels)
+        identity = reg.identity
+        if self.view is not None:
+            old = self.view.record
+            record.cordoned, record.draining, record.note = old.cordoned, old.draining, old.note
+            record.engines = dict(old.engines)
+            record.labels = {**reg.labels, **old.labels}  # an operator's labels win
+            identity = self.view.identity or reg.identity
+        return NodeView(
+            record=record,
+            boot_id=reg.boot_id,
+            identity=identity,
+            engine_paths=reg.engine_paths,
+            lost_after_s=reg.lost_after_s,
+        )
+
+    async def _converge_engines(self) -> None:
+        """Ask the control plane which engines this node gets, then install them one by one
+        (each is a build or a large download on the same machine)."""
+        assert self.view is not None
+        record = self.view.record
+        plan: EnginePlan = await workflow.execute_activity(
+            ControlActivity.ENGINE_PLAN,
+            EnginePlanRequest(
+                inventory=record.inventory,
+                labels=record.labels,
+                engine_paths=self.view.engine_paths,
+            ),
+            task_queue=CONTROL_TASK_QUEUE,
+            start_to_close_timeout=options.ENGINE_PLAN_TIMEOUT,
+            retry_policy=options.LEDGER_RETRY,
+            result_type=EnginePlan,
+        )
+        wanted = {req.engine for req in plan.install} | set(plan.unavailable)
+        record.engines = {e: s for e, s in record.engines.items() if e in wanted}
+        record.engines.update(plan.unavailable)
+        todo = [req for req in plan.install if not self._have(req)]
+        for req in todo:
+            record.engines[req.engine] = EngineStatus(
                 engine=req.engine, version=req.version, state=EngineState.INSTALLING
             )
         await self._publish()
-        # Installs run one at a time: each is a build or a large download on the same machine.
-        for req in reg.engines:
+        for req in todo:
             status = await workflow.execute_child_workflow(
                 EngineInstallWorkflow.run,
-                EngineInstallRequest(node=reg.inventory.name, requirement=req),
-                id=engine_install_workflow_id(reg.inventory.name, req.engine, req.version),
+                EngineInstallRequest(node=record.inventory.name, requirement=req),
+                id=engine_install_workflow_id(record.inventory.name, req.engine, req.version),
                 task_queue=CONTROL_TASK_QUEUE,
             )
-            self.view.record.engines[req.engine] = status
+            if status.state == EngineState.INSTALLED:
+                status.verified_at = status.verified_at or self._now()
+            record.engines[req.engine] = status
             await self._publish()
 
-    async def _set_state(self, state: NodeState) -> None:
+    def _have(self, req: EngineRequirement) -> bool:
+        """Installed at this version and path already: an agent restart does not reinstall.
+        The install itself is idempotent too; this only saves the child workflow."""
+        assert self.view is not None
+        have = self.view.record.engines.get(req.engine)
+        return (
+            have is not None
+            and have.state == EngineState.INSTALLED
+            and have.version == req.version
+            and (req.path is None or have.path == req.path)
+        )
+
+    async def _take_inventory(self, inventory: NodeInventory) -> None:
+        assert self.view is not None
+        if inventory.name != self.view.record.inventory.name:
+            return
+        before = self.view.record.inventory
+        if inventory.comparable() == before.comparable():
+            return
+        self.view.record.inventory = inventory
+        gpus_changed = [g.uuid for g in inventory.gpus] != [g.uuid for g in before.gpus]
+        if gpus_changed or inventory.nvidia_driver != before.nvidia_driver:
+            await self._converge_engines()  # a GPU or driver appeared: another build may fit
+        else:
+            await self._publish()
+
+    async def _refresh(self, asked: NodeRefresh) -> None:
+        if self._state() not in (NodeState.READY, NodeState.REGISTERING):
+            await self._publish()  # AWAITING and LOST nodes have no agent to ask
+            return
+        assert self.view is not None
+        queue = node_task_queue(self.view.record.inventory.name)
+        try:
+            if asked.inventory:
+                inventory: NodeInventory = await workflow.execute_activity(
+                    NodeActivity.DISCOVER,
+                    DiscoverRequest(node=self.view.record.inventory.name),
+                    task_queue=queue,
+                    start_to_close_timeout=options.DISCOVER_TIMEOUT,
+                    retry_policy=options.NODE_CHECK_RETRY,
+                    result_type=NodeInventory,
+                )
+                await self._take_inventory(inventory)
+            if asked.engines:
+                await self._reverify(queue)
+        except ActivityError as err:
+            workflow.logger.warning("refresh of %s failed: %s", queue, err.cause)
+        if not (asked.inventory or asked.engines):
+            await self._publish()
+
+    async def _reverify(self, queue: str) -> None:
+        """Run every installed engine again: an unrelated upgrade can remove a library, and a
+        later failure is reported (and keeps replicas away), not hidden."""
+        assert self.view is not None
+        engines = self.view.record.engines
+        runnable = (EngineState.INSTALLED, EngineState.FAILED)
+        checked = [s for s in engines.values() if s.state in runnable and s.path]
+        if not checked:
+            return
+        result: VerifyEnginesResult = await workflow.execute_activity(
+            NodeActivity.VERIFY_ENGINES,
+            VerifyEnginesRequest(node=self.view.record.inventory.name, engines=checked),
+            task_queue=queue,
+            start_to_close_timeout=options.VERIFY_ENGINES_TIMEOUT,
+            retry_policy=options.NODE_CHECK_RETRY,
+            result_type=VerifyEnginesResult,
+        )
+        changed = False
+        for status in result.engines:
+            before = engines.get(status.engine)
+            if before is None or before.version != status.version:
+                continue
+            # verified_at too: `llmgw nodes` says when each engine was last seen to run.
+            changed = changed or before != status
+            engines[status.engine] = status
+        if changed:
+            await self._publish()
+
+    # --- operator commands ----------------------------------------------------------------
+
+    async def _command(self, name: str, cmd: NodeCommand) -> None:
+        if self.view is None:
+            return
+        record = self.view.record
+        if name == CORDON:
+            record.cordoned, record.note = True, cmd.reason or "cordoned by operator"
+            await self._publish()
+        elif name == UNCORDON:
+            record.cordoned, record.draining, record.note = False, False, ""
+            self.view.draining_replicas = []
+            await self._publish()
+        elif name == DRAIN:
+            record.cordoned, record.draining = True, True
+            record.note = cmd.reason or "drained by operator"
+            await self._publish()
+            await self._move_replicas(record.note, wait_for_successor=True)
+        elif name == REMOVE:
+            record.cordoned, record.note = True, cmd.reason or "removed by operator"
+            await self._set_state(NodeState.REMOVED, record.note)
+            await self._move_replicas(f"node {record.inventory.name} removed", False)
+
+    async def _follow_drain(self) -> None:
+        """A drain is over when nothing is placed on the node any more."""
+        assert self.view is not None
+        left = await self._replicas_here()
+        self.view.draining_replicas = sorted(r.replica_id for r in left.replicas)
+        if not left.replicas:
+            self.view.record.draining = False
+            self.view.record.note = "drained"
+            await self._publish()
+
+    async def _lose(self) -> None:
+        live = self._state() in (NodeState.READY, NodeState.REGISTERING)
+        if not live or self._silent_for() < self._grace():
+            return  # the timer was a drain poll, not the grace running out
+        silent = int(self._silent_for().total_seconds())
+        await self._set_state(NodeState.LOST, f"no heartbeat for {silent}s")
+        assert self.view is not None
+        await self._move_replicas(f"node {self.view.record.inventory.name} lost", False)
+
+    async def _move_replicas(self, reason: str, wait_for_successor: bool) -> None:
+        """Ask each model with a replica here to start it elsewhere."""
+        by_model: dict[str, list[str]] = {}
+        for ref in (await self._replicas_here()).replicas:
+            by_model.setdefault(ref.model, []).append(ref.replica_id)
+        for model, replica_ids in sorted(by_model.items()):
+            handle = workflow.get_external_workflow_handle(model_workflow_id(model))
+            req = ReplaceReplicas(
+                replica_ids=replica_ids, reason=reason, wait_for_successor=wait_for_successor
+            )
+            try:
+                await handle.signal("replace", req)
+            except ApplicationError as err:  # the model was removed meanwhile
+                workflow.logger.warning("could not move %s: %s", replica_ids, err)
+
+    async def _replicas_here(self) -> ReplicaRefs:
+        assert self.view is not None
+        refs: ReplicaRefs = await workflow.execute_activity(
+            ControlActivity.LEDGER_REPLICAS_ON_NODE,
+            NodeName(name=self.view.record.inventory.name),
+            task_queue=CONTROL_TASK_QUEUE,
+            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
+            retry_policy=options.LEDGER_RETRY,
+            result_type=ReplicaRefs,
+        )
+        return refs
+
+    # --- state ------------------------------------------------------------------------------
+
+    def _now(self) -> str:
+        return workflow.now().isoformat(timespec="seconds")
+
+    async def _set_state(self, state: NodeState, note: str = "") -> None:
         if self.view is None or self.view.record.state == state:
             return
         self.view.record.state = state
+        if not self.view.record.cordoned:
+            self.view.record.note = note
         await self._publish()
 
     async def _publish(self) -> None:
         assert self.view is not None
+        self.last_published = True
         await workflow.execute_activity(
             ControlActivity.LEDGER_UPSERT_NODE,
             self.view.record,

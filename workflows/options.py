@@ -39,7 +39,11 @@ SUPERVISE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10)
 )
 
-STOP_TIMEOUT = timedelta(minutes=1)
+# A stop of a serving replica first waits for gateways to drop its route, then for its
+# in-flight requests to finish (up to DRAIN_TIMEOUT), so a drain or scale-down drops nothing.
+ROUTE_PROPAGATION = timedelta(seconds=3)
+DRAIN_TIMEOUT = timedelta(minutes=2)
+STOP_TIMEOUT = timedelta(minutes=1) + DRAIN_TIMEOUT
 # A stop waits this long for the node's agent to take it at all; then the replica releases its
 # resources anyway (a returning agent stops engines no running workflow owns).
 STOP_GIVE_UP = timedelta(minutes=5)
@@ -55,3 +59,11 @@ PLACEMENT_RETRY_MAX = timedelta(seconds=30)
 # Node liveness: agents heartbeat every NODE_HEARTBEAT; a node silent for NODE_GRACE is lost.
 NODE_HEARTBEAT = timedelta(seconds=10)
 NODE_GRACE = timedelta(seconds=45)
+# Node workflow steps on the control queue and the node's own queue.
+ENGINE_PLAN_TIMEOUT = timedelta(seconds=30)
+DISCOVER_TIMEOUT = timedelta(minutes=2)
+VERIFY_ENGINES_TIMEOUT = timedelta(minutes=5)
+# Refresh and re-verification are best-effort: the next schedule tries again.
+NODE_CHECK_RETRY = RetryPolicy(maximum_attempts=2)
+# How often a draining node looks whether its replicas have all moved.
+DRAIN_POLL = timedelta(seconds=5)

@@ -32,7 +32,8 @@ def why_not(state: LedgerState, node: NodeRecord, req: PlacementRequest) -> str 
     if node.state != NodeState.READY:
         return f"node is {node.state.value}"
     if node.cordoned:
-        return "node is cordoned"
+        why = "draining" if node.draining else "cordoned"
+        return f"node is {why}" + (f" ({node.note})" if node.note else "")
     engine = node.engines.get(req.engine)
     if engine is None:
         return f"{req.engine} is not installed"
@@ -87,6 +88,8 @@ def place(state: LedgerState, req: PlacementRequest) -> Allocation | PlacementRe
     assert port is not None  # why_not checked it
     return Allocation(
         replica_id=req.replica_id,
+        workflow_id=req.workflow_id,
+        model=req.model,
         node=chosen,
         address=node.inventory.address,
         port=port,

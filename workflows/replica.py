@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         ReadyResult,
         ReleaseRequest,
         ReplicaInput,
+        ReplicaReady,
         ReplicaState,
         ReplicaView,
         Route,
@@ -104,6 +105,7 @@ class ReplicaWorkflow:
         m = self.inp.model
         req = PlacementRequest(
             replica_id=self.inp.replica_id,
+            workflow_id=workflow.info().workflow_id,
             model=m.name,
             engine=m.engine,
             engine_version=m.engine_version,
@@ -182,6 +184,7 @@ class ReplicaWorkflow:
             await self._stop_engine(alloc)
             return EngineExit(replica_id=self.inp.replica_id, reason=f"never ready: {ready.detail}")
         await self._set_state(ReplicaState.READY)
+        await self._tell_model_ready()
         return await self._supervise(alloc)
 
     async def _supervise(self, alloc: Allocation) -> EngineExit:
@@ -213,11 +216,21 @@ class ReplicaWorkflow:
             return self.exit_report
         return EngineExit(replica_id=self.inp.replica_id, reason="stop requested")
 
-    async def _stop_engine(self, alloc: Allocation) -> None:
+    async def _tell_model_ready(self) -> None:
+        """A replica started to replace another lets its model stop the old one now."""
+        parent = workflow.info().parent
+        if parent is None:
+            return
+        # Addressed by ID without a run, so it reaches the model after a continue-as-new too.
+        model = workflow.get_external_workflow_handle(parent.workflow_id)
+        with contextlib.suppress(ApplicationError):
+            await model.signal("replica_ready", ReplicaReady(replica_id=self.inp.replica_id))
+
+    async def _stop_engine(self, alloc: Allocation, drain: timedelta = timedelta(0)) -> None:
         try:
             await workflow.execute_activity(
                 NodeActivity.STOP_ENGINE,
-                ShardRef(replica_id=self.inp.replica_id),
+                ShardRef(replica_id=self.inp.replica_id, drain_s=drain.total_seconds()),
                 task_queue=node_task_queue(alloc.node),
                 start_to_close_timeout=options.STOP_TIMEOUT,
                 schedule_to_close_timeout=options.STOP_GIVE_UP,
@@ -230,10 +243,19 @@ class ReplicaWorkflow:
             workflow.logger.warning("could not stop %s: %s", self.inp.replica_id, err.cause)
 
     async def _stop(self) -> None:
-        reason = self.stop_request.reason if self.stop_request else ""
+        request = self.stop_request or StopReplica(reason="")
         if self.alloc is not None:
-            await self._set_state(ReplicaState.STOPPING, reason)
-            await self._stop_engine(self.alloc)
+            was_serving = self.view.state == ReplicaState.READY
+            await self._set_state(ReplicaState.STOPPING, request.reason)
+            if not request.engine_gone:
+                drain = timedelta(0)
+                if was_serving:
+                    # Gateways refresh routes about once a second: after this, no new request
+                    # arrives, and the agent waits for those in flight before it stops the engine.
+                    await workflow.sleep(options.ROUTE_PROPAGATION)
+                    drain = options.DRAIN_TIMEOUT
+                await self._stop_engine(self.alloc, drain)
+        reason = request.reason
         self.view.state = ReplicaState.STOPPED
         self.view.detail = reason
         await self._ledger(

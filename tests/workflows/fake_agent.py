@@ -9,16 +9,20 @@ from dataclasses import dataclass, field
 from temporalio import activity
 
 from workflows.contracts import (
+    DiscoverRequest,
     EngineExit,
     EngineInstallRequest,
     EngineState,
     EngineStatus,
     LaunchRequest,
     LaunchResult,
+    NodeInventory,
     ReadyRequest,
     ReadyResult,
     ShardRef,
     StopResult,
+    VerifyEnginesRequest,
+    VerifyEnginesResult,
 )
 from workflows.names import NodeActivity
 
@@ -42,9 +46,23 @@ class FakeAgent:
         self.install_result = EngineState.INSTALLED
         # What the install reports beside its result; None: the usual line for that result.
         self.install_detail: str | None = None
+        # What discovery finds when a schedule asks the node to look again.
+        self.inventory = NodeInventory(name=node, cpu_cores=8, memory_mb=16384)
+        self.discoveries = 0
+        # engine -> the reason re-verification fails it from now on.
+        self.broken: dict[str, str] = {}
+        self.verifications = 0
 
     def all(self) -> list:
-        return [self.install, self.start, self.wait_ready, self.supervise, self.stop]
+        return [
+            self.install,
+            self.start,
+            self.wait_ready,
+            self.supervise,
+            self.stop,
+            self.discover,
+            self.verify_engines,
+        ]
 
     def kill(self, replica_id: str, code: int = -9) -> None:
         engine = self.engines[replica_id]
@@ -73,6 +91,23 @@ class FakeAgent:
             path="/engines/llama-server" if installed else None,
             detail=detail,
         )
+
+    @activity.defn(name=NodeActivity.DISCOVER)
+    async def discover(self, req: DiscoverRequest) -> NodeInventory:
+        self.discoveries += 1
+        return self.inventory
+
+    @activity.defn(name=NodeActivity.VERIFY_ENGINES)
+    async def verify_engines(self, req: VerifyEnginesRequest) -> VerifyEnginesResult:
+        self.verifications += 1
+        checked = []
+        for status in req.engines:
+            if status.engine in self.broken:
+                status = status.model_copy(
+                    update={"state": EngineState.FAILED, "detail": self.broken[status.engine]}
+                )
+            checked.append(status.model_copy(update={"verified_at": "2026-11-30T12:00:00+00:00"}))
+        return VerifyEnginesResult(engines=checked)
 
     @activity.defn(name=NodeActivity.START_ENGINE)
     async def start(self, req: LaunchRequest) -> LaunchResult:

@@ -11,7 +11,6 @@ from workers.agent import register as agent_register
 from workflows import options
 from workflows.contracts import (
     Allocation,
-    EngineRequirement,
     EngineState,
     EngineStatus,
     NodeHeartbeat,
@@ -23,6 +22,7 @@ from workflows.contracts import (
     PlacementRequest,
 )
 from workflows.engine_install import EngineInstallWorkflow
+from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
 from workflows.ledger import NO_PLACEMENT
 from workflows.names import (
     engine_install_workflow_id,
@@ -30,12 +30,15 @@ from workflows.names import (
 )
 from workflows.node import NodeWorkflow
 
+# The llama.cpp version the default engine plan installs.
+V = LLAMACPP_DEFAULT_VERSION
 
-def registration(name: str, boot_id: str = "boot-1") -> NodeRegistration:
+
+def registration(name: str, boot_id: str = "boot-1", **fields) -> NodeRegistration:
     return NodeRegistration(
         inventory=NodeInventory(name=name, cpu_cores=8, memory_mb=16384),
         boot_id=boot_id,
-        engines=[EngineRequirement(engine="llamacpp", version="1")],
+        **fields,
     )
 
 
@@ -78,7 +81,7 @@ async def test_registration_installs_engines_and_the_node_becomes_ready(cluster)
 
     record = await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     llamacpp = record.engines["llamacpp"]
-    assert (llamacpp.version, llamacpp.path) == ("1", "/engines/llama-server")
+    assert (llamacpp.version, llamacpp.path) == (V, "/engines/llama-server")
     assert record.inventory.cpu_cores == 8
     assert [(i.node, i.requirement.engine) for i in cluster.agent.installs] == [
         (cluster.node, "llamacpp")
@@ -88,7 +91,7 @@ async def test_registration_installs_engines_and_the_node_becomes_ready(cluster)
     assert described.record.engines["llamacpp"].state == EngineState.INSTALLED
 
     install = cluster.client.get_workflow_handle_for(
-        EngineInstallWorkflow.run, engine_install_workflow_id(cluster.node, "llamacpp", "1")
+        EngineInstallWorkflow.run, engine_install_workflow_id(cluster.node, "llamacpp", V)
     )
     assert (await install.result()).state == EngineState.INSTALLED
     await record_history(install, "EngineInstall")
@@ -143,7 +146,7 @@ async def test_a_failed_install_is_reported_and_placement_refuses_the_node(clust
     record = await wait_for_node(cluster, NodeState.READY, EngineState.FAILED)
     assert record.engines["llamacpp"] == EngineStatus(
         engine="llamacpp",
-        version="1",
+        version=V,
         state=EngineState.FAILED,
         detail="cmake: no C++ compiler found",
     )
@@ -152,7 +155,7 @@ async def test_a_failed_install_is_reported_and_placement_refuses_the_node(clust
         replica_id=unique("m") + "-0",
         model="m",
         engine="llamacpp",
-        engine_version="1",
+        engine_version=V,
         cpu_cores=1,
         memory_mb=64,
     )

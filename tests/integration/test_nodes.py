@@ -1,0 +1,265 @@
+"""Three nodes on one machine: `llmgw up`'s own agent plus two agents joined with tokens, each a
+separate process with its own state dir and address (127.0.0.2, 127.0.0.3), so their engines'
+ports cannot collide. One agent is killed; its replicas move; it comes back and reconciles."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.system import REPO, STANDIN_ENGINE, System, wait_ready
+from workers.join import JoinToken
+from workflows.contracts import NodeState, ReplicaState
+from workflows.names import ENGINE_REVERIFY_SCHEDULE_ID
+
+pytestmark = pytest.mark.integration
+
+LOST_AFTER_S = 6
+
+
+class Agent:
+    """One `llmgw agent --join TOKEN` process."""
+
+    def __init__(self, system: System, name: str, address: str, state_dir: Path) -> None:
+        self.system, self.name, self.address, self.state_dir = system, name, address, state_dir
+        self.process: subprocess.Popen[bytes] | None = None
+        self.token = ""
+        self.log = state_dir / "agent.log"
+
+    def start(self, token: str | None = None) -> None:
+        """Start with the token, or again with the one it was first given (as a systemd unit
+        does, with the token in its environment file)."""
+        self.token = token or self.token
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable, "-m", "workers.cli", "agent", "--node", self.name,
+            "--state-dir", str(self.state_dir), "--address", self.address,
+            "--engine-path", f"llamacpp={STANDIN_ENGINE}", "--label", f"rack={self.name}",
+            "--heartbeat-every", "1", "--lost-after", str(LOST_AFTER_S),
+            "--stop-engines-on-exit",
+        ]  # fmt: skip
+        cmd += ["--join", self.token]
+        env = self.system.env()
+        env.pop("LLMGW_TEMPORAL_ADDRESS")  # the token says where Temporal is
+        # As `llmgw up` does for its agent: engines find this environment's Python first.
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        for pid in self.engine_pids().values():  # what a killed agent left behind
+            if pid_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+    def engine_pids(self) -> dict[str, int]:
+        shards = self.state_dir / "agent" / self.name / "shards"
+        return {p.stem: int(json.loads(p.read_text())["pid"]) for p in shards.glob("*.json")}
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return not stat.split(") ", 1)[-1].startswith("Z")  # a zombie serves nothing
+
+
+def token_from(output: str) -> str:
+    return next(w for w in output.split() if w.startswith("llmgw-join-"))
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[System, dict[str, Agent]]]:
+    system = System(tmp_path_factory.mktemp("state"), demo=False, engine_path=STANDIN_ENGINE)
+    system.start(timeout=120)
+    agents = {}
+    try:
+        for name, address in (("n2", "127.0.0.2"), ("n3", "127.0.0.3")):
+            added = system.cli("node", "add", name, "--label", "tier=test")
+            agent = Agent(system, name, address, tmp_path_factory.mktemp(name))
+            agent.start(token_from(added.stdout))
+            agents[name] = agent
+        yield system, agents
+    finally:
+        for agent in agents.values():
+            agent.stop()
+        if system.process is not None and system.process.poll() is None:
+            system.stop()
+
+
+async def nodes_ready(system: System, names: list[str]) -> bool:
+    state = await system.ledger()
+    return all(
+        n in state.nodes
+        and state.nodes[n].state == NodeState.READY
+        and state.nodes[n].engines.get("llamacpp") is not None
+        and state.nodes[n].engines["llamacpp"].state.value == "installed"
+        for n in names
+    )
+
+
+async def replicas_by_node(system: System, model: str) -> dict[str, list[str]]:
+    state = await system.ledger()
+    placed: dict[str, list[str]] = {}
+    for route in state.routes.values():
+        if route.model == model and route.state == ReplicaState.READY:
+            placed.setdefault(route.node, []).append(route.replica_id)
+    return placed
+
+
+async def chat(http: httpx.AsyncClient, system: System, model: str) -> int:
+    response = await http.post(
+        f"{system.base_url}/chat/completions",
+        headers={"Authorization": f"Bearer {system.api_key}"},
+        json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    )
+    return response.status_code
+
+
+async def test_joined_agents_register_with_their_labels(fleet):
+    system, _ = fleet
+    everyone = [system.node, "n2", "n3"]
+    await system.until(lambda: nodes_ready(system, everyone), 90, "three ready nodes")
+    state = await system.ledger()
+    assert state.nodes["n2"].labels == {"rack": "n2", "tier": "test"}
+    assert state.nodes["n3"].inventory.address == "127.0.0.3"
+
+    listing = system.cli("nodes").stdout
+    for name in everyone:
+        line = next(line for line in listing.splitlines() if line.startswith(name + " "))
+        assert " ready " in line and line.rstrip().endswith("yes"), listing
+
+
+async def test_a_token_for_another_node_is_refused(fleet, tmp_path):
+    system, _ = fleet
+    forged = JoinToken(node="n2", temporal=f"127.0.0.1:{system.temporal_port}", secret=b"x" * 32)
+    impostor = Agent(system, "n2", "127.0.0.9", tmp_path / "impostor")
+    impostor.start(forged.encode())
+    assert impostor.process is not None
+    assert impostor.process.wait(60) != 0
+    assert "joined with another token" in impostor.log.read_text()
+    state = await system.ledger()
+    assert state.nodes["n2"].inventory.address == "127.0.0.2"
+
+
+async def test_killed_agent_node_is_lost_its_replicas_move_and_it_reconciles(fleet, weights):
+    system, agents = fleet
+    await system.until(lambda: nodes_ready(system, [system.node, "n2", "n3"]), 90, "nodes")
+    system.cli("model", "add", "spread", "--weights", str(weights), "--replicas", "3",
+               "--cpu-cores", "1", "--memory-mb", "64")  # fmt: skip
+    await wait_ready(system, "spread", 3)
+    placed = await replicas_by_node(system, "spread")
+    assert sorted(placed) == sorted([system.node, "n2", "n3"]), placed  # CPU replicas spread
+    [on_n2] = placed["n2"]
+    orphan = agents["n2"].engine_pids()[on_n2]
+
+    agents["n2"].kill()  # its engine keeps running: engines outlive their agent
+
+    async def moved() -> bool:
+        state = await system.ledger()
+        now = await replicas_by_node(system, "spread")
+        lost = state.nodes["n2"].state == NodeState.LOST
+        return lost and "n2" not in now and sum(len(v) for v in now.values()) == 3
+
+    await system.until(moved, LOST_AFTER_S + 60, "n2 lost and its replica moved")
+    async with httpx.AsyncClient(timeout=10) as http:
+        assert [await chat(http, system, "spread") for _ in range(6)] == [200] * 6
+    assert pid_alive(orphan), "nobody on n2 could stop it while its agent was dead"
+
+    agents["n2"].start()
+    await system.until(lambda: nodes_ready(system, ["n2"]), 60, "n2 back")
+
+    async def orphan_stopped() -> bool:
+        return not pid_alive(orphan)
+
+    # Its replica workflow ended when it moved: the returning agent stops the engine.
+    await system.until(orphan_stopped, 30, "the orphaned engine stopped")
+    assert sum(len(v) for v in (await replicas_by_node(system, "spread")).values()) == 3
+
+
+async def test_drain_moves_replicas_without_failing_a_request(fleet):
+    system, _ = fleet
+    await system.until(lambda: nodes_ready(system, ["n3"]), 60, "n3 ready")
+    placed = await replicas_by_node(system, "spread")
+    assert "n3" in placed, placed
+    failures: list[int] = []
+    sent = 0
+    stop = asyncio.Event()
+
+    async def load() -> None:
+        nonlocal sent
+        async with httpx.AsyncClient(timeout=30) as http:
+            while not stop.is_set():
+                status = await chat(http, system, "spread")
+                sent += 1
+                if status != 200:
+                    failures.append(status)
+
+    traffic = [asyncio.create_task(load()) for _ in range(4)]
+    try:
+        result = system.cli("node", "drain", "n3", "--reason", "kernel update")
+        assert "drain done" in result.stdout
+
+        async def drained() -> bool:
+            state = await system.ledger()
+            now = await replicas_by_node(system, "spread")
+            return state.nodes["n3"].note == "drained" and "n3" not in now
+
+        await system.until(drained, 90, "n3 drained")
+    finally:
+        stop.set()
+        await asyncio.gather(*traffic)
+    assert sent > 20
+    assert failures == [], f"{len(failures)} of {sent} requests failed during the drain"
+    assert sum(len(v) for v in (await replicas_by_node(system, "spread")).values()) == 3
+    show = system.cli("node", "show", "n3").stdout
+    assert "not placeable: draining" in show or "not placeable: cordoned: drained" in show
+
+    system.cli("node", "uncordon", "n3")
+    listing = system.cli("nodes").stdout
+    assert (
+        next(line for line in listing.splitlines() if line.startswith("n3 "))
+        .rstrip()
+        .endswith("yes")
+    )
+
+
+async def test_the_fleet_schedules_exist_and_reverify_every_node(fleet):
+    system, _ = fleet
+    client = await system.client()
+    handle = client.get_schedule_handle(ENGINE_REVERIFY_SCHEDULE_ID)
+    described = await handle.describe()
+    assert described.schedule.spec.intervals[0].every.total_seconds() == 600
+    before = {
+        n: r.engines["llamacpp"].verified_at for n, r in (await system.ledger()).nodes.items()
+    }
+
+    await handle.trigger()
+
+    async def verified_again() -> bool:
+        state = await system.ledger()
+        return all(
+            state.nodes[n].engines["llamacpp"].verified_at > before[n]
+            for n in before
+            if state.nodes[n].state == NodeState.READY
+        )
+
+    await system.until(verified_again, 60, "every ready node re-verified")

