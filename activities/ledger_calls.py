@@ -14,6 +14,8 @@ from workflows.contracts import (
     Allocation,
     LedgerAck,
     LedgerState,
+    ModelIdle,
+    ModelName,
     NodeName,
     NodeNames,
     NodeRecord,
@@ -21,6 +23,7 @@ from workflows.contracts import (
     ReleaseRequest,
     ReplicaRefs,
     Route,
+    RoutingTable,
 )
 from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import CONTROL_TASK_QUEUE, LEDGER_WORKFLOW_ID, ControlActivity
@@ -71,6 +74,8 @@ class LedgerActivities:
             self.set_route,
             self.replicas_on_node,
             self.node_names,
+            self.model_routes,
+            self.set_idle,
         ]
 
     @activity.defn(name=ControlActivity.LEDGER_UPSERT_NODE)
@@ -96,3 +101,11 @@ class LedgerActivities:
     @activity.defn(name=ControlActivity.LEDGER_NODE_NAMES)
     async def node_names(self) -> NodeNames:
         return await query_ledger(self.client, "node_names", NodeNames)
+
+    @activity.defn(name=ControlActivity.LEDGER_MODEL_ROUTES)
+    async def model_routes(self, model: ModelName) -> RoutingTable:
+        return await query_ledger(self.client, "model_routes", RoutingTable, model)
+
+    @activity.defn(name=ControlActivity.LEDGER_SET_IDLE)
+    async def set_idle(self, idle: ModelIdle) -> LedgerAck:
+        return await update_ledger(self.client, "set_idle", idle, LedgerAck)

@@ -8,8 +8,10 @@ heartbeating; the heartbeat details are what the Temporal UI shows an operator.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,9 +21,12 @@ from typing import TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import procfs
 from activities.discovery import discover_inventory
-from activities.engine_drain import wait_idle
-from activities.engines import vllm
+from activities.engine_metrics import scrape, wait_idle
+from activities.engines import sglang, vllm
+from activities.engines import trtllm as trtllm_cmd
+from activities.engines.commands import Command, ShardPlace
 from activities.engines.install_llamacpp import (
     install_llamacpp,
     installed_binary,
@@ -31,22 +36,28 @@ from activities.engines.llamacpp import ENGINE as LLAMACPP
 from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION, command_line, engine_env
 from activities.engines.python_env import env_is_cpu_build, install_python_engine
 from activities.engines.python_env import reverify as reverify_python_env
+from activities.engines.shard_env import shard_env
 from activities.engines.trtllm import check_trtllm
 from activities.engines.verify import Verification, verify_llamacpp
-from activities.readiness import wait_ready
+from activities.readiness import gpu_memory_problem, query_compute_apps, wait_ready
 from activities.supervisor import ShardSupervisor
 from workflows.contracts import (
     DiscoverRequest,
     EngineExit,
     EngineInstallRequest,
+    EngineLoad,
+    EngineLoadReport,
+    EngineLoadRequest,
     EngineRequirement,
     EngineState,
     EngineStatus,
     LaunchRequest,
     LaunchResult,
     NodeInventory,
+    Profile,
     ReadyRequest,
     ReadyResult,
+    ShardAllocation,
     ShardRef,
     StopResult,
     VerifyEnginesRequest,
@@ -60,6 +71,14 @@ from workflows.names import NodeActivity
 # else the agent holds (credentials, the node secret's source) stays out of engine processes.
 INHERITED_ENV = ("PATH", "HOME", "LANG")
 INSTALL_HEARTBEAT_S = 3.0
+LAUNCHER = Path(__file__).resolve().parent / "shard_launcher.py"
+# Ports a shard needs besides its HTTP port, derived from the ports placement allocated until
+# placement hands them out itself: the leader's rendezvous point (vLLM's --master-port, the Ray
+# head, SGLang's --dist-init-addr) and vLLM's KV-event publisher and replay ports. Engine ports
+# come from the node's range (18000-18999 by default): these land above it, unique per shard.
+RENDEZVOUS_PORT_OFFSET = 10000
+KV_PUB_PORT_OFFSET = 11000
+KV_REPLAY_PORT_OFFSET = 12000
 
 T = TypeVar("T")
 
@@ -114,10 +133,24 @@ def _not_retryable(message: str, kind: str) -> ApplicationError:
     return ApplicationError(message, type=kind, non_retryable=True)
 
 
+def launch_argv(commands: list[Command], wait_s: float = vllm.RENDEZVOUS_WAIT_S) -> list[str]:
+    """One command as itself; sidecars, or a wait for a rendezvous point, through the shard
+    launcher, which leads the process group they all share (so a stop reaches every one)."""
+    if len(commands) == 1 and commands[0].wait_for is None:
+        return list(commands[0].argv)
+    plan = {
+        "commands": [{"argv": c.argv, "wait_for": c.wait_for} for c in commands],
+        "wait_s": wait_s,
+    }
+    return [sys.executable, "-I", str(LAUNCHER), json.dumps(plan, separators=(",", ":"))]
+
+
 class NodeAgentActivities:
     def __init__(self, config: AgentConfig) -> None:
         self._config = config
         self._supervisor = ShardSupervisor(config.agent_dir / "shards", config.agent_dir / "logs")
+        # The machine as last discovered: a multi-node shard's NCCL environment comes from it.
+        self._inventory: NodeInventory | None = None
 
     @property
     def supervisor(self) -> ShardSupervisor:
@@ -133,6 +166,7 @@ class NodeAgentActivities:
             self.supervise_engine,
             self.stop_engine,
             self.verify_engines,
+            self.engine_load,
         ]
 
     # --- discovery and installs ----------------------------------------------------------
@@ -143,7 +177,11 @@ class NodeAgentActivities:
             raise _not_retryable(
                 f"discovery for node {req.node} reached agent {self._config.node}", "WrongNode"
             )
-        return await asyncio.to_thread(discover_inventory, self._config.node, self._config.address)
+        inventory = await asyncio.to_thread(
+            discover_inventory, self._config.node, self._config.address
+        )
+        self._inventory = inventory
+        return inventory
 
     @activity.defn(name=NodeActivity.INSTALL_ENGINE)
     async def install_engine(self, req: EngineInstallRequest) -> EngineStatus:
@@ -200,7 +238,7 @@ class NodeAgentActivities:
         return await self._heartbeating(run_all, lambda: latest[0])
 
     def _reverify(self, status: EngineStatus) -> EngineStatus:
-        if status.state is not EngineState.INSTALLED:
+        if status.state not in (EngineState.INSTALLED, EngineState.FAILED) or not status.path:
             return status  # nothing installed to check; the install workflow owns the rest
         if not status.path:
             check = Verification(False, "no path recorded for the installed engine")
@@ -229,7 +267,12 @@ class NodeAgentActivities:
             )
         now = datetime.now(UTC).isoformat(timespec="seconds")
         return status.model_copy(
-            update={"detail": "; ".join((check.detail, *check.notes)), "verified_at": now}
+            update={
+                # A failed engine that runs again (a library put back) is installed again.
+                "state": EngineState.INSTALLED,
+                "detail": "; ".join((check.detail, *check.notes)),
+                "verified_at": now,
+            }
         )
 
     @staticmethod
@@ -267,40 +310,112 @@ class NodeAgentActivities:
     async def start_engine(self, req: LaunchRequest) -> LaunchResult:
         return await asyncio.to_thread(self._launch, req)
 
+    def _my_shard(self, req: LaunchRequest) -> tuple[Profile, list[ShardAllocation], int]:
+        """The profile the replica was placed with, every shard, and this node's rank."""
+        model, alloc = req.model, req.allocation
+        if not 0 <= alloc.profile_index < len(model.profiles):
+            raise _not_retryable(
+                f"model {model.name} has no profile {alloc.profile_index}", "InvalidModelArgs"
+            )
+        shards = alloc.shards_or_leader()
+        for rank, shard in enumerate(shards):
+            if shard.node == self._config.node:
+                return model.profiles[alloc.profile_index], shards, rank
+        raise _not_retryable(
+            f"replica {req.replica_id} has no shard on node {self._config.node}", "WrongNode"
+        )
+
+    def _node_inventory(self) -> NodeInventory:
+        if self._inventory is None:
+            self._inventory = discover_inventory(self._config.node, self._config.address)
+        return self._inventory
+
+    def _commands(
+        self,
+        req: LaunchRequest,
+        profile: Profile,
+        binary: Path,
+        place: ShardPlace,
+        key: str,
+    ) -> tuple[list[Command], dict[str, str]]:
+        """This shard's commands (sidecars first) and the engine's own environment."""
+        model, engine = req.model, profile.engine
+        if engine == VLLM:
+            cpu = profile.gpu_class is None or not self._config.has_nvidia
+            kv_ports = (place.port + KV_PUB_PORT_OFFSET, place.port + KV_REPLAY_PORT_OFFSET)
+            commands = vllm.launch_commands(
+                str(binary),
+                model,
+                profile,
+                place,
+                cpu=cpu,
+                kv_ports=kv_ports,
+                kv_topic=req.replica_id,
+            )
+            return commands, vllm.engine_env(key, profile, place, cpu=cpu)
+        if engine == SGLANG:
+            python = binary if binary.name.startswith("python") else binary.parent / "python"
+            return [Command(sglang.command_line(str(python), model, profile, place))], (
+                sglang.engine_env(key)
+            )
+        if engine == TRTLLM:
+            serve = binary if binary.name == "trtllm-serve" else binary.parent / "trtllm-serve"
+            return [Command(trtllm_cmd.command_line(str(serve), model, profile, place))], {}
+        threads = place.cpu_cores or profile.cpu_cores
+        argv = command_line(str(binary), model, profile, place.address, place.port, threads)
+        return [Command(argv)], engine_env(key)
+
     def _launch(self, req: LaunchRequest) -> LaunchResult:
         model = req.model
-        if model.engine not in (LLAMACPP, VLLM):
+        profile, shards, rank = self._my_shard(req)
+        engine = profile.engine
+        if engine not in (LLAMACPP, VLLM, SGLANG, TRTLLM):
             raise _not_retryable(
-                f"engine {model.engine} is not supported on this node yet", "EngineNotSupported"
+                f"engine {engine} is not supported on this node yet", "EngineNotSupported"
             )
-        version = model.engine_version or (
-            LLAMACPP_DEFAULT_VERSION if model.engine == LLAMACPP else ""
-        )
+        version = profile.engine_version or (LLAMACPP_DEFAULT_VERSION if engine == LLAMACPP else "")
         if not version:
             raise _not_retryable(
-                f"model {model.name}: engine_version is required for {model.engine}",
+                f"model {model.name}: engine_version is required for {engine}",
                 "InvalidModelArgs",
             )
-        binary = self._binary(model.engine, version)
+        binary = self._binary(engine, version)
         if not Path(model.weights).exists():
             raise _not_retryable(
                 f"weights {model.weights} for model {model.name} not found on node "
                 f"{self._config.node}",
                 "WeightsMissing",
             )
+        shard, leader = shards[rank], shards[0]
+        place = ShardPlace(
+            address=self._config.address,
+            port=shard.port,
+            rank=rank,
+            nodes=len(shards),
+            leader_address=leader.address,
+            rendezvous_port=leader.port + RENDEZVOUS_PORT_OFFSET,
+            gpus=list(shard.gpu_uuids),
+            cpu_cores=shard.cpu_cores,
+        )
         key = engine_key(self._config.node_secret, req.replica_id)
-        address, port, cores = self._config.address, req.allocation.port, req.allocation.cpu_cores
         try:
-            if model.engine == VLLM:
-                cpu = not self._config.has_nvidia
-                command = vllm.command_line(str(binary), model, address, port, cpu=cpu)
-                env = self._engine_env(vllm.engine_env(key, model, cpu=cpu))
-            else:
-                command = command_line(str(binary), model, address, port, cores)
-                env = self._engine_env(engine_env(key))
+            commands, own_env = self._commands(req, profile, binary, place, key)
+            extra = shard_env(
+                engine=engine,
+                address=self._config.address,
+                gpu_uuids=list(shard.gpu_uuids),
+                profile_env=profile.env,
+                nodes=len(shards),
+                fabric=req.allocation.fabric,
+                inventory=self._node_inventory() if len(shards) > 1 else None,
+            )
         except ValueError as err:
             raise _not_retryable(str(err), "InvalidModelArgs") from err
-        port = req.allocation.port
+        for name, reason in sorted(extra.dropped.items()):
+            # Refused when the model was defined; dropped again whatever sent the profile.
+            activity.logger.warning("model %s: env %s dropped, %s", model.name, name, reason)
+        env = self._engine_env({**own_env, **extra.env})
+        port = shard.port
         if not self._supervisor.is_alive(req.replica_id) and not port_free(
             self._config.address, port
         ):
@@ -313,16 +428,25 @@ class NodeAgentActivities:
         return self._supervisor.launch(
             req.replica_id,
             req.workflow_id,
-            command,
+            launch_argv(commands),
             env,
-            model.fingerprint(),
-            req.allocation.port,
+            model.profile_fingerprint(req.allocation.profile_index),
+            port,
+            gpu_uuids=list(shard.gpu_uuids),
         )
 
     @activity.defn(name=NodeActivity.WAIT_READY)
     async def wait_ready(self, req: ReadyRequest) -> ReadyResult:
         def heartbeat() -> None:
             activity.heartbeat(f"waiting for {req.replica_id} on port {req.port} to load")
+
+        spec = self._supervisor.read_spec(req.replica_id)
+        gpu_check = None
+        if spec is not None and spec.gpu_uuids:
+            uuids, pgid = list(spec.gpu_uuids), spec.pid
+
+            def gpu_check() -> str:
+                return gpu_memory_problem(uuids, procfs.group_members(pgid), query_compute_apps())
 
         return await wait_ready(
             req.port,
@@ -332,6 +456,7 @@ class NodeAgentActivities:
             lambda: self._supervisor.is_alive(req.replica_id),
             poll_s=self._config.ready_poll_s,
             host=self._config.address,
+            gpu_check=gpu_check,
         )
 
     @activity.defn(name=NodeActivity.SUPERVISE_ENGINE)
@@ -348,6 +473,30 @@ class NodeAgentActivities:
         return await self._supervisor.wait_exit(
             req.replica_id, heartbeat, self._config.supervise_poll_s
         )
+
+    @activity.defn(name=NodeActivity.ENGINE_LOAD)
+    async def engine_load(self, req: EngineLoadRequest) -> EngineLoadReport:
+        """Each engine's running and waiting requests and token counters, from its metrics
+        (asked with its key, which only this agent and the gateway can derive)."""
+
+        async def one(replica_id: str) -> EngineLoad:
+            spec = self._supervisor.read_spec(replica_id)
+            if spec is None:
+                return EngineLoad(replica_id=replica_id, seen=False)
+            found = await scrape(
+                f"http://{self._config.address}:{spec.port}/metrics",
+                engine_key(self._config.node_secret, replica_id),
+            )
+            if found is None:
+                return EngineLoad(replica_id=replica_id, seen=False)
+            return EngineLoad(
+                replica_id=replica_id,
+                running=found.running,
+                waiting=found.waiting,
+                work=found.work,
+            )
+
+        return EngineLoadReport(engines=list(await asyncio.gather(*map(one, req.replica_ids))))
 
     @activity.defn(name=NodeActivity.STOP_ENGINE)
     async def stop_engine(self, req: ShardRef) -> StopResult:

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -43,6 +43,8 @@ class ShardSpec:
     port: int
     log_path: str
     started_at: str = ""
+    # The GPUs placement gave the shard: readiness checks each holds memory of its processes.
+    gpu_uuids: list[str] = field(default_factory=list)
 
 
 def _signal_name(code: int) -> str:
@@ -143,9 +145,13 @@ class ShardSupervisor:
         env: dict[str, str],
         fingerprint: str,
         port: int,
+        gpu_uuids: list[str] | None = None,
     ) -> LaunchResult:
         """Start the engine, or adopt the one already running for this replica when it serves
-        the same profile on the same port. Calling it twice never runs two engines."""
+        the same profile on the same port. Calling it twice never runs two engines.
+
+        A shard of several processes (sidecars, then the engine) is one `command` too: the
+        shard launcher, which leads the process group they all share."""
         existing = self.read_spec(replica_id)
         if existing is not None:
             if self._running(existing):
@@ -154,7 +160,9 @@ class ShardSupervisor:
                 self.stop(replica_id)  # an old profile: replace it rather than run both
             else:
                 self._remove_spec(replica_id)
-        return self._start(replica_id, workflow_id, command, env, fingerprint, port)
+        return self._start(
+            replica_id, workflow_id, command, env, fingerprint, port, list(gpu_uuids or [])
+        )
 
     def _open_log(self, replica_id: str, command: list[str]) -> int:
         path = self.log_path(replica_id)
@@ -177,6 +185,7 @@ class ShardSupervisor:
         env: dict[str, str],
         fingerprint: str,
         port: int,
+        gpu_uuids: list[str],
     ) -> LaunchResult:
         log_fd = self._open_log(replica_id, command)
         try:
@@ -205,6 +214,7 @@ class ShardSupervisor:
                 port=port,
                 log_path=str(self.log_path(replica_id)),
                 started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                gpu_uuids=gpu_uuids,
             )
         )
         return LaunchResult(pid=proc.pid, adopted=False, command=list(command))

@@ -8,6 +8,7 @@ the client with an error event, never left hanging.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError, error_body
 from gateway.request_body import CompletionRequest
+from gateway.routing import RoutingSnapshot
 from gateway.sse import EventTooLarge, SseSplitter, UsageFilter, data_event
 from gateway.store import ApiKey
 from workflows.contracts import Route
@@ -27,6 +29,8 @@ from workflows.contracts import Route
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = "2"
+# How often a held request looks for a ready replica of the model it woke.
+WAKE_POLL_S = 0.2
 
 
 def upstream_url(route: Route, path: str) -> str:
@@ -71,6 +75,11 @@ async def proxy_completion(
         raise ApiError(
             404, f"The model '{model}' does not exist.", param="model", code="model_not_found"
         )
+    cold_start = state.settings.cold_start_timeout_s
+    if not snapshot.ready(model) and (
+        snapshot.is_idle(model) or state.routes.warming(model, cold_start)
+    ):
+        snapshot = await wait_for_replica(state, model, cold_start)
     body = dict(request.body)
     if request.stream:
         # Always ask for usage, so a streamed request is accounted like any other.
@@ -81,7 +90,9 @@ async def proxy_completion(
     last_error: Exception | None = None
     for _ in range(2):
         route = snapshot.pick(model, state.inflight.counts, exclude=tried)
-        if route is None and isinstance(last_error, aiohttp.ServerDisconnectedError) and tried:
+        dropped = isinstance(last_error, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
+        refused = isinstance(last_error, aiohttp.ClientConnectorError)
+        if route is None and dropped and not refused and tried:
             # No other replica, and the first one only dropped a pooled connection: that
             # replica is likely fine, so it gets the one retry.
             route = next((r for r in snapshot.ready(model) if r.replica_id == tried[-1]), None)
@@ -99,7 +110,9 @@ async def proxy_completion(
                 },
             )
         except (
-            aiohttp.ClientConnectorError,
+            # ClientOSError covers a refused connection (ClientConnectorError) and a pooled
+            # connection reset by an engine killed since: both fail before a byte came back.
+            aiohttp.ClientOSError,
             aiohttp.ConnectionTimeoutError,
             aiohttp.ServerDisconnectedError,
         ) as exc:
@@ -133,6 +146,28 @@ async def proxy_completion(
     raise _upstream_failure(
         f"No replica of the model '{model}' could be reached.", "upstream_unreachable"
     )
+
+
+async def wait_for_replica(state: GatewayState, model: str, timeout_s: float) -> RoutingSnapshot:
+    """Hold a request for a model at zero replicas: wake it, then wait for the routing table to
+    show a ready replica (it refreshes in the background), up to the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        await state.routes.wake(model)
+        snapshot = state.routes.snapshot
+        if snapshot.ready(model):
+            return snapshot
+        if loop.time() >= deadline:
+            raise ApiError(
+                503,
+                f"The model '{model}' is starting from zero replicas; try again shortly.",
+                type_=SERVER_ERROR,
+                param="model",
+                code="model_starting",
+                headers={"Retry-After": RETRY_AFTER_S},
+            )
+        await asyncio.sleep(WAKE_POLL_S)
 
 
 class _Relay:

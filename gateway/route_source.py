@@ -11,13 +11,13 @@ import asyncio
 import logging
 import time
 from datetime import timedelta
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from temporalio.client import Client
 
 from gateway.routing import RoutingSnapshot
-from workflows.contracts import RoutingTable
-from workflows.names import LEDGER_WORKFLOW_ID
+from workflows.contracts import ModelWake, RoutingTable
+from workflows.names import LEDGER_WORKFLOW_ID, model_workflow_id
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,13 @@ ROUTING_TABLE_QUERY = "routing_table"
 
 class RouteSource(Protocol):
     async def fetch(self) -> RoutingTable: ...
+
+
+@runtime_checkable
+class ModelWaker(Protocol):
+    """A source that can also ask a model at zero replicas to start one."""
+
+    async def wake(self, model: str) -> None: ...
 
 
 class TemporalRouteSource:
@@ -45,6 +52,10 @@ class TemporalRouteSource:
             raise TypeError(f"ledger answered {type(table).__name__}, not RoutingTable")
         return table
 
+    async def wake(self, model: str) -> None:
+        handle = self._client.get_workflow_handle(model_workflow_id(model))
+        await handle.signal("wake", ModelWake(), rpc_timeout=self._rpc_timeout)
+
 
 class RouteRefresher:
     """Holds the current snapshot and replaces it when the source returns a different table."""
@@ -55,6 +66,8 @@ class RouteRefresher:
         self.snapshot = RoutingSnapshot(RoutingTable())
         self.last_success: float | None = None  # time.monotonic() of the last good fetch
         self.last_error: str | None = None
+        # model -> time.monotonic() of the last wake sent for it.
+        self._woken: dict[str, float] = {}
 
     async def refresh(self) -> bool:
         """One fetch; True if it succeeded. Failures keep the previous table."""
@@ -78,6 +91,24 @@ class RouteRefresher:
         if table != self.snapshot.table:
             self.snapshot = RoutingSnapshot(table)
         return True
+
+    async def wake(self, model: str, every_s: float = 5.0) -> None:
+        """Ask for a replica of an idle model; at most once per `every_s` per model, however
+        many requests are waiting for it."""
+        now = time.monotonic()
+        if now - self._woken.get(model, -every_s) < every_s:
+            return
+        self._woken[model] = now
+        if isinstance(self._source, ModelWaker):
+            try:
+                await self._source.wake(model)
+            except Exception as exc:
+                log.warning("could not wake model %s: %s", model, exc)
+
+    def warming(self, model: str, within_s: float) -> bool:
+        """Woken within the last `within_s`: its replica is on its way."""
+        woken = self._woken.get(model)
+        return woken is not None and time.monotonic() - woken < within_s
 
     def age_s(self) -> float | None:
         return None if self.last_success is None else time.monotonic() - self.last_success

@@ -23,6 +23,7 @@ class RoutingSnapshot:
             self._all.setdefault(route.model, []).append(route)
             if route.state in routable:
                 self._ready.setdefault(route.model, []).append(route)
+        self._idle = frozenset(table.idle_models)
         # Where each model's round-robin resumes: ties go to the replica after the last pick.
         self._cursor: dict[str, int] = {}
 
@@ -31,10 +32,14 @@ class RoutingSnapshot:
         return self.table.version
 
     def models(self) -> list[str]:
-        return sorted(self._all)
+        return sorted(set(self._all) | self._idle)
 
     def knows(self, model: str) -> bool:
-        return model in self._all
+        return model in self._all or model in self._idle
+
+    def is_idle(self, model: str) -> bool:
+        """Scaled to zero; a request wakes it."""
+        return model in self._idle
 
     def ready(self, model: str) -> list[Route]:
         return list(self._ready.get(model, ()))

@@ -17,5 +17,7 @@ class GatewaySettings(BaseModel):
     upstream_connect_timeout_s: float = Field(default=5.0, gt=0)
     # Between two reads from an engine: long enough for a slow first token on a busy replica.
     upstream_read_timeout_s: float = Field(default=600.0, gt=0)
+    # A request for a model scaled to zero waits this long for a replica to serve, then 503.
+    cold_start_timeout_s: float = Field(default=180.0, ge=0)
     # Largest request body accepted; bigger is refused before it is buffered.
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)

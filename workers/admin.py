@@ -4,16 +4,16 @@ import argparse
 from datetime import datetime
 from pathlib import Path
 
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client
 
 from gateway.store import KeyNameTaken, Store, open_store
 from workers.connect import connect_with_retry
-from workers.models import apply_model, list_models, remove_model, scale_model
+from workers.model_commands import model_command
+from workers.models import list_models
 from workers.node_commands import node_command, show_nodes
 from workers.paths import Locations
 from workers.progress import ledger_snapshot
 from workers.tables import table
-from workflows.contracts import ModelSpec
 
 
 def absolute(path: str) -> str:
@@ -49,54 +49,23 @@ async def run_command(args: argparse.Namespace, where: Locations, expires: datet
 async def status(client: Client) -> None:
     await show_nodes(client)
     state = await ledger_snapshot(client)
+    current = {v.spec.name: set(v.spec.fingerprints()) for v in await list_models(client)}
     print()
     rows = [
-        [r.replica_id, r.model, r.state.value, r.node, r.endpoint, r.detail]
+        [
+            r.replica_id,
+            r.model,
+            r.state.value,
+            r.node,
+            r.endpoint,
+            # A replica started from a profile the catalog has since changed: a rolling update
+            # replaces it once it serves.
+            "stale" if r.fingerprint and r.fingerprint not in current.get(r.model, set()) else "",
+            r.detail,
+        ]
         for r in sorted(state.routes.values(), key=lambda r: r.replica_id)
     ]
-    print(table(["REPLICA", "MODEL", "STATE", "NODE", "ENDPOINT", "DETAIL"], rows))
-
-
-async def model_command(args: argparse.Namespace, client: Client) -> None:
-    try:
-        if args.action == "add":
-            spec = ModelSpec(
-                name=args.name,
-                weights=absolute(args.weights),
-                replicas=args.replicas,
-                cpu_cores=args.cpu_cores,
-                memory_mb=args.memory_mb,
-                context_size=args.context_size,
-                parallel=args.parallel,
-                engine_version=args.engine_version,
-                args=args.arg,
-            )
-            view = await apply_model(client, spec)
-            print(f"model {view.spec.name}: {view.spec.replicas} replica(s) wanted")
-        elif args.action == "scale":
-            view = await scale_model(client, args.name, args.replicas)
-            print(f"model {view.spec.name}: {view.spec.replicas} replica(s) wanted")
-        elif args.action == "rm":
-            await remove_model(client, args.name)
-            print(f"model {args.name}: removing; its replicas stop and release their resources")
-        elif args.action == "list":
-            state = await ledger_snapshot(client)
-            rows = []
-            for view in await list_models(client):
-                routes = [r for r in state.routes.values() if r.model == view.spec.name]
-                ready = sum(1 for r in routes if r.state.value == "ready")
-                rows.append(
-                    [
-                        view.spec.name,
-                        view.spec.engine,
-                        str(view.spec.replicas),
-                        str(ready),
-                        view.spec.weights,
-                    ]
-                )
-            print(table(["MODEL", "ENGINE", "WANTED", "READY", "WEIGHTS"], rows))
-    except WorkflowUpdateFailedError as err:
-        raise SystemExit(f"refused: {err.cause}") from None
+    print(table(["REPLICA", "MODEL", "STATE", "NODE", "ENDPOINT", "PROFILE", "DETAIL"], rows))
 
 
 async def store_command(args: argparse.Namespace, store: Store, expires: datetime | None) -> None:

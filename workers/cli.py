@@ -10,7 +10,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from workers import doctor
+from workers import bench_placement, doctor
+from workers.model_commands import add_model_parsers
 from workers.node_commands import add_node_parsers, parse_labels
 from workers.paths import Locations, default_node_name
 
@@ -78,29 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", parents=[common], help="nodes and replicas")
     sub.add_parser("nodes", parents=[common], help="nodes, their hardware and engines")
     add_node_parsers(sub, common)
+    bench = sub.add_parser("bench", help="benchmarks (commands, not tests)")
+    bench_placement.add_arguments(
+        bench.add_subparsers(dest="bench", required=True).add_parser(
+            "placement", help="the ledger at fleet scale, on an embedded Temporal server"
+        )
+    )
     # The doctor reads this machine only: it brings its own --state-dir and needs no Temporal.
     doctor.add_arguments(
         sub.add_parser("doctor", help="check what this node's GPUs, fabric and engines need")
     )
 
-    model = sub.add_parser("model", help="define, scale and remove models")
-    msub = model.add_subparsers(dest="action", required=True)
-    add = msub.add_parser("add", parents=[common], help="define a model (or change it)")
-    add.add_argument("name")
-    add.add_argument("--weights", required=True, help="path of a GGUF file on the nodes")
-    add.add_argument("--replicas", type=int, default=1)
-    add.add_argument("--cpu-cores", type=int, default=2)
-    add.add_argument("--memory-mb", type=int, default=1024)
-    add.add_argument("--context-size", type=int, default=4096)
-    add.add_argument("--parallel", type=int, default=2)
-    add.add_argument("--engine-version", default="")
-    add.add_argument("--arg", action="append", default=[], help="extra engine argument")
-    msub.add_parser("list", parents=[common], help="models and their replicas")
-    scale = msub.add_parser("scale", parents=[common], help="set a model's replica count")
-    scale.add_argument("name")
-    scale.add_argument("replicas", type=int)
-    rm = msub.add_parser("rm", parents=[common], help="remove a model and stop its replicas")
-    rm.add_argument("name")
+    add_model_parsers(sub, common)
 
     key = sub.add_parser("key", help="API keys")
     ksub = key.add_subparsers(dest="action", required=True)
@@ -122,7 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     where = Locations.resolve(
-        args.state_dir, getattr(args, "temporal", None), getattr(args, "database_url", None)
+        getattr(args, "state_dir", None),
+        getattr(args, "temporal", None),
+        getattr(args, "database_url", None),
     )
     try:
         dispatch(args, where)
@@ -199,6 +191,8 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 stop_engines_on_exit=args.stop_engines_on_exit,
             ),
         )
+    elif args.command == "bench":
+        sys.exit(bench_placement.run(args))
     elif args.command == "doctor":
         sys.exit(doctor.run(args))
     elif args.command == "gateway":

@@ -18,6 +18,7 @@ from workers.connect import connect_with_retry
 from workers.paths import Locations
 from workers.registry import CONTROL_WORKFLOWS
 from workers.schedules import ScheduleSettings, ensure_schedules
+from workers.search_attributes import ensure_search_attributes
 from workers.signals import stop_event
 from workflows.contracts import LedgerState
 from workflows.ledger import ClusterLedgerWorkflow
@@ -50,6 +51,7 @@ async def run_control(where: Locations, config_file: Path | None) -> None:
     # every node's engine plan later.
     config = load_server_config(config_file)
     client = await connect_with_retry(where)
+    await ensure_search_attributes(client)
     await ensure_ledger(client)
     await ensure_schedules(
         client,

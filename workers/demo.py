@@ -5,7 +5,7 @@ import importlib.util
 from pathlib import Path
 
 from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION
-from workflows.contracts import ModelSpec
+from workflows.contracts import ModelSpec, Profile
 
 DEMO_MODEL = "smollm2-135m"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -25,14 +25,12 @@ def demo_weights() -> Path:
 
 
 def demo_spec(cpu_cores: int) -> ModelSpec:
-    return ModelSpec(
-        name=DEMO_MODEL,
+    profile = Profile(
         engine="llamacpp",
         engine_version=LLAMACPP_DEFAULT_VERSION,
-        weights=str(demo_weights()),
-        replicas=1,
         cpu_cores=cpu_cores,
         memory_mb=512,
         context_size=4096,
         parallel=2,
     )
+    return ModelSpec(name=DEMO_MODEL, weights=str(demo_weights()), replicas=1, profiles=[profile])

@@ -61,7 +61,8 @@ def why_not_placeable(record: NodeRecord) -> list[str]:
         kind = "draining" if record.draining else "cordoned"
         reasons.append(kind + (f": {record.note}" if record.note else ""))
     if not any(s.state == EngineState.INSTALLED for s in record.engines.values()):
-        reasons.append("no engine installed yet")
+        states = ", ".join(f"{s.engine} {s.state.value}" for s in record.engines.values())
+        reasons.append(f"no engine can run here ({states})" if states else "no engine yet")
     for gpu in record.inventory.gpus:
         if gpu.unusable:
             reasons.append(f"GPU {gpu.index} ({gpu.gpu_class}): {gpu.unusable}")

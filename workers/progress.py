@@ -2,16 +2,25 @@
 
 from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowQueryFailedError
 
 from workflows.contracts import EngineState, LedgerState, NodeRecord
+from workflows.ledger_compact import PackedLedgerState, unpack_state
 from workflows.names import LEDGER_WORKFLOW_ID, engine_install_workflow_id
 
 
 async def ledger_snapshot(client: Client) -> LedgerState:
+    """The ledger's whole state, read compressed: the plain `snapshot` query's answer outgrows
+    gRPC's 4 MB message limit at about 500 eight-GPU nodes running 2,000 replicas
+    (`llmgw bench placement`)."""
     handle = client.get_workflow_handle(LEDGER_WORKFLOW_ID)
-    state: LedgerState = await handle.query("snapshot", result_type=LedgerState)
-    return state
+    try:
+        packed = await handle.query("packed_snapshot", result_type=PackedLedgerState)
+    except WorkflowQueryFailedError:
+        # A control worker from before the packed query: the plain one still answers there.
+        state: LedgerState = await handle.query("snapshot", result_type=LedgerState)
+        return state
+    return unpack_state(packed)
 
 
 async def install_progress(client: Client, node: str, engine: str, version: str) -> str:
@@ -42,6 +51,8 @@ async def engine_lines(client: Client, record: NodeRecord) -> list[str]:
             )
             if progress:
                 text += f" ({progress})"
+        elif status.state == EngineState.INSTALLED and status.verified_at:
+            text += f" (verified {status.verified_at.replace('T', ' ')[:16]} UTC)"
         elif status.detail:
             text += f" ({status.detail})"
         lines.append(text)

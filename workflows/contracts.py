@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime
 from enum import StrEnum
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from workflows.options import NODE_GRACE
 
@@ -297,6 +298,8 @@ class NodeView(BaseModel):
     boot_id: str = ""
     identity: str = ""
     engine_paths: dict[str, str] = Field(default_factory=dict)
+    # Labels an operator gave (`llmgw node add --label`); they win over the agent's own.
+    operator_labels: dict[str, str] = Field(default_factory=dict)
     lost_after_s: float = NODE_GRACE.total_seconds()
     # Replicas on this node while it drains, by replica id.
     draining_replicas: list[str] = Field(default_factory=list)
@@ -320,29 +323,101 @@ class EngineInstallRequest(BaseModel):
 # --- models ------------------------------------------------------------------------------
 
 
-class ModelSpec(BaseModel):
-    """A model as declared by the operator. Everything but `replicas` is the profile whose
-    fingerprint says whether a running replica is current."""
+class LoraAdapter(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    path: str
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
-    engine: str = "llamacpp"
+
+class Profile(BaseModel):
+    """One way to run a model: engine, hardware and engine settings. A model lists one or more,
+    most preferred first; placement takes the first that fits somewhere. Validated as a whole in
+    workflows/catalog.py, which names the field at fault."""
+
+    engine: str = "llamacpp"  # llamacpp, vllm, sglang, trtllm
     engine_version: str = ""
-    weights: str
-    replicas: int = Field(default=1, ge=0, le=64)
+    # None: the CPU. Otherwise a class as discovery names it: "h100-80g", "a100-80g-mig-3g.40gb".
+    gpu_class: str | None = None
+    gpus_per_node: int = Field(default=0, ge=0, le=16)
+    tensor_parallel: int = Field(default=1, ge=1, le=64)
+    pipeline_parallel: int = Field(default=1, ge=1, le=64)
+    nodes: int = Field(default=1, ge=1, le=64)
     cpu_cores: int = Field(default=2, ge=1)
     memory_mb: int = Field(default=1024, ge=64)
     context_size: int = Field(default=4096, ge=256)
-    parallel: int = Field(default=2, ge=1, le=64)
+    parallel: int = Field(default=2, ge=1, le=256)
+    # "" or the weights' quantisation as the engine takes it ("fp8", "awq", ...).
+    quantization: str = ""
     args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    kv_events: bool = False
+    lora: list[LoraAdapter] = Field(default_factory=list)
+    # Multi-node launch: vLLM's own multi-process mode ("mp"), or a Ray cluster per replica.
+    launch: str = Field(default="mp", pattern=r"^(mp|ray)$")
 
-    def fingerprint(self) -> str:
-        profile = self.model_dump(exclude={"replicas"})
-        blob = json.dumps(profile, sort_keys=True, separators=(",", ":")).encode()
+    @property
+    def gpus(self) -> int:
+        """GPUs the replica uses in all."""
+        return self.gpus_per_node * self.nodes
+
+
+class Autoscale(BaseModel):
+    """How a model's replica count follows its load, between min_replicas and max_replicas."""
+
+    # Scale out when more than this many requests wait per replica, for `sustained_s`.
+    queue_per_replica: float = Field(default=4.0, gt=0)
+    sustained_s: float = Field(default=30.0, ge=0)
+    # Scale in by one after this long with nothing waiting and spare replicas.
+    quiet_s: float = Field(default=300.0, ge=0)
+    # With min_replicas 0: no request for this long, and the model goes to zero replicas.
+    idle_s: float = Field(default=900.0, ge=1)
+    # How often the model looks at its engines' load.
+    look_every_s: float = Field(default=15.0, ge=1, le=600)
+
+
+# The flat fields a model had before profiles: still accepted, as its one profile.
+_PROFILE_FIELDS = frozenset(Profile.model_fields)
+
+
+class ModelSpec(BaseModel):
+    """A model as declared by the operator: weights, profiles and how many replicas."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
+    weights: str
+    replicas: int = Field(default=1, ge=0, le=1024)
+    min_replicas: int = Field(default=0, ge=0, le=1024)
+    max_replicas: int = Field(default=64, ge=0, le=1024)
+    autoscale: Autoscale | None = None
+    profiles: list[Profile] = Field(default_factory=lambda: [Profile()], min_length=1, max_length=8)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_profile_from_flat_fields(cls, data: object) -> object:
+        if isinstance(data, dict) and "profiles" not in data:
+            flat = {k: data[k] for k in _PROFILE_FIELDS if k in data}
+            rest = {k: v for k, v in data.items() if k not in _PROFILE_FIELDS}
+            return {**rest, "profiles": [flat]}
+        return data
+
+    @property
+    def engine(self) -> str:
+        return self.profiles[0].engine
+
+    def profile_fingerprint(self, index: int) -> str:
+        """What a running replica on this profile was started from: when it differs from the
+        catalog's, the replica is stale and a rolling update replaces it."""
+        blob = json.dumps(
+            {"weights": self.weights, "profile": self.profiles[index].model_dump()},
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+    def fingerprints(self) -> list[str]:
+        return [self.profile_fingerprint(i) for i in range(len(self.profiles))]
 
 
 class ScaleRequest(BaseModel):
-    replicas: int = Field(ge=0, le=64)
+    replicas: int = Field(ge=0, le=1024)
 
 
 class RemoveModel(BaseModel):
@@ -355,6 +430,8 @@ class ModelView(BaseModel):
     removing: bool = False
     # Replicas kept serving until their successor is ready (a drain), by replica id.
     retiring: list[str] = Field(default_factory=list)
+    # Replicas serving a profile the catalog no longer has: a rolling update replaces them.
+    stale: list[str] = Field(default_factory=list)
 
 
 class ReplaceReplicas(BaseModel):
@@ -367,9 +444,27 @@ class ReplaceReplicas(BaseModel):
 
 
 class ReplicaReady(BaseModel):
-    """A replica tells its model it is serving, so a replica it replaces can stop."""
+    """A replica tells its model it is serving (so a replica it replaces can stop) and from
+    which profile (so the model knows whether it is current)."""
 
     replica_id: str
+    fingerprint: str = ""
+
+
+class ModelWake(BaseModel):
+    """A gateway holds a request for a model at zero replicas: start one."""
+
+    reason: str = "a request arrived"
+
+
+class AutoscaleState(BaseModel):
+    """What the autoscaler remembers between looks, carried through continue-as-new."""
+
+    queueing_since: datetime | None = None
+    quiet_since: datetime | None = None
+    last_active: datetime | None = None
+    # The engines' token counters summed at the last look: a change means requests were served.
+    last_work: float | None = None
 
 
 class ModelState(BaseModel):
@@ -381,6 +476,9 @@ class ModelState(BaseModel):
     indices: list[int] = Field(default_factory=list)
     # Old replica index -> the successor's index it waits for before it stops.
     retiring: dict[int, int] = Field(default_factory=dict)
+    # Replica index -> the profile fingerprint it last reported serving with.
+    fingerprints: dict[int, str] = Field(default_factory=dict)
+    autoscale: AutoscaleState = Field(default_factory=AutoscaleState)
 
 
 # --- replicas ----------------------------------------------------------------------------
@@ -435,16 +533,33 @@ class ReplicaView(BaseModel):
 
 
 class PlacementRequest(BaseModel):
+    """Place one replica: the first of its profiles that fits anywhere wins."""
+
     replica_id: str
     workflow_id: str = ""
     model: str
-    engine: str
-    engine_version: str
-    cpu_cores: int
-    memory_mb: int
+    profiles: list[Profile] = Field(min_length=1)
+    # Nodes this replica must not use (the node it is being moved away from).
+    exclude_nodes: list[str] = Field(default_factory=list)
+
+
+class ShardAllocation(BaseModel):
+    """One node's part of a replica: its engine process, port, GPUs, cores and memory."""
+
+    node: str
+    address: str
+    port: int
+    rank: int = 0  # 0 is the leader, the shard requests go to
+    gpus: list[int] = Field(default_factory=list)  # GpuInfo.index on that node
+    gpu_uuids: list[str] = Field(default_factory=list)  # what CUDA_VISIBLE_DEVICES names
+    cpu_cores: int = 0
+    memory_mb: int = 0
 
 
 class Allocation(BaseModel):
+    """Where a replica runs. node/address/port are the leader's (where requests go); `shards`
+    lists every node's part, leader first."""
+
     replica_id: str
     workflow_id: str = ""
     model: str = ""
@@ -453,6 +568,25 @@ class Allocation(BaseModel):
     port: int
     cpu_cores: int
     memory_mb: int
+    profile_index: int = 0
+    shards: list[ShardAllocation] = Field(default_factory=list)
+    # How the shards of a multi-node replica reach each other: "nvlink" (one NVLink domain),
+    # "infiniband" or "roce"; empty for a single node.
+    fabric: str = ""
+    nvlink_domain: str = ""
+
+    def shards_or_leader(self) -> list[ShardAllocation]:
+        """Every shard; an allocation from before shards existed is its leader alone."""
+        if self.shards:
+            return self.shards
+        leader = ShardAllocation(
+            node=self.node,
+            address=self.address,
+            port=self.port,
+            cpu_cores=self.cpu_cores,
+            memory_mb=self.memory_mb,
+        )
+        return [leader]
 
 
 class PlacementRefused(BaseModel):
@@ -499,6 +633,36 @@ class RoutingTable(BaseModel):
     # Bumped on every change, so a gateway can tell whether anything moved.
     version: int = 0
     routes: list[Route] = Field(default_factory=list)
+    # Models scaled to zero that a request wakes: the gateway holds the request meanwhile.
+    idle_models: list[str] = Field(default_factory=list)
+
+
+class ModelIdle(BaseModel):
+    model: str
+    idle: bool
+
+
+class ModelName(BaseModel):
+    name: str
+
+
+class EngineLoad(BaseModel):
+    """One engine's load from its own metrics."""
+
+    replica_id: str
+    running: int = 0
+    waiting: int = 0
+    # Token counters summed: they only grow while the engine serves (and reset when it restarts).
+    work: float = 0.0
+    seen: bool = True  # False when its metrics could not be read
+
+
+class EngineLoadRequest(BaseModel):
+    replica_ids: list[str]
+
+
+class EngineLoadReport(BaseModel):
+    engines: list[EngineLoad] = Field(default_factory=list)
 
 
 class LedgerState(BaseModel):
@@ -507,6 +671,7 @@ class LedgerState(BaseModel):
     nodes: dict[str, NodeRecord] = Field(default_factory=dict)
     allocations: dict[str, Allocation] = Field(default_factory=dict)
     routes: dict[str, Route] = Field(default_factory=dict)
+    idle_models: list[str] = Field(default_factory=list)
     version: int = 0
 
 

@@ -13,6 +13,8 @@ with workflow.unsafe.imports_passed_through():
         Allocation,
         LedgerAck,
         LedgerState,
+        ModelIdle,
+        ModelName,
         NodeName,
         NodeNames,
         NodeRecord,
@@ -26,6 +28,12 @@ with workflow.unsafe.imports_passed_through():
         Route,
         RoutingTable,
     )
+    from workflows.ledger_compact import (
+        PackedLedgerState,
+        carried_state,
+        compact_record,
+        pack_state,
+    )
     from workflows.placement import place
 
 NO_PLACEMENT = "NoPlacement"
@@ -33,15 +41,19 @@ NO_PLACEMENT = "NoPlacement"
 
 @workflow.defn(name="ClusterLedger")
 class ClusterLedgerWorkflow:
+    # A run starts from nothing, from a plain LedgerState (a new cluster, or a run started
+    # before packing) or from the packed state its previous run carried (workflows/
+    # ledger_compact.py): the whole state as plain JSON outgrows Temporal's 2 MB payload limit
+    # at about 1,000 nodes.
     @workflow.init
-    def __init__(self, state: LedgerState | None = None) -> None:
-        self.state = state or LedgerState()
+    def __init__(self, state: LedgerState | PackedLedgerState | None = None) -> None:
+        self.state = carried_state(state)
 
     @workflow.run
-    async def run(self, state: LedgerState | None = None) -> None:
+    async def run(self, state: LedgerState | PackedLedgerState | None = None) -> None:
         await workflow.wait_condition(lambda: workflow.info().is_continue_as_new_suggested())
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(self.state)
+        workflow.continue_as_new(pack_state(self.state))
 
     def _changed(self) -> LedgerAck:
         self.state.version += 1
@@ -53,7 +65,8 @@ class ClusterLedgerWorkflow:
         if record.state == NodeState.REMOVED:
             self.state.nodes.pop(name, None)
         else:
-            self.state.nodes[name] = record
+            # Only what placement and `llmgw nodes` read: the node workflow keeps the rest.
+            self.state.nodes[name] = compact_record(record)
         if record.state in (NodeState.LOST, NodeState.REMOVED):
             # Gateways must stop sending requests there now, not when each replica workflow
             # gets round to saying so.
@@ -94,7 +107,23 @@ class ClusterLedgerWorkflow:
 
     @workflow.query(name="routing_table")
     def routing_table(self) -> RoutingTable:
-        return RoutingTable(version=self.state.version, routes=list(self.state.routes.values()))
+        return RoutingTable(
+            version=self.state.version,
+            routes=list(self.state.routes.values()),
+            idle_models=self.state.idle_models,
+        )
+
+    @workflow.update(name="set_idle")
+    def set_idle(self, idle: ModelIdle) -> LedgerAck:
+        models = set(self.state.idle_models)
+        models = models | {idle.model} if idle.idle else models - {idle.model}
+        self.state.idle_models = sorted(models)
+        return self._changed()
+
+    @workflow.query(name="model_routes")
+    def model_routes(self, model: ModelName) -> RoutingTable:
+        routes = [r for r in self.state.routes.values() if r.model == model.name]
+        return RoutingTable(version=self.state.version, routes=routes)
 
     @workflow.query(name="replicas_on")
     def replicas_on(self, node: NodeName) -> ReplicaRefs:
@@ -102,7 +131,8 @@ class ClusterLedgerWorkflow:
             replicas=[
                 ReplicaRef(replica_id=a.replica_id, workflow_id=a.workflow_id, model=a.model)
                 for a in self.state.allocations.values()
-                if a.node == node.name
+                # A multi-node replica is on every node one of its shards is on.
+                if any(s.node == node.name for s in a.shards_or_leader())
             ]
         )
 
@@ -113,3 +143,9 @@ class ClusterLedgerWorkflow:
     @workflow.query(name="snapshot")
     def snapshot(self) -> LedgerState:
         return self.state
+
+    @workflow.query(name="packed_snapshot")
+    def packed_snapshot(self) -> PackedLedgerState:
+        """The snapshot compressed: a query answer is one gRPC message, at most 4 MB, and the
+        plain snapshot of 1,000 eight-GPU nodes with 4,000 replicas is about 8 MB."""
+        return pack_state(self.state)

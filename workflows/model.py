@@ -6,26 +6,50 @@ replica always gets to stop its engine and release what it holds.
 
 Moving a replica (its node drains, is lost or removed) starts a successor first. A drained
 replica keeps serving until its successor says it is ready; one on a lost node stops at once.
+A rolling update is the same move, one replica at a time: when a replica reports a profile
+fingerprint the catalog no longer has, a successor starts from the current definition and the
+old one stops once the successor serves.
 """
 
+from datetime import timedelta
+
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
+    from workflows import options
+    from workflows.autoscale import decide
+    from workflows.catalog import CatalogError, validate_model
     from workflows.contracts import (
+        EngineLoad,
+        EngineLoadReport,
+        EngineLoadRequest,
+        LedgerAck,
+        ModelIdle,
+        ModelName,
         ModelSpec,
         ModelState,
         ModelView,
+        ModelWake,
         RemoveModel,
         ReplaceReplicas,
         ReplicaInput,
         ReplicaReady,
+        ReplicaState,
         ReplicaView,
+        RoutingTable,
         ScaleRequest,
         StopReplica,
     )
-    from workflows.names import CONTROL_TASK_QUEUE, replica_id, replica_workflow_id
+    from workflows.names import (
+        CONTROL_TASK_QUEUE,
+        ControlActivity,
+        NodeActivity,
+        node_task_queue,
+        replica_id,
+        replica_workflow_id,
+    )
     from workflows.replica import ReplicaWorkflow
 
 
@@ -39,16 +63,22 @@ class ModelWorkflow:
         self.ready_replicas: set[str] = set()
         # Replicas this run told to stop; removal waits for them to release what they hold.
         self.stopping: list[ChildWorkflowHandle[ReplicaWorkflow, ReplicaView]] = []
+        self.published_idle: bool | None = None
         self.dirty = True
 
     @workflow.run
     async def run(self, state: ModelState) -> ModelView:
         while True:
-            await workflow.wait_condition(lambda: self.dirty)
+            try:
+                await workflow.wait_condition(lambda: self.dirty, timeout=self._next_look())
+            except TimeoutError:
+                await self._autoscale()
             self.dirty = False
             await self._replace()
             await self._retire_replaced()
             await self._reconcile()
+            await self._roll()
+            await self._publish_idle()
             if self.state.removing:
                 # Wait for the replicas to release what they hold, so the name can be reused.
                 for handle in self.stopping:
@@ -69,6 +99,10 @@ class ModelWorkflow:
         self._check_not_removing()
         if spec.name != self.state.spec.name:
             raise ApplicationError(f"this is model {self.state.spec.name!r}, not {spec.name!r}")
+        try:
+            validate_model(spec)
+        except CatalogError as err:
+            raise ApplicationError(str(err), type="InvalidModel") from None
 
     @workflow.update(name="scale")
     def scale(self, req: ScaleRequest) -> ModelView:
@@ -79,6 +113,13 @@ class ModelWorkflow:
     @scale.validator
     def _check_scale(self, req: ScaleRequest) -> None:
         self._check_not_removing()
+        spec = self.state.spec
+        if not spec.min_replicas <= req.replicas <= spec.max_replicas:
+            raise ApplicationError(
+                f"model {spec.name}: {req.replicas} replicas is outside min_replicas.."
+                f"max_replicas ({spec.min_replicas}..{spec.max_replicas})",
+                type="InvalidModel",
+            )
 
     @workflow.update(name="remove")
     def remove(self, req: RemoveModel) -> ModelView:
@@ -93,9 +134,23 @@ class ModelWorkflow:
         self.replacements.append(req)
         self.dirty = True
 
+    @workflow.signal(name="wake")
+    def wake(self, req: ModelWake) -> None:
+        """A gateway holds a request for this model at zero replicas (a fact, so a signal: the
+        gateway does not wait on the workflow, it waits for a ready route)."""
+        spec = self.state.spec
+        if spec.replicas == 0 and spec.autoscale is not None and not self.state.removing:
+            spec.replicas = max(1, spec.min_replicas)
+            self.state.autoscale.last_active = workflow.now()
+            self.dirty = True
+
     @workflow.signal(name="replica_ready")
     def replica_ready(self, ready: ReplicaReady) -> None:
         name = self.state.spec.name
+        index = self._index_of(ready.replica_id)
+        if index is not None and ready.fingerprint:
+            self.state.fingerprints[index] = ready.fingerprint
+            self.dirty = True
         if any(replica_id(name, s) == ready.replica_id for s in self.state.retiring.values()):
             self.ready_replicas.add(ready.replica_id)
             self.dirty = True
@@ -115,7 +170,103 @@ class ModelWorkflow:
             replica_ids=[replica_id(name, i) for i in self.state.indices],
             removing=self.state.removing,
             retiring=[replica_id(name, i) for i in self.state.retiring],
+            stale=[replica_id(name, i) for i in self._stale()],
         )
+
+    def _next_look(self) -> timedelta | None:
+        policy = self.state.spec.autoscale
+        if policy is None or self.state.removing:
+            return None
+        return timedelta(seconds=policy.look_every_s)
+
+    async def _autoscale(self) -> None:
+        spec = self.state.spec
+        if spec.autoscale is None:
+            return
+        decision = decide(
+            spec.autoscale,
+            spec.replicas,
+            spec.min_replicas,
+            spec.max_replicas,
+            self.state.autoscale,
+            await self._engine_loads(),
+            workflow.now(),
+        )
+        self.state.autoscale = decision.state
+        if decision.replicas != spec.replicas:
+            workflow.logger.info(
+                "%s: %d -> %d replicas (%s)", spec.name, spec.replicas, decision.replicas,
+                decision.reason,
+            )  # fmt: skip
+            spec.replicas = decision.replicas
+            self.dirty = True
+
+    async def _engine_loads(self) -> list[EngineLoad]:
+        """Each serving replica's load, asked of the agent on its node (which holds the keys
+        the engines' metrics want). A node that does not answer counts as unseen, not idle."""
+        table: RoutingTable = await workflow.execute_activity(
+            ControlActivity.LEDGER_MODEL_ROUTES,
+            ModelName(name=self.state.spec.name),
+            task_queue=CONTROL_TASK_QUEUE,
+            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
+            retry_policy=options.LEDGER_RETRY,
+            result_type=RoutingTable,
+        )
+        by_node: dict[str, list[str]] = {}
+        for route in table.routes:
+            if route.state in ReplicaState.routable():
+                by_node.setdefault(route.node, []).append(route.replica_id)
+        loads: list[EngineLoad] = []
+        for node, replica_ids in sorted(by_node.items()):
+            try:
+                report: EngineLoadReport = await workflow.execute_activity(
+                    NodeActivity.ENGINE_LOAD,
+                    EngineLoadRequest(replica_ids=replica_ids),
+                    task_queue=node_task_queue(node),
+                    schedule_to_close_timeout=options.ENGINE_LOAD_TIMEOUT,
+                    retry_policy=options.ENGINE_LOAD_RETRY,
+                    result_type=EngineLoadReport,
+                )
+                loads.extend(report.engines)
+            except ActivityError:
+                loads.extend(EngineLoad(replica_id=r, seen=False) for r in replica_ids)
+        return loads
+
+    async def _publish_idle(self) -> None:
+        """Tell the ledger (and so every gateway) whether a request should wake this model."""
+        spec = self.state.spec
+        idle = spec.autoscale is not None and spec.replicas == 0 and not self.state.removing
+        if idle == self.published_idle:
+            return
+        await workflow.execute_activity(
+            ControlActivity.LEDGER_SET_IDLE,
+            ModelIdle(model=spec.name, idle=idle),
+            task_queue=CONTROL_TASK_QUEUE,
+            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
+            retry_policy=options.LEDGER_RETRY,
+            result_type=LedgerAck,
+        )
+        self.published_idle = idle
+
+    def _index_of(self, rid: str) -> int | None:
+        name = self.state.spec.name
+        return next((i for i in self.state.indices if replica_id(name, i) == rid), None)
+
+    def _stale(self) -> list[int]:
+        current = set(self.state.spec.fingerprints())
+        known = self.state.fingerprints
+        return [i for i in self.state.indices if i in known and known[i] not in current]
+
+    async def _roll(self) -> None:
+        """One stale replica at a time: wait until the last move is over before the next."""
+        if self.state.retiring or self.state.removing:
+            return
+        stale = self._stale()
+        if stale:
+            name = self.state.spec.name
+            req = ReplaceReplicas(replica_ids=[replica_id(name, stale[0])], reason="rolling update")
+            self.replacements.append(req)
+            await self._replace()
 
     async def _start_replica(self) -> int:
         spec = self.state.spec
@@ -145,7 +296,7 @@ class ModelWorkflow:
         while self.replacements:
             req = self.replacements.pop(0)
             for rid in req.replica_ids:
-                old = next((i for i in self.state.indices if replica_id(name, i) == rid), None)
+                old = self._index_of(rid)
                 if old is None:
                     # Already moved, or retiring: a lost node overrides a drain's patience.
                     retiring = [i for i in self.state.retiring if replica_id(name, i) == rid]
@@ -154,6 +305,7 @@ class ModelWorkflow:
                         await self._stop_replica(index, self._moved(req))
                     continue
                 self.state.indices.remove(old)
+                self.state.fingerprints.pop(old, None)
                 successor = await self._start_replica()
                 if req.wait_for_successor and not self.state.removing:
                     self.state.retiring[old] = successor

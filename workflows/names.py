@@ -42,6 +42,8 @@ class ControlActivity:
     LEDGER_SET_ROUTE = "ledger_set_route"
     LEDGER_REPLICAS_ON_NODE = "ledger_replicas_on_node"
     LEDGER_NODE_NAMES = "ledger_node_names"
+    LEDGER_MODEL_ROUTES = "ledger_model_routes"
+    LEDGER_SET_IDLE = "ledger_set_idle"
     # Which engines a node should have, from the cluster's `engines:` configuration.
     ENGINE_PLAN = "control_engine_plan"
     # The nodes an operator listed in a file, for scheduled onboarding.
@@ -60,6 +62,7 @@ class NodeActivity:
     SUPERVISE_ENGINE = "node_supervise_engine"
     STOP_ENGINE = "node_stop_engine"
     VERIFY_ENGINES = "node_verify_engines"
+    ENGINE_LOAD = "node_engine_load"
 
 
 # Temporal Schedules: each starts a short fleet-wide workflow that signals every node.

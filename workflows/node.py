@@ -123,6 +123,7 @@ class NodeWorkflow:
             record = NodeRecord(inventory=inventory, state=NodeState.AWAITING)
             self.view = NodeView(record=record)
         before = (dict(self.view.record.labels), self.view.identity)
+        self.view.operator_labels.update(req.labels)
         self.view.record.labels.update(req.labels)
         self.view.identity = req.identity or self.view.identity
         if (self.view.record.labels, self.view.identity) != before or not self.last_published:
@@ -213,16 +214,19 @@ class NodeWorkflow:
     def _view_of(self, reg: NodeRegistration) -> NodeView:
         record = NodeRecord(inventory=reg.inventory, state=NodeState.READY, labels=reg.labels)
         identity = reg.identity
+        operator_labels: dict[str, str] = {}
         if self.view is not None:
             old = self.view.record
             record.cordoned, record.draining, record.note = old.cordoned, old.draining, old.note
             record.engines = dict(old.engines)
-            record.labels = {**reg.labels, **old.labels}  # an operator's labels win
+            operator_labels = self.view.operator_labels
+            record.labels = {**reg.labels, **operator_labels}  # an operator's labels win
             identity = self.view.identity or reg.identity
         return NodeView(
             record=record,
             boot_id=reg.boot_id,
             identity=identity,
+            operator_labels=operator_labels,
             engine_paths=reg.engine_paths,
             lost_after_s=reg.lost_after_s,
         )

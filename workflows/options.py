@@ -65,5 +65,9 @@ DISCOVER_TIMEOUT = timedelta(minutes=2)
 VERIFY_ENGINES_TIMEOUT = timedelta(minutes=5)
 # Refresh and re-verification are best-effort: the next schedule tries again.
 NODE_CHECK_RETRY = RetryPolicy(maximum_attempts=2)
+# How long one look at a node's engine load may take (Autoscale.look_every_s says how often).
+ENGINE_LOAD_TIMEOUT = timedelta(seconds=10)
+ENGINE_LOAD_RETRY = RetryPolicy(maximum_attempts=1)
+
 # How often a draining node looks whether its replicas have all moved.
 DRAIN_POLL = timedelta(seconds=5)

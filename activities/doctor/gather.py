@@ -63,8 +63,10 @@ def _run(argv: list[str], timeout_s: float = COMMAND_TIMEOUT_S) -> CommandProbe:
 
 
 def _inventory(node: str, address: str) -> NodeInventory:
-    # Discovery raises where a machine is broken in a way it cannot describe (nvidia-smi present
-    # but failing); the doctor still has to speak about the rest of the machine.
+    # Discovery reports what it finds broken (nvidia-smi present but failing, unreadable XML,
+    # `topo -m` failing) as lines in `problems` rather than raising. This only guards against
+    # the unforeseen (a parser meeting output nobody recorded): the doctor must still speak
+    # about the rest of the machine.
     try:
         return discover_inventory(node, address)
     except Exception as err:

@@ -6,15 +6,25 @@ the server exit at start-up with "invalid argument".
 
 from __future__ import annotations
 
-from workflows.contracts import ModelSpec
+from activities.engines.commands import check_reserved
+from workflows.contracts import ModelSpec, Profile
 
 # The default version lives with the cluster's engine plan (workflows may not import
 # activities); re-exported here for the agent's callers.
 from workflows.engine_plan import LLAMACPP as ENGINE
 from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
 
-__all__ = ["API_KEY_ENV", "ENGINE", "LLAMACPP_DEFAULT_VERSION", "command_line", "engine_env"]
+__all__ = [
+    "API_KEY_ENV",
+    "ENGINE",
+    "LLAMACPP_DEFAULT_VERSION",
+    "RESERVED_FLAGS",
+    "command_line",
+    "engine_env",
+]
 API_KEY_ENV = "LLAMA_API_KEY"
+# Every layer on the GPUs placement gave the shard: more than any model has.
+ALL_LAYERS = "999"
 
 # Flags llmgw itself decides. An operator's extra args may not override them: a second --port
 # would make the engine listen where nothing routes, and --api-key would put a secret on the
@@ -30,21 +40,23 @@ RESERVED_FLAGS = frozenset(
         "--metrics",
         "-a",
         "--alias",
+        "--lora",
+        "--lora-init-without-apply",
     }
 )
 
 
-def command_line(binary: str, model: ModelSpec, host: str, port: int, threads: int) -> list[str]:
-    """argv for llama-server serving `model` on host:port with `threads` CPU threads.
+def command_line(
+    binary: str, model: ModelSpec, profile: Profile, host: str, port: int, threads: int
+) -> list[str]:
+    """argv for llama-server serving `model` as `profile` says, on host:port with `threads` CPU
+    threads.
 
-    Host and port are always explicit because their defaults changed across builds.
-    """
-    clash = sorted({arg.split("=", 1)[0] for arg in model.args} & RESERVED_FLAGS)
-    if clash:
-        raise ValueError(
-            f"model {model.name}: args may not set {', '.join(clash)}; llmgw sets them itself"
-        )
-    return [
+    Host and port are always explicit because their defaults changed across builds. On GPUs
+    every layer is offloaded (`-ngl`): a CUDA build left to guess may compute on the CPU. LoRA
+    adapters load unapplied (scale 0); a request selects one by its index."""
+    check_reserved(model.name, profile.args, RESERVED_FLAGS)
+    argv = [
         binary,
         "--host",
         host,
@@ -57,13 +69,19 @@ def command_line(binary: str, model: ModelSpec, host: str, port: int, threads: i
         "--alias",
         model.name,
         "-c",
-        str(model.context_size),
+        str(profile.context_size),
         "-np",
-        str(model.parallel),
+        str(profile.parallel),
         "-t",
         str(threads),
-        *model.args,
     ]
+    if profile.gpu_class is not None:
+        argv += ["-ngl", ALL_LAYERS]
+    if profile.lora:
+        for adapter in profile.lora:
+            argv += ["--lora", adapter.path]
+        argv.append("--lora-init-without-apply")
+    return [*argv, *profile.args]
 
 
 def engine_env(key: str) -> dict[str, str]:

@@ -7,9 +7,23 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+from activities.engines.commands import ShardPlace, check_reserved
 from activities.engines.python_env import CHECK_TIMEOUT_S, check_env
-from workflows.contracts import EngineRequirement, EngineState, EngineStatus
+from workflows.contracts import EngineRequirement, EngineState, EngineStatus, ModelSpec, Profile
 from workflows.engine_plan import TRTLLM
+
+# Flags llmgw sets on `trtllm-serve` (one node: multi-node TensorRT-LLM runs under MPI, which
+# llmgw does not drive; the catalog refuses nodes > 1).
+RESERVED_FLAGS = frozenset(
+    {
+        "--host",
+        "--port",
+        "--tp_size",
+        "--pp_size",
+        "--max_seq_len",
+        "--max_batch_size",
+    }
+)
 
 _VERSION_PROBE = "import tensorrt_llm; print(tensorrt_llm.__version__)"
 
@@ -60,3 +74,30 @@ def check_trtllm(req: EngineRequirement) -> EngineStatus:
         path=str(serve),
         detail=detail,
     )
+
+
+def command_line(serve: str, model: ModelSpec, profile: Profile, place: ShardPlace) -> list[str]:
+    """argv for `trtllm-serve` of `model.weights` on this node's address and port.
+
+    trtllm-serve checks no API key: its port must stay on the node's own address, reached
+    only through the gateway."""
+    check_reserved(model.name, profile.args, RESERVED_FLAGS)
+    if place.multi_node:
+        raise ValueError(f"model {model.name}: trtllm replicas run on one node")
+    return [
+        serve,
+        model.weights,
+        "--host",
+        place.address,
+        "--port",
+        str(place.port),
+        "--tp_size",
+        str(profile.tensor_parallel),
+        "--pp_size",
+        str(profile.pipeline_parallel),
+        "--max_seq_len",
+        str(profile.context_size),
+        "--max_batch_size",
+        str(profile.parallel),
+        *profile.args,
+    ]

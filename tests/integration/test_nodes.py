@@ -3,126 +3,31 @@ separate process with its own state dir and address (127.0.0.2, 127.0.0.3), so t
 ports cannot collide. One agent is killed; its replicas move; it comes back and reconciles."""
 
 import asyncio
-import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.system import REPO, STANDIN_ENGINE, System, wait_ready
+from tests.integration.fleet import (
+    LOST_AFTER_S,
+    Agent,
+    nodes_ready,
+    pid_alive,
+    replicas_by_node,
+    running_fleet,
+)
+from tests.system import System, wait_ready
 from workers.join import JoinToken
-from workflows.contracts import NodeState, ReplicaState
+from workflows.contracts import NodeState
 from workflows.names import ENGINE_REVERIFY_SCHEDULE_ID
 
 pytestmark = pytest.mark.integration
 
-LOST_AFTER_S = 6
-
-
-class Agent:
-    """One `llmgw agent --join TOKEN` process."""
-
-    def __init__(self, system: System, name: str, address: str, state_dir: Path) -> None:
-        self.system, self.name, self.address, self.state_dir = system, name, address, state_dir
-        self.process: subprocess.Popen[bytes] | None = None
-        self.token = ""
-        self.log = state_dir / "agent.log"
-
-    def start(self, token: str | None = None) -> None:
-        """Start with the token, or again with the one it was first given (as a systemd unit
-        does, with the token in its environment file)."""
-        self.token = token or self.token
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            sys.executable, "-m", "workers.cli", "agent", "--node", self.name,
-            "--state-dir", str(self.state_dir), "--address", self.address,
-            "--engine-path", f"llamacpp={STANDIN_ENGINE}", "--label", f"rack={self.name}",
-            "--heartbeat-every", "1", "--lost-after", str(LOST_AFTER_S),
-            "--stop-engines-on-exit",
-        ]  # fmt: skip
-        cmd += ["--join", self.token]
-        env = self.system.env()
-        env.pop("LLMGW_TEMPORAL_ADDRESS")  # the token says where Temporal is
-        # As `llmgw up` does for its agent: engines find this environment's Python first.
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        for pid in self.engine_pids().values():  # what a killed agent left behind
-            if pid_alive(pid):
-                os.killpg(pid, signal.SIGKILL)
-
-    def engine_pids(self) -> dict[str, int]:
-        shards = self.state_dir / "agent" / self.name / "shards"
-        return {p.stem: int(json.loads(p.read_text())["pid"]) for p in shards.glob("*.json")}
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return not stat.split(") ", 1)[-1].startswith("Z")  # a zombie serves nothing
-
-
-def token_from(output: str) -> str:
-    return next(w for w in output.split() if w.startswith("llmgw-join-"))
-
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[System, dict[str, Agent]]]:
-    system = System(tmp_path_factory.mktemp("state"), demo=False, engine_path=STANDIN_ENGINE)
-    system.start(timeout=120)
-    agents = {}
-    try:
-        for name, address in (("n2", "127.0.0.2"), ("n3", "127.0.0.3")):
-            added = system.cli("node", "add", name, "--label", "tier=test")
-            agent = Agent(system, name, address, tmp_path_factory.mktemp(name))
-            agent.start(token_from(added.stdout))
-            agents[name] = agent
-        yield system, agents
-    finally:
-        for agent in agents.values():
-            agent.stop()
-        if system.process is not None and system.process.poll() is None:
-            system.stop()
-
-
-async def nodes_ready(system: System, names: list[str]) -> bool:
-    state = await system.ledger()
-    return all(
-        n in state.nodes
-        and state.nodes[n].state == NodeState.READY
-        and state.nodes[n].engines.get("llamacpp") is not None
-        and state.nodes[n].engines["llamacpp"].state.value == "installed"
-        for n in names
-    )
-
-
-async def replicas_by_node(system: System, model: str) -> dict[str, list[str]]:
-    state = await system.ledger()
-    placed: dict[str, list[str]] = {}
-    for route in state.routes.values():
-        if route.model == model and route.state == ReplicaState.READY:
-            placed.setdefault(route.node, []).append(route.replica_id)
-    return placed
+    with running_fleet(tmp_path_factory) as running:
+        yield running
 
 
 async def chat(http: httpx.AsyncClient, system: System, model: str) -> int:

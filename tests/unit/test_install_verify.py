@@ -97,6 +97,13 @@ async def test_reverify_moves_verified_at_then_reports_a_later_failure(tmp_path:
     assert broken.detail.startswith("re-verification failed: llama-server --version exited 127")
     assert "libgomp" in broken.detail
 
+    # The library is put back: the next round finds it running and says installed again.
+    fake_server(tmp_path / "bin", "", cuda=False)
+    (fixed,) = (
+        await env.run(acts.verify_engines, VerifyEnginesRequest(node="n", engines=[broken]))
+    ).engines
+    assert fixed.state is EngineState.INSTALLED and fixed.verified_at
+
 
 async def test_reverify_refuses_another_nodes_request(tmp_path: Path) -> None:
     with pytest.raises(ApplicationError, match="reached agent n"):

@@ -85,7 +85,7 @@ def test_every_reason_a_node_takes_no_replicas_is_listed():
     node = record(cordoned=True, draining=True, note="kernel update", engines={"llamacpp": failed})
     assert why_not_placeable(node) == [
         "draining: kernel update",
-        "no engine installed yet",
+        "no engine can run here (llamacpp failed)",
         "GPU 2 (h100-80g): 3 uncorrected ECC errors",
     ]
     assert gpu_summary(node) == "2x h100-80g (+1 unusable)"

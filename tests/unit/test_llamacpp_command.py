@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION, command_line, engine_env
-from workflows.contracts import ModelSpec
+from activities.engines import llamacpp
+from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION, engine_env
+from workflows.contracts import LoraAdapter, ModelSpec, Profile
 
 # A built llama-server to check flags against, when this machine has one.
 REAL_SERVER = Path(
@@ -16,15 +17,17 @@ REAL_SERVER = Path(
 )
 
 
-def spec(**overrides: object) -> ModelSpec:
-    fields: dict[str, object] = {
-        "name": "smollm2",
-        "weights": "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "context_size": 8192,
-        "parallel": 4,
-    }
+MODEL = ModelSpec(name="smollm2", weights="/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def spec(**overrides: object) -> Profile:
+    fields: dict[str, object] = {"context_size": 8192, "parallel": 4}
     fields.update(overrides)
-    return ModelSpec.model_validate(fields)
+    return Profile.model_validate(fields)
+
+
+def command_line(binary: str, profile: Profile, host: str, port: int, threads: int) -> list[str]:
+    return llamacpp.command_line(binary, MODEL, profile, host, port, threads)
 
 
 def test_command_line_is_explicit_about_everything_llmgw_decides() -> None:
@@ -50,11 +53,35 @@ def test_command_line_is_explicit_about_everything_llmgw_decides() -> None:
 
 
 def test_operator_args_come_last() -> None:
-    argv = command_line("llama-server", spec(args=["--lora", "/a.gguf", "-fa", "on"]), "h", 1, 2)
-    assert argv[-4:] == ["--lora", "/a.gguf", "-fa", "on"]
+    argv = command_line("llama-server", spec(args=["-fa", "on", "--temp", "0"]), "h", 1, 2)
+    assert argv[-4:] == ["-fa", "on", "--temp", "0"]
 
 
-@pytest.mark.parametrize("arg", ["--api-key", "--port", "--host=0.0.0.0", "-m", "--api-key-file"])
+def test_gpu_profile_offloads_every_layer() -> None:
+    cpu = command_line("llama-server", spec(), "h", 1, 2)
+    gpu = command_line("llama-server", spec(gpu_class="l4-22g", gpus_per_node=1), "h", 1, 2)
+    assert "-ngl" not in cpu
+    assert gpu[gpu.index("-ngl") + 1] == "999"
+
+
+def test_lora_adapters_load_unapplied_in_order() -> None:
+    lora = [LoraAdapter(name="sql", path="/a/sql.gguf"), LoraAdapter(name="fr", path="/a/fr.gguf")]
+    argv = command_line("llama-server", spec(lora=lora, args=["-fa", "on"]), "h", 1, 2)
+    # The index a request selects ("lora": [{"id": 0, ...}]) is the order given here.
+    assert argv[-7:] == [
+        "--lora",
+        "/a/sql.gguf",
+        "--lora",
+        "/a/fr.gguf",
+        "--lora-init-without-apply",
+        "-fa",
+        "on",
+    ]
+
+
+@pytest.mark.parametrize(
+    "arg", ["--api-key", "--port", "--host=0.0.0.0", "-m", "--api-key-file", "--lora"]
+)
 def test_args_may_not_take_over_what_llmgw_sets(arg: str) -> None:
     with pytest.raises(ValueError, match="llmgw sets them itself"):
         command_line("llama-server", spec(args=[arg, "x"]), "127.0.0.1", 18001, 2)

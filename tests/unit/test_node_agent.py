@@ -25,7 +25,9 @@ from workflows.contracts import (
     EngineState,
     LaunchRequest,
     ModelSpec,
+    Profile,
     ReadyRequest,
+    ShardAllocation,
     ShardRef,
 )
 from workflows.engine_keys import engine_key
@@ -252,4 +254,62 @@ async def test_a_port_held_by_a_stranger_fails_the_start_clearly(
             await ActivityEnvironment().run(agent.start_engine, launch_request(weights, port))
     assert raised.value.non_retryable
     assert raised.value.type == "PortInUse"
+    assert agent.supervisor.shards() == []
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+async def test_launch_uses_the_placed_profile_and_this_nodes_shard(
+    agent: NodeAgentActivities, weights: Path
+) -> None:
+    port = free_port()
+    req = launch_request(weights, port)
+    model = ModelSpec(
+        name="smollm2",
+        weights=str(weights),
+        profiles=[
+            Profile(engine="vllm", gpu_class="h100-80g", gpus_per_node=1),
+            Profile(
+                cpu_cores=2,
+                parallel=3,
+                env={"NCCL_DEBUG": "INFO", "LD_PRELOAD": "/tmp/evil.so", "PATH": "/tmp"},
+            ),
+        ],
+    )
+    alloc = req.allocation.model_copy(
+        update={
+            "profile_index": 1,
+            "shards": [ShardAllocation(node="node-a", address="127.0.0.1", port=port, cpu_cores=2)],
+        }
+    )
+    launched = await ActivityEnvironment().run(
+        agent.start_engine, req.model_copy(update={"model": model, "allocation": alloc})
+    )
+    assert launched.command[launched.command.index("-np") + 1] == "3"  # profile 1's
+    spec = agent.supervisor.read_spec("smollm2-0")
+    assert spec is not None and spec.fingerprint == model.profile_fingerprint(1)
+    assert spec.gpu_uuids == []
+    env = environ(launched.pid)
+    assert env["NCCL_DEBUG"] == "INFO"
+    assert "LD_PRELOAD" not in env
+    assert env["PATH"] == os.environ["PATH"]  # the agent's, not the profile's
+    assert env["CUDA_VISIBLE_DEVICES"] == ""  # a CPU shard sees no GPU
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+async def test_a_replica_without_a_shard_here_is_refused(
+    agent: NodeAgentActivities, weights: Path
+) -> None:
+    req = launch_request(weights, free_port())
+    elsewhere = req.allocation.model_copy(
+        update={"shards": [ShardAllocation(node="node-b", address="10.0.0.2", port=18001)]}
+    )
+    with pytest.raises(ApplicationError, match="no shard on node node-a") as raised:
+        await ActivityEnvironment().run(
+            agent.start_engine, req.model_copy(update={"allocation": elsewhere})
+        )
+    assert raised.value.type == "WrongNode"
     assert agent.supervisor.shards() == []

@@ -1,49 +1,196 @@
-"""vLLM's command line and environment: the key stays off the command line, the CPU fixes are
-there on the CPU only, and an operator's args cannot take over what llmgw decides."""
+"""vLLM's commands and environment: the key stays off the command line, the CPU fixes are there
+on the CPU only, an operator's args cannot take over what llmgw decides, and a multi-node
+replica is launched as vLLM documents it (mp: every node serves with its rank, workers
+headless; Ray: a head sidecar then the server on the leader, a join alone on a worker)."""
+
+import json
 
 import pytest
 
-from activities.engines.vllm import command_line, engine_env
-from workflows.contracts import ModelSpec
+from activities.engines.commands import Command, ShardPlace
+from activities.engines.vllm import command_line, engine_env, launch_commands
+from workflows.contracts import LoraAdapter, ModelSpec, Profile
+
+MODEL = ModelSpec(name="tiny", weights="/models/tiny", profiles=[Profile(engine="vllm")])
+ONE = ShardPlace(address="10.0.0.1", port=18001)
 
 
-def spec(**kw) -> ModelSpec:  # type: ignore[no-untyped-def]
-    return ModelSpec(name="tiny", engine="vllm", weights="/models/tiny", **kw)
+def profile(**kw: object) -> Profile:
+    return Profile.model_validate({"engine": "vllm", **kw})
+
+
+def pairs(argv: list[str]) -> dict[str, str]:
+    return {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+
+
+def shard(rank: int, address: str, nodes: int = 2, gpus: int = 8) -> ShardPlace:
+    return ShardPlace(
+        address=address,
+        port=18001 + rank,
+        rank=rank,
+        nodes=nodes,
+        leader_address="10.0.0.1",
+        rendezvous_port=28001,
+        gpus=[f"GPU-{rank}-{i}" for i in range(gpus)],
+        cpu_cores=32,
+    )
 
 
 def test_cpu_command_line() -> None:
     argv = command_line(
-        "/e/venv/bin/vllm", spec(context_size=2048, parallel=4), "10.0.0.1", 18001, cpu=True
+        "/e/venv/bin/vllm", MODEL, profile(context_size=2048, parallel=4), ONE, cpu=True
     )
     assert argv[:3] == ["/e/venv/bin/vllm", "serve", "/models/tiny"]
-    pairs = dict(zip(argv[3::2], argv[4::2], strict=False))
-    assert pairs["--host"] == "10.0.0.1" and pairs["--port"] == "18001"
-    assert pairs["--served-model-name"] == "tiny"
-    assert pairs["--max-model-len"] == "2048" and pairs["--max-num-seqs"] == "4"
-    assert argv[argv.index("--block-size") + 1] == "32"
-    assert "--enforce-eager" in argv
+    flags = pairs(argv)
+    assert flags["--host"] == "10.0.0.1" and flags["--port"] == "18001"
+    assert flags["--served-model-name"] == "tiny"
+    assert flags["--max-model-len"] == "2048" and flags["--max-num-seqs"] == "4"
+    assert flags["--block-size"] == "32"
+    assert "--enforce-eager" in argv and "--enable-prefix-caching" in argv
+    # One node, one GPU or none: no parallelism flags, no multi-node flags.
+    for absent in ("--tensor-parallel-size", "--nnodes", "--headless", "--kv-events-config"):
+        assert absent not in argv
 
 
 def test_gpu_command_line_keeps_vllms_own_defaults() -> None:
-    argv = command_line("vllm", spec(), "127.0.0.1", 1, cpu=False)
+    argv = command_line("vllm", MODEL, profile(), ONE, cpu=False)
     assert "--block-size" not in argv and "--enforce-eager" not in argv
 
 
+def test_parallelism_and_quantization() -> None:
+    p = profile(gpu_class="h100-80g", gpus_per_node=4, tensor_parallel=2, pipeline_parallel=2)
+    flags = pairs(
+        command_line("vllm", MODEL, p.model_copy(update={"quantization": "fp8"}), ONE, cpu=False)
+    )
+    assert flags["--tensor-parallel-size"] == "2"
+    assert flags["--pipeline-parallel-size"] == "2"
+    assert flags["--quantization"] == "fp8"
+
+
 def test_extra_args_follow_and_cannot_override() -> None:
-    argv = command_line("vllm", spec(args=["--enable-prefix-caching"]), "h", 1, cpu=True)
-    assert argv[-1] == "--enable-prefix-caching"
-    for bad in (["--api-key", "x"], ["--port=9"], ["--served-model-name", "other"]):
+    argv = command_line(
+        "vllm", MODEL, profile(args=["--gpu-memory-utilization", "0.8"]), ONE, cpu=True
+    )
+    assert argv[-2:] == ["--gpu-memory-utilization", "0.8"]
+    for bad in (
+        ["--api-key", "x"],
+        ["--port=9"],
+        ["--served-model-name", "other"],
+        ["--tensor-parallel-size", "4"],
+        ["--headless"],
+        ["--master-addr", "1.2.3.4"],
+        ["--kv-events-config", "{}"],
+        ["--distributed-executor-backend=ray"],
+    ):
         with pytest.raises(ValueError, match="llmgw sets them itself"):
-            command_line("vllm", spec(args=bad), "h", 1, cpu=True)
+            command_line("vllm", MODEL, profile(args=bad), ONE, cpu=True)
+
+
+def test_multi_node_mp_leader_and_worker() -> None:
+    p = profile(
+        gpu_class="h100-80g", gpus_per_node=8, tensor_parallel=8, pipeline_parallel=2, nodes=2
+    )
+    leader = command_line("vllm", MODEL, p, shard(0, "10.0.0.1"), cpu=False)
+    worker = command_line("vllm", MODEL, p, shard(1, "10.0.0.2"), cpu=False)
+    for argv, rank, own in ((leader, "0", "10.0.0.1"), (worker, "1", "10.0.0.2")):
+        flags = pairs(argv)
+        assert flags["--nnodes"] == "2"
+        assert flags["--node-rank"] == rank
+        assert flags["--master-addr"] == "10.0.0.1"  # the leader's, on every node
+        assert flags["--master-port"] == "28001"  # the rendezvous port, not the HTTP port
+        assert flags["--host"] == own
+        assert flags["--tensor-parallel-size"] == "8"
+        assert flags["--pipeline-parallel-size"] == "2"
+        assert "--distributed-executor-backend" not in argv
+    assert "--headless" not in leader
+    assert "--headless" in worker
+    # mp needs no sidecar: one command per node, its exit the shard's.
+    assert launch_commands("vllm", MODEL, p, shard(1, "10.0.0.2"), cpu=False) == [Command(worker)]
+
+
+def test_multi_node_ray_head_sidecar_then_server_and_join_alone() -> None:
+    p = profile(
+        gpu_class="h100-80g",
+        gpus_per_node=8,
+        tensor_parallel=8,
+        pipeline_parallel=2,
+        nodes=2,
+        launch="ray",
+    )
+    leader = launch_commands("/e/venv/bin/vllm", MODEL, p, shard(0, "10.0.0.1"), cpu=False)
+    worker = launch_commands("/e/venv/bin/vllm", MODEL, p, shard(1, "10.0.0.2"), cpu=False)
+
+    head, serve = leader
+    assert head.argv[:4] == ["/e/venv/bin/ray", "start", "--head", "--block"]
+    assert pairs(head.argv)["--port"] == "28001"
+    assert pairs(head.argv)["--node-ip-address"] == "10.0.0.1"
+    assert pairs(head.argv)["--num-gpus"] == "8"
+    assert head.wait_for is None
+    assert serve.argv[:2] == ["/e/venv/bin/vllm", "serve"]
+    assert pairs(serve.argv)["--distributed-executor-backend"] == "ray"
+    assert "--nnodes" not in serve.argv and "--headless" not in serve.argv
+    assert serve.wait_for == ("10.0.0.1", 28001)  # the server starts once its head listens
+
+    (join,) = worker  # no vLLM process on a Ray worker
+    assert join.argv[:5] == ["/e/venv/bin/ray", "start", "--address", "10.0.0.1:28001", "--block"]
+    assert pairs(join.argv)["--node-ip-address"] == "10.0.0.2"  # its own, never the leader's
+    assert join.wait_for == ("10.0.0.1", 28001)  # waits for the head before joining
+
+    env = engine_env("k", p, shard(1, "10.0.0.2"), cpu=False)
+    assert env["RAY_ADDRESS"] == "10.0.0.1:28001"
+    assert "RAY_ADDRESS" not in engine_env(
+        "k", p.model_copy(update={"launch": "mp"}), shard(0, "10.0.0.1"), cpu=False
+    )
+
+
+def test_kv_events_publish_on_the_nodes_own_address_never_a_wildcard() -> None:
+    p = profile(kv_events=True)
+    argv = command_line(
+        "vllm", MODEL, p, ONE, cpu=False, kv_ports=(29001, 30001), kv_topic="tiny-0"
+    )
+    config = json.loads(pairs(argv)["--kv-events-config"])
+    assert config == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://10.0.0.1:29001",
+        "replay_endpoint": "tcp://10.0.0.1:30001",
+        "topic": "tiny-0",
+    }
+    assert "*" not in json.dumps(config) and "0.0.0.0" not in json.dumps(config)
+    assert pairs(argv)["--prefix-caching-hash-algo"] == "sha256_cbor"
+    assert engine_env("k", p, cpu=False)["PYTHONHASHSEED"] == "0"
+    assert "PYTHONHASHSEED" not in engine_env("k", profile(), cpu=False)
+
+    six = ShardPlace(address="fd00::5", port=18001)
+    config6 = json.loads(
+        pairs(command_line("vllm", MODEL, p, six, cpu=False, kv_ports=(1, 2)))["--kv-events-config"]
+    )
+    assert config6["replay_endpoint"] == "tcp://[fd00::5]:2"
+
+    # Only the leader's scheduler publishes: a headless worker gets no config.
+    multi = profile(
+        kv_events=True, gpu_class="h100-80g", gpus_per_node=8, tensor_parallel=16, nodes=2
+    )
+    worker = command_line("vllm", MODEL, multi, shard(1, "10.0.0.2"), cpu=False, kv_ports=(1, 2))
+    assert "--kv-events-config" not in worker
+    with pytest.raises(ValueError, match="kv_events needs"):
+        command_line("vllm", MODEL, p, ONE, cpu=False)
+
+
+def test_lora_modules() -> None:
+    lora = [LoraAdapter(name="sql", path="/a/sql"), LoraAdapter(name="fr", path="/a/fr")]
+    argv = command_line("vllm", MODEL, profile(lora=lora), ONE, cpu=False)
+    i = argv.index("--enable-lora")
+    assert argv[i : i + 4] == ["--enable-lora", "--lora-modules", "sql=/a/sql", "fr=/a/fr"]
 
 
 def test_key_only_in_the_environment() -> None:
-    argv = command_line("vllm", spec(), "h", 1, cpu=True)
-    env = engine_env("sekrit-key", spec(memory_mb=8192, cpu_cores=3), cpu=True)
+    argv = command_line("vllm", MODEL, profile(), ONE, cpu=True)
+    env = engine_env("sekrit-key", profile(memory_mb=8192, cpu_cores=3), cpu=True)
     assert "sekrit-key" not in " ".join(argv)
     assert env["VLLM_API_KEY"] == "sekrit-key"
     assert env["HF_HUB_OFFLINE"] == "1"
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
     assert env["OMP_NUM_THREADS"] == "3"
-    assert engine_env("k", spec(memory_mb=512), cpu=True)["VLLM_CPU_KVCACHE_SPACE"] == "1"
-    assert "VLLM_CPU_KVCACHE_SPACE" not in engine_env("k", spec(), cpu=False)
+    assert engine_env("k", profile(memory_mb=512), cpu=True)["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in engine_env("k", profile(), cpu=False)

@@ -21,6 +21,7 @@ from tests.workflows.fake_agent import FakeAgent
 from workers.control import control_activities, ensure_ledger
 from workers.progress import ledger_snapshot
 from workers.registry import CONTROL_WORKFLOWS
+from workers.search_attributes import ensure_search_attributes
 from workflows.contracts import (
     EngineState,
     EngineStatus,
@@ -75,6 +76,7 @@ async def control_worker(env: WorkflowEnvironment, server_config: Path) -> Async
     )
     async with worker:
         # The ledger exists before any test looks at it, as it does once `llmgw up` has run.
+        await ensure_search_attributes(env.client)
         await ensure_ledger(env.client)
         yield worker
 
@@ -125,7 +127,8 @@ class Cluster:
     async def close(self) -> None:
         # The ledger outlives each test: take this test's node out of placement, and end what
         # the test left running, so the next test starts from a quiet cluster.
-        for handle in self.started:
+        # Newest first: a model goes before its replicas, so it cannot start one after them.
+        for handle in reversed(self.started):
             with contextlib.suppress(Exception):
                 await handle.terminate("test over")
         state = await self.ledger()

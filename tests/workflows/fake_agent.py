@@ -12,6 +12,9 @@ from workflows.contracts import (
     DiscoverRequest,
     EngineExit,
     EngineInstallRequest,
+    EngineLoad,
+    EngineLoadReport,
+    EngineLoadRequest,
     EngineState,
     EngineStatus,
     LaunchRequest,
@@ -52,6 +55,8 @@ class FakeAgent:
         # engine -> the reason re-verification fails it from now on.
         self.broken: dict[str, str] = {}
         self.verifications = 0
+        # replica id -> what its engine's metrics say (default: idle).
+        self.loads: dict[str, EngineLoad] = {}
 
     def all(self) -> list:
         return [
@@ -62,6 +67,7 @@ class FakeAgent:
             self.stop,
             self.discover,
             self.verify_engines,
+            self.engine_load,
         ]
 
     def kill(self, replica_id: str, code: int = -9) -> None:
@@ -108,6 +114,15 @@ class FakeAgent:
                 )
             checked.append(status.model_copy(update={"verified_at": "2026-11-30T12:00:00+00:00"}))
         return VerifyEnginesResult(engines=checked)
+
+    @activity.defn(name=NodeActivity.ENGINE_LOAD)
+    async def engine_load(self, req: EngineLoadRequest) -> EngineLoadReport:
+        return EngineLoadReport(
+            engines=[
+                self.loads.get(r, EngineLoad(replica_id=r)).model_copy(update={"replica_id": r})
+                for r in req.replica_ids
+            ]
+        )
 
     @activity.defn(name=NodeActivity.START_ENGINE)
     async def start(self, req: LaunchRequest) -> LaunchResult:

@@ -8,7 +8,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.ledger_calls import update_ledger
 from tests.workflows.conftest import Cluster, record_history, unique
-from workflows.contracts import Allocation, LedgerAck, PlacementRequest, ReleaseRequest
+from workflows.contracts import Allocation, LedgerAck, PlacementRequest, Profile, ReleaseRequest
 from workflows.ledger import NO_PLACEMENT
 from workflows.names import LEDGER_WORKFLOW_ID
 
@@ -17,10 +17,7 @@ def one_core(replica: str) -> PlacementRequest:
     return PlacementRequest(
         replica_id=replica,
         model=replica.rsplit("-", 1)[0],
-        engine="llamacpp",
-        engine_version="1",
-        cpu_cores=1,
-        memory_mb=64,
+        profiles=[Profile(engine="llamacpp", engine_version="1", cpu_cores=1, memory_mb=64)],
     )
 
 

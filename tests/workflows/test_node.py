@@ -1,6 +1,8 @@
 """The node workflow: registration installs engines, silence makes a node lost, a heartbeat
 brings it back, and a failed install keeps replicas away with the install's own words."""
 
+import asyncio
+
 import pytest
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
@@ -8,7 +10,6 @@ from temporalio.exceptions import ApplicationError
 from activities.ledger_calls import update_ledger
 from tests.workflows.conftest import Cluster, eventually, record_history, unique
 from workers.agent import register as agent_register
-from workflows import options
 from workflows.contracts import (
     Allocation,
     EngineState,
@@ -20,6 +21,7 @@ from workflows.contracts import (
     NodeState,
     NodeView,
     PlacementRequest,
+    Profile,
 )
 from workflows.engine_install import EngineInstallWorkflow
 from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
@@ -113,24 +115,26 @@ async def test_a_node_cannot_register_under_another_nodes_name(cluster):
     assert impostor not in (await cluster.ledger()).nodes
 
 
-async def test_a_silent_node_is_lost_and_a_heartbeat_brings_it_back(cluster, env):
-    await register(cluster, cluster.node, registration(cluster.node))
+async def test_a_silent_node_is_lost_and_a_heartbeat_brings_it_back(cluster):
+    # A short grace in real time: the time-skipping server proved unreliable at skipping here
+    # once earlier tests had run replicas (the RPC timed out).
+    await register(cluster, cluster.node, registration(cluster.node, lost_after_s=3))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     handle = node_handle(cluster)
 
     # Heartbeats within the grace keep it ready.
-    for _ in range(3):
+    for _ in range(5):
         await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-1"))
-        await env.sleep(options.NODE_GRACE.total_seconds() * 2 / 3)
+        await asyncio.sleep(1)
     assert (await ledger_record(cluster)).state == NodeState.READY
 
-    await env.sleep(options.NODE_GRACE.total_seconds() + 15)
     record = await wait_for_node(cluster, NodeState.LOST, EngineState.INSTALLED)
     assert record.engines["llamacpp"].state == EngineState.INSTALLED  # only liveness changed
+    assert record.note.startswith("no heartbeat for")
 
     # A heartbeat from an earlier boot of the agent is not this agent: the node stays lost.
     await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-0"))
-    await env.sleep(1)
+    await asyncio.sleep(1)
     assert (await ledger_record(cluster)).state == NodeState.LOST
 
     await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-1"))
@@ -154,10 +158,7 @@ async def test_a_failed_install_is_reported_and_placement_refuses_the_node(clust
     request = PlacementRequest(
         replica_id=unique("m") + "-0",
         model="m",
-        engine="llamacpp",
-        engine_version=V,
-        cpu_cores=1,
-        memory_mb=64,
+        profiles=[Profile(engine_version=V, cpu_cores=1, memory_mb=64)],
     )
     with pytest.raises(ApplicationError) as refused:
         await update_ledger(cluster.client, "place", request, Allocation)

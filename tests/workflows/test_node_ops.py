@@ -34,6 +34,7 @@ from workflows.contracts import (
     NodeRefresh,
     NodeState,
     PlacementRequest,
+    Profile,
     ReleaseRequest,
     ReplicaState,
 )
@@ -104,10 +105,7 @@ def placement(model: str = "m") -> PlacementRequest:
     return PlacementRequest(
         replica_id=unique(model) + "-0",
         model=model,
-        engine="llamacpp",
-        engine_version="",
-        cpu_cores=1,
-        memory_mb=64,
+        profiles=[Profile(engine_version="", cpu_cores=1, memory_mb=64)],
     )
 
 

@@ -1,10 +1,10 @@
-"""A stop waits for the engine's in-flight requests, read from the engine's own metrics."""
+"""An engine's load from its own metrics: for the autoscaler and for a stop that drains."""
 
 import asyncio
 
 from aiohttp import web
 
-from activities.engine_drain import in_flight, wait_idle
+from activities.engine_metrics import Load, in_flight, load, wait_idle
 
 LLAMACPP = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
 # TYPE llamacpp:prompt_tokens_total counter
@@ -24,6 +24,11 @@ vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
 def test_in_flight_counts_running_and_queued_requests_per_engine():
     assert in_flight(LLAMACPP) == 3
     assert in_flight(VLLM) == 3  # KV use is not a request
+
+
+def test_load_tells_running_from_waiting_and_sums_the_token_counters():
+    assert load(LLAMACPP) == Load(running=2, waiting=1, work=1234.0)
+    assert load(VLLM) == Load(running=3, waiting=0, work=0.0)
 
 
 def test_an_engine_without_in_flight_metrics_says_nothing():

@@ -1,0 +1,125 @@
+"""What the catalog does to running replicas: a bad definition is refused with the field named,
+a changed profile rolls the fleet one replica at a time, and an autoscaled model follows its
+engines' load down to zero and back up when a request wakes it."""
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
+from tests.workflows.conftest import Cluster, eventually, unique
+from tests.workflows.test_model import serving, track_replicas
+from workers.models import apply_model
+from workflows.contracts import (
+    Autoscale,
+    EngineLoad,
+    ModelSpec,
+    ModelState,
+    ModelView,
+    ModelWake,
+    Profile,
+    RemoveModel,
+)
+from workflows.model import ModelWorkflow
+from workflows.names import model_workflow_id, replica_id
+
+
+def cpu_spec(replicas: int = 1, **fields) -> ModelSpec:
+    profile = Profile(engine="llamacpp", cpu_cores=1, memory_mb=256, context_size=2048)
+    return ModelSpec(
+        name=unique("m"), weights="/w/model.gguf", replicas=replicas, profiles=[profile], **fields
+    )
+
+
+async def start(cluster: Cluster, model: ModelSpec):
+    track_replicas(cluster, model, count=8)
+    return await cluster.start(
+        ModelWorkflow.run, ModelState(spec=model), id=model_workflow_id(model.name)
+    )
+
+
+async def remove(handle) -> None:
+    """End the model the way an operator does, so its replicas stop and release (a terminated
+    replica would leave its supervise activity in flight, and the test server would then stop
+    skipping time for the tests after it)."""
+    await handle.execute_update("remove", RemoveModel(), result_type=ModelView)
+    await handle.result()
+
+
+async def test_a_definition_llmgw_cannot_run_is_refused_naming_the_field(cluster):
+    model = cpu_spec(replicas=0)
+    handle = await start(cluster, model)
+    bad = model.model_copy(deep=True)
+    bad.profiles = [
+        Profile(engine="vllm", gpu_class="a100-80g", gpus_per_node=2, tensor_parallel=4),
+        Profile(engine="llamacpp", env={"LD_PRELOAD": "/tmp/x.so"}, memory_mb=512),
+    ]
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("apply", bad, result_type=ModelView)
+    message = str(refused.value.cause)
+    assert "profiles[0].tensor_parallel x pipeline_parallel" in message
+    assert "profiles[1].env.LD_PRELOAD" in message
+    view = await handle.query("describe", result_type=ModelView)
+    assert view.spec == model  # nothing of the bad definition was taken
+
+
+async def test_a_changed_profile_replaces_replicas_one_at_a_time(cluster):
+    await cluster.add_node(cores=16)
+    model = cpu_spec(replicas=2)
+    handle = await start(cluster, model)
+    first = [replica_id(model.name, 0), replica_id(model.name, 1)]
+
+    async def both_serving() -> bool:
+        return await serving(cluster, model) == first
+
+    await eventually(both_serving)
+
+    changed = model.model_copy(deep=True)
+    changed.profiles[0].context_size = 4096
+    await apply_model(cluster.client, changed)
+
+    async def rolled() -> bool:
+        view = await handle.query("describe", result_type=ModelView)
+        names = await serving(cluster, model)
+        return not view.stale and len(names) == 2 and not set(names) & set(first)
+
+    await eventually(rolled, timeout=30)
+    # Each old replica was replaced once and stopped once its successor served.
+    started = [r for r in cluster.agent.launches if r.startswith(model.name)]
+    assert started[:2] == first and len(started) == 4
+
+    async def old_stopped() -> bool:
+        return set(first) <= set(cluster.agent.stops)
+
+    await eventually(old_stopped, timeout=30)
+    await remove(handle)
+
+
+async def test_an_idle_autoscaled_model_goes_to_zero_and_a_request_wakes_it(cluster):
+    await cluster.add_node(cores=16)
+    policy = Autoscale(idle_s=2, look_every_s=1, quiet_s=1, sustained_s=0, queue_per_replica=1)
+    model = cpu_spec(replicas=1, min_replicas=0, max_replicas=3, autoscale=policy)
+    handle = await start(cluster, model)
+
+    async def replicas(n: int) -> bool:
+        view = await handle.query("describe", result_type=ModelView)
+        return view.spec.replicas == n and len(await serving(cluster, model)) == n
+
+    await eventually(lambda: replicas(1))
+    # Queued requests on the one replica: the model grows.
+    first = replica_id(model.name, 0)
+    cluster.agent.loads[first] = EngineLoad(replica_id=first, running=2, waiting=6, work=10)
+    await eventually(lambda: replicas(2), timeout=20)
+
+    # Then nothing at all: down to zero, and the gateways are told it can be woken.
+    cluster.agent.loads.clear()
+
+    async def idle() -> bool:
+        return model.name in (await cluster.ledger()).idle_models
+
+    await eventually(lambda: replicas(0), timeout=30)
+    await eventually(idle)
+
+    await handle.signal("wake", ModelWake())
+    # (With idle_s=2 and nothing asked of it, it goes back to zero soon after: that is right.)
+    await eventually(lambda: replicas(1), timeout=20)
+    assert model.name not in (await cluster.ledger()).idle_models
+    await remove(handle)

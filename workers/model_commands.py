@@ -1,0 +1,213 @@
+"""`llmgw model add|apply|list|scale|rm|why`: the catalog from the command line and from YAML.
+
+A definition is checked here first (workflows/catalog.py) so a typo fails before anything is
+sent, and again by the model workflow, which is what the admin API and other clients reach.
+"""
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from temporalio.client import Client, WorkflowUpdateFailedError
+
+from workers.models import apply_model, list_models, remove_model, scale_model
+from workers.progress import ledger_snapshot
+from workers.tables import table
+from workflows.catalog import CatalogError, validate_model
+from workflows.contracts import LoraAdapter, ModelSpec, Profile
+
+
+def absolute(path: str) -> str:
+    """A path on a command line is relative to where the operator stands, not to the agent."""
+    return str(Path(path).expanduser().absolute())
+
+
+def pairs(values: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"{flag} wants NAME=VALUE, got {value!r}")
+        out[key] = rest
+    return out
+
+
+def spec_from_args(args: argparse.Namespace) -> ModelSpec:
+    profile = Profile(
+        engine=args.engine,
+        engine_version=args.engine_version,
+        gpu_class=args.gpu_class,
+        gpus_per_node=args.gpus_per_node,
+        tensor_parallel=args.tensor_parallel,
+        pipeline_parallel=args.pipeline_parallel,
+        nodes=args.nodes,
+        cpu_cores=args.cpu_cores,
+        memory_mb=args.memory_mb,
+        context_size=args.context_size,
+        parallel=args.parallel,
+        quantization=args.quantization,
+        args=args.arg,
+        env=pairs(args.env, "--env"),
+        kv_events=args.kv_events,
+        lora=[LoraAdapter(name=n, path=absolute(p)) for n, p in pairs(args.lora, "--lora").items()],
+        launch=args.launch,
+    )
+    spec = ModelSpec(
+        name=args.name,
+        weights=absolute(args.weights),
+        replicas=args.replicas,
+        min_replicas=args.min_replicas,
+        max_replicas=max(args.max_replicas, args.replicas),
+        profiles=[profile],
+    )
+    return checked(spec)
+
+
+def checked(spec: ModelSpec) -> ModelSpec:
+    try:
+        validate_model(spec)
+    except CatalogError as err:
+        raise SystemExit(f"invalid model: {err}") from None
+    return spec
+
+
+def specs_from_file(path: Path) -> list[ModelSpec]:
+    """`models:` (or a bare list) of model definitions, each checked; errors name the model and
+    the field."""
+    try:
+        raw: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise SystemExit(f"{path}: {err}") from None
+    if isinstance(raw, dict):
+        raw = raw.get("models")
+    if not isinstance(raw, list):
+        raise SystemExit(f"{path}: expected `models:` with a list of model definitions")
+    specs = []
+    for i, entry in enumerate(raw):
+        where = f"{path}: models[{i}]" + (
+            f" ({entry.get('name')})" if isinstance(entry, dict) else ""
+        )
+        try:
+            spec = ModelSpec.model_validate(entry)
+        except ValidationError as err:
+            lines = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
+            raise SystemExit(f"{where}: " + "; ".join(lines)) from None
+        if not Path(spec.weights).is_absolute():
+            spec.weights = str((path.parent / spec.weights).absolute())
+        try:
+            validate_model(spec)
+        except CatalogError as err:
+            raise SystemExit(f"{where}: {'; '.join(err.problems)}") from None
+        specs.append(spec)
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"{path}: a model is defined twice")
+    return specs
+
+
+async def model_command(args: argparse.Namespace, client: Client) -> None:
+    try:
+        if args.action == "add":
+            view = await apply_model(client, spec_from_args(args))
+            print(f"model {view.spec.name}: {view.spec.replicas} replica(s) wanted")
+        elif args.action == "apply":
+            for spec in specs_from_file(Path(args.file)):
+                view = await apply_model(client, spec)
+                print(f"model {view.spec.name}: {view.spec.replicas} replica(s) wanted")
+        elif args.action == "scale":
+            view = await scale_model(client, args.name, args.replicas)
+            print(f"model {view.spec.name}: {view.spec.replicas} replica(s) wanted")
+        elif args.action == "rm":
+            await remove_model(client, args.name)
+            print(f"model {args.name}: removing; its replicas stop and release their resources")
+        elif args.action == "list":
+            await show_models(client)
+        elif args.action == "why":
+            await why(client, args.name)
+    except WorkflowUpdateFailedError as err:
+        raise SystemExit(f"refused: {err.cause}") from None
+
+
+async def show_models(client: Client) -> None:
+    state = await ledger_snapshot(client)
+    rows = []
+    for view in await list_models(client):
+        routes = [r for r in state.routes.values() if r.model == view.spec.name]
+        ready = sum(1 for r in routes if r.state.value == "ready")
+        profiles = ", ".join(describe_profile(p) for p in view.spec.profiles)
+        rows.append(
+            [
+                view.spec.name,
+                profiles,
+                str(view.spec.replicas),
+                str(ready),
+                str(len(view.stale)) if view.stale else "-",
+                view.spec.weights,
+            ]
+        )
+    print(table(["MODEL", "PROFILES", "WANTED", "READY", "STALE", "WEIGHTS"], rows))
+
+
+def describe_profile(p: Profile) -> str:
+    where = "cpu" if p.gpu_class is None else f"{p.gpu_class} x{p.gpus_per_node}"
+    if p.nodes > 1:
+        where += f" x{p.nodes} nodes"
+    return f"{p.engine} {where}"
+
+
+async def why(client: Client, name: str) -> None:
+    """Where each profile of the model could go now, and why every other node is out."""
+    from workflows.placement import explain
+
+    views = [v for v in await list_models(client) if v.spec.name == name]
+    if not views:
+        raise SystemExit(f"no model {name!r}")
+    state = await ledger_snapshot(client)
+    for line in explain(state, views[0].spec.profiles):
+        print(line)
+    pending = [r for r in state.routes.values() if r.model == name and r.state.value == "pending"]
+    for route in sorted(pending, key=lambda r: r.replica_id):
+        print(f"{route.replica_id} is pending: {route.detail}")
+
+
+def add_model_parsers(
+    sub: "argparse._SubParsersAction[argparse.ArgumentParser]",
+    common: argparse.ArgumentParser,
+) -> None:
+    model = sub.add_parser("model", help="define, scale and remove models")
+    msub = model.add_subparsers(dest="action", required=True)
+    add = msub.add_parser("add", parents=[common], help="define a model (or change it)")
+    add.add_argument("name")
+    add.add_argument("--weights", required=True, help="GGUF file or model directory on the nodes")
+    add.add_argument("--replicas", type=int, default=1)
+    add.add_argument("--min-replicas", type=int, default=0)
+    add.add_argument("--max-replicas", type=int, default=64)
+    add.add_argument("--engine", default="llamacpp", help="llamacpp, vllm, sglang or trtllm")
+    add.add_argument("--engine-version", default="")
+    add.add_argument("--gpu-class", help="e.g. h100-80g; omit for the CPU")
+    add.add_argument("--gpus-per-node", type=int, default=0)
+    add.add_argument("--tensor-parallel", "--tp", type=int, default=1)
+    add.add_argument("--pipeline-parallel", "--pp", type=int, default=1)
+    add.add_argument("--nodes", type=int, default=1)
+    add.add_argument("--cpu-cores", type=int, default=2)
+    add.add_argument("--memory-mb", type=int, default=1024)
+    add.add_argument("--context-size", type=int, default=4096)
+    add.add_argument("--parallel", type=int, default=2)
+    add.add_argument("--quantization", default="")
+    add.add_argument("--launch", default="mp", choices=["mp", "ray"])
+    add.add_argument("--kv-events", action="store_true")
+    add.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    add.add_argument("--lora", action="append", default=[], metavar="NAME=PATH")
+    add.add_argument("--arg", action="append", default=[], help="extra engine argument")
+    apply = msub.add_parser("apply", parents=[common], help="define the models in a YAML file")
+    apply.add_argument("-f", "--file", required=True)
+    msub.add_parser("list", parents=[common], help="models and their replicas")
+    scale = msub.add_parser("scale", parents=[common], help="set a model's replica count")
+    scale.add_argument("name")
+    scale.add_argument("replicas", type=int)
+    rm = msub.add_parser("rm", parents=[common], help="remove a model and stop its replicas")
+    rm.add_argument("name")
+    why_cmd = msub.add_parser("why", parents=[common], help="where the model can go, and why not")
+    why_cmd.add_argument("name")

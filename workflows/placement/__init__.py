@@ -1,0 +1,27 @@
+"""Where a replica goes: filter the nodes, then score the rest. Pure: data in, data out.
+
+Every node that is filtered out gets a reason in its own words, so an operator can be told why
+a model did not land ("llamacpp installing: building llama-server 45%", "2 of 8 h100-80g free,
+4 wanted"). A model's profiles are tried in order and the first that fits somewhere wins.
+
+- usage.py: what allocations already hold on each node (every shard counts)
+- checks.py: whether one node can take one shard of a profile, and which GPUs it gets
+- fabric.py: which nodes a multi-node replica can span (NVLink domain, InfiniBand, RoCE)
+- place.py: place() and explain()
+"""
+
+from workflows.placement.checks import profile_label, why_not
+from workflows.placement.place import CLUSTER, explain, place
+from workflows.placement.usage import NodeUsage, cluster_usage, free_port, node_usage
+
+__all__ = [
+    "CLUSTER",
+    "NodeUsage",
+    "cluster_usage",
+    "explain",
+    "free_port",
+    "node_usage",
+    "place",
+    "profile_label",
+    "why_not",
+]
