@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 from fastapi import FastAPI
 
-from gateway import admin_routes, openai_routes
+from gateway import admin_models, admin_routes, openai_routes
 from gateway.auth import KeyCache
 from gateway.deps import GatewayState, State
 from gateway.errors import install_error_handlers
@@ -97,6 +97,7 @@ def create_app(settings: GatewaySettings, store: Store, route_source: RouteSourc
     install_error_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
+    app.include_router(admin_models.router)
 
     @app.get("/healthz")
     async def healthz(state: State) -> dict[str, Any]:

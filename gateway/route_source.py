@@ -16,7 +16,8 @@ from typing import Protocol, runtime_checkable
 from temporalio.client import Client
 
 from gateway.routing import RoutingSnapshot
-from workflows.contracts import ModelWake, RoutingTable
+from workflows import model_client
+from workflows.contracts import ModelSpec, ModelView, ModelWake, RoutingTable
 from workflows.names import LEDGER_WORKFLOW_ID, model_workflow_id
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,15 @@ class ModelWaker(Protocol):
     async def wake(self, model: str) -> None: ...
 
 
+@runtime_checkable
+class ModelCatalog(Protocol):
+    """A source that also defines models (the admin API's PUT /admin/v1/models/NAME)."""
+
+    async def apply_model(self, spec: ModelSpec) -> ModelView: ...
+
+    async def list_models(self) -> list[ModelView]: ...
+
+
 class TemporalRouteSource:
     """Reads the table with a query on the ledger workflow (a query is not recorded in history
     and costs a few milliseconds)."""
@@ -51,6 +61,12 @@ class TemporalRouteSource:
         if not isinstance(table, RoutingTable):
             raise TypeError(f"ledger answered {type(table).__name__}, not RoutingTable")
         return table
+
+    async def apply_model(self, spec: ModelSpec) -> ModelView:
+        return await model_client.apply_model(self._client, spec)
+
+    async def list_models(self) -> list[ModelView]:
+        return await model_client.list_models(self._client)
 
     async def wake(self, model: str) -> None:
         handle = self._client.get_workflow_handle(model_workflow_id(model))
@@ -109,6 +125,10 @@ class RouteRefresher:
         """Woken within the last `within_s`: its replica is on its way."""
         woken = self._woken.get(model)
         return woken is not None and time.monotonic() - woken < within_s
+
+    @property
+    def source(self) -> RouteSource:
+        return self._source
 
     def age_s(self) -> float | None:
         return None if self.last_success is None else time.monotonic() - self.last_success

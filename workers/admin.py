@@ -9,11 +9,11 @@ from temporalio.client import Client
 from gateway.store import KeyNameTaken, Store, open_store
 from workers.connect import connect_with_retry
 from workers.model_commands import model_command
-from workers.models import list_models
 from workers.node_commands import node_command, show_nodes
 from workers.paths import Locations
 from workers.progress import ledger_snapshot
 from workers.tables import table
+from workflows.model_client import list_models
 
 
 def absolute(path: str) -> str:

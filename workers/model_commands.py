@@ -12,11 +12,11 @@ import yaml
 from pydantic import ValidationError
 from temporalio.client import Client, WorkflowUpdateFailedError
 
-from workers.models import apply_model, list_models, remove_model, scale_model
 from workers.progress import ledger_snapshot
 from workers.tables import table
 from workflows.catalog import CatalogError, validate_model
 from workflows.contracts import LoraAdapter, ModelSpec, Profile
+from workflows.model_client import apply_model, list_models, remove_model, scale_model
 
 
 def absolute(path: str) -> str:

@@ -24,7 +24,6 @@ from gateway.store import Store, open_store
 from workers.children import Child, Children
 from workers.connect import connect_with_retry
 from workers.demo import DEMO_MODEL, demo_spec
-from workers.models import define_if_missing
 from workers.paths import Locations
 from workers.progress import engine_lines, ledger_snapshot
 from workers.secret_files import write_secret_file
@@ -32,6 +31,7 @@ from workers.signals import stop_event, wait_or_stop
 from workers.temporal_server import TemporalDevServer
 from workflows.contracts import ReplicaState
 from workflows.engine_keys import node_secret
+from workflows.model_client import define_if_missing
 
 log = logging.getLogger("llmgw.up")
 

@@ -4,6 +4,7 @@ engines that are just records the test can inspect and kill."""
 import asyncio
 import contextlib
 import itertools
+import time
 from dataclasses import dataclass, field
 
 from temporalio import activity
@@ -44,6 +45,8 @@ class FakeAgent:
         self.node = node
         self.engines: dict[str, FakeEngine] = {}
         self.launches: list[str] = []
+        # When each launch happened (time.monotonic()), to tell which node started first.
+        self.launch_times: list[float] = []
         self.stops: list[str] = []
         self.installs: list[EngineInstallRequest] = []
         self.install_result = EngineState.INSTALLED
@@ -130,6 +133,7 @@ class FakeAgent:
         if current is not None and not current.exited.is_set():
             return LaunchResult(pid=current.pid, adopted=True, command=["llama-server"])
         self.launches.append(req.replica_id)
+        self.launch_times.append(time.monotonic())
         engine = FakeEngine(pid=next(_pids))
         self.engines[req.replica_id] = engine
         return LaunchResult(pid=engine.pid, adopted=False, command=["llama-server"])

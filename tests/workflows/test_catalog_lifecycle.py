@@ -7,7 +7,6 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from tests.workflows.conftest import Cluster, eventually, unique
 from tests.workflows.test_model import serving, track_replicas
-from workers.models import apply_model
 from workflows.contracts import (
     Autoscale,
     EngineLoad,
@@ -19,6 +18,7 @@ from workflows.contracts import (
     RemoveModel,
 )
 from workflows.model import ModelWorkflow
+from workflows.model_client import apply_model
 from workflows.names import model_workflow_id, replica_id
 
 

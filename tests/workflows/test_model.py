@@ -4,7 +4,6 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
 from tests.workflows.conftest import Cluster, eventually, record_history, unique
-from workers.models import apply_model
 from workflows.contracts import (
     ModelSpec,
     ModelState,
@@ -14,6 +13,7 @@ from workflows.contracts import (
     ScaleRequest,
 )
 from workflows.model import ModelWorkflow
+from workflows.model_client import apply_model
 from workflows.names import model_workflow_id, replica_id, replica_workflow_id
 from workflows.replica import ReplicaWorkflow
 

@@ -1,4 +1,5 @@
-"""Model definitions as the CLI and `llmgw up` make them: Temporal calls on model workflows."""
+"""Model definitions through Temporal: create-or-update, scale, remove and list model workflows.
+Used by the CLI, `llmgw up` and the gateway's admin API alike."""
 
 from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecutionStatus
 from temporalio.common import WorkflowIDConflictPolicy
