@@ -11,12 +11,9 @@ Temporal retries them.
 
 from __future__ import annotations
 
-import fcntl
 import platform
 import re
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from activities.engines.build_llamacpp import (
@@ -28,6 +25,7 @@ from activities.engines.build_llamacpp import (
 )
 from activities.engines.engine_dir import (
     engine_dir,
+    exclusive,
     installed_binary,
     place,
     read_marker,
@@ -47,19 +45,6 @@ __all__ = ["TransientInstallError", "install_llamacpp", "installed_binary"]
 
 # The version names a directory: nothing that could climb out of engines_root.
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
-
-
-@contextmanager
-def _exclusive(lock_file: Path) -> Iterator[None]:
-    # Two installs of one version on one node (a retried activity racing its predecessor's
-    # thread) would build into the same tree; the second waits and then finds the cache.
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    with lock_file.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _status(version: str, check: Verification, binary: Path) -> EngineStatus:
@@ -122,7 +107,7 @@ def install_llamacpp(
         nvidia = nvidia_driver_loaded()
 
     directory = engine_dir(engines_root, ENGINE, version)
-    with _exclusive(engines_root / ENGINE / f".{version}.lock"):
+    with exclusive(engines_root / ENGINE / f".{version}.lock"):
         marker = read_marker(directory)
         if marker is not None:
             progress(f"re-verifying installed llama-server {version}")

@@ -15,7 +15,6 @@ the environment needs a distribution record named `vllm` or `vllm serve` stops w
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import shutil
@@ -24,12 +23,16 @@ import sys
 import sysconfig
 import tempfile
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from activities.engines.build_llamacpp import Progress, TransientInstallError
-from activities.engines.engine_dir import engine_dir, read_marker, remove_marker, write_marker
+from activities.engines.engine_dir import (
+    engine_dir,
+    exclusive,
+    read_marker,
+    remove_marker,
+    write_marker,
+)
 from activities.engines.verify import Verification
 from workflows.contracts import EngineRequirement, EngineState, EngineStatus
 from workflows.engine_plan import DEFAULT_PACKAGES, VLLM, is_cpu_package
@@ -62,17 +65,6 @@ def check_env() -> dict[str, str]:
     # A check never reaches for a model hub (there is none on most nodes).
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     return env
-
-
-@contextmanager
-def _exclusive(lock_file: Path) -> Iterator[None]:
-    lock_file.parent.mkdir(parents=True, exist_ok=True)
-    with lock_file.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _run_pip(python: Path, args: list[str], cache_dir: Path, progress: Progress) -> None:
@@ -278,7 +270,7 @@ def install_python_engine(
 
     directory = engine_dir(engines_root, req.engine, req.version)
     entry_name = ENTRYPOINT.get(req.engine, PYTHON)
-    with _exclusive(engines_root / req.engine / f".{req.version}.lock"):
+    with exclusive(engines_root / req.engine / f".{req.version}.lock"):
         entry = installed_entrypoint(engines_root, req.engine, req.version)
         if entry is not None:
             progress(f"re-verifying installed {req.engine} {req.version}")
