@@ -14,6 +14,7 @@ from activities.discovery import (
 )
 from activities.gpu_parsing import NvidiaSmiReport, gpu_class, parse_nvidia_smi_xml
 from activities.nvml_source import GpuToolMissing
+from tests.machine_tools import recorded_nvidia_smi, write_tool
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MACHINES = FIXTURES / "machines"
@@ -143,25 +144,7 @@ def test_discover_this_machine_has_cpus_memory_and_no_gpus() -> None:
 
 
 def fake_nvidia_smi(directory: Path, script: str) -> None:
-    binary = directory / "nvidia-smi"
-    binary.write_text("#!/bin/sh\n" + script)
-    binary.chmod(0o755)
-
-
-def recorded_nvidia_smi(directory: Path, name: str) -> None:
-    """An nvidia-smi that answers each command discovery runs with that machine's recording."""
-    root = MACHINES / name
-    fake_nvidia_smi(
-        directory,
-        f'case "$*" in\n'
-        f'  "-q -x") cat "{root}/nvidia_smi_q_x.xml" ;;\n'
-        f'  "-L") cat "{root}/nvidia_smi_L.txt" ;;\n'
-        f'  "--query-gpu=index,compute_cap --format=csv,noheader") '
-        f'cat "{root}/nvidia_smi_compute_cap.csv" ;;\n'
-        f'  "topo -m") cat "{root}/nvidia_smi_topo_m.txt" ;;\n'
-        f"  *) exit 9 ;;\n"
-        f"esac\n",
-    )
+    write_tool(directory / "nvidia-smi", script)
 
 
 class NoNvml:
@@ -174,7 +157,7 @@ class NoNvml:
 def test_discover_runs_nvidia_smi_when_present(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    recorded_nvidia_smi(tmp_path, "h100_sxm_x8")
+    recorded_nvidia_smi(tmp_path, MACHINES / "h100_sxm_x8")
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     inventory = discover_inventory("gpu-node", "10.0.0.6", nvml=NoNvml())
     assert len(inventory.gpus) == 8

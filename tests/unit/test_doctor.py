@@ -7,12 +7,10 @@ with gather_facts replaced, so the text, the JSON and the exit status are the re
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
-import workers.doctor
 from activities.doctor.checks import diagnose
 from activities.doctor.facts import (
     CommandProbe,
@@ -21,6 +19,7 @@ from activities.doctor.facts import (
     MemlockLimit,
 )
 from activities.doctor.findings import Finding, Severity
+from tests.machine_tools import by_check, run_doctor
 from workflows.contracts import (
     GpuFabric,
     GpuInfo,
@@ -166,23 +165,6 @@ def cpu_node(**fields: object) -> NodeInventory:
 
 
 # --- running the command -------------------------------------------------------------------
-
-
-def run_doctor(
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    facts: DoctorFacts,
-    *argv: str,
-) -> tuple[int, str]:
-    monkeypatch.setattr(workers.doctor, "gather_facts", lambda *args, **kw: facts)
-    parser = argparse.ArgumentParser()
-    workers.doctor.add_arguments(parser)
-    code = workers.doctor.run(parser.parse_args(list(argv)))
-    return code, capsys.readouterr().out
-
-
-def by_check(findings: list[Finding], check: str) -> list[Finding]:
-    return [f for f in findings if f.check == check]
 
 
 def severities(findings: list[Finding]) -> set[Severity]:

@@ -8,22 +8,19 @@ of each machine leads the operator to the right finding and the right NCCL envir
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-import workers.doctor
 from activities.discovery import MachinePaths, discover_inventory
 from activities.doctor.checks import diagnose
 from activities.doctor.facts import CommandProbe, DoctorFacts, EngineCheck, MemlockLimit
 from activities.doctor.findings import Finding, Severity
 from activities.gpu_parsing import NvidiaSmiReport
 from activities.nvml_source import GpuToolMissing
+from tests.machine_tools import MACHINES, by_check, recorded_nvidia_smi, run_doctor, write_tool
 from workflows.contracts import NodeInventory
-
-MACHINES = Path(__file__).resolve().parent.parent / "fixtures" / "machines"
 
 # Every module the checks ask about for these machines: the doctor's own facts are set here,
 # so that each test shows the finding its machine's recordings lead to and nothing else.
@@ -47,31 +44,16 @@ class NoNvml:
         raise GpuToolMissing("no NVML in this test")
 
 
-def _script(path: Path, body: str) -> None:
-    path.write_text("#!/bin/sh\n" + body)
-    path.chmod(0o755)
-
-
 def _fake_tools(bin_dir: Path, root: Path, imex: bool) -> None:
     """nvidia-smi and ip answering from the machine's recordings, where it has them."""
     if (root / "nvidia_smi_q_x.xml").exists():
-        _script(
-            bin_dir / "nvidia-smi",
-            f'case "$*" in\n'
-            f'  "-q -x") cat "{root}/nvidia_smi_q_x.xml" ;;\n'
-            f'  "-L") cat "{root}/nvidia_smi_L.txt" ;;\n'
-            f'  "--query-gpu=index,compute_cap --format=csv,noheader") '
-            f'cat "{root}/nvidia_smi_compute_cap.csv" ;;\n'
-            f'  "topo -m") cat "{root}/nvidia_smi_topo_m.txt" ;;\n'
-            f"  *) exit 9 ;;\n"
-            f"esac\n",
-        )
+        recorded_nvidia_smi(bin_dir, root)
     if (root / "ip_o_4_addr.txt").exists():
-        _script(bin_dir / "ip", f'cat "{root}/ip_o_4_addr.txt"\n')
+        write_tool(bin_dir / "ip", f'cat "{root}/ip_o_4_addr.txt"\n')
     else:
-        _script(bin_dir / "ip", "exit 1\n")  # not the test machine's own interfaces
+        write_tool(bin_dir / "ip", "exit 1\n")  # not the test machine's own interfaces
     if imex:
-        _script(bin_dir / "nvidia-imex", "exit 0\n")
+        write_tool(bin_dir / "nvidia-imex", "exit 0\n")
 
 
 def discovered(
@@ -127,24 +109,6 @@ def facts_for(inv: NodeInventory, **fields: object) -> DoctorFacts:
     }
     base.update(fields)
     return DoctorFacts.model_validate(base)
-
-
-def run_doctor(
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    facts: DoctorFacts,
-    *argv: str,
-) -> tuple[int, str]:
-    """`llmgw doctor` as the operator runs it, on these facts: its exit status and output."""
-    monkeypatch.setattr(workers.doctor, "gather_facts", lambda *args, **kw: facts)
-    parser = argparse.ArgumentParser()
-    workers.doctor.add_arguments(parser)
-    code = workers.doctor.run(parser.parse_args(list(argv)))
-    return code, capsys.readouterr().out
-
-
-def by_check(findings: list[Finding], check: str) -> list[Finding]:
-    return [f for f in findings if f.check == check]
 
 
 def of(findings: list[Finding], severity: Severity) -> list[Finding]:
