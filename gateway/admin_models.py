@@ -10,12 +10,12 @@ its own name to 127.0.0.1 could otherwise define one.
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 from temporalio.client import WorkflowUpdateFailedError
 
+from gateway.admin_guard import check_json_body, check_same_site
 from gateway.admin_routes import require_local
 from gateway.deps import State
 from gateway.errors import ApiError
@@ -27,20 +27,11 @@ router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_local)])
 
 
 def require_same_site_json(request: Request) -> None:
-    if request.headers.get("sec-fetch-site", "none") not in ("none", "same-origin"):
-        raise _refused("a browser marked this request cross-site", "admin_cross_site")
-    origin = request.headers.get("origin")
-    if origin is not None and urlsplit(origin).netloc != request.headers.get("host", ""):
-        raise _refused("the request comes from another origin", "admin_cross_site")
-    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    if media != "application/json":
-        raise ApiError(
-            415, "Changes are accepted as application/json only.", code="unsupported_media_type"
-        )
-
-
-def _refused(why: str, code: str) -> ApiError:
-    return ApiError(403, f"Refused: {why}.", type_="permission_error", code=code)
+    """For a route that takes a change: nothing a browser marks cross-site, and the body (or
+    its absence) declared as application/json, whatever the method. `require_local`, on every
+    admin router, already applies this to POST, PUT, PATCH and DELETE."""
+    check_same_site(request.headers)
+    check_json_body(request.headers)
 
 
 def _catalog(state: State) -> ModelCatalog:

@@ -10,14 +10,23 @@ from typing import Any
 
 import aiohttp
 from fastapi import FastAPI
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway import admin_models, admin_routes, openai_routes
+from gateway import admin_keys, admin_models, admin_routes, admin_usage, openai_routes
 from gateway.auth import KeyCache
 from gateway.deps import GatewayState, State
+from gateway.engine_scrape import EngineScraper
 from gateway.errors import install_error_handlers
+from gateway.front_door import FrontDoor
 from gateway.inflight import InFlight
+from gateway.lockout import FailedAuthLimiter
 from gateway.loops import PeriodicTask
+from gateway.metrics import GatewayMetrics
+from gateway.quota import QuotaBook
+from gateway.quota_sync import KeyRefresh
 from gateway.route_source import RouteRefresher, RouteSource
+from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.store import Store
 from gateway.upstream_keys import EngineKeys
@@ -41,7 +50,7 @@ def _upstream_session(settings: GatewaySettings) -> aiohttp.ClientSession:
     )
 
 
-def create_app(settings: GatewaySettings, store: Store, route_source: RouteSource) -> FastAPI:
+def create_app(settings: GatewaySettings, store: Store, route_source: RouteSource) -> FrontDoor:
     """The store belongs to the caller (it opens and closes it); the app calls `init()` and reads
     the master secret at start-up."""
 
@@ -49,7 +58,6 @@ def create_app(settings: GatewaySettings, store: Store, route_source: RouteSourc
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await store.init()
         keys = KeyCache(store)
-        await keys.refresh()
         routes = RouteRefresher(route_source)
         # One try before serving, so a healthy cluster has routes from the first request; a
         # failure here is not fatal, the loop keeps trying.
@@ -66,12 +74,24 @@ def create_app(settings: GatewaySettings, store: Store, route_source: RouteSourc
             usage=usage,
             engine_keys=engine_keys,
             session=session,
+            metrics=GatewayMetrics(),
+            quota=QuotaBook(),
+            lockout=FailedAuthLimiter(
+                max_failures=settings.auth_failures_before_lockout,
+                lockout_s=settings.auth_lockout_s,
+            ),
+            router=Router(policy=settings.routing_policy),
         )
+        key_refresh = KeyRefresh(state)
+        await key_refresh.run()
         app.state.gateway = state
         loops = [
             PeriodicTask("routes-refresh", settings.refresh_interval_s, routes.refresh),
-            PeriodicTask("keys-refresh", settings.key_refresh_interval_s, keys.refresh),
+            PeriodicTask("keys-refresh", settings.key_refresh_interval_s, key_refresh.run),
             PeriodicTask("usage-flush", settings.usage_flush_interval_s, usage.flush),
+            PeriodicTask(
+                "engine-scrape", settings.engine_scrape_interval_s, EngineScraper(state).run
+            ),
         ]
         for loop in loops:
             loop.start()
@@ -89,6 +109,9 @@ def create_app(settings: GatewaySettings, store: Store, route_source: RouteSourc
     app = FastAPI(
         title="llmgw gateway",
         lifespan=lifespan,
+        # No redirect from /path/ to /path: it would echo the request's Host back in Location
+        # and tell any client which admin routes exist.
+        redirect_slashes=False,
         # The OpenAI surface is documented by OpenAI; no schema pages to expose.
         docs_url=None,
         redoc_url=None,
@@ -98,6 +121,12 @@ def create_app(settings: GatewaySettings, store: Store, route_source: RouteSourc
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
     app.include_router(admin_models.router)
+    app.include_router(admin_keys.router)
+    app.include_router(admin_usage.router)
+
+    @app.get("/metrics")
+    async def metrics(state: State) -> Response:
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     async def healthz(state: State) -> dict[str, Any]:
@@ -108,4 +137,4 @@ def create_app(settings: GatewaySettings, store: Store, route_source: RouteSourc
             "routes_age_s": state.routes.age_s(),
         }
 
-    return app
+    return FrontDoor(app)

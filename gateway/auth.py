@@ -63,6 +63,9 @@ class KeyCache:
         self._keys = {key.key_id: key for key in keys}
         self._misses = set()
 
+    def known(self) -> list[ApiKey]:
+        return list(self._keys.values())
+
     async def lookup(self, key_id: str) -> ApiKey | None:
         key = self._keys.get(key_id)
         if key is not None or key_id in self._misses:
@@ -111,4 +114,14 @@ def ensure_model_allowed(key: ApiKey, model: str) -> None:
             f"This API key is not allowed to use the model '{model}'.",
             param="model",
             code="model_not_allowed",
+        )
+
+
+def ensure_adapter_allowed(key: ApiKey, adapter: str | None) -> None:
+    if adapter is not None and not key.allows_adapter(adapter):
+        raise ApiError(
+            403,
+            f"This API key is not allowed to use the LoRA adapter '{adapter}'.",
+            param="model",
+            code="adapter_not_allowed",
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import aiohttp
@@ -10,11 +10,18 @@ from fastapi import Depends, Request
 
 from gateway.auth import KeyCache
 from gateway.inflight import InFlight
+from gateway.lockout import FailedAuthLimiter
+from gateway.metrics import GatewayMetrics
+from gateway.quota import QuotaBook
 from gateway.route_source import RouteRefresher
+from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.store import ApiKey, Store
 from gateway.upstream_keys import EngineKeys
 from gateway.usage import UsageRecorder
+from workflows.contracts import Route
+
+EXTERNAL_ENGINE = "external"
 
 
 @dataclass
@@ -29,6 +36,19 @@ class GatewayState:
     usage: UsageRecorder
     engine_keys: EngineKeys
     session: aiohttp.ClientSession
+    metrics: GatewayMetrics
+    quota: QuotaBook
+    lockout: FailedAuthLimiter
+    router: Router
+    # model -> the key its external endpoints want (refreshed from the store); gateway-only.
+    upstream_keys: dict[str, str] = field(default_factory=dict)
+
+    def upstream_auth(self, route: Route) -> str | None:
+        """The bearer the gateway shows this replica: an external endpoint's own key (or none),
+        or the engine key llmgw derived for a replica it runs."""
+        if route.engine == EXTERNAL_ENGINE:
+            return self.upstream_keys.get(route.model)
+        return self.engine_keys.for_route(route)
 
 
 def get_state(request: Request) -> GatewayState:

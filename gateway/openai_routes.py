@@ -1,16 +1,13 @@
-"""The OpenAI-compatible surface: /v1/models, /v1/chat/completions, /v1/completions."""
+"""The OpenAI surface FastAPI serves: /v1/models. The proxied routes (chat, completions,
+embeddings) take the hot path in gateway/proxy.py instead."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi import APIRouter
 
-from gateway.auth import ensure_model_allowed
 from gateway.deps import CallerKey, State
-from gateway.proxy import proxy_completion
-from gateway.request_body import parse_completion_request, read_json_object
 
 router = APIRouter(prefix="/v1")
 
@@ -32,20 +29,3 @@ async def list_models(state: State, key: CallerKey) -> dict[str, Any]:
             if key.allows_model(model)
         ],
     }
-
-
-async def _proxy(request: Request, state: State, key: CallerKey, path: str) -> Response:
-    body = await read_json_object(request, state.settings.max_body_bytes)
-    parsed = parse_completion_request(body)
-    ensure_model_allowed(key, parsed.model)
-    return await proxy_completion(state, key, path, parsed)
-
-
-@router.post("/chat/completions")
-async def chat_completions(request: Request, state: State, key: CallerKey) -> Response:
-    return await _proxy(request, state, key, "/v1/chat/completions")
-
-
-@router.post("/completions")
-async def completions(request: Request, state: State, key: CallerKey) -> Response:
-    return await _proxy(request, state, key, "/v1/completions")

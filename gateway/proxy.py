@@ -1,36 +1,65 @@
-"""The upstream hop: pick a replica, send the request with its engine key, relay the answer.
+"""The proxied OpenAI routes, end to end: who is calling, what they ask, which replica answers.
+
+One request goes: lockout check, key, body, validation, allowlists, quota reservation, routing,
+the upstream hop (retried on another replica while no byte has come back and the deadline
+allows), the relay, then accounting (usage, quota settlement, metrics) exactly once.
 
 The client's own headers never travel upstream: the gateway builds the engine request from the
-validated body and the replica's engine key only. A replica that cannot be reached before any
-byte came back is swapped for another once; a stream that breaks after it started is ended for
-the client with an error event, never left hanging.
+validated body and the replica's key only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+import math
+import time
 
 import aiohttp
-from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from gateway.asgi import headers_of, read_body, send_error
+from gateway.auth import ensure_adapter_allowed, ensure_model_allowed
 from gateway.deps import GatewayState
-from gateway.errors import SERVER_ERROR, ApiError, error_body
-from gateway.request_body import CompletionRequest
-from gateway.routing import RoutingSnapshot
-from gateway.sse import EventTooLarge, SseSplitter, UsageFilter, data_event
+from gateway.errors import SERVER_ERROR, ApiError
+from gateway.quota import Denied, Reservation, estimate_prompt_tokens
+from gateway.relay import Accounting, ClientWatch, Relay
+from gateway.request_body import (
+    EMBEDDINGS,
+    ProxiedRequest,
+    parse_json_object,
+    parse_proxied_request,
+    requested_model,
+)
+from gateway.routing import RequestKey, RoutingSnapshot
 from gateway.store import ApiKey
 from workflows.contracts import Route
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = "2"
+# nginx's status for "the client closed the request": what the metrics record when it did.
+CLIENT_CLOSED = 499
 # How often a held request looks for a ready replica of the model it woke.
 WAKE_POLL_S = 0.2
+# Sent by OpenAI's SDKs with the client's own timeout: retries must fit inside it.
+CLIENT_TIMEOUT_HEADER = b"x-stainless-timeout"
+SESSION_HEADER = b"x-session-id"
+WANTED_HEADERS = frozenset(
+    {b"authorization", b"content-length", CLIENT_TIMEOUT_HEADER, SESSION_HEADER}
+)
+# Statuses that mean "this replica cannot take it now", not "this request is wrong": another
+# replica may well serve it.
+RETRYABLE_STATUSES = frozenset({502, 503, 504})
+# Where the prompt starts in the raw body: routing by prefix reads from there, which skips
+# whatever fields a client sends before it without parsing anything again.
+PROMPT_MARKERS = {
+    "/v1/chat/completions": b'"messages"',
+    "/v1/completions": b'"prompt"',
+    "/v1/embeddings": b'"input"',
+}
 
 
 def upstream_url(route: Route, path: str) -> str:
@@ -43,25 +72,172 @@ def upstream_url(route: Route, path: str) -> str:
     return base + path
 
 
-def _usage_counts(usage: Any) -> tuple[int, int]:
-    if not isinstance(usage, dict):
-        return 0, 0
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return (
-        prompt if isinstance(prompt, int) else 0,
-        completion if isinstance(completion, int) else 0,
+class Outcome:
+    """What the request-level metrics need, filled in as the request goes."""
+
+    __slots__ = ("model", "status")
+
+    def __init__(self) -> None:
+        self.model = "-"  # a label only once the model is known to exist: bounded cardinality
+        self.status = 500
+
+
+async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, send: Send) -> None:
+    """The ASGI handler for POST /v1/chat/completions, /v1/completions and /v1/embeddings."""
+    started = time.perf_counter()
+    outcome = Outcome()
+    metrics = state.metrics
+    metrics.in_flight.inc()
+    try:
+        outcome.status = await _serve(state, scope, receive, send, started, outcome)
+    except ApiError as err:
+        outcome.status = err.status
+        await send_error(send, err)
+    finally:
+        metrics.in_flight.dec()
+        metrics.request(outcome.model, scope["path"], outcome.status, time.perf_counter() - started)
+
+
+async def _serve(
+    state: GatewayState,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    started: float,
+    outcome: Outcome,
+) -> int:
+    path: str = scope["path"]
+    client = scope["client"][0] if scope.get("client") else ""
+    now = time.monotonic()
+    locked_for = state.lockout.retry_after(client, now)
+    if locked_for is not None:
+        state.metrics.auth_failed("locked_out")
+        raise ApiError(
+            429,
+            "Too many failed authentication attempts from this address; try again later.",
+            code="too_many_auth_failures",
+            headers={"Retry-After": str(math.ceil(locked_for))},
+        )
+    headers = headers_of(scope, WANTED_HEADERS)
+    authorization = headers.get(b"authorization")
+    try:
+        key = await state.keys.authenticate(
+            authorization.decode("latin-1") if authorization else None
+        )
+    except ApiError as err:
+        if err.status == 401:
+            state.lockout.failed(client, now)
+            state.metrics.auth_failed("invalid_key")
+        raise
+
+    raw = await read_body(receive, state.settings.max_body_bytes, headers.get(b"content-length"))
+    body = parse_json_object(raw)
+    model, adapter = requested_model(body)
+    ensure_model_allowed(key, model)
+    ensure_adapter_allowed(key, adapter)
+    request = parse_proxied_request(path, body)
+
+    snapshot = await _routable_snapshot(state, request.model)
+    outcome.model = request.model
+    deadline = started + _deadline_s(state, headers.get(CLIENT_TIMEOUT_HEADER))
+
+    body = request.body
+    prompt_estimate = estimate_prompt_tokens(body)
+    reservation, clamped = _reserve(state, key, request, prompt_estimate)
+    changed = clamped or request.adapter is not None or request.stream
+    if request.adapter is not None:
+        # Engines serve a LoRA adapter under its own name.
+        body["model"] = request.adapter
+    if request.stream:
+        # Always ask for usage, so a streamed request is accounted like any other.
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    accounting = Accounting(state, key, request.model, reservation, prompt_estimate)
+    watch = ClientWatch(receive)
+    try:
+        # An unchanged body goes upstream as the client's own bytes: no second serialisation.
+        payload = json.dumps(body, separators=(",", ":")).encode() if changed else raw
+        session = headers.get(SESSION_HEADER)
+        routing_key = RequestKey(
+            model=request.model,
+            prompt=_prompt_bytes(raw, path),
+            session=session.decode("latin-1") if session else request.user,
+        )
+        try:
+            relay = await _first_answer(
+                state, request, snapshot, routing_key, payload, deadline, watch
+            )
+        except BaseException:
+            if watch.gone:
+                accounting.settle(None)  # the engine may have had the prompt
+            else:
+                accounting.settle_failed()
+            raise
+        return await relay.run(send, accounting, started)
+    except asyncio.CancelledError:
+        if not watch.gone:
+            raise
+        # The client left: the normal end of this request, not an error.
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
+        return CLIENT_CLOSED
+    finally:
+        watch.stop()
+
+
+def _deadline_s(state: GatewayState, client_timeout: bytes | None) -> float:
+    deadline = state.settings.request_deadline_s
+    if client_timeout:
+        with contextlib.suppress(ValueError):
+            deadline = min(deadline, float(client_timeout))
+    return deadline
+
+
+def _prompt_bytes(raw: bytes, path: str) -> bytes:
+    start = raw.find(PROMPT_MARKERS[path])
+    return raw if start < 0 else raw[start:]
+
+
+def _reserve(
+    state: GatewayState, key: ApiKey, request: ProxiedRequest, prompt_estimate: int
+) -> tuple[Reservation, bool]:
+    """Reserve this request's worst case against the key's limits, and clamp its max_tokens so
+    the worst case really is the worst case (an engine stops at max_tokens). True when the
+    body was changed."""
+    clamped = False
+    body = request.body
+    now = time.time()
+    if request.path == EMBEDDINGS:
+        verdict = state.quota.reserve(key.key_id, key.limits, prompt_estimate, now)
+    else:
+        field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        requested = body.get(field)
+        verdict = state.quota.reserve_completion(
+            key.key_id,
+            key.limits,
+            prompt_estimate,
+            requested if isinstance(requested, int) else None,
+            now,
+            context_tokens=state.settings.assumed_context_tokens,
+        )
+        if isinstance(verdict, Reservation) and verdict.max_tokens is not None:
+            clamped = body.get(field) != verdict.max_tokens
+            body[field] = verdict.max_tokens
+    if isinstance(verdict, Denied):
+        state.metrics.quota_rejected(verdict.reason)
+        raise _quota_error(verdict.reason, verdict.message, verdict.retry_after_s)
+    return verdict, clamped
+
+
+def _quota_error(reason: str, message: str, retry_after_s: float | None) -> ApiError:
+    headers = (
+        {} if retry_after_s is None else {"Retry-After": str(max(1, math.ceil(retry_after_s)))}
     )
+    return ApiError(429, message, type_="rate_limit_error", code=f"quota_{reason}", headers=headers)
 
 
-def _upstream_failure(message: str, code: str, status: int = 502) -> ApiError:
-    return ApiError(status, message, type_=SERVER_ERROR, code=code)
-
-
-async def proxy_completion(
-    state: GatewayState, key: ApiKey, path: str, request: CompletionRequest
-) -> Response:
+async def _routable_snapshot(state: GatewayState, model: str) -> RoutingSnapshot:
     snapshot = state.routes.snapshot
-    model = request.model
     if not snapshot.knows(model) and state.routes.last_success is None:
         # A gateway that has not read the routing table yet cannot say a model does not exist.
         raise ApiError(
@@ -80,72 +256,7 @@ async def proxy_completion(
         snapshot.is_idle(model) or state.routes.warming(model, cold_start)
     ):
         snapshot = await wait_for_replica(state, model, cold_start)
-    body = dict(request.body)
-    if request.stream:
-        # Always ask for usage, so a streamed request is accounted like any other.
-        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-    payload = json.dumps(body, separators=(",", ":")).encode()
-
-    tried: list[str] = []
-    last_error: Exception | None = None
-    for _ in range(2):
-        route = snapshot.pick(model, state.inflight.counts, exclude=tried)
-        dropped = isinstance(last_error, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError)
-        refused = isinstance(last_error, aiohttp.ClientConnectorError)
-        if route is None and dropped and not refused and tried:
-            # No other replica, and the first one only dropped a pooled connection: that
-            # replica is likely fine, so it gets the one retry.
-            route = next((r for r in snapshot.ready(model) if r.replica_id == tried[-1]), None)
-        if route is None:
-            break
-        state.inflight.acquire(route.replica_id)
-        try:
-            upstream = await state.session.post(
-                upstream_url(route, path),
-                data=payload,
-                headers={
-                    "Authorization": f"Bearer {state.engine_keys.for_route(route)}",
-                    "Content-Type": "application/json",
-                    "Accept": "text/event-stream" if request.stream else "application/json",
-                },
-            )
-        except (
-            # ClientOSError covers a refused connection (ClientConnectorError) and a pooled
-            # connection reset by an engine killed since: both fail before a byte came back.
-            aiohttp.ClientOSError,
-            aiohttp.ConnectionTimeoutError,
-            aiohttp.ServerDisconnectedError,
-        ) as exc:
-            state.inflight.release(route.replica_id)
-            log.warning("replica %s unreachable: %s", route.replica_id, exc)
-            tried.append(route.replica_id)
-            last_error = exc
-            continue
-        except TimeoutError as exc:
-            state.inflight.release(route.replica_id)
-            raise _upstream_failure(
-                "The model replica did not answer in time.", "upstream_timeout", 504
-            ) from exc
-        except BaseException:
-            state.inflight.release(route.replica_id)
-            raise
-        relay = _Relay(state, key, model, route, upstream, request.wants_usage)
-        if request.stream and upstream.status == 200:
-            return relay.streaming_response()
-        return await relay.whole_response()
-
-    if last_error is None:
-        raise ApiError(
-            503,
-            f"The model '{model}' has no ready replica right now; try again shortly.",
-            type_=SERVER_ERROR,
-            param="model",
-            code="no_ready_replica",
-            headers={"Retry-After": RETRY_AFTER_S},
-        )
-    raise _upstream_failure(
-        f"No replica of the model '{model}' could be reached.", "upstream_unreachable"
-    )
+    return snapshot
 
 
 async def wait_for_replica(state: GatewayState, model: str, timeout_s: float) -> RoutingSnapshot:
@@ -170,121 +281,108 @@ async def wait_for_replica(state: GatewayState, model: str, timeout_s: float) ->
         await asyncio.sleep(WAKE_POLL_S)
 
 
-class _Relay:
-    """Owns one upstream response: releases it, the in-flight slot and records usage exactly
-    once, however the client side ends."""
-
-    def __init__(
-        self,
-        state: GatewayState,
-        key: ApiKey,
-        model: str,
-        route: Route,
-        upstream: aiohttp.ClientResponse,
-        client_wants_usage: bool,
-    ) -> None:
-        self._state = state
-        self._key = key
-        self._model = model
-        self._route = route
-        self._upstream = upstream
-        self._filter = UsageFilter(client_wants_usage=client_wants_usage)
-        self._closed = False
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._upstream.close()
-        self._state.inflight.release(self._route.replica_id)
-
-    def _record(self, usage: Any, fallback_completion: int = 0) -> None:
-        prompt, completion = _usage_counts(usage)
-        if usage is None:
-            # The stream ended before the usage chunk (the client left, or the engine died):
-            # one chunk is about one token, a better count than none.
-            completion = fallback_completion
-        self._state.usage.record(self._key.key_id, self._model, prompt, completion)
-
-    async def whole_response(self) -> Response:
+async def _first_answer(
+    state: GatewayState,
+    request: ProxiedRequest,
+    snapshot: RoutingSnapshot,
+    routing_key: RequestKey,
+    payload: bytes,
+    deadline: float,
+    watch: ClientWatch,
+) -> Relay:
+    """Send to the chosen replica; while nothing has come back, a failure moves the request to
+    another replica, as long as the deadline allows. Once a response has started, it is the
+    answer, whatever it says."""
+    model = request.model
+    tried: list[str] = []
+    failure: str | None = None
+    while True:
+        decision = state.router.choose(snapshot, routing_key, state.inflight.counts, tried)
+        route = decision.route
+        if route is None:
+            break
+        if tried:
+            state.metrics.retry(model)
+        state.metrics.routed(model, decision.reason)
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            failure = failure or "deadline"
+            break
+        state.inflight.acquire(route.replica_id)
         try:
-            raw = await self._upstream.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _upstream_failure(
-                "The model replica failed while answering.", "upstream_error"
-            ) from exc
-        finally:
-            await self.close()
-        status = self._upstream.status
-        if status in (401, 403):
-            # The engine refused the gateway's own key: a deployment fault, not the client's.
-            log.error("replica %s refused the engine key (%d)", self._route.replica_id, status)
-            raise _upstream_failure(
-                "The model replica refused the gateway's credentials.", "upstream_auth"
-            )
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
-            raise _upstream_failure(
-                f"The model replica answered {status} with a body that is not JSON.",
-                "upstream_error",
-            ) from None
-        if 200 <= status < 300 and isinstance(parsed, dict):
-            self._record(parsed.get("usage"))
-        return Response(content=raw, status_code=status, media_type="application/json")
+            upstream = await _post(state, route, request, payload, remaining)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            state.inflight.release(route.replica_id)
+            reason = "timeout" if isinstance(exc, TimeoutError) else "unreachable"
+            _failed(state, model, route, reason, exc)
+            tried.append(route.replica_id)
+            failure = reason
+            continue
+        except BaseException:
+            state.inflight.release(route.replica_id)
+            raise
+        if upstream.status in RETRYABLE_STATUSES:
+            detail = f"answered {upstream.status}"
+            upstream.release()
+            state.inflight.release(route.replica_id)
+            _failed(state, model, route, f"status_{upstream.status}", detail)
+            tried.append(route.replica_id)
+            failure = "unavailable"
+            continue
+        state.router.breaker.succeeded(route.replica_id, time.monotonic())
+        return Relay(state, model, route, upstream, request.stream, request.wants_usage, watch)
 
-    def streaming_response(self) -> Response:
-        return _ClosingStreamingResponse(
-            self._events(),
-            on_close=self._finish_stream,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    if failure is None:
+        raise ApiError(
+            503,
+            f"The model '{model}' has no ready replica right now; try again shortly.",
+            type_=SERVER_ERROR,
+            param="model",
+            code="no_ready_replica",
+            headers={"Retry-After": RETRY_AFTER_S},
         )
-
-    async def _finish_stream(self) -> None:
-        if not self._closed:
-            self._record(self._filter.usage, fallback_completion=self._filter.chunks)
-        await self.close()
-
-    async def _events(self) -> AsyncIterator[bytes]:
-        splitter = SseSplitter()
-        try:
-            async for chunk in self._upstream.content.iter_any():
-                for event in splitter.feed(chunk):
-                    out = self._filter.process(event)
-                    if out is not None:
-                        yield out
-            rest = splitter.rest()
-            if rest:
-                out = self._filter.process(rest)
-                if out is not None:
-                    yield out
-            if self._filter.saw_done:
-                return
-            reason = "The model replica ended the stream early."
-        except (TimeoutError, aiohttp.ClientError, EventTooLarge) as exc:
-            log.warning("stream from replica %s broke: %r", self._route.replica_id, exc)
-            reason = "The model replica failed while streaming."
-        yield data_event(error_body(reason, SERVER_ERROR, None, "upstream_stream_error"))
-        yield data_event(b"[DONE]")
+    if failure in ("timeout", "deadline"):
+        raise ApiError(
+            504,
+            f"No replica of the model '{model}' answered within the request's deadline.",
+            type_=SERVER_ERROR,
+            code="upstream_timeout",
+        )
+    raise ApiError(
+        502,
+        f"No replica of the model '{model}' could serve the request.",
+        type_=SERVER_ERROR,
+        code="upstream_unreachable",
+    )
 
 
-class _ClosingStreamingResponse(StreamingResponse):
-    """A StreamingResponse that runs `on_close` however it ends: finished, client gone, or
-    cancelled before the first chunk (when the body generator would never run its finally)."""
+def _failed(state: GatewayState, model: str, route: Route, reason: str, detail: object) -> None:
+    log.warning("replica %s failed before answering (%s): %s", route.replica_id, reason, detail)
+    state.metrics.upstream_error(model, reason)
+    state.router.breaker.failed(route.replica_id, time.monotonic())
 
-    def __init__(
-        self,
-        content: AsyncIterator[bytes],
-        on_close: Callable[[], Awaitable[None]],
-        media_type: str,
-        headers: dict[str, str],
-    ) -> None:
-        super().__init__(content, media_type=media_type, headers=headers)
-        self._on_close = on_close
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._on_close()
+async def _post(
+    state: GatewayState, route: Route, request: ProxiedRequest, payload: bytes, remaining: float
+) -> aiohttp.ClientResponse:
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "text/event-stream" if request.stream else "application/json",
+    }
+    secret = state.upstream_auth(route)
+    if secret:
+        headers["Authorization"] = f"Bearer {secret}"
+    url = upstream_url(route, request.path)
+    if remaining >= state.settings.upstream_read_timeout_s:
+        # The usual case: the deadline is no shorter than the session's own timeouts, which
+        # then bound the wait without a timer of this request's own.
+        return await state.session.post(url, data=payload, headers=headers)
+    # Until the response starts: bounded by the request's deadline, so a hung replica still
+    # leaves time to try another. Reads after that follow the session's read timeout.
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        sock_connect=min(state.settings.upstream_connect_timeout_s, remaining),
+        sock_read=state.settings.upstream_read_timeout_s,
+    )
+    async with asyncio.timeout(remaining):
+        return await state.session.post(url, data=payload, headers=headers, timeout=timeout)

@@ -1,44 +1,81 @@
-"""Reading and checking an OpenAI request body before anything is sent upstream."""
+"""Checking an OpenAI request body before anything is sent upstream.
+
+Everything here is pure: the body arrives as bytes, leaves as a `ProxiedRequest` or an ApiError
+naming the field at fault. Only the fields the gateway must understand are checked; the rest
+pass through to the engine untouched (tools, response_format and the like).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import Request
-
 from gateway.errors import ApiError, bad_request
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+PROXIED_PATHS = (CHAT, COMPLETIONS, EMBEDDINGS)
 
 # Fields some OpenAI proxies honour to send a request elsewhere or with other credentials
 # (LiteLLM's api_base SSRF, CVE-2024-6587). Engines would ignore most of them, but a request
 # carrying one is either confused or probing: refuse it outright.
 REDIRECTING_FIELDS = frozenset(
-    {"api_base", "base_url", "api_key", "headers", "extra_headers", "api_version"}
+    {
+        "api_base",
+        "base_url",
+        "api_key",
+        "headers",
+        "extra_headers",
+        "api_version",
+        "organization",
+        "custom_llm_provider",
+    }
 )
+# Media given by URL: an engine started with a local-media path would read `file:` URLs from
+# its own disk, so only data: and http(s): are passed on.
+MEDIA_PARTS = ("image_url", "audio_url", "video_url", "input_audio")
+ALLOWED_MEDIA_SCHEMES = ("http://", "https://", "data:")
+
+# (field, lowest, highest, integer?) — checked before anything reaches an engine, so a typo
+# costs a 400 and not an engine's stack trace or a 10-million-token reservation.
+NUMERIC_RANGES: tuple[tuple[str, float, float, bool], ...] = (
+    ("max_tokens", 1, 1_000_000, True),
+    ("max_completion_tokens", 1, 1_000_000, True),
+    ("n", 1, 128, True),
+    ("best_of", 1, 128, True),
+    ("top_logprobs", 0, 20, True),
+    ("temperature", 0, 2, False),
+    ("top_p", 0, 1, False),
+    ("presence_penalty", -2, 2, False),
+    ("frequency_penalty", -2, 2, False),
+    ("seed", -(2**63), 2**63 - 1, True),
+)
+MAX_MODEL_NAME = 256
 
 
 @dataclass(frozen=True)
-class CompletionRequest:
+class ProxiedRequest:
+    path: str
     body: dict[str, Any]
+    # The catalog model whose replicas serve it, and the LoRA adapter when the client named
+    # one as `model: "<model>:<adapter>"`.
     model: str
+    adapter: str | None
     stream: bool
     # Whether the client itself asked for the usage chunk (stream_options.include_usage).
     wants_usage: bool
+    # The `user` field, for session affinity when no session header is sent.
+    user: str | None
 
 
-async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        raise _too_large(max_bytes)
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > max_bytes:
-            raise _too_large(max_bytes)
+def parse_json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):
+        # RecursionError: deeply nested arrays exhaust the parser's stack, not ours.
         raise bad_request(
             "We could not parse the JSON body of your request.", code="invalid_json"
         ) from None
@@ -47,40 +84,178 @@ async def read_json_object(request: Request, max_bytes: int) -> dict[str, Any]:
     return body
 
 
-def _too_large(max_bytes: int) -> ApiError:
+def too_large(max_bytes: int) -> ApiError:
     return ApiError(
         413, f"The request body is larger than {max_bytes} bytes.", code="request_too_large"
     )
 
 
-def parse_completion_request(body: dict[str, Any]) -> CompletionRequest:
-    redirecting = sorted(REDIRECTING_FIELDS & body.keys())
+def parse_proxied_request(path: str, body: dict[str, Any]) -> ProxiedRequest:
+    redirecting = REDIRECTING_FIELDS & body.keys()
     if redirecting:
+        field = min(redirecting)
         raise bad_request(
-            f"The field '{redirecting[0]}' is not accepted: the gateway chooses where requests go.",
-            param=redirecting[0],
+            f"The field '{field}' is not accepted: the gateway chooses where requests go.",
+            param=field,
             code="unsupported_field",
         )
-    model = body.get("model")
-    if model is None:
-        raise bad_request("You must provide a model parameter.", param="model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("'model' must be a non-empty string.", param="model")
+    model, adapter = requested_model(body)
+    _check_numbers(body)
+    if path == EMBEDDINGS:
+        _check_embedding_input(body)
+        return ProxiedRequest(path, body, model, adapter, False, False, _user(body))
+    if path == CHAT:
+        _check_messages(body)
+    else:
+        _check_prompt(body)
+    _check_logprobs(path, body)
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean.", param="stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise bad_request("'stream_options' must be an object.", param="stream_options")
-    wants_usage = False
-    if options:
-        include = options.get("include_usage", False)
-        if not isinstance(include, bool):
+    wants_usage = _wants_usage(body)
+    return ProxiedRequest(path, body, model, adapter, stream, wants_usage, _user(body))
+
+
+def requested_model(body: dict[str, Any]) -> tuple[str, str | None]:
+    """(model, LoRA adapter or None), checked first so a key's allowlist answers before any
+    other field is judged."""
+    model = body.get("model")
+    if model is None:
+        raise bad_request("You must provide a model parameter.", param="model")
+    if not isinstance(model, str) or not model or len(model) > MAX_MODEL_NAME:
+        raise bad_request(
+            f"'model' must be a string of 1 to {MAX_MODEL_NAME} characters.", param="model"
+        )
+    base, sep, adapter = model.partition(":")
+    if sep and (not base or not adapter):
+        raise bad_request("Name a LoRA adapter as 'model': '<model>:<adapter>'.", param="model")
+    return base, adapter or None
+
+
+def _check_numbers(body: dict[str, Any]) -> None:
+    for field, low, high, integer in NUMERIC_RANGES:
+        value = body.get(field)
+        if value is None:
+            continue
+        # bool is an int in Python, and NaN compares false with everything: refuse both.
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not is_number or (integer and not isinstance(value, int)):
+            kind = "an integer" if integer else "a number"
+            raise bad_request(f"'{field}' must be {kind}.", param=field, code="invalid_type")
+        if not low <= value <= high or (isinstance(value, float) and math.isnan(value)):
             raise bad_request(
-                "'stream_options.include_usage' must be a boolean.",
-                param="stream_options.include_usage",
+                f"'{field}' must be between {low:g} and {high:g}; got {value!r}.",
+                param=field,
+                code="invalid_value",
             )
-        wants_usage = include
-    return CompletionRequest(body=body, model=model, stream=stream, wants_usage=wants_usage)
+
+
+def _check_logprobs(path: str, body: dict[str, Any]) -> None:
+    logprobs = body.get("logprobs")
+    if logprobs is None:
+        return
+    if path == CHAT:
+        if not isinstance(logprobs, bool):
+            raise bad_request("'logprobs' must be a boolean.", param="logprobs")
+        return
+    if isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 20:
+        raise bad_request(
+            "'logprobs' must be an integer between 0 and 20.",
+            param="logprobs",
+            code="invalid_value",
+        )
+
+
+def _check_messages(body: dict[str, Any]) -> None:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty array.", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise bad_request(f"'messages[{i}]' must be an object.", param=f"messages[{i}]")
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                _check_media_part(part, f"messages[{i}].content[{j}]")
+
+
+def _check_media_part(part: object, where: str) -> None:
+    if not isinstance(part, dict):
+        return
+    for kind in MEDIA_PARTS:
+        media = part.get(kind)
+        url = media.get("url") if isinstance(media, dict) else media
+        if isinstance(url, str) and not url.lower().startswith(ALLOWED_MEDIA_SCHEMES):
+            raise bad_request(
+                f"'{where}.{kind}' must be an http(s) or data: URL; local paths are not accepted.",
+                param=f"{where}.{kind}",
+                code="unsupported_url",
+            )
+
+
+def _is_text_or_tokens(value: object) -> bool:
+    """A string, or a non-empty array of strings, of token ids, or of arrays of token ids: the
+    shapes OpenAI's prompt and input take. Anything else would reach an engine unchecked."""
+    if isinstance(value, str):
+        return True
+    if not isinstance(value, list) or not value:
+        return False
+    if all(isinstance(item, str) for item in value):
+        return True
+    return all(_is_token_ids(item) for item in value)
+
+
+def _is_token_ids(value: object) -> bool:
+    if isinstance(value, list):
+        return bool(value) and all(_is_token_id(item) for item in value)
+    return _is_token_id(value)
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_prompt(body: dict[str, Any]) -> None:
+    if "prompt" not in body:
+        raise bad_request("You must provide a prompt parameter.", param="prompt")
+    if not _is_text_or_tokens(body["prompt"]):
+        raise bad_request(
+            "'prompt' must be a string or a non-empty array of strings or token ids.",
+            param="prompt",
+        )
+
+
+def _check_embedding_input(body: dict[str, Any]) -> None:
+    if not _is_text_or_tokens(body.get("input")):
+        raise bad_request(
+            "'input' must be a string or a non-empty array of strings or token ids.",
+            param="input",
+        )
+
+
+def _wants_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object.", param="stream_options")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise bad_request(
+            "'stream_options.include_usage' must be a boolean.",
+            param="stream_options.include_usage",
+        )
+    return include
+
+
+def _user(body: dict[str, Any]) -> str | None:
+    user = body.get("user")
+    if user is None:
+        return None
+    if not isinstance(user, str) or len(user) > MAX_MODEL_NAME:
+        raise bad_request(
+            f"'user' must be a string of at most {MAX_MODEL_NAME} characters.", param="user"
+        )
+    return user

@@ -93,3 +93,38 @@ class UsageFilter:
         # Some engines put usage on the last content chunk: keep the content, drop the usage.
         del chunk["usage"]
         return data_event(chunk)
+
+
+class StreamFilter:
+    """Splitter and usage filter together, for the relay: most upstream chunks are whole
+    events that carry no usage, and those pass through as they came, without being split."""
+
+    def __init__(self, client_wants_usage: bool) -> None:
+        self.splitter = SseSplitter()
+        self.usage_filter = UsageFilter(client_wants_usage=client_wants_usage)
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What to send on for this upstream chunk (possibly nothing)."""
+        if (
+            not self.splitter._buffer
+            and chunk.endswith(b"\n\n")
+            and b'"usage"' not in chunk
+            and b"\r" not in chunk
+        ):
+            # Whole events without usage: count them, notice [DONE], relay unchanged. An event
+            # spanning chunks, or one with usage, takes the careful path below.
+            events = chunk.count(b"\n\n")
+            done = chunk.endswith(b"data: [DONE]\n\n")
+            self.usage_filter.chunks += events - done
+            self.usage_filter.saw_done |= done
+            return chunk
+        process = self.usage_filter.process
+        return b"".join(
+            kept for event in self.splitter.feed(chunk) if (kept := process(event)) is not None
+        )
+
+    def finish(self) -> bytes:
+        """An event the stream ended without its blank line, if any."""
+        rest = self.splitter.rest()
+        kept = self.usage_filter.process(rest) if rest else None
+        return kept or b""

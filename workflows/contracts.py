@@ -333,7 +333,9 @@ class Profile(BaseModel):
     most preferred first; placement takes the first that fits somewhere. Validated as a whole in
     workflows/catalog.py, which names the field at fault."""
 
-    engine: str = "llamacpp"  # llamacpp, vllm, sglang, trtllm
+    # llamacpp, vllm, sglang, trtllm; or external: an OpenAI-compatible server llmgw does not
+    # run, one replica per URL in `urls`.
+    engine: str = "llamacpp"
     engine_version: str = ""
     # None: the CPU. Otherwise a class as discovery names it: "h100-80g", "a100-80g-mig-3g.40gb".
     gpu_class: str | None = None
@@ -353,11 +355,24 @@ class Profile(BaseModel):
     lora: list[LoraAdapter] = Field(default_factory=list)
     # Multi-node launch: vLLM's own multi-process mode ("mp"), or a Ray cluster per replica.
     launch: str = Field(default="mp", pattern=r"^(mp|ray)$")
+    # Engine "external" only: the servers' base URLs (http[s]://host[:port][/v1]). No key here:
+    # a spec is in workflow history for anyone with the Temporal UI; the key lives in the
+    # gateway's store (docs/external-models.md).
+    urls: list[str] = Field(default_factory=list)
 
     @property
     def gpus(self) -> int:
         """GPUs the replica uses in all."""
         return self.gpus_per_node * self.nodes
+
+    def fingerprint_fields(self) -> dict[str, object]:
+        """The profile as its fingerprint sees it. Fields added since fingerprints were first
+        recorded count only when set, so a running replica's fingerprint, and with it the
+        decision to roll it, does not change when llmgw is upgraded."""
+        data = self.model_dump()
+        if not data["urls"]:
+            del data["urls"]
+        return data
 
 
 class Autoscale(BaseModel):
@@ -382,7 +397,9 @@ class ModelSpec(BaseModel):
     """A model as declared by the operator: weights, profiles and how many replicas."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
-    weights: str
+    # A GGUF file or model directory on the nodes; unused (and optional) for engine external.
+    weights: str = ""
+    # For engine external: always the number of URLs, whatever was given (see below).
     replicas: int = Field(default=1, ge=0, le=1024)
     min_replicas: int = Field(default=0, ge=0, le=1024)
     max_replicas: int = Field(default=64, ge=0, le=1024)
@@ -398,15 +415,26 @@ class ModelSpec(BaseModel):
             return {**rest, "profiles": [flat]}
         return data
 
+    @model_validator(mode="after")
+    def _external_replicas_are_its_urls(self) -> ModelSpec:
+        if self.external:
+            self.replicas = len(self.profiles[0].urls)
+        return self
+
     @property
     def engine(self) -> str:
         return self.profiles[0].engine
+
+    @property
+    def external(self) -> bool:
+        """Served by endpoints llmgw does not run: nothing is placed, each URL is a replica."""
+        return self.engine == "external"
 
     def profile_fingerprint(self, index: int) -> str:
         """What a running replica on this profile was started from: when it differs from the
         catalog's, the replica is stale and a rolling update replaces it."""
         blob = json.dumps(
-            {"weights": self.weights, "profile": self.profiles[index].model_dump()},
+            {"weights": self.weights, "profile": self.profiles[index].fingerprint_fields()},
             sort_keys=True,
             separators=(",", ":"),
         ).encode()
@@ -479,6 +507,8 @@ class ModelState(BaseModel):
     # Replica index -> the profile fingerprint it last reported serving with.
     fingerprints: dict[int, str] = Field(default_factory=dict)
     autoscale: AutoscaleState = Field(default_factory=AutoscaleState)
+    # Engine external: the routes this model published, replica id -> endpoint.
+    external_routes: dict[str, str] = Field(default_factory=dict)
 
 
 # --- replicas ----------------------------------------------------------------------------

@@ -9,8 +9,13 @@ replica keeps serving until its successor says it is ready; one on a lost node s
 A rolling update is the same move, one replica at a time: when a replica reports a profile
 fingerprint the catalog no longer has, a successor starts from the current definition and the
 old one stops once the successor serves.
+
+An external model (engine "external": servers llmgw does not run) has no replica workflows and
+places nothing: this workflow publishes one ready route per URL to the ledger itself, replaces
+them when the URLs change and withdraws them when the model is removed.
 """
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
@@ -20,7 +25,7 @@ from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from workflows import options
     from workflows.autoscale import decide
-    from workflows.catalog import CatalogError, validate_model
+    from workflows.catalog import EXTERNAL, CatalogError, endpoint_base, validate_model
     from workflows.contracts import (
         EngineLoad,
         EngineLoadReport,
@@ -38,14 +43,17 @@ with workflow.unsafe.imports_passed_through():
         ReplicaReady,
         ReplicaState,
         ReplicaView,
+        Route,
         RoutingTable,
         ScaleRequest,
         StopReplica,
     )
     from workflows.names import (
         CONTROL_TASK_QUEUE,
+        EXTERNAL_NODE,
         ControlActivity,
         NodeActivity,
+        external_replica_id,
         node_task_queue,
         replica_id,
         replica_workflow_id,
@@ -79,6 +87,7 @@ class ModelWorkflow:
             await self._reconcile()
             await self._roll()
             await self._publish_idle()
+            await self._publish_external()
             if self.state.removing:
                 # Wait for the replicas to release what they hold, so the name can be reused.
                 for handle in self.stopping:
@@ -114,6 +123,12 @@ class ModelWorkflow:
     def _check_scale(self, req: ScaleRequest) -> None:
         self._check_not_removing()
         spec = self.state.spec
+        if spec.external:
+            raise ApplicationError(
+                f"model {spec.name}: an external model has one replica per URL; change its "
+                "URLs instead",
+                type="InvalidModel",
+            )
         if not spec.min_replicas <= req.replicas <= spec.max_replicas:
             raise ApplicationError(
                 f"model {spec.name}: {req.replicas} replicas is outside min_replicas.."
@@ -167,7 +182,8 @@ class ModelWorkflow:
         name = self.state.spec.name
         return ModelView(
             spec=self.state.spec,
-            replica_ids=[replica_id(name, i) for i in self.state.indices],
+            replica_ids=[replica_id(name, i) for i in self.state.indices]
+            + list(self.state.external_routes),
             removing=self.state.removing,
             retiring=[replica_id(name, i) for i in self.state.retiring],
             stale=[replica_id(name, i) for i in self._stale()],
@@ -175,13 +191,13 @@ class ModelWorkflow:
 
     def _next_look(self) -> timedelta | None:
         policy = self.state.spec.autoscale
-        if policy is None or self.state.removing:
+        if policy is None or self.state.removing or self.state.spec.external:
             return None
         return timedelta(seconds=policy.look_every_s)
 
     async def _autoscale(self) -> None:
         spec = self.state.spec
-        if spec.autoscale is None:
+        if spec.autoscale is None or spec.external:
             return
         decision = decide(
             spec.autoscale,
@@ -259,7 +275,7 @@ class ModelWorkflow:
 
     async def _roll(self) -> None:
         """One stale replica at a time: wait until the last move is over before the next."""
-        if self.state.retiring or self.state.removing:
+        if self.state.retiring or self.state.removing or self.state.spec.external:
             return
         stale = self._stale()
         if stale:
@@ -331,9 +347,71 @@ class ModelWorkflow:
     async def _reconcile(self) -> None:
         """Start or stop replicas until their count matches the spec."""
         spec = self.state.spec
-        while len(self.state.indices) < spec.replicas:
+        # An external model's replicas are its URLs: it runs none of its own (and stops any it
+        # ran before its definition turned external).
+        wanted = 0 if spec.external else spec.replicas
+        while len(self.state.indices) < wanted:
             await self._start_replica()
-        while len(self.state.indices) > spec.replicas:
+        while len(self.state.indices) > wanted:
             index = self.state.indices.pop()  # newest first
             reason = "model removed" if self.state.removing else "scaled down"
             await self._stop_replica(index, StopReplica(reason=reason))
+
+    async def _publish_external(self) -> None:
+        """One ready route per URL of an external model, through the ledger update replicas
+        use; a URL no longer listed (or every URL, once removed or no longer external) has its
+        route withdrawn. A URL keeps its replica id while it stays listed, and every route is
+        published again on each pass, so a changed definition reaches its fingerprint."""
+        spec = self.state.spec
+        published = self.state.external_routes
+        wanted: list[str] = []
+        if spec.external and not self.state.removing:
+            wanted = [endpoint_base(url) for url in spec.profiles[0].urls]
+        if not wanted and not published:
+            return
+        ids = {endpoint: rid for rid, endpoint in published.items()}
+        routes: dict[str, str] = {}
+        for endpoint in wanted:
+            rid = ids.get(endpoint)
+            if rid is None:
+                rid = external_replica_id(spec.name, self.state.next_index)
+                self.state.next_index += 1
+            routes[rid] = endpoint
+        fingerprint = spec.profile_fingerprint(0) if spec.external else ""
+        # Add before withdrawing, so a gateway never sees the model with no route mid-change.
+        await asyncio.gather(
+            *(
+                self._set_route(rid, endpoint, ReplicaState.READY, fingerprint)
+                for rid, endpoint in routes.items()
+            )
+        )
+        self.state.external_routes = routes
+        await asyncio.gather(
+            *(
+                self._set_route(rid, endpoint, ReplicaState.STOPPED, fingerprint)
+                for rid, endpoint in published.items()
+                if rid not in routes
+            )
+        )
+
+    async def _set_route(
+        self, rid: str, endpoint: str, state: ReplicaState, fingerprint: str
+    ) -> None:
+        route = Route(
+            replica_id=rid,
+            model=self.state.spec.name,
+            node=EXTERNAL_NODE,
+            endpoint=endpoint,
+            engine=EXTERNAL,
+            state=state,
+            fingerprint=fingerprint,
+            detail="external endpoint",
+        )
+        await workflow.execute_activity(
+            ControlActivity.LEDGER_SET_ROUTE,
+            route,
+            task_queue=CONTROL_TASK_QUEUE,
+            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
+            retry_policy=options.LEDGER_RETRY,
+            result_type=LedgerAck,
+        )

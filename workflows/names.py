@@ -33,6 +33,16 @@ def replica_id(model: str, index: int) -> str:
     return f"{model}-{index}"
 
 
+# The node an external model's routes name: they run on no node of ours.
+EXTERNAL_NODE = "external"
+
+
+def external_replica_id(model: str, index: int) -> str:
+    """One URL of an external model. The slash, which no model name holds, keeps these apart
+    from replica_id()'s names."""
+    return f"{model}/ext-{index}"
+
+
 class ControlActivity:
     """Activities the control worker runs (queue CONTROL_TASK_QUEUE)."""
 

@@ -1,4 +1,4 @@
-"""The gateway's store: API keys, usage and the engine-key master secret.
+"""The gateway's store: API keys, usage, upstream keys and the engine-key master secret.
 
 One interface (`Store`), two backends: a SQLite file by default and PostgreSQL when a URL is
 given. Callers get one from `open_store` and never name a backend.
@@ -6,6 +6,15 @@ given. Callers get one from `open_store` and never name a backend.
 
 from gateway.store.base import KeyNameTaken, Store
 from gateway.store.factory import open_store
-from gateway.store.models import ApiKey, UsageDelta, UsageRow
+from gateway.store.models import ApiKey, KeyLimits, StoreDump, UsageDelta, UsageRow
 
-__all__ = ["ApiKey", "KeyNameTaken", "Store", "UsageDelta", "UsageRow", "open_store"]
+__all__ = [
+    "ApiKey",
+    "KeyLimits",
+    "KeyNameTaken",
+    "Store",
+    "StoreDump",
+    "UsageDelta",
+    "UsageRow",
+    "open_store",
+]

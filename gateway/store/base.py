@@ -5,9 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from datetime import date, datetime
 
-from gateway.store.models import ApiKey, UsageDelta, UsageRow
+from gateway.store.models import ApiKey, KeyLimits, StoreDump, UsageDelta, UsageRow
 
-MASTER_SECRET_NAME = "engine_master"  # noqa: S105 - a row name, not a secret
 # A fresh key_id colliding with an existing one is a 1-in-4-billion event; retrying a few times
 # turns it into "never" without a second column.
 KEY_ID_ATTEMPTS = 5
@@ -25,9 +24,13 @@ class KeyNameTaken(ValueError):
 
 
 class Store(ABC):
+    """Every method that takes text checks it first: a value the store cannot keep exactly is a
+    ValueError naming the field, never a database error."""
+
     @abstractmethod
     async def init(self) -> None:
-        """Create the tables if they are missing. Safe to call on every start."""
+        """Create the tables if they are missing and add the columns an older schema lacks.
+        Safe to call on every start."""
 
     @abstractmethod
     async def close(self) -> None: ...
@@ -39,7 +42,12 @@ class Store(ABC):
 
     @abstractmethod
     async def create_key(
-        self, name: str, models: list[str] | None = None, expires_at: datetime | None = None
+        self,
+        name: str,
+        models: list[str] | None = None,
+        expires_at: datetime | None = None,
+        adapters: list[str] | None = None,
+        limits: KeyLimits | None = None,
     ) -> tuple[ApiKey, str]:
         """Create a key; returns its record and the plaintext key, which is not kept."""
 
@@ -55,11 +63,46 @@ class Store(ABC):
         """Revoke the unrevoked key with this key_id, or else this name. False if none."""
 
     @abstractmethod
+    async def set_key_limits(self, name_or_id: str, limits: KeyLimits) -> ApiKey | None:
+        """Replace the limits of the unrevoked key with this key_id, or else this name; returns
+        the updated record, None if there is no such key."""
+
+    @abstractmethod
     async def add_usage(self, rows: list[UsageDelta]) -> None:
         """Add each delta to its (key_id, model, day) totals, all in one transaction."""
 
     @abstractmethod
     async def usage(
-        self, key_id: str | None = None, model: str | None = None, since: date | None = None
+        self,
+        key_id: str | None = None,
+        model: str | None = None,
+        since: date | None = None,
+        until: date | None = None,
     ) -> list[UsageRow]:
-        """Totals per (key_id, model, day), filtered, ordered by day then key then model."""
+        """Totals per (key_id, model, day) with since <= day <= until, filtered, ordered by day
+        then key then model."""
+
+    @abstractmethod
+    async def spent_tokens(self, key_id: str, since: date) -> int:
+        """Prompt plus completion tokens of this key on every model since that UTC day
+        (inclusive): what a token budget starts from when a gateway starts."""
+
+    @abstractmethod
+    async def set_upstream_key(self, model: str, key: str | None) -> None:
+        """Keep the API key the gateway sends to an external model's endpoint; None deletes
+        it."""
+
+    @abstractmethod
+    async def upstream_keys(self) -> dict[str, str]:
+        """Every upstream key, by model name."""
+
+    @abstractmethod
+    async def export_dump(self) -> StoreDump:
+        """Everything in the store, read in one consistent snapshot."""
+
+    @abstractmethod
+    async def import_dump(self, dump: StoreDump, replace_secrets: bool = True) -> None:
+        """Write a dump in one transaction: keys and usage rows replace those with the same
+        identity (so importing twice changes nothing), secrets replace existing ones unless
+        replace_secrets is False. A key whose name an other unrevoked key holds raises
+        KeyNameTaken and nothing is written."""

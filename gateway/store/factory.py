@@ -7,20 +7,34 @@ from pathlib import Path
 from gateway.store.base import Store
 
 SQLITE_FILENAME = "llmgw.db"
+SQLITE_URL_PREFIX = "sqlite:///"
 
 
 def open_store(database_url: str | None, state_dir: Path) -> Store:
-    """PostgreSQL when a postgres URL is given (LLMGW_DATABASE_URL), else the SQLite file
-    `state_dir/llmgw.db`. Nothing connects until the first call; call `init()` before use."""
-    if database_url:
-        if database_url.startswith(("postgresql://", "postgres://")):
-            from gateway.store.postgres import PostgresStore
-
-            return PostgresStore(database_url)
-        raise ValueError(
-            "unsupported database URL: expected postgresql://...; "
-            "leave it unset to use the SQLite file in the state directory"
-        )
+    """PostgreSQL for a postgresql:// URL (LLMGW_DATABASE_URL); a SQLite file for
+    sqlite:///PATH (SQLAlchemy's spelling: four slashes for an absolute path); else the SQLite
+    file `state_dir/llmgw.db`. Nothing connects until the first call; call `init()` before
+    use."""
     from gateway.store.sqlite import SqliteStore
 
-    return SqliteStore(state_dir / SQLITE_FILENAME)
+    if not database_url:
+        return SqliteStore(state_dir / SQLITE_FILENAME)
+    if database_url.startswith(("postgresql://", "postgres://")):
+        from gateway.store.postgres import PostgresStore
+
+        return PostgresStore(database_url)
+    if database_url.startswith(SQLITE_URL_PREFIX) and len(database_url) > len(SQLITE_URL_PREFIX):
+        return SqliteStore(Path(database_url.removeprefix(SQLITE_URL_PREFIX)).expanduser())
+    raise ValueError(
+        "unsupported database URL: expected postgresql://... or sqlite:///PATH; "
+        "leave it unset to use the SQLite file in the state directory"
+    )
+
+
+def redacted_url(database_url: str) -> str:
+    """The URL with any password masked, for messages and logs."""
+    scheme, sep, rest = database_url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return database_url
+    return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}"

@@ -3,8 +3,34 @@
 from __future__ import annotations
 
 from datetime import date, datetime
+from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+
+# Both backends keep counts in signed 64-bit columns; a larger number would surface as a raw
+# database overflow instead of a validation error naming the field.
+MAX_COUNT = 2**63 - 1
+
+BudgetPeriod = Literal["day", "month"]
+
+
+class KeyLimits(BaseModel):
+    """What one key may spend. None means unlimited; all None (the default) is a key without
+    limits. The budget counts prompt plus completion tokens per UTC day or calendar month."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rpm: int | None = Field(default=None, ge=1, le=MAX_COUNT, description="requests per minute")
+    tpm: int | None = Field(default=None, ge=1, le=MAX_COUNT, description="tokens per minute")
+    token_budget: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    budget_period: BudgetPeriod = "day"
+
+    def is_unlimited(self) -> bool:
+        return self.rpm is None and self.tpm is None and self.token_budget is None
+
+    def budget_start(self, today: date) -> date:
+        """The first UTC day the budget counts on `today`: what `Store.spent_tokens` takes."""
+        return today.replace(day=1) if self.budget_period == "month" else today
 
 
 class ApiKey(BaseModel):
@@ -16,6 +42,9 @@ class ApiKey(BaseModel):
     key_hash: str
     # None means every model; a list limits the key to those model names.
     models: list[str] | None = None
+    # None means any LoRA adapter (of an allowed model); a list limits the key to those.
+    adapters: list[str] | None = None
+    limits: KeyLimits = Field(default_factory=KeyLimits)
     created_at: datetime
     expires_at: datetime | None = None
     revoked_at: datetime | None = None
@@ -26,6 +55,9 @@ class ApiKey(BaseModel):
     def allows_model(self, model: str) -> bool:
         return self.models is None or model in self.models
 
+    def allows_adapter(self, name: str) -> bool:
+        return self.adapters is None or name in self.adapters
+
 
 class UsageDelta(BaseModel):
     """Counts to add to one (key, model, UTC day) row."""
@@ -33,9 +65,9 @@ class UsageDelta(BaseModel):
     key_id: str
     model: str
     day: date
-    requests: int = Field(default=0, ge=0)
-    prompt_tokens: int = Field(default=0, ge=0)
-    completion_tokens: int = Field(default=0, ge=0)
+    requests: int = Field(default=0, ge=0, le=MAX_COUNT)
+    prompt_tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
+    completion_tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
 
 
 class UsageRow(BaseModel):
@@ -47,3 +79,19 @@ class UsageRow(BaseModel):
     requests: int
     prompt_tokens: int
     completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class StoreDump(BaseModel):
+    """Everything a store holds, for moving it to another backend. It carries the engine master
+    secret, upstream keys and key hashes: treat it like the database itself."""
+
+    # Secret values are raw bytes; in JSON they travel as base64 so any byte survives.
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+
+    secrets: dict[str, bytes] = Field(default_factory=dict)
+    keys: list[ApiKey] = Field(default_factory=list)
+    usage: list[UsageRow] = Field(default_factory=list)

@@ -6,79 +6,60 @@ one database by naming a schema in the URL: `postgresql://...?search_path=llmgw`
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, date, datetime
 from typing import Any, cast
 
 import asyncpg
 
-from gateway.store.base import KEY_ID_ATTEMPTS, MASTER_SECRET_NAME, KeyNameTaken, Store
-from gateway.store.keyformat import hash_api_key, new_api_key, new_key_id
-from gateway.store.models import ApiKey, UsageDelta, UsageRow
-from gateway.store.validate import check_key_name, check_models, utc
+from gateway.store import postgres_sql as sql
+from gateway.store.base import KEY_ID_ATTEMPTS, KeyNameTaken, Store
+from gateway.store.dump_rules import check_dump, name_conflicts, write_order
+from gateway.store.models import ApiKey, KeyLimits, StoreDump, UsageDelta, UsageRow
+from gateway.store.records import (
+    ADDED_KEY_COLUMNS,
+    MASTER_SECRET_NAME,
+    UPSTREAM_KEY_PREFIX,
+    KeyDraft,
+    key_from_row,
+    key_values,
+    upstream_secret_name,
+    usage_values,
+)
+from gateway.store.validate import check_text, check_upstream_key, storable
 from workflows.engine_keys import new_master_secret
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS secrets (
-    name TEXT PRIMARY KEY,
-    value BYTEA NOT NULL
-);
-CREATE TABLE IF NOT EXISTS api_keys (
-    key_id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    key_hash TEXT NOT NULL,
-    models TEXT,
-    created_at TIMESTAMPTZ NOT NULL,
-    expires_at TIMESTAMPTZ,
-    revoked_at TIMESTAMPTZ
-);
-CREATE UNIQUE INDEX IF NOT EXISTS api_keys_active_name
-    ON api_keys (name) WHERE revoked_at IS NULL;
-CREATE TABLE IF NOT EXISTS usage_daily (
-    key_id TEXT NOT NULL,
-    model TEXT NOT NULL,
-    day DATE NOT NULL,
-    requests BIGINT NOT NULL DEFAULT 0,
-    prompt_tokens BIGINT NOT NULL DEFAULT 0,
-    completion_tokens BIGINT NOT NULL DEFAULT 0,
-    PRIMARY KEY (key_id, model, day)
-);
-"""
-
-_SELECT_KEYS = (
-    "SELECT key_id, name, key_hash, models, created_at, expires_at, revoked_at FROM api_keys"
-)
-_INSERT_KEY = (
-    "INSERT INTO api_keys (key_id, name, key_hash, models, created_at, expires_at, revoked_at) "
-    "VALUES ($1, $2, $3, $4, $5, $6, NULL)"
-)
-# key_id first: it is exact, while a name could in theory look like an id.
-_REVOKE_BY = (
-    "UPDATE api_keys SET revoked_at = $1 WHERE key_id = $2 AND revoked_at IS NULL",
-    "UPDATE api_keys SET revoked_at = $1 WHERE name = $2 AND revoked_at IS NULL",
-)
-# One static statement with optional filters: no SQL is ever assembled from strings.
-_SELECT_USAGE = """
-SELECT key_id, model, day, requests, prompt_tokens, completion_tokens FROM usage_daily
-WHERE ($1::text IS NULL OR key_id = $1) AND ($2::text IS NULL OR model = $2)
-  AND ($3::date IS NULL OR day >= $3)
-ORDER BY day, key_id, model
-"""
 # Two processes running CREATE TABLE IF NOT EXISTS at once can still collide in the catalog;
 # an advisory lock around init makes concurrent starts safe.
 _INIT_LOCK_ID = 0x6C6C6D6777
 
 
-def _key_from_record(row: Any) -> ApiKey:
-    return ApiKey(
-        key_id=row["key_id"],
-        name=row["name"],
-        key_hash=row["key_hash"],
-        models=None if row["models"] is None else json.loads(row["models"]),
-        created_at=row["created_at"],
-        expires_at=row["expires_at"],
-        revoked_at=row["revoked_at"],
-    )
+def _same(value: Any) -> Any:
+    # asyncpg takes datetimes and dates as they are.
+    return value
+
+
+def _key(row: Any) -> ApiKey:
+    return key_from_row(row, _same)
+
+
+def _usage(row: Any) -> UsageRow:
+    return UsageRow(**dict(row))
+
+
+async def _active_key_id(conn: Any, name_or_id: str) -> str | None:
+    for query in sql.ACTIVE_KEY_ID_BY:
+        key_id = await conn.fetchval(query, name_or_id)
+        if key_id is not None:
+            return cast(str, key_id)
+    return None
+
+
+async def _upgrade(conn: Any) -> None:
+    present = {row["column_name"] for row in await conn.fetch(sql.KEY_COLUMNS_PRESENT)}
+    for column, sql_type in ADDED_KEY_COLUMNS:
+        if column not in present:
+            # Both names are constants from records.py, never input.
+            await conn.execute(f"ALTER TABLE api_keys ADD COLUMN IF NOT EXISTS {column} {sql_type}")
 
 
 class PostgresStore(Store):
@@ -96,7 +77,8 @@ class PostgresStore(Store):
         pool = await self._get_pool()
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _INIT_LOCK_ID)
-            await conn.execute(_SCHEMA)
+            await conn.execute(sql.SCHEMA)
+            await _upgrade(conn)
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -107,47 +89,25 @@ class PostgresStore(Store):
         if self._secret is None:
             pool = await self._get_pool()
             async with pool.acquire() as conn:
-                await conn.execute(
-                    "INSERT INTO secrets (name, value) VALUES ($1, $2) "
-                    "ON CONFLICT (name) DO NOTHING",
-                    MASTER_SECRET_NAME,
-                    new_master_secret(),
-                )
-                value = await conn.fetchval(
-                    "SELECT value FROM secrets WHERE name = $1", MASTER_SECRET_NAME
-                )
+                await conn.execute(sql.SECRETS_ADD, MASTER_SECRET_NAME, new_master_secret())
+                value = await conn.fetchval(sql.SECRETS_GET, MASTER_SECRET_NAME)
             self._secret = bytes(cast(bytes, value))
         return self._secret
 
     async def create_key(
-        self, name: str, models: list[str] | None = None, expires_at: datetime | None = None
+        self,
+        name: str,
+        models: list[str] | None = None,
+        expires_at: datetime | None = None,
+        adapters: list[str] | None = None,
+        limits: KeyLimits | None = None,
     ) -> tuple[ApiKey, str]:
-        check_key_name(name)
-        models = check_models(models)
-        expires_at = utc(expires_at)
-        created_at = datetime.now(UTC)
+        draft = KeyDraft(name, models, expires_at, adapters, limits)
         pool = await self._get_pool()
         for _ in range(KEY_ID_ATTEMPTS):
-            key_id = new_key_id()
-            plaintext = new_api_key(key_id)
-            record = ApiKey(
-                key_id=key_id,
-                name=name,
-                key_hash=hash_api_key(plaintext),
-                models=models,
-                created_at=created_at,
-                expires_at=expires_at,
-            )
+            record, plaintext = draft.draw()
             try:
-                await pool.execute(
-                    _INSERT_KEY,
-                    record.key_id,
-                    record.name,
-                    record.key_hash,
-                    None if models is None else json.dumps(models),
-                    record.created_at,
-                    record.expires_at,
-                )
+                await pool.execute(sql.INSERT_KEY, *key_values(record, _same))
             except asyncpg.UniqueViolationError as exc:
                 if exc.constraint_name == "api_keys_active_name":
                     raise KeyNameTaken(name) from exc
@@ -156,49 +116,126 @@ class PostgresStore(Store):
         raise RuntimeError("could not find a free key_id")
 
     async def get_key(self, key_id: str) -> ApiKey | None:
+        if not storable(key_id):
+            return None
         pool = await self._get_pool()
-        row = await pool.fetchrow(_SELECT_KEYS + " WHERE key_id = $1", key_id)
-        return None if row is None else _key_from_record(row)
+        row = await pool.fetchrow(sql.SELECT_KEY, key_id)
+        return None if row is None else _key(row)
 
     async def list_keys(self) -> list[ApiKey]:
         pool = await self._get_pool()
-        rows = await pool.fetch(_SELECT_KEYS + " ORDER BY created_at, key_id")
-        return [_key_from_record(row) for row in rows]
+        return [_key(row) for row in await pool.fetch(sql.SELECT_KEYS_ORDERED)]
 
     async def revoke_key(self, name_or_id: str) -> bool:
+        if not storable(name_or_id):
+            return False
         pool = await self._get_pool()
-        now = datetime.now(UTC)
         async with pool.acquire() as conn, conn.transaction():
-            for query in _REVOKE_BY:
-                status = await conn.execute(query, now, name_or_id)
-                if cast(str, status) != "UPDATE 0":
-                    return True
-        return False
+            key_id = await _active_key_id(conn, name_or_id)
+            if key_id is None:
+                return False
+            await conn.execute(sql.REVOKE, datetime.now(UTC), key_id)
+            return True
+
+    async def set_key_limits(self, name_or_id: str, limits: KeyLimits) -> ApiKey | None:
+        limits = KeyLimits.model_validate(limits)
+        if not storable(name_or_id):
+            return None
+        pool = await self._get_pool()
+        async with pool.acquire() as conn, conn.transaction():
+            key_id = await _active_key_id(conn, name_or_id)
+            if key_id is None:
+                return None
+            await conn.execute(
+                sql.SET_LIMITS,
+                limits.rpm,
+                limits.tpm,
+                limits.token_budget,
+                limits.budget_period,
+                key_id,
+            )
+            return _key(await conn.fetchrow(sql.SELECT_KEY, key_id))
 
     async def add_usage(self, rows: list[UsageDelta]) -> None:
         if not rows:
             return
+        params = [usage_values(r, _same) for r in rows]
         pool = await self._get_pool()
         async with pool.acquire() as conn, conn.transaction():
-            await conn.executemany(
-                """
-                INSERT INTO usage_daily AS u
-                    (key_id, model, day, requests, prompt_tokens, completion_tokens)
-                VALUES ($1, $2, $3, $4, $5, $6)
-                ON CONFLICT (key_id, model, day) DO UPDATE SET
-                    requests = u.requests + excluded.requests,
-                    prompt_tokens = u.prompt_tokens + excluded.prompt_tokens,
-                    completion_tokens = u.completion_tokens + excluded.completion_tokens
-                """,
-                [
-                    (r.key_id, r.model, r.day, r.requests, r.prompt_tokens, r.completion_tokens)
-                    for r in rows
-                ],
-            )
+            await conn.executemany(sql.ADD_USAGE, params)
 
     async def usage(
-        self, key_id: str | None = None, model: str | None = None, since: date | None = None
+        self,
+        key_id: str | None = None,
+        model: str | None = None,
+        since: date | None = None,
+        until: date | None = None,
     ) -> list[UsageRow]:
+        params = (
+            None if key_id is None else check_text(key_id, "key_id"),
+            None if model is None else check_text(model, "model"),
+            since,
+            until,
+        )
         pool = await self._get_pool()
-        rows = await pool.fetch(_SELECT_USAGE, key_id, model, since)
-        return [UsageRow(**dict(row)) for row in rows]
+        return [_usage(row) for row in await pool.fetch(sql.SELECT_USAGE, *params)]
+
+    async def spent_tokens(self, key_id: str, since: date) -> int:
+        pool = await self._get_pool()
+        # SUM of BIGINT is NUMERIC in PostgreSQL: it arrives as a Decimal.
+        return int(await pool.fetchval(sql.SPENT_TOKENS, check_text(key_id, "key_id"), since))
+
+    async def set_upstream_key(self, model: str, key: str | None) -> None:
+        name = upstream_secret_name(model)
+        pool = await self._get_pool()
+        if key is None:
+            await pool.execute(sql.SECRETS_DELETE, name)
+        else:
+            await pool.execute(sql.SECRETS_PUT, name, check_upstream_key(key).encode())
+
+    async def upstream_keys(self) -> dict[str, str]:
+        pool = await self._get_pool()
+        return {
+            row["name"].removeprefix(UPSTREAM_KEY_PREFIX): bytes(row["value"]).decode()
+            for row in await pool.fetch(sql.SECRETS_ALL)
+            if row["name"].startswith(UPSTREAM_KEY_PREFIX)
+        }
+
+    async def export_dump(self) -> StoreDump:
+        pool = await self._get_pool()
+        # One snapshot: a gateway flushing usage meanwhile lands wholly before or after.
+        async with (
+            pool.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            secrets = await conn.fetch(sql.SECRETS_ALL)
+            keys = await conn.fetch(sql.SELECT_KEYS_ORDERED)
+            usage = await conn.fetch(sql.SELECT_USAGE, None, None, None, None)
+        return StoreDump(
+            secrets={row["name"]: bytes(row["value"]) for row in secrets},
+            keys=[_key(row) for row in keys],
+            usage=[_usage(row) for row in usage],
+        )
+
+    async def import_dump(self, dump: StoreDump, replace_secrets: bool = True) -> None:
+        check_dump(dump)
+        pool = await self._get_pool()
+        try:
+            await self._import(pool, dump, replace_secrets)
+        except asyncpg.UniqueViolationError as exc:
+            # Only a hand-edited dump gets here (a key renamed onto another's name).
+            raise ValueError(f"the dump's keys clash with the store's: {exc}") from None
+        self._secret = None  # the master secret may have been replaced
+
+    async def _import(self, pool: Any, dump: StoreDump, replace_secrets: bool) -> None:
+        async with pool.acquire() as conn, conn.transaction():
+            # Keeps another writer from taking a name between the check and the writes.
+            await conn.execute("LOCK TABLE api_keys IN SHARE ROW EXCLUSIVE MODE")
+            holders = {row["name"]: row["key_id"] for row in await conn.fetch(sql.ACTIVE_NAMES)}
+            name_conflicts(dump, holders)
+            secret_sql = sql.SECRETS_PUT if replace_secrets else sql.SECRETS_ADD
+            await conn.executemany(secret_sql, list(dump.secrets.items()))
+            await conn.executemany(
+                sql.UPSERT_KEY, [key_values(k, _same) for k in write_order(dump.keys)]
+            )
+            await conn.executemany(sql.PUT_USAGE, [usage_values(r, _same) for r in dump.usage])

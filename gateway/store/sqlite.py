@@ -9,7 +9,6 @@ write locks between processes.
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -17,59 +16,24 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import TypeVar
 
-from gateway.store.base import KEY_ID_ATTEMPTS, MASTER_SECRET_NAME, KeyNameTaken, Store
-from gateway.store.keyformat import hash_api_key, new_api_key, new_key_id
-from gateway.store.models import ApiKey, UsageDelta, UsageRow
-from gateway.store.validate import check_key_name, check_models, utc
+from gateway.store import sqlite_sql as sql
+from gateway.store.base import KEY_ID_ATTEMPTS, KeyNameTaken, Store
+from gateway.store.dump_rules import check_dump, name_conflicts, write_order
+from gateway.store.models import ApiKey, KeyLimits, StoreDump, UsageDelta, UsageRow
+from gateway.store.records import (
+    ADDED_KEY_COLUMNS,
+    MASTER_SECRET_NAME,
+    UPSTREAM_KEY_PREFIX,
+    KeyDraft,
+    key_from_row,
+    key_values,
+    upstream_secret_name,
+    usage_values,
+)
+from gateway.store.validate import check_text, check_upstream_key, storable
 from workflows.engine_keys import new_master_secret
 
 T = TypeVar("T")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS secrets (
-    name TEXT PRIMARY KEY,
-    value BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS api_keys (
-    key_id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    key_hash TEXT NOT NULL,
-    models TEXT,
-    created_at TEXT NOT NULL,
-    expires_at TEXT,
-    revoked_at TEXT
-);
-CREATE UNIQUE INDEX IF NOT EXISTS api_keys_active_name
-    ON api_keys (name) WHERE revoked_at IS NULL;
-CREATE TABLE IF NOT EXISTS usage_daily (
-    key_id TEXT NOT NULL,
-    model TEXT NOT NULL,
-    day TEXT NOT NULL,
-    requests INTEGER NOT NULL DEFAULT 0,
-    prompt_tokens INTEGER NOT NULL DEFAULT 0,
-    completion_tokens INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (key_id, model, day)
-);
-"""
-
-_SELECT_KEYS = (
-    "SELECT key_id, name, key_hash, models, created_at, expires_at, revoked_at FROM api_keys"
-)
-_INSERT_KEY = (
-    "INSERT INTO api_keys (key_id, name, key_hash, models, created_at, expires_at, revoked_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, NULL)"
-)
-# key_id first: it is exact, while a name could in theory look like an id.
-_REVOKE_BY = (
-    "UPDATE api_keys SET revoked_at = ? WHERE key_id = ? AND revoked_at IS NULL",
-    "UPDATE api_keys SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
-)
-# One static statement with optional filters: no SQL is ever assembled from strings.
-_SELECT_USAGE = """
-SELECT key_id, model, day, requests, prompt_tokens, completion_tokens FROM usage_daily
-WHERE (?1 IS NULL OR key_id = ?1) AND (?2 IS NULL OR model = ?2) AND (?3 IS NULL OR day >= ?3)
-ORDER BY day, key_id, model
-"""
 
 
 def _ts(moment: datetime | None) -> str | None:
@@ -81,18 +45,35 @@ def _parse_ts(text: str | None) -> datetime | None:
     return None if text is None else datetime.fromisoformat(text)
 
 
-def _key_from_row(row: sqlite3.Row) -> ApiKey:
-    created = _parse_ts(row["created_at"])
-    assert created is not None
-    return ApiKey(
+def _key(row: sqlite3.Row) -> ApiKey:
+    return key_from_row(row, _parse_ts)
+
+
+def _usage(row: sqlite3.Row) -> UsageRow:
+    return UsageRow(
         key_id=row["key_id"],
-        name=row["name"],
-        key_hash=row["key_hash"],
-        models=None if row["models"] is None else json.loads(row["models"]),
-        created_at=created,
-        expires_at=_parse_ts(row["expires_at"]),
-        revoked_at=_parse_ts(row["revoked_at"]),
+        model=row["model"],
+        day=date.fromisoformat(row["day"]),
+        requests=row["requests"],
+        prompt_tokens=row["prompt_tokens"],
+        completion_tokens=row["completion_tokens"],
     )
+
+
+def _active_key_id(conn: sqlite3.Connection, name_or_id: str) -> str | None:
+    for query in sql.ACTIVE_KEY_ID_BY:
+        row = conn.execute(query, (name_or_id,)).fetchone()
+        if row is not None:
+            return str(row["key_id"])
+    return None
+
+
+def _upgrade(conn: sqlite3.Connection) -> None:
+    present = {row["name"] for row in conn.execute("PRAGMA table_info(api_keys)")}
+    for column, sql_type in ADDED_KEY_COLUMNS:
+        if column not in present:
+            # Both names are constants from records.py, never input.
+            conn.execute(f"ALTER TABLE api_keys ADD COLUMN {column} {sql_type}")
 
 
 class SqliteStore(Store):
@@ -139,7 +120,9 @@ class SqliteStore(Store):
         return await self._run(call)
 
     async def init(self) -> None:
-        await self._run(lambda conn: conn.executescript(_SCHEMA))
+        await self._run(lambda conn: conn.executescript(sql.SCHEMA))
+        # In a transaction, so two processes starting at once add each column once.
+        await self._transaction(_upgrade)
 
     async def close(self) -> None:
         def call() -> None:
@@ -154,56 +137,31 @@ class SqliteStore(Store):
         if self._secret is None:
 
             def call(conn: sqlite3.Connection) -> bytes:
-                conn.execute(
-                    "INSERT INTO secrets (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
-                    (MASTER_SECRET_NAME, new_master_secret()),
-                )
-                row = conn.execute(
-                    "SELECT value FROM secrets WHERE name = ?", (MASTER_SECRET_NAME,)
-                ).fetchone()
+                conn.execute(sql.SECRETS_ADD, (MASTER_SECRET_NAME, new_master_secret()))
+                row = conn.execute(sql.SECRETS_GET, (MASTER_SECRET_NAME,)).fetchone()
                 return bytes(row["value"])
 
             self._secret = await self._transaction(call)
         return self._secret
 
     async def create_key(
-        self, name: str, models: list[str] | None = None, expires_at: datetime | None = None
+        self,
+        name: str,
+        models: list[str] | None = None,
+        expires_at: datetime | None = None,
+        adapters: list[str] | None = None,
+        limits: KeyLimits | None = None,
     ) -> tuple[ApiKey, str]:
-        check_key_name(name)
-        models = check_models(models)
-        expires_at = utc(expires_at)
-        created_at = datetime.now(UTC)
+        draft = KeyDraft(name, models, expires_at, adapters, limits)
 
         def call(conn: sqlite3.Connection) -> tuple[ApiKey, str]:
-            taken = conn.execute(
-                "SELECT 1 FROM api_keys WHERE name = ? AND revoked_at IS NULL", (name,)
-            ).fetchone()
-            if taken:
-                raise KeyNameTaken(name)
+            if conn.execute(sql.NAME_TAKEN, (draft.name,)).fetchone():
+                raise KeyNameTaken(draft.name)
             for _ in range(KEY_ID_ATTEMPTS):
-                key_id = new_key_id()
-                if conn.execute("SELECT 1 FROM api_keys WHERE key_id = ?", (key_id,)).fetchone():
+                record, plaintext = draft.draw()
+                if conn.execute(sql.KEY_ID_EXISTS, (record.key_id,)).fetchone():
                     continue
-                plaintext = new_api_key(key_id)
-                record = ApiKey(
-                    key_id=key_id,
-                    name=name,
-                    key_hash=hash_api_key(plaintext),
-                    models=models,
-                    created_at=created_at,
-                    expires_at=expires_at,
-                )
-                conn.execute(
-                    _INSERT_KEY,
-                    (
-                        record.key_id,
-                        record.name,
-                        record.key_hash,
-                        None if models is None else json.dumps(models),
-                        _ts(record.created_at),
-                        _ts(record.expires_at),
-                    ),
-                )
+                conn.execute(sql.INSERT_KEY, key_values(record, _ts))
                 return record, plaintext
             raise RuntimeError("could not find a free key_id")
 
@@ -214,67 +172,137 @@ class SqliteStore(Store):
             raise KeyNameTaken(name) from exc
 
     async def get_key(self, key_id: str) -> ApiKey | None:
+        if not storable(key_id):
+            return None
+
         def call(conn: sqlite3.Connection) -> ApiKey | None:
-            row = conn.execute(_SELECT_KEYS + " WHERE key_id = ?", (key_id,)).fetchone()
-            return None if row is None else _key_from_row(row)
+            row = conn.execute(sql.SELECT_KEY, (key_id,)).fetchone()
+            return None if row is None else _key(row)
 
         return await self._run(call)
 
     async def list_keys(self) -> list[ApiKey]:
         def call(conn: sqlite3.Connection) -> list[ApiKey]:
-            rows = conn.execute(_SELECT_KEYS + " ORDER BY created_at, key_id").fetchall()
-            return [_key_from_row(row) for row in rows]
+            return [_key(row) for row in conn.execute(sql.SELECT_KEYS_ORDERED).fetchall()]
 
         return await self._run(call)
 
     async def revoke_key(self, name_or_id: str) -> bool:
+        if not storable(name_or_id):
+            return False
         now = _ts(datetime.now(UTC))
 
         def call(conn: sqlite3.Connection) -> bool:
-            return any(conn.execute(query, (now, name_or_id)).rowcount for query in _REVOKE_BY)
+            key_id = _active_key_id(conn, name_or_id)
+            if key_id is None:
+                return False
+            conn.execute(sql.REVOKE, (now, key_id))
+            return True
+
+        return await self._transaction(call)
+
+    async def set_key_limits(self, name_or_id: str, limits: KeyLimits) -> ApiKey | None:
+        limits = KeyLimits.model_validate(limits)
+        if not storable(name_or_id):
+            return None
+
+        def call(conn: sqlite3.Connection) -> ApiKey | None:
+            key_id = _active_key_id(conn, name_or_id)
+            if key_id is None:
+                return None
+            conn.execute(
+                sql.SET_LIMITS,
+                (limits.rpm, limits.tpm, limits.token_budget, limits.budget_period, key_id),
+            )
+            row = conn.execute(sql.SELECT_KEY, (key_id,)).fetchone()
+            return _key(row)
 
         return await self._transaction(call)
 
     async def add_usage(self, rows: list[UsageDelta]) -> None:
         if not rows:
             return
-        params = [
-            (r.key_id, r.model, r.day.isoformat(), r.requests, r.prompt_tokens, r.completion_tokens)
-            for r in rows
-        ]
-
-        def call(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                """
-                INSERT INTO usage_daily
-                    (key_id, model, day, requests, prompt_tokens, completion_tokens)
-                VALUES (?, ?, ?, ?, ?, ?)
-                ON CONFLICT (key_id, model, day) DO UPDATE SET
-                    requests = requests + excluded.requests,
-                    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-                    completion_tokens = completion_tokens + excluded.completion_tokens
-                """,
-                params,
-            )
-
-        await self._transaction(call)
+        params = [usage_values(r, date.isoformat) for r in rows]
+        await self._transaction(lambda conn: conn.executemany(sql.ADD_USAGE, params))
 
     async def usage(
-        self, key_id: str | None = None, model: str | None = None, since: date | None = None
+        self,
+        key_id: str | None = None,
+        model: str | None = None,
+        since: date | None = None,
+        until: date | None = None,
     ) -> list[UsageRow]:
-        params = (key_id, model, None if since is None else since.isoformat())
+        params = (
+            None if key_id is None else check_text(key_id, "key_id"),
+            None if model is None else check_text(model, "model"),
+            None if since is None else since.isoformat(),
+            None if until is None else until.isoformat(),
+        )
 
         def call(conn: sqlite3.Connection) -> list[UsageRow]:
-            return [
-                UsageRow(
-                    key_id=row["key_id"],
-                    model=row["model"],
-                    day=date.fromisoformat(row["day"]),
-                    requests=row["requests"],
-                    prompt_tokens=row["prompt_tokens"],
-                    completion_tokens=row["completion_tokens"],
-                )
-                for row in conn.execute(_SELECT_USAGE, params).fetchall()
-            ]
+            return [_usage(row) for row in conn.execute(sql.SELECT_USAGE, params).fetchall()]
 
         return await self._run(call)
+
+    async def spent_tokens(self, key_id: str, since: date) -> int:
+        params = (check_text(key_id, "key_id"), since.isoformat())
+
+        def call(conn: sqlite3.Connection) -> int:
+            return int(conn.execute(sql.SPENT_TOKENS, params).fetchone()[0])
+
+        return await self._run(call)
+
+    async def set_upstream_key(self, model: str, key: str | None) -> None:
+        name = upstream_secret_name(model)
+        if key is None:
+            await self._transaction(lambda conn: conn.execute(sql.SECRETS_DELETE, (name,)))
+            return
+        value = check_upstream_key(key).encode()
+        await self._transaction(lambda conn: conn.execute(sql.SECRETS_PUT, (name, value)))
+
+    async def upstream_keys(self) -> dict[str, str]:
+        def call(conn: sqlite3.Connection) -> dict[str, str]:
+            return {
+                row["name"].removeprefix(UPSTREAM_KEY_PREFIX): bytes(row["value"]).decode()
+                for row in conn.execute(sql.SECRETS_ALL).fetchall()
+                if row["name"].startswith(UPSTREAM_KEY_PREFIX)
+            }
+
+        return await self._run(call)
+
+    async def export_dump(self) -> StoreDump:
+        def call(conn: sqlite3.Connection) -> StoreDump:
+            return StoreDump(
+                secrets={
+                    row["name"]: bytes(row["value"])
+                    for row in conn.execute(sql.SECRETS_ALL).fetchall()
+                },
+                keys=[_key(row) for row in conn.execute(sql.SELECT_KEYS_ORDERED).fetchall()],
+                usage=[
+                    _usage(row)
+                    for row in conn.execute(sql.SELECT_USAGE, (None, None, None, None)).fetchall()
+                ],
+            )
+
+        # One transaction: a gateway flushing usage meanwhile lands wholly before or after.
+        return await self._transaction(call)
+
+    async def import_dump(self, dump: StoreDump, replace_secrets: bool = True) -> None:
+        check_dump(dump)
+        secret_sql = sql.SECRETS_PUT if replace_secrets else sql.SECRETS_ADD
+
+        def call(conn: sqlite3.Connection) -> None:
+            holders = {
+                row["name"]: row["key_id"] for row in conn.execute(sql.ACTIVE_NAMES).fetchall()
+            }
+            name_conflicts(dump, holders)
+            conn.executemany(secret_sql, list(dump.secrets.items()))
+            conn.executemany(sql.UPSERT_KEY, [key_values(k, _ts) for k in write_order(dump.keys)])
+            conn.executemany(sql.PUT_USAGE, [usage_values(r, date.isoformat) for r in dump.usage])
+
+        try:
+            await self._transaction(call)
+        except sqlite3.IntegrityError as exc:
+            # Only a hand-edited dump gets here (a key renamed onto another's name).
+            raise ValueError(f"the dump's keys clash with the store's: {exc}") from None
+        self._secret = None  # the master secret may have been replaced

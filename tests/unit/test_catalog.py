@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from workflows.catalog import check_model, check_profile
-from workflows.contracts import ModelSpec, Profile
+from workflows.contracts import Autoscale, ModelSpec, Profile
 
 
 def problems(**fields) -> list[str]:
@@ -112,3 +112,119 @@ def test_profile_fingerprints_change_with_the_profile_only():
 def test_a_model_name_that_could_escape_a_path_is_refused():
     with pytest.raises(ValidationError):
         ModelSpec(name="../etc", weights="/w")
+
+
+def test_fingerprints_recorded_before_external_models_existed_stay_the_same():
+    # The fingerprint a replica reported in tests/workflows/histories/Model.json: were it to
+    # change, an upgrade would roll every running replica.
+    spec = ModelSpec(name="m", weights="/w/model.gguf", replicas=2, engine_version="1")
+    assert spec.profile_fingerprint(0) == "8985126ee49d3b27"
+
+
+def external(*urls: str, **fields) -> ModelSpec:
+    return ModelSpec(name="ext", profiles=[Profile(engine="external", urls=list(urls), **fields)])
+
+
+def test_an_external_model_needs_no_weights_and_has_a_replica_per_url():
+    spec = ModelSpec.model_validate(
+        {
+            "name": "ext",
+            "replicas": 7,
+            "max_replicas": 1,
+            "engine": "external",
+            "urls": ["http://127.0.0.1:9000", "https://api.example.com/v1", "http://[::1]:9/v1/"],
+        }
+    )
+    assert spec.replicas == 3
+    assert spec.external
+    assert check_model(spec) == []
+
+
+def test_other_engines_still_need_weights():
+    found = check_model(ModelSpec(name="m", profiles=[Profile(memory_mb=512)]))
+    assert found == ["weights: engine llamacpp needs a GGUF file or model directory"]
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("ftp://127.0.0.1/", "must start with http:// or https://"),
+        ("127.0.0.1:9000", "must start with http:// or https://"),
+        ("http://", "names no host"),
+        ("http://127.0.0.1:9000/v1?key=1", "must have no query or fragment"),
+        ("http://127.0.0.1:9000/#top", "must have no query or fragment"),
+        ("http://127.0.0.1:99999", "is not a URL"),
+        ("http://127.0.0.1:9000/v1\r\nX-Injected: 1", "has spaces or control characters"),
+    ],
+)
+def test_an_external_url_must_be_a_plain_http_base(url, expected):
+    found = check_model(external(url))
+    assert len(found) == 1 and found[0].startswith("profiles[0].urls[0]: "), found
+    assert expected in found[0]
+
+
+def test_credentials_in_an_external_url_are_refused_without_repeating_them():
+    found = check_model(external("http://127.0.0.1:9000", "https://user:s3cret@api.example.com"))
+    assert len(found) == 1
+    assert found[0].startswith("profiles[0].urls[1]: credentials do not go in the URL")
+    assert "s3cret" not in found[0]
+
+
+@pytest.mark.parametrize("count", [0, 65])
+def test_an_external_model_has_one_to_64_urls(count):
+    urls = [f"http://10.0.0.1:{9000 + i}" for i in range(count)]
+    assert check_model(external(*urls)) == [
+        f"profiles[0].urls: an external model needs 1 to 64, not {count}"
+    ]
+
+
+def test_the_same_endpoint_twice_is_refused():
+    found = check_model(external("http://127.0.0.1:9000", "http://127.0.0.1:9000/v1/"))
+    assert found == ["profiles[0].urls: the same endpoint is listed twice"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"gpu_class": "h100-80g"},
+        {"gpus_per_node": 1},
+        {"tensor_parallel": 2},
+        {"pipeline_parallel": 2},
+        {"nodes": 2},
+        {"memory_mb": 2048},
+        {"args": ["--foo"]},
+        {"env": {"A": "1"}},
+        {"kv_events": True},
+        {"lora": [{"name": "a", "path": "/a"}]},
+        {"engine_version": "1"},
+    ],
+)
+def test_an_external_profile_refuses_what_only_a_launched_engine_uses(fields):
+    (field,) = fields
+    found = check_model(external("http://127.0.0.1:9000", **fields))
+    assert found == [f"profiles[0].{field}: external endpoints run elsewhere; leave it unset"]
+
+
+def test_an_external_model_has_exactly_one_profile_and_no_autoscaling():
+    spec = ModelSpec(
+        name="ext",
+        autoscale=Autoscale(),
+        profiles=[
+            Profile(engine="external", urls=["http://127.0.0.1:9000"]),
+            Profile(memory_mb=512),
+        ],
+    )
+    found = check_model(spec)
+    assert found[0].startswith("profiles: an external model has exactly one profile")
+    assert found[1] == "autoscale: llmgw does not scale external endpoints"
+
+
+def test_other_engines_refuse_urls():
+    found = problems(engine="llamacpp", memory_mb=512, urls=["http://127.0.0.1:9000"])
+    assert found == ["urls: only engine external takes URLs; llamacpp runs on the nodes"]
+
+
+def test_changing_an_external_models_urls_changes_its_fingerprint():
+    one = external("http://127.0.0.1:9000")
+    assert one.fingerprints() == external("http://127.0.0.1:9000").fingerprints()
+    assert one.fingerprints() != external("http://127.0.0.1:9001").fingerprints()

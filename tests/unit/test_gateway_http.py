@@ -7,140 +7,41 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import uvicorn
 from aiohttp import web
 from starlette.requests import Request
 
 from gateway.admin_routes import require_local
 from gateway.errors import ApiError
-from gateway.server import serve, uvicorn_config
+from gateway.server import serve
 from gateway.settings import GatewaySettings
 from gateway.store import Store, open_store
+from tests.gateway_kit import (
+    MODEL,
+    NODE,
+    FakeRouteSource,
+    Gateway,
+    assert_openai_error,
+    fast_settings,
+    recording_upstream,
+    route,
+    running_gateway,
+    serving,
+    sse_events,
+    start_standin,
+    stop,
+)
 from workers.temporal_server import free_port
-from workflows.contracts import ReplicaState, Route, RoutingTable
+from workflows.contracts import ReplicaState, RoutingTable
 from workflows.engine_keys import engine_key_from_master
 
-STANDIN = Path(__file__).resolve().parents[1] / "standin_engine.py"
-NODE = "node-a"
-MODEL = "smol"
-TIMEOUT = httpx.Timeout(15.0)
-
-
-def route(replica_id: str, endpoint: str, state: ReplicaState = ReplicaState.READY) -> Route:
-    return Route(
-        replica_id=replica_id,
-        model=MODEL,
-        node=NODE,
-        endpoint=endpoint,
-        engine="llamacpp",
-        state=state,
-    )
-
-
-class FakeRouteSource:
-    """Stands in for the ledger query; counts calls so a test can tell when the gateway asks."""
-
-    def __init__(self, *routes: Route) -> None:
-        self.table = RoutingTable(version=1, routes=list(routes))
-        self.fetches = 0
-
-    async def fetch(self) -> RoutingTable:
-        self.fetches += 1
-        return self.table
-
-
-# --- upstreams ---------------------------------------------------------------------------
-
-
-def start_standin(tmp: Path, keys: list[str], env: dict[str, str] | None = None) -> tuple[str, Any]:
-    weights = tmp / "model.gguf"
-    weights.write_bytes(b"GGUF")
-    port = free_port()
-    command = [sys.executable, str(STANDIN), "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(
-        [*command, "-m", str(weights), "--load-delay", "0"],
-        env={**os.environ, "LLAMA_API_KEY": ",".join(keys), **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1, trust_env=False).status_code == 200:
-                return url, proc
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("the stand-in engine did not come up")
-
-
-def stop(proc: Any) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-@dataclass
-class Recorder:
-    """An upstream that answers one fixed chat completion and keeps every request it got."""
-
-    url: str = ""
-    seen: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
-
-
-@asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
-
-
-@asynccontextmanager
-async def recording_upstream() -> AsyncIterator[Recorder]:
-    recorder = Recorder()
-
-    async def chat(request: web.Request) -> web.Response:
-        recorder.seen.append((dict(request.headers), await request.json()))
-        return web.json_response(
-            {
-                "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-                "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
-            }
-        )
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    async with serving(app) as url:
-        recorder.url = url
-        yield recorder
+HELLO = [{"role": "user", "content": "hi"}]
 
 
 async def truncated_stream(request: web.Request) -> web.StreamResponse:
@@ -151,77 +52,6 @@ async def truncated_stream(request: web.Request) -> web.StreamResponse:
     await response.write(f"data: {json.dumps(chunk)}\r\n\r\n".encode())
     await response.write_eof()
     return response
-
-
-# --- the gateway -------------------------------------------------------------------------
-
-
-@dataclass
-class Gateway:
-    url: str
-    client: httpx.AsyncClient
-    store: Store
-    source: FakeRouteSource
-    key_id: str
-    api_key: str
-
-    @property
-    def auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"}
-
-    async def chat(self, **body: Any) -> httpx.Response:
-        body.setdefault("model", MODEL)
-        body.setdefault("messages", [{"role": "user", "content": "tell me about otters"}])
-        return await self.client.post("/v1/chat/completions", json=body, headers=self.auth)
-
-    async def usage_totals(self, expect_requests: int, timeout: float = 5.0) -> tuple[int, int]:
-        """(prompt, completion) tokens once the store shows `expect_requests` requests."""
-        deadline = time.monotonic() + timeout
-        while True:
-            rows = await self.store.usage(key_id=self.key_id)
-            if sum(r.requests for r in rows) >= expect_requests or time.monotonic() > deadline:
-                assert sum(r.requests for r in rows) == expect_requests
-                return (
-                    sum(r.prompt_tokens for r in rows),
-                    sum(r.completion_tokens for r in rows),
-                )
-            await asyncio.sleep(0.05)
-
-
-def fast_settings(**overrides: Any) -> GatewaySettings:
-    values: dict[str, Any] = {
-        "refresh_interval_s": 0.05,
-        "key_refresh_interval_s": 0.1,
-        "usage_flush_interval_s": 0.1,
-        "upstream_read_timeout_s": 10,
-    }
-    return GatewaySettings(**{**values, **overrides})
-
-
-@asynccontextmanager
-async def running_gateway(
-    store: Store, source: FakeRouteSource, settings: GatewaySettings | None = None
-) -> AsyncIterator[Gateway]:
-    settings = settings or fast_settings()
-    record, plaintext = await store.create_key(f"test-{uuid.uuid4().hex[:8]}")
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn_config(settings, store, source))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    url = f"http://127.0.0.1:{port}"
-    client = httpx.AsyncClient(base_url=url, timeout=TIMEOUT, trust_env=False)
-    try:
-        yield Gateway(url, client, store, source, record.key_id, plaintext)
-    finally:
-        await client.aclose()
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
-        sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -256,20 +86,6 @@ async def gateway(store: Store, standin: str) -> AsyncIterator[Gateway]:
         yield gw
 
 
-def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> None:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
-    assert "Traceback" not in response.text
-    if code is not None:
-        assert body["error"]["code"] == code
-
-
-async def sse_events(response: httpx.Response) -> list[str]:
-    return [line[len("data: ") :] async for line in response.aiter_lines() if line]
-
-
 # --- authentication ----------------------------------------------------------------------
 
 
@@ -298,7 +114,7 @@ async def test_a_key_limited_to_other_models_gets_403(gateway: Gateway, store: S
     _, limited = await store.create_key(f"limited-{uuid.uuid4().hex[:6]}", models=["other"])
     response = await gateway.client.post(
         "/v1/chat/completions",
-        json={"model": MODEL, "messages": []},
+        json={"model": MODEL, "messages": HELLO},
         headers={"Authorization": f"Bearer {limited}"},
     )
     assert_openai_error(response, 403, "model_not_allowed")
@@ -316,8 +132,15 @@ async def test_a_key_limited_to_other_models_gets_403(gateway: Gateway, store: S
         (b"[1, 2]", None),
         (b'{"messages": []}', "model"),
         (b'{"model": 7}', "model"),
-        (b'{"model": "smol", "stream": "yes"}', "stream"),
-        (b'{"model": "smol", "stream": true, "stream_options": 1}', "stream_options"),
+        (b'{"model": "smol", "stream": "yes", "messages": [{"content": "hi"}]}', "stream"),
+        (b'{"model": "smol", "messages": []}', "messages"),
+        (b'{"model": "smol", "max_tokens": 0, "messages": [{"content": "hi"}]}', "max_tokens"),
+        (b'{"model": "smol", "n": 1000, "messages": [{"content": "hi"}]}', "n"),
+        (
+            b'{"model": "smol", "stream": true, "stream_options": 1,'
+            b' "messages": [{"content": "x"}]}',
+            "stream_options",
+        ),
         (b'{"model": "smol", "api_base": "http://169.254.169.254/"}', "api_base"),
         (b'{"model": "smol", "base_url": "http://evil/"}', "base_url"),
         (b'{"model": "smol", "api_key": "sk-other"}', "api_key"),
@@ -423,7 +246,11 @@ async def test_upstream_sees_the_engine_key_never_the_clients(
         async with running_gateway(store, source) as gw:
             response = await gw.client.post(
                 "/v1/chat/completions",
-                json={"model": MODEL, "messages": [], "temperature": 0.5},
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "temperature": 0.5,
+                },
                 headers={**gw.auth, "X-Secret-Header": "client-only", "Cookie": "a=b"},
             )
             assert response.status_code == 200
@@ -433,7 +260,11 @@ async def test_upstream_sees_the_engine_key_never_the_clients(
     assert headers["Authorization"] == f"Bearer {engine_keys['smol-0']}"
     assert all(client_key not in value for value in headers.values())
     assert "X-Secret-Header" not in headers and "Cookie" not in headers
-    assert body == {"model": MODEL, "messages": [], "temperature": 0.5}
+    assert body == {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0.5,
+    }
 
 
 async def test_plain_chat_is_relayed_and_usage_recorded(gateway: Gateway) -> None:
@@ -524,7 +355,7 @@ async def test_a_stream_cut_short_without_done_ends_with_an_error(store: Store) 
         serving(app) as url,
         running_gateway(store, FakeRouteSource(route("smol-0", url))) as gw,
     ):
-        body = {"model": MODEL, "stream": True, "messages": []}
+        body = {"model": MODEL, "stream": True, "messages": HELLO}
         async with gw.client.stream(
             "POST", "/v1/chat/completions", json=body, headers=gw.auth
         ) as response:

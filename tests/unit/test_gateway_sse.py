@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from gateway.sse import EventTooLarge, SseSplitter, UsageFilter, event_data
+from gateway.sse import EventTooLarge, SseSplitter, StreamFilter, UsageFilter, event_data
 
 USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
 
@@ -60,3 +63,40 @@ def test_ordinary_chunks_pass_byte_for_byte_and_done_is_noticed() -> None:
     assert usage_filter.process(event) == event + b"\n\n"
     assert usage_filter.process(b"data: [DONE]") == b"data: [DONE]\n\n"
     assert usage_filter.saw_done and usage_filter.chunks == 1 and usage_filter.usage is None
+
+
+# --- the relay's filter: whole usage-free chunks pass through without being split -----------
+
+_STREAM = (
+    b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    b'data: {"choices":[{"delta":{"content":"b"}}]}\n\n'
+    b": keep-alive comment\n\n"
+    b'data: {"choices":[{"delta":{"content":"c"}}]}\n\n'
+    b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+def _relayed(cuts: list[int], wants_usage: bool) -> tuple[bytes, StreamFilter]:
+    relay = StreamFilter(client_wants_usage=wants_usage)
+    bounds = [0, *sorted(set(cuts)), len(_STREAM)]
+    out = b"".join(relay.feed(_STREAM[a:b]) for a, b in itertools.pairwise(bounds))
+    return out + relay.finish(), relay
+
+
+@given(st.lists(st.integers(min_value=1, max_value=len(_STREAM) - 1), max_size=12), st.booleans())
+def test_any_chunking_relays_the_same_events_and_usage(cuts: list[int], wants_usage: bool) -> None:
+    whole, _ = _relayed([], wants_usage)  # one chunk: the careful path throughout
+    out, relay = _relayed(cuts, wants_usage)
+    assert out == whole
+    assert relay.usage_filter.usage == {"prompt_tokens": 3, "completion_tokens": 3}
+    assert relay.usage_filter.saw_done
+    assert (b'"usage"' in out) is wants_usage, "the usage chunk only when the client asked"
+    assert relay.usage_filter.chunks >= 3
+
+
+def test_whole_event_chunks_pass_through_unchanged() -> None:
+    relay = StreamFilter(client_wants_usage=False)
+    first = _STREAM.split(b": keep")[0]
+    assert relay.feed(first) == first
+    assert relay.usage_filter.chunks == 2

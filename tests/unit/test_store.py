@@ -3,6 +3,9 @@
 PostgreSQL tests use a fresh schema per test (named in the URL's search_path) and drop it after,
 so parallel and repeated runs never see each other's rows. Set LLMGW_TEST_DATABASE_URL to point
 elsewhere; set LLMGW_REQUIRE_POSTGRES=1 to fail instead of skip when it is unreachable.
+
+The other test_store_*.py files run their cases through the `backend`, `open_test_store` and
+`store` fixtures defined here, so every case meets both backends.
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ import asyncio
 import hashlib
 import os
 import re
+import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, closing
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
@@ -20,11 +26,43 @@ import asyncpg
 import pytest
 
 from gateway.store import KeyNameTaken, Store, UsageDelta, open_store
+from gateway.store.factory import SQLITE_FILENAME
 from gateway.store.keyformat import parse_key_id
 
 PG_URL = os.environ.get("LLMGW_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+BACKENDS = ["sqlite", "postgres"]
 
 StoreFactory = Callable[[], Awaitable[Store]]
+
+
+@dataclass
+class Backend:
+    """One test database: a SQLite file in a temporary state dir, or a fresh PostgreSQL schema.
+    Every store it opens shares that database, as separate processes would."""
+
+    name: str
+    url: str | None
+    state_dir: Path
+    opened: list[Store] = field(default_factory=list)
+
+    async def open(self) -> Store:
+        store = open_store(self.url, self.state_dir)
+        await store.init()
+        self.opened.append(store)
+        return store
+
+    async def execute_raw(self, script: str) -> None:
+        """Run SQL straight on the database, past the store: to build what an older llmgw
+        left behind."""
+        if self.url is None:
+            with closing(sqlite3.connect(self.state_dir / SQLITE_FILENAME)) as conn:
+                conn.executescript(script)
+            return
+        conn = await asyncpg.connect(self.url, timeout=5)
+        try:
+            await conn.execute(script)
+        finally:
+            await conn.close()
 
 
 async def _postgres_schema() -> str:
@@ -50,29 +88,31 @@ async def _drop_schema(schema: str) -> None:
         await conn.close()
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-async def open_test_store(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[StoreFactory]:
-    """Opens (and later closes) stores that all share one database, as separate processes
-    would: the same SQLite file, or the same PostgreSQL schema."""
-    schema = await _postgres_schema() if request.param == "postgres" else None
+@asynccontextmanager
+async def backend_named(name: str, state_dir: Path) -> AsyncIterator[Backend]:
+    """A backend by name, closed and (for PostgreSQL) dropped on exit."""
+    schema = await _postgres_schema() if name == "postgres" else None
     url = None if schema is None else f"{PG_URL}?search_path={schema}"
-    opened: list[Store] = []
-
-    async def factory() -> Store:
-        store = open_store(url, tmp_path)
-        await store.init()
-        opened.append(store)
-        return store
-
+    backend = Backend(name, url, state_dir)
     try:
-        yield factory
+        yield backend
     finally:
-        for store in opened:
+        for store in backend.opened:
             await store.close()
         if schema is not None:
             await _drop_schema(schema)
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    async with backend_named(request.param, tmp_path) as backend:
+        yield backend
+
+
+@pytest.fixture
+def open_test_store(backend: Backend) -> StoreFactory:
+    """Opens (and later closes) stores that all share one database."""
+    return backend.open
 
 
 @pytest.fixture

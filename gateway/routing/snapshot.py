@@ -1,8 +1,9 @@
-"""Choosing a replica for a request: pure, in memory, no I/O.
+"""The gateway's view of the ledger's routing table: which replicas of a model can serve now.
 
 A snapshot is built from the ledger's routing table each time it changes. Only READY routes are
 candidates; the rest are kept so an unknown model (404) can be told from a known model whose
-replicas are all starting, restarting or stopping (503).
+replicas are all starting, restarting or stopping (503). `pick` is the original least-in-flight
+choice; `policy.Router` is the full one (prefix affinity, sessions, breakers, engine load).
 """
 
 from __future__ import annotations

@@ -1,0 +1,99 @@
+"""Client API keys through the admin API: list, create, revoke, change limits.
+
+Reads answer to local clients; changes must also come as same-site JSON (see
+admin_models.require_same_site_json). A key's hash never leaves the store, and its plaintext
+leaves it once, in the answer to the POST that created it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gateway.admin_models import require_same_site_json
+from gateway.admin_routes import require_local
+from gateway.deps import State
+from gateway.errors import ApiError, bad_request
+from gateway.store import ApiKey, KeyLimits, KeyNameTaken
+
+router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_local)])
+_writes = [Depends(require_same_site_json)]
+T = TypeVar("T", bound=BaseModel)
+
+
+class CreateKeyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    models: list[str] | None = None
+    adapters: list[str] | None = None
+    limits: KeyLimits = Field(default_factory=KeyLimits)
+    expires_at: datetime | None = None  # naive means UTC
+
+
+def key_view(key: ApiKey) -> dict[str, Any]:
+    return key.model_dump(mode="json", exclude={"key_hash"})
+
+
+async def _body(request: Request, model: type[T]) -> T:
+    # Parsed here rather than as a FastAPI body parameter, so the same-site check has run first
+    # and errors keep the admin API's shape.
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as err:
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in err.errors()
+        )
+        raise bad_request(f"Invalid request: {fields}", code="invalid_request") from None
+
+
+def _no_key(name_or_id: str) -> ApiError:
+    return ApiError(404, f"No active API key {name_or_id!r}.", code="key_not_found")
+
+
+@router.get("/keys")
+async def list_keys(state: State) -> dict[str, Any]:
+    return {"data": [key_view(key) for key in await state.store.list_keys()]}
+
+
+@router.post("/keys", dependencies=_writes, response_model=None)
+async def create_key(request: Request, state: State) -> JSONResponse:
+    body = await _body(request, CreateKeyRequest)
+    try:
+        record, plaintext = await state.store.create_key(
+            body.name,
+            models=body.models,
+            expires_at=body.expires_at,
+            adapters=body.adapters,
+            limits=body.limits,
+        )
+    except KeyNameTaken as err:
+        raise ApiError(409, str(err), code="key_name_taken") from None
+    except ValueError as err:
+        raise bad_request(str(err), code="invalid_request") from None
+    return JSONResponse(
+        {"key": key_view(record), "api_key": plaintext},
+        status_code=201,
+        # The only time the plaintext exists outside the caller: keep it out of every cache.
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+@router.delete("/keys/{name_or_id}", dependencies=_writes)
+async def revoke_key(name_or_id: str, state: State) -> dict[str, Any]:
+    if not await state.store.revoke_key(name_or_id):
+        raise _no_key(name_or_id)
+    return {"revoked": name_or_id}
+
+
+@router.put("/keys/{name_or_id}/limits", dependencies=_writes)
+async def set_limits(name_or_id: str, request: Request, state: State) -> dict[str, Any]:
+    limits = await _body(request, KeyLimits)
+    record = await state.store.set_key_limits(name_or_id, limits)
+    if record is None:
+        raise _no_key(name_or_id)
+    return key_view(record)

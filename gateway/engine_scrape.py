@@ -1,0 +1,71 @@
+"""The background loop that reads each ready replica's own /metrics for least-load routing.
+
+Requests never wait on it: the router reads the last samples, and a sample too old to trust is
+ignored rather than believed. A replica whose metrics do not answer counts as a failure for its
+circuit breaker, so a dead engine is ejected even while no request is sent to it. External
+endpoints are not scraped (their metrics, if any, are not ours to read).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import aiohttp
+
+from activities.engine_metrics import metrics_path
+from gateway.deps import EXTERNAL_ENGINE, GatewayState
+from gateway.routing import scrape_all
+from workflows.contracts import Route
+
+log = logging.getLogger(__name__)
+
+SCRAPE_TIMEOUT_S = 1.0
+
+
+def metrics_url(route: Route) -> str:
+    base = route.endpoint.rstrip("/").removesuffix("/v1")
+    if "://" not in base:
+        base = "http://" + base
+    return base + metrics_path(route.engine)
+
+
+class EngineScraper:
+    def __init__(self, state: GatewayState) -> None:
+        self._state = state
+        self._version = -1
+        self._failing: set[str] = set()
+
+    async def _fetch(self, route: Route) -> str:
+        state = self._state
+        secret = state.upstream_auth(route)
+        headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+        timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
+        async with state.session.get(metrics_url(route), headers=headers, timeout=timeout) as r:
+            r.raise_for_status()
+            return await r.text()
+
+    async def run(self) -> None:
+        state = self._state
+        snapshot = state.routes.snapshot
+        router = state.router
+        if snapshot.version != self._version:
+            # Replicas that left the table take their prefixes, breakers and samples along.
+            router.retain(snapshot)
+            self._version = snapshot.version
+        routes = [
+            route
+            for model in snapshot.models()
+            for route in snapshot.ready(model)
+            if route.engine != EXTERNAL_ENGINE
+        ]
+        if not routes:
+            return
+        scraped = await scrape_all(routes, self._fetch, SCRAPE_TIMEOUT_S)
+        router.loads.update(scraped)
+        now = time.monotonic()
+        for replica_id, why in scraped.failures.items():
+            if replica_id not in self._failing:
+                log.warning("no metrics from replica %s: %s", replica_id, why)
+            router.breaker.failed(replica_id, now)
+        self._failing = set(scraped.failures)

@@ -1,0 +1,133 @@
+"""What each engine says it is doing, scraped from its /metrics, for the router to read.
+
+A gateway counts only its own requests in flight; an engine's running and waiting gauges count
+every gateway's, and its queue, which is what decides how long a new request waits. The
+integrator's loop calls `scrape_all` every second or so and hands the result to an
+`EngineLoadBoard`; the router reads the board in memory and never waits on a scrape. A sample
+older than `max_age_s` is ignored: a replica whose metrics stopped answering is judged by the
+gateway's own count alone rather than by a stale picture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from activities.engine_metrics import kv_usage, load
+from workflows.contracts import Route
+
+# About five scrape periods: one slow or missed scrape does not blind the router.
+DEFAULT_MAX_AGE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSample:
+    running: int
+    waiting: int
+    kv_usage: float | None  # 0-1 share of the KV cache in use; None where the engine has none
+    taken_at: float  # the caller's monotonic clock
+
+    @property
+    def in_flight(self) -> int:
+        return self.running + self.waiting
+
+
+def sample_from_metrics(metrics_text: str, taken_at: float) -> LoadSample | None:
+    """A sample from an engine's Prometheus text, or None when it has no request gauges (for
+    example a llama-server started without --metrics answers 501, or a proxy's own page)."""
+    found = load(metrics_text)
+    if found is None:
+        return None
+    return LoadSample(found.running, found.waiting, kv_usage(metrics_text), taken_at)
+
+
+class EngineLoadBoard:
+    """The latest sample per replica."""
+
+    def __init__(self, max_age_s: float = DEFAULT_MAX_AGE_S) -> None:
+        self.max_age_s = max_age_s
+        self._latest: dict[str, LoadSample] = {}
+
+    def record(self, replica_id: str, sample: LoadSample) -> None:
+        current = self._latest.get(replica_id)
+        # Scrapes overlap when one is slow: never let an older answer replace a newer one.
+        if current is None or sample.taken_at >= current.taken_at:
+            self._latest[replica_id] = sample
+
+    def update(self, samples: Mapping[str, LoadSample], now: float | None = None) -> None:
+        """Record a scrape round's samples; given `now`, also drop samples too old to be read
+        again, so replicas that stopped being scraped do not linger."""
+        for replica_id, sample in samples.items():
+            self.record(replica_id, sample)
+        if now is not None:
+            stale = [r for r, s in self._latest.items() if now - s.taken_at > self.max_age_s]
+            for replica_id in stale:
+                del self._latest[replica_id]
+
+    def latest(self, replica_id: str, now: float) -> LoadSample | None:
+        """The replica's sample if it is fresh enough to trust, else None."""
+        sample = self._latest.get(replica_id)
+        if sample is None or now - sample.taken_at > self.max_age_s:
+            return None
+        return sample
+
+    def in_flight(self, replica_id: str, now: float) -> int | None:
+        sample = self.latest(replica_id, now)
+        return None if sample is None else sample.running + sample.waiting
+
+    def age_s(self, replica_id: str, now: float) -> float | None:
+        sample = self._latest.get(replica_id)
+        return None if sample is None else now - sample.taken_at
+
+    def forget(self, replica_id: str) -> None:
+        self._latest.pop(replica_id, None)
+
+    def retain(self, replica_ids: Iterable[str]) -> None:
+        """Drop samples of replicas not in `replica_ids` (they left the routing table)."""
+        keep = set(replica_ids)
+        for replica_id in [r for r in self._latest if r not in keep]:
+            del self._latest[replica_id]
+
+
+class ScrapeRound(dict[str, LoadSample]):
+    """replica_id -> sample for each engine that answered, plus `failures`: replica_id -> why
+    no sample came back, for the log (and, if the integrator wants, the breaker)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures: dict[str, str] = {}
+
+
+async def scrape_all(
+    routes: Iterable[Route],
+    fetch_text: Callable[[Route], Awaitable[str]],
+    timeout_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> ScrapeRound:
+    """Scrape every route's engine at once, each bounded by `timeout_s`, so one hung engine
+    delays nobody else's sample. `fetch_text` returns the metrics page's text (it knows the
+    URL, `activities.engine_metrics.metrics_path(route.engine)`, and the engine key) and raises
+    on any failure."""
+    ordered = list(routes)
+
+    async def one(route: Route) -> LoadSample | str:
+        try:
+            async with asyncio.timeout(timeout_s):
+                text = await fetch_text(route)
+        except TimeoutError:
+            return f"no answer within {timeout_s:g}s"
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        sample = sample_from_metrics(text, clock())
+        return "no request gauges in its metrics" if sample is None else sample
+
+    outcomes = await asyncio.gather(*(one(route) for route in ordered))
+    result = ScrapeRound()
+    for route, outcome in zip(ordered, outcomes, strict=True):
+        if isinstance(outcome, LoadSample):
+            result[route.replica_id] = outcome
+        else:
+            result.failures[route.replica_id] = outcome
+    return result

@@ -1,0 +1,233 @@
+"""Choosing a replica for one request: a pure policy over the routing snapshot and what the
+gateway holds in memory (its prefix index, breakers and the engines' last load samples).
+
+The order of preference, for the "prefix" policy:
+1. the replica holding the longest prefix of the prompt in its cache, unless it is overloaded
+   (then the next longest match that is not, else the least loaded: "fallback_overloaded");
+2. with no match, the session's replica by rendezvous hashing, if the client named a session;
+3. else the least loaded, ties taken in turn.
+Replicas whose breaker is open are skipped unless every candidate's is. "least_load" and
+"round_robin" are the baselines the routing benchmark compares against.
+
+Nothing here does I/O or awaits: a decision costs microseconds (`workers/bench_routing.py`
+prints a timing), so it can sit on the hot path of every request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from gateway.routing import affinity
+from gateway.routing.breaker import CircuitBreaker
+from gateway.routing.loads import EngineLoadBoard
+from gateway.routing.prefix_index import PrefixIndex
+from gateway.routing.request_key import RequestKey
+from gateway.routing.snapshot import RoutingSnapshot
+from workflows.contracts import ReplicaState, Route
+
+# Why a replica was chosen: a small fixed set, so each can be a Prometheus label value.
+Reason = Literal[
+    "prefix",  # it holds the longest cached prefix of the prompt
+    "session",  # the client's session lives there (no prefix matched)
+    "least_load",  # nothing to prefer: the least loaded replica, ties in turn
+    "round_robin",  # the round-robin baseline policy
+    "fallback_overloaded",  # the preferred replica was overloaded: the least loaded instead
+    "fallback_ejected",  # every candidate's breaker was open: the one ejected longest ago
+    "none",  # no candidate: the model has no ready replica (or all were tried)
+]
+REASONS: tuple[Reason, ...] = get_args(Reason)
+
+Policy = Literal["prefix", "least_load", "round_robin"]
+POLICIES: tuple[Policy, ...] = get_args(Policy)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    route: Route | None
+    reason: Reason
+    matched_blocks: int = 0  # leading prompt blocks the chosen replica was last known to hold
+
+
+@dataclass(frozen=True, slots=True)
+class OverloadMargin:
+    """A replica is overloaded when its load exceeds the least loaded candidate's by more than
+    `absolute` requests and by more than `factor` times: with the defaults, 5 against 0 or 1, 9
+    against 4, 21 against 10. A cache hit saves one prefill; a queue of several requests costs
+    several, so past this margin the cache is not worth the wait."""
+
+    absolute: int = 4
+    factor: float = 2.0
+
+    def exceeded(self, load: int, least: int) -> bool:
+        return load > max(least + self.absolute, least * self.factor)
+
+
+class Router:
+    """Owns the state a policy keeps between requests: the prefix index, the breakers and
+    round-robin positions. The integrator feeds the breaker (`breaker.failed/succeeded`) and
+    the load board (`loads.update(scrape_all(...).samples)`), and calls `retain` when the
+    routing table changes."""
+
+    def __init__(
+        self,
+        policy: str = "prefix",
+        *,
+        index: PrefixIndex | None = None,
+        breaker: CircuitBreaker | None = None,
+        loads: EngineLoadBoard | None = None,
+        margin: OverloadMargin | None = None,
+        min_match_blocks: int = 2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`min_match_blocks`: a shorter match is ignored, so a short boilerplate opening that
+        many prompts share (one block is 128 bytes) does not pull them all onto one replica."""
+        # A plain str, checked here: the name comes from settings or a command line.
+        if policy not in POLICIES:
+            raise ValueError(f"unknown routing policy {policy!r}; one of {', '.join(POLICIES)}")
+        self.policy: Policy = policy
+        self.index = index if index is not None else PrefixIndex()
+        self.breaker = breaker if breaker is not None else CircuitBreaker()
+        self.loads = loads if loads is not None else EngineLoadBoard()
+        self.margin = margin if margin is not None else OverloadMargin()
+        self.min_match_blocks = max(1, min_match_blocks)
+        self._clock = clock
+        # Per model, where the next tie-break starts: kept here rather than in the snapshot so
+        # a new routing table does not send the next burst of ties to the same replica.
+        self._cursor: dict[str, int] = {}
+        # Replicas with claims in the index, so `retain` scans the index only when one left.
+        self._indexed: set[str] = set()
+
+    def choose(
+        self,
+        snapshot: RoutingSnapshot,
+        request: RequestKey,
+        inflight: Mapping[str, int],
+        exclude: Collection[str] = (),
+        now: float | None = None,
+    ) -> Decision:
+        """The replica for `request` among the model's READY replicas not in `exclude` (those
+        this request already failed on). `inflight` is the gateway's own count per replica."""
+        now = self._clock() if now is None else now
+        ready = snapshot.ready(request.model)
+        candidates = [r for r in ready if r.replica_id not in exclude] if exclude else ready
+        if not candidates:
+            return Decision(None, "none")
+        breaker = self.breaker
+        allowed = [r for r in candidates if breaker.allows(r.replica_id, now)]
+        if not allowed:
+            return self._all_ejected(candidates, now)
+
+        ids = [r.replica_id for r in allowed]
+        reason: Reason
+        loads = [self._load(replica_id, inflight, now) for replica_id in ids]
+        if self.policy == "round_robin":
+            chosen, reason, matched = self._rotate(request.model, len(allowed)), "round_robin", 0
+        elif self.policy == "least_load":
+            chosen, reason, matched = self._least_loaded(request.model, loads), "least_load", 0
+        else:
+            chosen, reason, matched = self._by_prefix(request, ids, loads, now)
+        # A half-open replica lets one probe through: this request is it.
+        breaker.started(ids[chosen], now)
+        return Decision(allowed[chosen], reason, matched)
+
+    def succeeded(self, replica_id: str, now: float | None = None) -> None:
+        """The replica answered (its response started): closes its breaker."""
+        self.breaker.succeeded(replica_id, self._clock() if now is None else now)
+
+    def failed(self, replica_id: str, now: float | None = None) -> None:
+        """The replica failed before answering (refused, timed out, 502/503): counts towards
+        ejecting it."""
+        self.breaker.failed(replica_id, self._clock() if now is None else now)
+
+    def retain(self, snapshot: RoutingSnapshot) -> None:
+        """Forget replicas no longer READY in `snapshot`: a replica that restarted or left took
+        its cache (and its failures) with it. Call it when the routing table changes, not per
+        request: dropping a replica from the index scans the whole index."""
+        routable = ReplicaState.routable()
+        ready = {r.replica_id for r in snapshot.table.routes if r.state in routable}
+        for replica_id in self._indexed - ready:
+            self.index.forget(replica_id)
+            self._indexed.discard(replica_id)
+        for replica_id in self.breaker.known() - ready:
+            self.breaker.forget(replica_id)
+        self.loads.retain(ready)
+
+    def _by_prefix(
+        self, request: RequestKey, ids: Sequence[str], loads: Sequence[int], now: float
+    ) -> tuple[int, Reason, int]:
+        """(index of the chosen replica, why, blocks it matched)."""
+        index = self.index
+        keys = index.hashes(request.prompt)
+        least = min(loads)
+        margin = self.margin
+        chosen: int | None = None
+        reason: Reason = "least_load"
+        matched = 0
+
+        matches = index.longest_match_hashes(keys, ids) if keys else {}
+        floor = self.min_match_blocks
+        usable = [i for i, replica_id in enumerate(ids) if matches.get(replica_id, 0) >= floor]
+        if usable:
+            # Longest match first; among equal matches the lighter replica.
+            usable.sort(key=lambda i: (-matches[ids[i]], loads[i]))
+            for i in usable:
+                if not margin.exceeded(loads[i], least):
+                    chosen, reason, matched = i, "prefix", matches[ids[i]]
+                    break
+            else:
+                chosen, reason = self._least_loaded(request.model, loads), "fallback_overloaded"
+                matched = matches.get(ids[chosen], 0)
+        elif request.session:
+            owner = affinity.owner(request.session, ids)
+            if owner is not None and not margin.exceeded(loads[owner], least):
+                chosen, reason = owner, "session"
+            else:
+                chosen, reason = self._least_loaded(request.model, loads), "fallback_overloaded"
+        if chosen is None:
+            chosen = self._least_loaded(request.model, loads)
+
+        if keys:
+            # Whatever the reason, the chosen engine will now cache this prompt: a hot prefix
+            # that overflowed onto a second replica is then matched on both.
+            index.insert_hashes(ids[chosen], keys, now)
+            self._indexed.add(ids[chosen])
+        return chosen, reason, matched
+
+    def _all_ejected(self, candidates: Sequence[Route], now: float) -> Decision:
+        """Every candidate's breaker is open. Refusing would turn a blip that tripped every
+        breaker at once (a network hiccup, a burst of 5xx under overload) into a full outage
+        for up to a minute; the replica ejected longest ago is the likeliest to have recovered,
+        so it gets the request, which then serves as an early probe."""
+        oldest = self.breaker.ejected_longest_ago(r.replica_id for r in candidates)
+        route = next((r for r in candidates if r.replica_id == oldest), candidates[0])
+        self.breaker.started(route.replica_id, now)
+        return Decision(route, "fallback_ejected")
+
+    def _load(self, replica_id: str, inflight: Mapping[str, int], now: float) -> int:
+        """The larger of this gateway's count and the engine's own running + waiting. Not their
+        sum: the engine's gauges already include this gateway's requests, and the sample is up
+        to a few seconds old, so a sum would count them twice, unevenly. The engine's figure
+        adds what other gateways sent; the gateway's own count covers what the sample missed."""
+        own = inflight.get(replica_id, 0)
+        engine = self.loads.in_flight(replica_id, now)
+        return own if engine is None or engine < own else engine
+
+    def _least_loaded(self, model: str, loads: Sequence[int]) -> int:
+        """Index of the least loaded; among equals, the first at or after the model's cursor."""
+        count = len(loads)
+        start = self._cursor.get(model, 0) % count
+        best, best_load = start, loads[start]
+        for offset in range(1, count):
+            index = (start + offset) % count
+            if loads[index] < best_load:
+                best, best_load = index, loads[index]
+        self._cursor[model] = best + 1
+        return best
+
+    def _rotate(self, model: str, count: int) -> int:
+        index = self._cursor.get(model, 0) % count
+        self._cursor[model] = index + 1
+        return index

@@ -1,0 +1,117 @@
+"""The PostgreSQL backend's schema and statements. All are literal constants: values travel only
+as parameters. Key columns are always listed in records.KEY_COLUMNS order, usage columns in
+records.USAGE_COLUMNS order."""
+
+# The key columns after revoked_at are the ones records.ADDED_KEY_COLUMNS adds to an older
+# table, in the same order, so a fresh table and an upgraded one look alike.
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS secrets (
+    name TEXT PRIMARY KEY,
+    value BYTEA NOT NULL
+);
+CREATE TABLE IF NOT EXISTS api_keys (
+    key_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    key_hash TEXT NOT NULL,
+    models TEXT,
+    created_at TIMESTAMPTZ NOT NULL,
+    expires_at TIMESTAMPTZ,
+    revoked_at TIMESTAMPTZ,
+    adapters TEXT,
+    rpm BIGINT,
+    tpm BIGINT,
+    token_budget BIGINT,
+    budget_period TEXT NOT NULL DEFAULT 'day'
+);
+CREATE UNIQUE INDEX IF NOT EXISTS api_keys_active_name
+    ON api_keys (name) WHERE revoked_at IS NULL;
+CREATE TABLE IF NOT EXISTS usage_daily (
+    key_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    day DATE NOT NULL,
+    requests BIGINT NOT NULL DEFAULT 0,
+    prompt_tokens BIGINT NOT NULL DEFAULT 0,
+    completion_tokens BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (key_id, model, day)
+);
+"""
+
+SECRETS_ALL = "SELECT name, value FROM secrets ORDER BY name"
+SECRETS_GET = "SELECT value FROM secrets WHERE name = $1"
+SECRETS_ADD = "INSERT INTO secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING"
+SECRETS_PUT = """
+INSERT INTO secrets (name, value) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value
+"""
+SECRETS_DELETE = "DELETE FROM secrets WHERE name = $1"
+
+SELECT_KEYS = """
+SELECT key_id, name, key_hash, models, adapters, rpm, tpm, token_budget, budget_period,
+       created_at, expires_at, revoked_at
+FROM api_keys
+"""
+SELECT_KEYS_ORDERED = SELECT_KEYS + " ORDER BY created_at, key_id"
+SELECT_KEY = SELECT_KEYS + " WHERE key_id = $1"
+ACTIVE_NAMES = "SELECT name, key_id FROM api_keys WHERE revoked_at IS NULL"
+# key_id first: it is exact, while a name could in theory look like an id. FOR UPDATE holds the
+# row until the change that follows commits.
+ACTIVE_KEY_ID_BY = (
+    "SELECT key_id FROM api_keys WHERE key_id = $1 AND revoked_at IS NULL FOR UPDATE",
+    "SELECT key_id FROM api_keys WHERE name = $1 AND revoked_at IS NULL FOR UPDATE",
+)
+INSERT_KEY = """
+INSERT INTO api_keys (key_id, name, key_hash, models, adapters, rpm, tpm, token_budget,
+                      budget_period, created_at, expires_at, revoked_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+"""
+UPSERT_KEY = (
+    INSERT_KEY
+    + """
+ON CONFLICT (key_id) DO UPDATE SET
+    name = excluded.name, key_hash = excluded.key_hash, models = excluded.models,
+    adapters = excluded.adapters, rpm = excluded.rpm, tpm = excluded.tpm,
+    token_budget = excluded.token_budget, budget_period = excluded.budget_period,
+    created_at = excluded.created_at, expires_at = excluded.expires_at,
+    revoked_at = excluded.revoked_at
+"""
+)
+REVOKE = "UPDATE api_keys SET revoked_at = $1 WHERE key_id = $2"
+SET_LIMITS = """
+UPDATE api_keys SET rpm = $1, tpm = $2, token_budget = $3, budget_period = $4
+WHERE key_id = $5
+"""
+
+ADD_USAGE = """
+INSERT INTO usage_daily AS u (key_id, model, day, requests, prompt_tokens, completion_tokens)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (key_id, model, day) DO UPDATE SET
+    requests = u.requests + excluded.requests,
+    prompt_tokens = u.prompt_tokens + excluded.prompt_tokens,
+    completion_tokens = u.completion_tokens + excluded.completion_tokens
+"""
+# An import sets the totals rather than adding to them, so importing twice changes nothing.
+PUT_USAGE = """
+INSERT INTO usage_daily (key_id, model, day, requests, prompt_tokens, completion_tokens)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (key_id, model, day) DO UPDATE SET
+    requests = excluded.requests,
+    prompt_tokens = excluded.prompt_tokens,
+    completion_tokens = excluded.completion_tokens
+"""
+# One static statement with optional filters.
+SELECT_USAGE = """
+SELECT key_id, model, day, requests, prompt_tokens, completion_tokens FROM usage_daily
+WHERE ($1::text IS NULL OR key_id = $1) AND ($2::text IS NULL OR model = $2)
+  AND ($3::date IS NULL OR day >= $3) AND ($4::date IS NULL OR day <= $4)
+ORDER BY day, key_id, model
+"""
+SPENT_TOKENS = """
+SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) FROM usage_daily
+WHERE key_id = $1 AND day >= $2
+"""
+# Columns an existing api_keys table has, to add the missing ones (ADD COLUMN IF NOT EXISTS
+# would do, but reading first keeps init from taking an exclusive lock when nothing changes).
+KEY_COLUMNS_PRESENT = """
+SELECT column_name FROM information_schema.columns
+WHERE table_name = 'api_keys' AND table_schema = current_schema()
+"""

@@ -1,0 +1,201 @@
+"""`llmgw model add|apply|rm` for external models, without Temporal: the spec built, and the
+upstream key read from a file or the environment into the store, never into the spec."""
+
+from pathlib import Path
+
+import pytest
+
+from workers import model_commands
+from workers.cli import build_parser
+from workers.model_commands import models_from_file, spec_from_args, upstream_key_from_args
+from workers.paths import Locations
+from workflows.contracts import ModelSpec, ModelView, Profile
+
+KEY = "sk-upstream-0123456789"
+
+
+def parse(*argv: str):
+    return build_parser().parse_args(["model", *argv])
+
+
+def test_model_add_external_builds_one_profile_with_a_replica_per_url():
+    args = parse(
+        "add", "mock", "--engine", "external",
+        "--url", "http://127.0.0.1:9000", "--url", "http://127.0.0.1:9001/v1",
+    )  # fmt: skip
+    spec = spec_from_args(args)
+    assert spec.profiles == [
+        Profile(engine="external", urls=["http://127.0.0.1:9000", "http://127.0.0.1:9001/v1"])
+    ]
+    assert (spec.name, spec.weights, spec.replicas) == ("mock", "", 2)
+    assert upstream_key_from_args(args) is None
+
+
+def test_model_add_external_names_what_it_does_not_take():
+    args = parse("add", "mock", "--engine", "external", "--url", "http://h:1", "--tp", "2")
+    with pytest.raises(SystemExit, match=r"profiles\[0\].tensor_parallel: external endpoints"):
+        spec_from_args(args)
+    with pytest.raises(SystemExit, match=r"profiles\[0\].urls: an external model needs 1 to 64"):
+        spec_from_args(parse("add", "mock", "--engine", "external"))
+
+
+def test_other_engines_still_need_weights_and_refuse_urls():
+    with pytest.raises(SystemExit, match="weights: engine llamacpp needs"):
+        spec_from_args(parse("add", "m"))
+    with pytest.raises(SystemExit, match=r"profiles\[0\].urls: only engine external"):
+        spec_from_args(parse("add", "m", "--weights", "/w/m.gguf", "--url", "http://h:1"))
+
+
+def test_upstream_key_file_is_read_and_its_newline_stripped(tmp_path):
+    key_file = tmp_path / "upstream.key"
+    key_file.write_text(KEY + "\n")
+    args = parse(
+        "add", "mock", "--engine", "external", "--url", "http://127.0.0.1:9000",
+        "--upstream-key-file", str(key_file),
+    )  # fmt: skip
+    assert upstream_key_from_args(args) == KEY
+    assert KEY not in spec_from_args(args).model_dump_json()
+
+
+def test_upstream_key_env_is_read(monkeypatch):
+    monkeypatch.setenv("MOCK_KEY", KEY)
+    args = parse(
+        "add", "mock", "--engine", "external", "--url", "http://h:1", "--upstream-key-env",
+        "MOCK_KEY",
+    )  # fmt: skip
+    assert upstream_key_from_args(args) == KEY
+    monkeypatch.delenv("MOCK_KEY")
+    with pytest.raises(SystemExit, match=r"\$MOCK_KEY is not set"):
+        upstream_key_from_args(args)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("\n", "is empty"), ("two words\n", "one line of visible ASCII")]
+)
+def test_an_unusable_key_file_is_refused_without_quoting_it(tmp_path, text, expected):
+    key_file = tmp_path / "upstream.key"
+    key_file.write_text(text)
+    args = parse(
+        "add", "mock", "--engine", "external", "--url", "http://h:1",
+        "--upstream-key-file", str(key_file),
+    )  # fmt: skip
+    with pytest.raises(SystemExit, match=expected) as refused:
+        upstream_key_from_args(args)
+    assert "words" not in str(refused.value)
+
+
+def test_no_flag_takes_the_key_itself_and_other_engines_take_none(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        parse("add", "mock", "--engine", "external", "--url", "http://h:1", "--upstream-key", KEY)
+    with pytest.raises(SystemExit):
+        parse("add", "m", "--upstream-key-file", "a", "--upstream-key-env", "B")
+    key_file = tmp_path / "k"
+    key_file.write_text(KEY)
+    args = parse("add", "m", "--weights", "/w/m.gguf", "--upstream-key-file", str(key_file))
+    with pytest.raises(SystemExit, match="for --engine external only"):
+        upstream_key_from_args(args)
+
+
+def test_a_yaml_file_names_the_key_file_relative_to_itself(tmp_path, monkeypatch):
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "mock.key").write_text(KEY + "\n")
+    monkeypatch.setenv("OTHER_KEY", "sk-other")
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        "models:\n"
+        "  - name: mock\n"
+        "    engine: external\n"
+        "    urls: [http://127.0.0.1:9000, http://127.0.0.1:9001]\n"
+        "    upstream_key_file: keys/mock.key\n"
+        "  - name: other\n"
+        "    engine: external\n"
+        "    urls: [https://api.example.com/v1]\n"
+        "    upstream_key_env: OTHER_KEY\n"
+        "  - name: local\n"
+        "    weights: m.gguf\n"
+        "    memory_mb: 512\n"
+    )
+    mock, other, local = models_from_file(models)
+    assert (mock.spec.replicas, mock.upstream_key) == (2, KEY)
+    assert (other.spec.profiles[0].urls, other.upstream_key) == (
+        ["https://api.example.com/v1"],
+        "sk-other",
+    )
+    assert (local.spec.weights, local.upstream_key) == (str(tmp_path / "m.gguf"), None)
+
+
+def test_a_yaml_file_may_not_hold_the_key_itself(tmp_path):
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        f"- name: mock\n  engine: external\n  urls: [http://h:1]\n  upstream_key: {KEY}\n"
+    )
+    with pytest.raises(SystemExit, match="not the key itself") as refused:
+        models_from_file(models)
+    assert KEY not in str(refused.value)
+
+
+class FakeStore:
+    """The gateway store's upstream-key calls, as `llmgw model` makes them."""
+
+    def __init__(self, calls: list[tuple[str, ...]]) -> None:
+        self.calls = calls
+
+    async def init(self) -> None:
+        self.calls.append(("init",))
+
+    async def set_upstream_key(self, model: str, key: str | None) -> None:
+        self.calls.append(("set_upstream_key", model, str(key)))
+
+    async def close(self) -> None:
+        self.calls.append(("close",))
+
+
+@pytest.fixture
+def calls(monkeypatch, tmp_path) -> list[tuple[str, ...]]:
+    """Stand-ins for the store and the model client; what each was asked, in order."""
+    calls: list[tuple[str, ...]] = []
+
+    def open_store(database_url: str | None, state_dir: Path) -> FakeStore:
+        assert state_dir == tmp_path
+        return FakeStore(calls)
+
+    async def apply_model(client: object, spec: ModelSpec) -> ModelView:
+        calls.append(("apply", spec.model_dump_json()))
+        return ModelView(spec=spec)
+
+    async def describe_model(client: object, name: str) -> ModelView:
+        profile = Profile(engine="external", urls=["http://h:1"])
+        return ModelView(spec=ModelSpec(name=name, profiles=[profile]))
+
+    async def remove_model(client: object, name: str) -> ModelView:
+        calls.append(("remove", name))
+        return ModelView(spec=ModelSpec(name=name, weights="/w"), removing=True)
+
+    monkeypatch.setattr(model_commands, "open_store", open_store)
+    monkeypatch.setattr(model_commands, "apply_model", apply_model)
+    monkeypatch.setattr(model_commands, "describe_model", describe_model)
+    monkeypatch.setattr(model_commands, "remove_model", remove_model)
+    return calls
+
+
+async def test_add_stores_the_key_before_the_model_and_rm_deletes_it(calls, tmp_path):
+    where = Locations.resolve(state_dir=str(tmp_path))
+    key_file = tmp_path / "upstream.key"
+    key_file.write_text(KEY + "\n")
+    args = parse(
+        "add", "mock", "--engine", "external", "--url", "http://127.0.0.1:9000",
+        "--upstream-key-file", str(key_file),
+    )  # fmt: skip
+    await model_commands.model_command(args, client=None, where=where)
+    assert [c[0] for c in calls] == ["init", "set_upstream_key", "close", "apply"]
+    assert calls[1] == ("set_upstream_key", "mock", KEY)
+    assert KEY not in calls[3][1]
+
+    calls.clear()
+    await model_commands.model_command(parse("rm", "mock"), client=None, where=where)
+    assert calls == [
+        ("remove", "mock"),
+        ("init",),
+        ("set_upstream_key", "mock", "None"),
+        ("close",),
+    ]

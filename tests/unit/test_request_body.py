@@ -1,0 +1,146 @@
+"""What the gateway refuses before anything reaches an engine, and what it reads of a body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.errors import ApiError
+from gateway.request_body import (
+    CHAT,
+    COMPLETIONS,
+    EMBEDDINGS,
+    parse_json_object,
+    parse_proxied_request,
+)
+
+CHAT_BODY = {"model": "smol", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def refused(path: str, body: dict[str, Any]) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        parse_proxied_request(path, body)
+    assert caught.value.status == 400
+    return caught.value
+
+
+@pytest.mark.parametrize("field", ["api_base", "base_url", "api_key", "headers", "extra_headers"])
+def test_fields_that_would_redirect_a_request_are_refused(field: str) -> None:
+    error = refused(CHAT, {**CHAT_BODY, field: "http://169.254.169.254/"})
+    assert error.param == field
+    assert error.code == "unsupported_field"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tokens", 0),
+        ("max_tokens", -5),
+        ("max_tokens", 10_000_000),
+        ("max_tokens", 1.5),
+        ("max_tokens", True),
+        ("max_tokens", "100"),
+        ("n", 0),
+        ("n", 129),
+        ("top_logprobs", 21),
+        ("temperature", -0.1),
+        ("temperature", float("nan")),
+        ("top_p", 1.5),
+        ("presence_penalty", 3),
+    ],
+)
+def test_numbers_out_of_range_name_the_field(field: str, value: object) -> None:
+    error = refused(CHAT, {**CHAT_BODY, field: value})
+    assert error.param == field
+    assert field in error.message
+
+
+def test_numbers_in_range_pass_untouched() -> None:
+    body = {**CHAT_BODY, "max_tokens": 16, "n": 2, "temperature": 0.7, "top_p": 1, "seed": -1}
+    parsed = parse_proxied_request(CHAT, dict(body))
+    assert parsed.body == body
+
+
+@pytest.mark.parametrize("logprobs", [-1, 21, True, "5"])
+def test_completion_logprobs_are_an_integer_from_0_to_20(logprobs: object) -> None:
+    error = refused(COMPLETIONS, {"model": "smol", "prompt": "x", "logprobs": logprobs})
+    assert error.param == "logprobs"
+
+
+def test_chat_logprobs_are_a_boolean() -> None:
+    assert refused(CHAT, {**CHAT_BODY, "logprobs": 5}).param == "logprobs"
+    assert parse_proxied_request(CHAT, {**CHAT_BODY, "logprobs": True}).model == "smol"
+
+
+@pytest.mark.parametrize(
+    "url", ["file:///etc/passwd", "/etc/passwd", "FILE:///root/.ssh/id_rsa", "s3://bucket/x"]
+)
+def test_media_by_local_path_is_refused(url: str) -> None:
+    body = {
+        "model": "smol",
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "?"},
+                    {"type": "image_url", "image_url": {"url": url}},
+                ],
+            }
+        ],
+    }
+    error = refused(CHAT, body)
+    assert error.code == "unsupported_url"
+    assert error.param == "messages[0].content[1].image_url"
+
+
+def test_media_by_http_or_data_url_passes() -> None:
+    for url in ("https://example.com/cat.png", "data:image/png;base64,AAAA"):
+        content = [{"type": "image_url", "image_url": {"url": url}}]
+        body = {"model": "smol", "messages": [{"role": "user", "content": content}]}
+        assert parse_proxied_request(CHAT, body).model == "smol"
+
+
+def test_model_names_an_adapter_after_a_colon() -> None:
+    parsed = parse_proxied_request(CHAT, {**CHAT_BODY, "model": "smol:sql-lora"})
+    assert (parsed.model, parsed.adapter) == ("smol", "sql-lora")
+    assert parse_proxied_request(CHAT, CHAT_BODY).adapter is None
+    assert refused(CHAT, {**CHAT_BODY, "model": "smol:"}).param == "model"
+    assert refused(CHAT, {**CHAT_BODY, "model": ""}).param == "model"
+    assert refused(CHAT, {**CHAT_BODY, "model": 7}).param == "model"
+
+
+def test_chat_needs_messages_and_completions_a_prompt() -> None:
+    assert refused(CHAT, {"model": "smol"}).param == "messages"
+    assert refused(CHAT, {"model": "smol", "messages": []}).param == "messages"
+    assert refused(COMPLETIONS, {"model": "smol"}).param == "prompt"
+
+
+def test_embeddings_take_strings_or_token_ids_and_never_stream() -> None:
+    for value in ("hello", ["a", "b"], [1, 2, 3], [[1, 2], [3]]):
+        parsed = parse_proxied_request(EMBEDDINGS, {"model": "e5", "input": value})
+        assert parsed.stream is False
+    for bad in (None, [], 5, [True], {"a": 1}):
+        assert refused(EMBEDDINGS, {"model": "e5", "input": bad}).param == "input"
+
+
+def test_stream_and_usage_options() -> None:
+    parsed = parse_proxied_request(
+        CHAT, {**CHAT_BODY, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    assert parsed.stream and parsed.wants_usage
+    assert refused(CHAT, {**CHAT_BODY, "stream": "yes"}).param == "stream"
+    assert refused(CHAT, {**CHAT_BODY, "stream_options": 1}).param == "stream_options"
+
+
+def test_user_is_kept_for_session_affinity() -> None:
+    assert parse_proxied_request(CHAT, {**CHAT_BODY, "user": "u-42"}).user == "u-42"
+    assert refused(CHAT, {**CHAT_BODY, "user": ["x"]}).param == "user"
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"[1]", b'"x"', b"[" * 100_000 + b"]" * 100_000])
+def test_bodies_that_are_not_a_json_object_are_400(raw: bytes) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse_json_object(raw)
+    assert caught.value.status == 400
+    assert caught.value.code == "invalid_json"

@@ -1,0 +1,122 @@
+"""The prefix index: which replica recently served a prompt's leading blocks."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+
+import pytest
+
+from gateway.routing.prefix_index import (
+    BLOCK_BYTES,
+    BYTES_PER_CLAIM,
+    PrefixIndex,
+    block_hashes,
+)
+
+SYSTEM_A = b"You are a careful assistant for the billing team. " * 12  # ~600 bytes
+SYSTEM_B = b"You translate legal documents from French to English. " * 12
+
+
+def blocks(prompt: bytes) -> int:
+    return len(prompt) // BLOCK_BYTES
+
+
+def test_only_full_blocks_count_and_each_key_covers_its_whole_prefix() -> None:
+    assert block_hashes(b"x" * (BLOCK_BYTES - 1)) == []
+    one, two = block_hashes(b"a" * BLOCK_BYTES * 2 + b"tail")
+    # Same bytes at a different depth: a different key, because the key chains its parent.
+    assert one != two
+    shared = SYSTEM_A[: BLOCK_BYTES * 3]
+    first = block_hashes(shared + b"first question" * 20)
+    second = block_hashes(shared + b"other question" * 20)
+    assert first[:3] == second[:3] and first[3] != second[3]
+
+
+def test_a_huge_prompt_indexes_only_its_first_blocks() -> None:
+    assert len(block_hashes(b"z" * BLOCK_BYTES * 10, max_blocks=4)) == 4
+
+
+def test_longest_match_picks_the_replica_that_served_the_shared_system_prompt() -> None:
+    index = PrefixIndex()
+    index.insert("r-a", SYSTEM_A + b"How do refunds work?", now=1.0)
+    index.insert("r-b", SYSTEM_B + b"Bonjour, le contrat...", now=2.0)
+    matches = index.longest_match(SYSTEM_A + b"Why was I charged twice?", ["r-a", "r-b", "r-c"])
+    assert matches == {"r-a": blocks(SYSTEM_A)}
+
+
+def test_each_candidate_gets_its_own_depth_and_others_are_left_out() -> None:
+    index = PrefixIndex()
+    long_prompt = SYSTEM_A + SYSTEM_B
+    index.insert("deep", long_prompt, now=1.0)
+    index.insert("shallow", SYSTEM_A[: BLOCK_BYTES * 2] + b"!" * 500, now=2.0)
+    index.insert("elsewhere", SYSTEM_B, now=3.0)
+    matches = index.longest_match(long_prompt, ["deep", "shallow", "elsewhere"])
+    assert matches == {"deep": blocks(long_prompt), "shallow": 2}
+    # A replica that is not a candidate (ejected, or already tried) is not reported.
+    assert index.longest_match(long_prompt, ["shallow"]) == {"shallow": 2}
+    assert index.longest_match(b"nothing like it" * 50, ["deep", "shallow"]) == {}
+
+
+def test_last_use_times_follow_the_latest_insert() -> None:
+    index = PrefixIndex()
+    keys = index.hashes(SYSTEM_A)
+    assert index.last_used("r-a", keys) is None
+    index.insert("r-a", SYSTEM_A, now=5.0)
+    index.insert("r-a", SYSTEM_A + b"more" * 100, now=9.0)
+    assert index.last_used("r-a", keys) == 9.0
+
+
+def test_eviction_keeps_memory_bounded_under_a_flood_of_distinct_prompts() -> None:
+    index = PrefixIndex(max_claims=500)
+    for n in range(5_000):
+        # A shared system prompt then a unique question, as most traffic looks.
+        index.insert("r-a", SYSTEM_A + os.urandom(BLOCK_BYTES * 3), now=float(n))
+        assert len(index) <= 500
+    assert index.node_count <= 500
+    # The shared prefix is touched by every request, so it outlives the unique tails.
+    assert index.longest_match(SYSTEM_A, ["r-a"]) == {"r-a": blocks(SYSTEM_A)}
+    latest = SYSTEM_A + b"latest" * 100
+    index.insert("r-a", latest, now=9e9)
+    assert index.longest_match(latest, ["r-a"]) == {"r-a": blocks(latest)}
+
+
+def test_the_documented_cost_per_claim_holds() -> None:
+    claims = 20_000
+    index = PrefixIndex(max_claims=claims)
+    # One-block prompts, one replica each: the worst case per claim.
+    prompts = [os.urandom(BLOCK_BYTES) for _ in range(claims * 2)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n, prompt in enumerate(prompts):
+            index.insert("r-a", prompt, now=float(n))
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(index) == claims
+    assert used <= claims * BYTES_PER_CLAIM
+
+
+def test_a_replica_shared_by_many_still_counts_every_claim() -> None:
+    index = PrefixIndex(max_claims=40)
+    for replica in range(8):
+        index.insert(f"r-{replica}", SYSTEM_A[: BLOCK_BYTES * 4], now=float(replica))
+    assert len(index) <= 40 and index.node_count <= 4
+
+
+def test_forget_drops_a_departed_replica_and_keeps_the_rest() -> None:
+    index = PrefixIndex()
+    index.insert("gone", SYSTEM_A, now=1.0)
+    index.insert("stays", SYSTEM_A, now=2.0)
+    index.insert("gone", SYSTEM_B, now=3.0)
+    assert index.forget("gone") == blocks(SYSTEM_A) + blocks(SYSTEM_B)
+    assert index.longest_match(SYSTEM_A, ["gone", "stays"]) == {"stays": blocks(SYSTEM_A)}
+    assert index.longest_match(SYSTEM_B, ["gone", "stays"]) == {}
+    assert len(index) == blocks(SYSTEM_A) == index.node_count
+    assert index.replicas() == {"stays"}
+
+
+def test_bad_sizes_are_refused() -> None:
+    with pytest.raises(ValueError):
+        PrefixIndex(max_claims=0)

@@ -1,0 +1,127 @@
+"""Key allowlists, limits and upstream keys, against both backends (fixtures from test_store)."""
+
+# Fixtures are imported by name and then requested as parameters of the same name.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+from datetime import date
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.store import KeyLimits, Store, UsageDelta
+from tests.unit.test_store import StoreFactory, backend, open_test_store, store  # noqa: F401
+
+
+async def test_adapters_and_limits_are_kept_with_the_key(
+    store: Store, open_test_store: StoreFactory
+) -> None:
+    limits = KeyLimits(rpm=60, tpm=10_000, token_budget=2_000_000, budget_period="month")
+    record, _ = await store.create_key(
+        "tuned", models=["base"], adapters=["sql-lora", "chat-lora"], limits=limits
+    )
+    reread = await (await open_test_store()).get_key(record.key_id)
+    assert reread is not None
+    assert reread.adapters == ["chat-lora", "sql-lora"]
+    assert reread.limits == limits
+    assert reread.allows_adapter("sql-lora")
+    assert not reread.allows_adapter("other-lora")
+
+
+async def test_a_key_without_lists_or_limits_allows_everything(store: Store) -> None:
+    record, _ = await store.create_key("open")
+    reread = await store.get_key(record.key_id)
+    assert reread is not None
+    assert reread.adapters is None and reread.allows_adapter("anything")
+    assert reread.limits == KeyLimits() and reread.limits.is_unlimited()
+
+
+async def test_an_empty_adapter_list_is_refused(store: Store) -> None:
+    with pytest.raises(ValueError, match="at least one adapter"):
+        await store.create_key("none", adapters=[])
+    assert await store.list_keys() == []
+
+
+@pytest.mark.parametrize(
+    "fields", [{"rpm": 0}, {"tpm": -5}, {"token_budget": 0}, {"budget_period": "week"}]
+)
+def test_limits_below_one_or_unknown_periods_are_refused(fields: dict[str, object]) -> None:
+    with pytest.raises(ValidationError) as caught:
+        KeyLimits.model_validate(fields)
+    assert next(iter(fields)) in str(caught.value)
+
+
+def test_a_budget_counts_from_the_start_of_its_utc_day_or_month() -> None:
+    today = date(2025, 2, 17)
+    assert KeyLimits(token_budget=1).budget_start(today) == today
+    assert KeyLimits(token_budget=1, budget_period="month").budget_start(today) == date(2025, 2, 1)
+
+
+async def test_a_budget_resumes_from_what_the_store_counted(store: Store) -> None:
+    # A gateway starting mid-month learns what the key already spent this month.
+    limits = KeyLimits(token_budget=1000, budget_period="month")
+    record, _ = await store.create_key("metered", limits=limits)
+    await store.add_usage(
+        [
+            UsageDelta(key_id=record.key_id, model="m", day=date(2025, 1, 31), prompt_tokens=500),
+            UsageDelta(key_id=record.key_id, model="m", day=date(2025, 2, 1), prompt_tokens=70),
+            UsageDelta(key_id=record.key_id, model="n", day=date(2025, 2, 16), completion_tokens=5),
+        ]
+    )
+    since = limits.budget_start(date(2025, 2, 17))
+    assert await store.spent_tokens(record.key_id, since) == 75
+
+
+async def test_limits_change_on_the_active_key_by_name_or_id(
+    store: Store, open_test_store: StoreFactory
+) -> None:
+    old, _ = await store.create_key("ci", limits=KeyLimits(rpm=10))
+    await store.revoke_key("ci")
+    current, _ = await store.create_key("ci", limits=KeyLimits(rpm=10))
+
+    updated = await store.set_key_limits("ci", KeyLimits(tpm=500, token_budget=9, rpm=None))
+    assert updated is not None and updated.key_id == current.key_id
+    assert updated.limits == KeyLimits(tpm=500, token_budget=9)
+    by_id = await store.set_key_limits(current.key_id, KeyLimits())
+    assert by_id is not None and by_id.limits.is_unlimited()
+
+    other_process = await open_test_store()
+    revoked = await other_process.get_key(old.key_id)
+    assert revoked is not None and revoked.limits == KeyLimits(rpm=10), "revoked key untouched"
+    assert await store.set_key_limits(old.key_id, KeyLimits(rpm=1)) is None
+    assert await store.set_key_limits("nobody", KeyLimits(rpm=1)) is None
+
+
+async def test_upstream_keys_are_set_replaced_and_deleted(
+    store: Store, open_test_store: StoreFactory
+) -> None:
+    await store.set_upstream_key("gpt-4o", "sk-first")
+    await store.set_upstream_key("claude/sonnet", "sk-ant-abc")
+    await store.set_upstream_key("gpt-4o", "sk-second")
+    other_process = await open_test_store()
+    assert await other_process.upstream_keys() == {
+        "gpt-4o": "sk-second",
+        "claude/sonnet": "sk-ant-abc",
+    }
+    await store.set_upstream_key("gpt-4o", None)
+    await store.set_upstream_key("never-set", None)  # deleting nothing is not an error
+    assert await other_process.upstream_keys() == {"claude/sonnet": "sk-ant-abc"}
+
+
+async def test_upstream_keys_do_not_disturb_the_master_secret(store: Store) -> None:
+    secret = await store.master_secret()
+    await store.set_upstream_key("engine_master", "sk-looks-like-a-row-name")
+    assert await store.master_secret() == secret
+    assert await store.upstream_keys() == {"engine_master": "sk-looks-like-a-row-name"}
+
+
+@pytest.mark.parametrize("bad", ["", "sk with space", "sk\nInjected: header", "sk-\x00", "ключ"])
+async def test_an_unusable_upstream_key_is_refused_without_echoing_it(
+    store: Store, bad: str
+) -> None:
+    with pytest.raises(ValueError, match="invalid upstream key") as caught:
+        await store.set_upstream_key("gpt-4o", bad)
+    if bad:
+        assert bad not in str(caught.value), "a secret must not land in an error message"
+    assert await store.upstream_keys() == {}

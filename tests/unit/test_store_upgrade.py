@@ -1,0 +1,101 @@
+"""A database made by the first released schema opens with its keys and usage intact, and gains
+the new columns on init(), on both backends (fixtures from test_store)."""
+
+# Fixtures are imported by name and then requested as parameters of the same name.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from datetime import UTC, date, datetime
+
+from gateway.store import KeyLimits
+from tests.unit.test_store import Backend, backend  # noqa: F401
+
+# Exactly what the first schema created, per backend, plus one key and one usage row in it.
+_OLD_SQLITE = """
+CREATE TABLE secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE api_keys (
+    key_id TEXT PRIMARY KEY, name TEXT NOT NULL, key_hash TEXT NOT NULL, models TEXT,
+    created_at TEXT NOT NULL, expires_at TEXT, revoked_at TEXT
+);
+CREATE UNIQUE INDEX api_keys_active_name ON api_keys (name) WHERE revoked_at IS NULL;
+CREATE TABLE usage_daily (
+    key_id TEXT NOT NULL, model TEXT NOT NULL, day TEXT NOT NULL,
+    requests INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (key_id, model, day)
+);
+INSERT INTO secrets VALUES ('engine_master',
+    x'00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff');
+INSERT INTO api_keys VALUES ('0a1b2c3d', 'legacy', '{hash}', '["m1"]',
+    '2025-01-02T03:04:05.000006+00:00', NULL, NULL);
+INSERT INTO usage_daily VALUES ('0a1b2c3d', 'm1', '2025-01-02', 3, 30, 12);
+"""
+_OLD_POSTGRES = """
+CREATE TABLE secrets (name TEXT PRIMARY KEY, value BYTEA NOT NULL);
+CREATE TABLE api_keys (
+    key_id TEXT PRIMARY KEY, name TEXT NOT NULL, key_hash TEXT NOT NULL, models TEXT,
+    created_at TIMESTAMPTZ NOT NULL, expires_at TIMESTAMPTZ, revoked_at TIMESTAMPTZ
+);
+CREATE UNIQUE INDEX api_keys_active_name ON api_keys (name) WHERE revoked_at IS NULL;
+CREATE TABLE usage_daily (
+    key_id TEXT NOT NULL, model TEXT NOT NULL, day DATE NOT NULL,
+    requests BIGINT NOT NULL DEFAULT 0, prompt_tokens BIGINT NOT NULL DEFAULT 0,
+    completion_tokens BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (key_id, model, day)
+);
+INSERT INTO secrets VALUES ('engine_master',
+    '\\x00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff');
+INSERT INTO api_keys VALUES ('0a1b2c3d', 'legacy', '{hash}', '["m1"]',
+    '2025-01-02T03:04:05.000006+00:00', NULL, NULL);
+INSERT INTO usage_daily VALUES ('0a1b2c3d', 'm1', '2025-01-02', 3, 30, 12);
+"""
+LEGACY_KEY = "llmgw-0a1b2c3d-" + "A" * 43
+MASTER = bytes.fromhex("00112233445566778899aabbccddeeff" * 2)
+
+
+async def _old_database(backend: Backend) -> None:
+    script = _OLD_SQLITE if backend.name == "sqlite" else _OLD_POSTGRES
+    await backend.execute_raw(
+        script.replace("{hash}", hashlib.sha256(LEGACY_KEY.encode()).hexdigest())
+    )
+
+
+async def test_an_old_database_keeps_its_keys_usage_and_secret(backend: Backend) -> None:
+    await _old_database(backend)
+    store = await backend.open()  # init() upgrades
+    (key,) = await store.list_keys()
+    assert (key.key_id, key.name, key.models) == ("0a1b2c3d", "legacy", ["m1"])
+    assert key.key_hash == hashlib.sha256(LEGACY_KEY.encode()).hexdigest()
+    assert key.created_at == datetime(2025, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+    # What the old schema could not say means what it always meant: no adapter list, no limits.
+    assert key.adapters is None
+    assert key.limits == KeyLimits()
+    (row,) = await store.usage()
+    assert (row.day, row.requests, row.prompt_tokens, row.completion_tokens) == (
+        date(2025, 1, 2),
+        3,
+        30,
+        12,
+    )
+    assert await store.master_secret() == MASTER, "engines keyed before the upgrade still match"
+
+
+async def test_an_upgraded_database_takes_the_new_fields(backend: Backend) -> None:
+    await _old_database(backend)
+    store = await backend.open()
+    updated = await store.set_key_limits("legacy", KeyLimits(rpm=5, token_budget=100))
+    assert updated is not None and updated.limits == KeyLimits(rpm=5, token_budget=100)
+    record, _ = await store.create_key("fresh", adapters=["lora-a"], limits=KeyLimits(tpm=7))
+    reopened = await backend.open()
+    fresh = await reopened.get_key(record.key_id)
+    assert fresh is not None
+    assert (fresh.adapters, fresh.limits) == (["lora-a"], KeyLimits(tpm=7))
+
+
+async def test_starts_racing_on_an_old_database_upgrade_it_once(backend: Backend) -> None:
+    await _old_database(backend)
+    # Several gateways starting at once: every init() must succeed, none adds a column twice.
+    await asyncio.gather(*(backend.open() for _ in range(4)))
+    store = await backend.open()
+    assert [k.name for k in await store.list_keys()] == ["legacy"]

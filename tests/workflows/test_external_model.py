@@ -1,0 +1,148 @@
+"""An external model: servers llmgw does not run, one ready route per URL and nothing placed."""
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from tests.workflows.conftest import Cluster, eventually, record_history, unique
+from tests.workflows.test_model import serving, track_replicas
+from workflows.contracts import (
+    ModelSpec,
+    ModelView,
+    Profile,
+    RemoveModel,
+    ReplicaState,
+    Route,
+    ScaleRequest,
+)
+from workflows.model import ModelWorkflow
+from workflows.model_client import apply_model
+from workflows.names import (
+    external_replica_id,
+    model_workflow_id,
+    replica_id,
+    replica_workflow_id,
+)
+
+
+def external(name: str, *urls: str) -> ModelSpec:
+    return ModelSpec(name=name, profiles=[Profile(engine="external", urls=list(urls))])
+
+
+async def routes_of(cluster: Cluster, name: str) -> dict[str, Route]:
+    return {rid: r for rid, r in (await cluster.ledger()).routes.items() if r.model == name}
+
+
+async def apply(cluster: Cluster, spec: ModelSpec) -> ModelView:
+    view = await apply_model(cluster.client, spec)  # what the CLI and the admin API call
+    cluster.started.append(cluster.client.get_workflow_handle(model_workflow_id(spec.name)))
+    return view
+
+
+async def no_workflow(cluster: Cluster, workflow_id: str) -> bool:
+    try:
+        await cluster.client.get_workflow_handle(workflow_id).describe()
+    except RPCError as err:
+        return err.status == RPCStatusCode.NOT_FOUND
+    return False
+
+
+async def test_external_urls_become_ready_routes_that_follow_the_definition(cluster):
+    name = unique("ext")
+    first = external(name, "http://127.0.0.1:9000", "http://127.0.0.1:9001/v1/")
+    view = await apply(cluster, first)
+    assert view.spec.replicas == 2  # the URLs, whatever `replicas` said
+    e0, e1, e2 = (external_replica_id(name, i) for i in range(3))
+
+    async def published() -> bool:
+        return sorted(await routes_of(cluster, name)) == [e0, e1]
+
+    await eventually(published)
+    routes = await routes_of(cluster, name)
+    assert {rid: r.endpoint for rid, r in routes.items()} == {
+        e0: "http://127.0.0.1:9000",
+        e1: "http://127.0.0.1:9001",
+    }
+    for route in routes.values():
+        assert route.state == ReplicaState.READY
+        assert (route.engine, route.node) == ("external", "external")
+        assert route.fingerprint == first.profile_fingerprint(0)
+    assert await serving(cluster, first) == [e0, e1]
+    state = await cluster.ledger()
+    assert not [a for a in state.allocations.values() if a.model == name]
+    assert await no_workflow(cluster, replica_workflow_id(name, 0))
+    handle = cluster.client.get_workflow_handle_for(ModelWorkflow.run, model_workflow_id(name))
+    described = await handle.query("describe", result_type=ModelView)
+    assert described.replica_ids == [e0, e1]
+
+    # A URL that stays keeps its replica id; one that goes is withdrawn; a new one is added.
+    second = external(name, "http://127.0.0.1:9001", "https://upstream.example:8443/v1")
+    await apply(cluster, second)
+
+    async def replaced() -> bool:
+        routes = await routes_of(cluster, name)
+        return sorted(routes) == [e1, e2] and all(
+            r.fingerprint == second.profile_fingerprint(0) for r in routes.values()
+        )
+
+    await eventually(replaced)
+    assert (await routes_of(cluster, name))[e2].endpoint == "https://upstream.example:8443"
+
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update("scale", ScaleRequest(replicas=5), result_type=ModelView)
+    assert "one replica per URL" in str(refused.value.cause)
+
+    await handle.execute_update("remove", RemoveModel(), result_type=ModelView)
+    result = await handle.result()
+    assert result.removing
+    assert await routes_of(cluster, name) == {}
+    assert await no_workflow(cluster, replica_workflow_id(name, 0))
+    await record_history(handle, "ModelExternal")
+
+
+async def test_a_model_turned_external_stops_its_replicas(cluster):
+    await cluster.add_node(cores=8)
+    name = unique("m")
+    ordinary = ModelSpec(name=name, weights="/w/model.gguf", profiles=[Profile(memory_mb=256)])
+    track_replicas(cluster, ordinary)
+    await apply(cluster, ordinary)
+    r0 = replica_id(name, 0)
+
+    async def replica_serves() -> bool:
+        return await serving(cluster, ordinary) == [r0]
+
+    await eventually(replica_serves)
+
+    await apply(cluster, external(name, "http://127.0.0.1:9000"))
+    # Index 0 went to the replica, so the URL takes the next one.
+    e1 = external_replica_id(name, 1)
+
+    async def only_the_url() -> bool:
+        return sorted(await routes_of(cluster, name)) == [e1]
+
+    await eventually(only_the_url)
+
+    async def replica_released() -> bool:
+        return r0 not in (await cluster.ledger()).allocations
+
+    await eventually(replica_released)
+    assert cluster.agent.stops == [r0]
+
+    handle = cluster.client.get_workflow_handle(model_workflow_id(name))
+    await handle.execute_update("remove", RemoveModel(), result_type=ModelView)
+    await handle.result()
+    assert await routes_of(cluster, name) == {}
+
+
+async def test_an_invalid_external_definition_is_refused_by_the_workflow(cluster):
+    name = unique("ext")
+    await apply(cluster, external(name, "http://127.0.0.1:9000"))
+    bad = external(name, "http://user:secret@127.0.0.1:9000")
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await apply_model(cluster.client, bad)
+    message = str(refused.value.cause)
+    assert "profiles[0].urls[0]: credentials do not go in the URL" in message
+    assert "secret" not in message
+    handle = cluster.client.get_workflow_handle(model_workflow_id(name))
+    await handle.execute_update("remove", RemoveModel(), result_type=ModelView)
+    await handle.result()

@@ -1,0 +1,5 @@
+import sys
+
+from workers.bench_gateway.main import main
+
+sys.exit(main())

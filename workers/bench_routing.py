@@ -1,0 +1,503 @@
+"""Routing quality on real engines: does the gateway send requests where their prefix is cached?
+
+Three llama-server replicas serve the demo SmolLM2 model on the CPU. The workload is groups of
+requests sharing a long system prompt, interleaved, a few in flight, streamed. Each arm runs on
+freshly started engines, so no arm inherits another's cache:
+  llmgw        through a real gateway app (its configured routing policy, prefix by default)
+  round_robin  client-side, straight to the engines, request i to replica i mod 3
+  oracle       client-side, group g always on replica g mod 3: every request after a group's
+               first finds its prefix (unless slots are short; see below)
+under two engine settings: llama.cpp's default prompt cache (slots plus up to 8 GiB of saved
+prompts in host memory), and a small one (`--cache-ram 0`: a replica keeps only what its
+`--parallel` slots hold, so a wrong choice evicts a group's prefix). With more groups than
+replicas some share a replica, and then arrival order decides evictions between them: in the
+small setting any arm, the oracle included, can win or lose by a wide margin from one --seed to
+the next, so compare several seeds before reading much into one run.
+
+Reported per arm: mean and p90 time to first token, and the engines' cached share of prompt
+tokens from their own counters: llama.cpp's `llamacpp:prompt_tokens_total` counts only the
+tokens it computed (cached ones excluded), so the share is cached / (cached + computed).
+
+    .venv/bin/python -m workers.bench_routing [--groups 4 --per-group 6 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from activities.engine_metrics import totals
+from activities.engines.build_llamacpp import BINARY, cached_dist
+from gateway.routing import PrefixIndex, RequestKey, Router, RoutingSnapshot
+from gateway.server import uvicorn_config
+from gateway.settings import GatewaySettings
+from gateway.store import Store, open_store
+from workers.demo import demo_weights
+from workers.paths import default_cache_dir
+from workers.temporal_server import free_port
+from workflows.contracts import ReplicaState, Route, RoutingTable
+from workflows.engine_keys import engine_key_from_master
+from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
+
+MODEL = "smollm2-bench"
+NODE = "bench-node"
+PROCESSED = "llamacpp:prompt_tokens_total"
+CACHED = "llamacpp:prompt_tokens_cached_total"
+# Engine flags per setting, on top of the common ones.
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "default cache": (),
+    "small cache": ("--cache-ram", "0"),
+}
+ARMS = ("llmgw", "round_robin", "oracle")
+HEALTH_TIMEOUT_S = 120.0
+# Words to build system prompts from: plain English, about one token a word for SmolLM2.
+_VOCABULARY = """
+the customer account invoice refund policy order shipping delivery address payment card
+bank transfer error message support ticket priority manager team weekly report summary
+contract clause liability warranty product service subscription renewal cancel upgrade
+downgrade discount coupon receipt tax region currency language tone polite brief formal
+answer question explain reason example detail step first then finally always never must
+"""
+_WORDS = _VOCABULARY.split()
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    replicas: int = 3
+    groups: int = 4
+    per_group: int = 6
+    in_flight: int = 3
+    system_words: int = 150
+    max_tokens: int = 4
+    parallel: int = 2
+    context: int = 4096
+    threads: int = 1
+    seed: int = 7
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    group: int
+    messages: list[dict[str, str]]
+
+
+@dataclass
+class ArmResult:
+    setting: str
+    arm: str
+    ttft_s: list[float] = field(default_factory=list)
+    cached: float = 0.0
+    computed: float = 0.0
+    errors: int = 0
+    # The gateway's decisions by reason (llmgw arm only), from its own /metrics.
+    reasons: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mean_ms(self) -> float:
+        return 1000 * statistics.fmean(self.ttft_s) if self.ttft_s else float("nan")
+
+    @property
+    def p90_ms(self) -> float:
+        if len(self.ttft_s) < 2:
+            return self.mean_ms
+        return 1000 * statistics.quantiles(self.ttft_s, n=10, method="inclusive")[-1]
+
+    @property
+    def cached_share(self) -> float:
+        total = self.cached + self.computed
+        return self.cached / total if total else float("nan")
+
+
+def llama_server_binary() -> Path:
+    """$LLMGW_LLAMA_SERVER, else the build cache `llmgw` fills (activities/engines/
+    build_llamacpp.py), else one on PATH."""
+    named = os.environ.get("LLMGW_LLAMA_SERVER")
+    if named:
+        return Path(named)
+    dist = cached_dist(default_cache_dir(), LLAMACPP_DEFAULT_VERSION)
+    if dist is not None:
+        return dist / BINARY
+    found = shutil.which(BINARY)
+    if found:
+        return Path(found)
+    raise SystemExit(
+        f"no {BINARY}: build one with `llmgw up` (it fills the cache under "
+        f"{default_cache_dir()}/llamacpp) or set LLMGW_LLAMA_SERVER"
+    )
+
+
+def workload(cfg: BenchConfig) -> list[BenchRequest]:
+    """`groups` system prompts; each group's requests add a short question of their own. The
+    order interleaves the groups (shuffled each round) as concurrent users would."""
+    rng = random.Random(cfg.seed)
+    systems = [
+        f"You are assistant number {g}. " + " ".join(rng.choices(_WORDS, k=cfg.system_words))
+        for g in range(cfg.groups)
+    ]
+    requests: list[BenchRequest] = []
+    for turn in range(cfg.per_group):
+        order = list(range(cfg.groups))
+        rng.shuffle(order)
+        for group in order:
+            question = f"Question {turn}: " + " ".join(rng.choices(_WORDS, k=8)) + "?"
+            messages = [
+                {"role": "system", "content": systems[group]},
+                {"role": "user", "content": question},
+            ]
+            requests.append(BenchRequest(group, messages))
+    return requests
+
+
+@dataclass(frozen=True)
+class Engine:
+    replica_id: str
+    url: str
+    key: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+@contextlib.asynccontextmanager
+async def engines(
+    cfg: BenchConfig, keys: Sequence[str], extra: Sequence[str], logs: Path
+) -> AsyncIterator[list[Engine]]:
+    """Start one llama-server per key, wait until each is healthy, stop them all on exit."""
+    binary, weights = llama_server_binary(), demo_weights()
+    started: list[Engine] = []
+    try:
+        for index, key in enumerate(keys):
+            port = free_port()
+            log = logs / f"engine-{index}-{port}.log"
+            command = [str(binary), "-m", str(weights), "--host", "127.0.0.1"]
+            command += ["--port", str(port), "--metrics", "--parallel", str(cfg.parallel)]
+            command += ["-c", str(cfg.context), "-t", str(cfg.threads), *extra]
+            with log.open("wb") as out:
+                process = subprocess.Popen(  # noqa: ASYNC220 - start-up only, returns at once
+                    command,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    # The key through the environment, never on the command line (REFERENCE.md).
+                    env={**os.environ, "LLAMA_API_KEY": key},
+                )
+            replica_id = f"bench-{index}"
+            started.append(Engine(replica_id, f"http://127.0.0.1:{port}", key, process, log))
+        async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+            for engine in started:
+                await _wait_healthy(client, engine)
+        yield started
+    finally:
+        for engine in started:
+            engine.process.terminate()
+        for engine in started:
+            try:
+                await asyncio.to_thread(engine.process.wait, 10)
+            except subprocess.TimeoutExpired:
+                engine.process.kill()
+
+
+async def _wait_healthy(client: httpx.AsyncClient, engine: Engine) -> None:
+    deadline = time.monotonic() + HEALTH_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if engine.process.poll() is not None:
+            tail = engine.log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"llama-server exited ({engine.process.returncode}):\n{tail}")
+        with contextlib.suppress(httpx.HTTPError):
+            if (await client.get(engine.url + "/health")).status_code == 200:
+                return
+        await asyncio.sleep(0.25)
+    raise SystemExit(f"llama-server at {engine.url} not healthy after {HEALTH_TIMEOUT_S:.0f}s")
+
+
+async def prompt_counters(client: httpx.AsyncClient, engine_list: Sequence[Engine]) -> list[float]:
+    """[cached, computed] prompt tokens summed over the engines."""
+    sums = [0.0, 0.0]
+    for engine in engine_list:
+        response = await client.get(
+            engine.url + "/metrics", headers={"Authorization": f"Bearer {engine.key}"}
+        )
+        response.raise_for_status()
+        found = totals(response.text, (CACHED, PROCESSED))
+        sums[0] += found[CACHED]
+        sums[1] += found[PROCESSED]
+    return sums
+
+
+async def time_to_first_token(
+    client: httpx.AsyncClient, url: str, key: str, request: BenchRequest, max_tokens: int
+) -> float:
+    body = {
+        "model": MODEL,
+        "messages": request.messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {key}"}
+    started = time.perf_counter()
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        if response.status_code != 200:
+            await response.aread()
+            raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+        first: float | None = None
+        async for line in response.aiter_lines():
+            if first is not None or not line.startswith("data:") or line == "data: [DONE]":
+                continue  # read to the end: the engine frees its slot when the stream ends
+            choices = json.loads(line[5:]).get("choices") or []
+            # The first chunk carries only the role (content null): the first token is the
+            # first content, or the end when the model stopped at once.
+            if choices and (
+                (choices[0].get("delta") or {}).get("content") is not None
+                or choices[0].get("finish_reason")
+            ):
+                first = time.perf_counter() - started
+    if first is not None:
+        return first
+    raise RuntimeError("the stream ended without a token")
+
+
+Target = Callable[[int, BenchRequest], tuple[str, str]]
+
+
+async def run_arm(
+    cfg: BenchConfig,
+    result: ArmResult,
+    requests: Sequence[BenchRequest],
+    engine_list: Sequence[Engine],
+    target: Target,
+) -> None:
+    """Send the workload with `in_flight` requests at a time, in order; `target` says where
+    request i goes (URL, key)."""
+    gate = asyncio.Semaphore(cfg.in_flight)
+    # No keep-alive: llama-server closes idle connections, and a request that lands on one as
+    # it closes fails before a byte; a new connection per request costs ~0.1 ms on loopback.
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=300.0, trust_env=False, limits=limits) as client:
+        warm = BenchRequest(-1, [{"role": "user", "content": "Say hi."}])
+        for engine in engine_list:  # first-request costs stay out of the figures
+            await time_to_first_token(
+                client, engine.url + "/v1/chat/completions", engine.key, warm, 2
+            )
+        before = await prompt_counters(client, engine_list)
+
+        async def one(index: int, request: BenchRequest) -> None:
+            url, key = target(index, request)
+            try:
+                result.ttft_s.append(
+                    await time_to_first_token(client, url, key, request, cfg.max_tokens)
+                )
+            except (httpx.HTTPError, RuntimeError) as exc:
+                result.errors += 1
+                print(f"  request {index} failed: {exc}", file=sys.stderr)
+            finally:
+                gate.release()
+
+        tasks = []
+        for index, request in enumerate(requests):
+            await gate.acquire()
+            tasks.append(asyncio.create_task(one(index, request)))
+        await asyncio.gather(*tasks)
+        after = await prompt_counters(client, engine_list)
+    result.cached, result.computed = after[0] - before[0], after[1] - before[1]
+
+
+class StaticRoutes:
+    """The route source the gateway reads: the bench's engines, all READY."""
+
+    def __init__(self, routes: list[Route]) -> None:
+        self.table = RoutingTable(version=1, routes=routes)
+
+    async def fetch(self) -> RoutingTable:
+        return self.table
+
+
+@contextlib.asynccontextmanager
+async def gateway(store: Store, engine_list: Sequence[Engine]) -> AsyncIterator[str]:
+    """A real gateway app on a free port, routing to `engine_list`; yields its base URL."""
+    routes = [
+        Route(
+            replica_id=e.replica_id,
+            model=MODEL,
+            node=NODE,
+            endpoint=e.url,
+            engine="llamacpp",
+            state=ReplicaState.READY,
+        )
+        for e in engine_list
+    ]
+    settings = GatewaySettings(port=free_port())
+    server = uvicorn.Server(uvicorn_config(settings, store, StaticRoutes(routes)))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                raise SystemExit("the gateway failed to start")
+            await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{settings.port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
+    requests = workload(cfg)
+    results: list[ArmResult] = []
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-routing-") as tmp:
+        state = Path(tmp)
+        store = open_store(None, state)
+        await store.init()
+        try:
+            master = await store.master_secret()
+            _, api_key = await store.create_key("bench-routing")
+            keys = [engine_key_from_master(master, NODE, f"bench-{i}") for i in range(cfg.replicas)]
+            for setting, extra in SETTINGS.items():
+                for arm in ARMS:
+                    result = ArmResult(setting, arm)
+                    began = time.monotonic()
+                    async with engines(cfg, keys, extra, state) as engine_list:
+                        if arm == "llmgw":
+                            async with gateway(store, engine_list) as base:
+                                await run_arm(
+                                    cfg, result, requests, engine_list, via(base, api_key)
+                                )
+                                result.reasons = await routing_reasons(base)
+                        else:
+                            await run_arm(
+                                cfg, result, requests, engine_list, direct(arm, engine_list)
+                            )
+                    results.append(result)
+                    print(
+                        f"  {setting:<14} {arm:<12} {time.monotonic() - began:5.1f}s",
+                        file=sys.stderr,
+                    )
+        finally:
+            await store.close()
+    return results
+
+
+async def routing_reasons(base: str) -> dict[str, float]:
+    """llmgw_routing_decisions counts by reason, summed over models ({} if not exported)."""
+    async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+        response = await client.get(base + "/metrics")
+    found: dict[str, float] = {}
+    for line in response.text.splitlines():
+        if line.startswith("llmgw_routing_decisions_total") and 'reason="' in line:
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            with contextlib.suppress(ValueError):
+                found[reason] = found.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def via(base: str, api_key: str) -> Target:
+    def pick(index: int, request: BenchRequest) -> tuple[str, str]:
+        return base + "/v1/chat/completions", api_key
+
+    return pick
+
+
+def direct(arm: str, engine_list: Sequence[Engine]) -> Target:
+    def pick(index: int, request: BenchRequest) -> tuple[str, str]:
+        slot = index if arm == "round_robin" else request.group
+        engine = engine_list[slot % len(engine_list)]
+        return engine.url + "/v1/chat/completions", engine.key
+
+    return pick
+
+
+def table(results: Sequence[ArmResult]) -> str:
+    lines = [
+        f"{'setting':<14} {'arm':<12} {'n':>3} {'err':>3} {'mean TTFT':>10} {'p90 TTFT':>9} "
+        f"{'cached':>7} {'mean/oracle':>11} {'p90/oracle':>10} {'cached/oracle':>13}"
+    ]
+    oracle = {r.setting: r for r in results if r.arm == "oracle"}
+    for r in results:
+        base = oracle.get(r.setting)
+        ratio = (r.mean_ms / base.mean_ms) if base else float("nan")
+        ratio90 = (r.p90_ms / base.p90_ms) if base else float("nan")
+        cached = (r.cached_share / base.cached_share) if base else float("nan")
+        lines.append(
+            f"{r.setting:<14} {r.arm:<12} {len(r.ttft_s):>3} {r.errors:>3} "
+            f"{r.mean_ms:>8.0f}ms {r.p90_ms:>7.0f}ms {r.cached_share:>7.1%} "
+            f"{ratio:>11.2f} {ratio90:>10.2f} {cached:>13.2f}"
+        )
+    for r in results:
+        if r.reasons:
+            counts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.reasons.items()))
+            lines.append(f"llmgw decisions ({r.setting}, all through the gateway): {counts}")
+    return "\n".join(lines)
+
+
+def decision_cost_us(replicas: int = 5, prompt_bytes: int = 4096) -> float:
+    """Microseconds per `Router.choose` on the hot path: a 4 KB prompt whose first 3 KB is one
+    of 20 shared system prompts, `replicas` replicas, the index held at its bound (20,000
+    claims here, so every request also evicts) to include eviction in the cost."""
+    rng = random.Random(1)
+    routes = [
+        Route(
+            replica_id=f"r-{i}",
+            model="m",
+            node="n",
+            endpoint="http://127.0.0.1:1",
+            engine="llamacpp",
+            state=ReplicaState.READY,
+        )
+        for i in range(replicas)
+    ]
+    snap = RoutingSnapshot(RoutingTable(version=1, routes=routes))
+    shared = [rng.randbytes(prompt_bytes * 3 // 4) for _ in range(20)]
+    keys = [
+        RequestKey("m", rng.choice(shared) + rng.randbytes(prompt_bytes // 4)) for _ in range(4000)
+    ]
+    router = Router(index=PrefixIndex(max_claims=20_000))
+    inflight = {"r-0": 2, "r-1": 1}
+    for key in keys:
+        router.choose(snap, key, inflight)
+    stream = iter(keys * 30)
+    runs = timeit.repeat(lambda: router.choose(snap, next(stream), inflight), number=5000, repeat=5)
+    return min(runs) / 5000 * 1e6
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench_routing", description=__doc__.split("\n")[0])
+    defaults = BenchConfig()
+    for name in ("replicas", "groups", "per_group", "in_flight", "system_words", "threads", "seed"):
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name)
+        )
+    args = parser.parse_args(argv)
+    cfg = BenchConfig(
+        replicas=args.replicas,
+        groups=args.groups,
+        per_group=args.per_group,
+        in_flight=args.in_flight,
+        system_words=args.system_words,
+        threads=args.threads,
+        seed=args.seed,
+    )
+    print(f"routing decision: {decision_cost_us():.1f} µs (4 KB prompt, 5 replicas, prefix)")
+    print(
+        f"workload: {cfg.groups} groups x {cfg.per_group} requests, ~{cfg.system_words}-word "
+        f"system prompts, {cfg.in_flight} in flight, {cfg.replicas} replicas "
+        f"(--parallel {cfg.parallel}, -t {cfg.threads}), max_tokens {cfg.max_tokens}"
+    )
+    results = asyncio.run(run_bench(cfg))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

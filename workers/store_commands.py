@@ -1,0 +1,292 @@
+"""`llmgw key ...`, `llmgw usage` and `llmgw store migrate`: commands that talk to the gateway's
+store directly (the SQLite file in the state dir, or $LLMGW_DATABASE_URL), with no Temporal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+from datetime import UTC, date, datetime, timedelta
+
+import asyncpg
+
+from gateway.store import ApiKey, KeyLimits, KeyNameTaken, Store, open_store
+from gateway.store.factory import redacted_url
+from gateway.store.migrate import TargetNotEmpty, migrate
+from gateway.usage_export import usage_csv
+from workers.paths import Locations
+from workers.tables import table
+
+STORE_COMMANDS = frozenset({"key", "usage", "store"})
+CLEAR = "none"  # `llmgw key limit NAME --rpm none` removes that limit
+
+
+def positive_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not at least 1")
+    return value
+
+
+def count_or_clear(text: str) -> int | str:
+    return CLEAR if text.strip().lower() == CLEAR else positive_count(text)
+
+
+def utc_day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a day as YYYY-MM-DD") from None
+
+
+def names_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",")]
+
+
+def add_store_parsers(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    key = sub.add_parser("key", help="API keys")
+    ksub = key.add_subparsers(dest="action", required=True)
+    create = ksub.add_parser("create", parents=[common], help="make a key; prints it once")
+    create.add_argument("name")
+    create.add_argument(
+        "--models", type=names_list, help="comma-separated allowlist (default: all models)"
+    )
+    create.add_argument(
+        "--adapters", type=names_list, help="comma-separated LoRA adapters (default: any)"
+    )
+    create.add_argument("--expires-in-days", type=float)
+    _add_limit_flags(create, positive_count, "unlimited")
+
+    limit = ksub.add_parser("limit", parents=[common], help="change a key's limits")
+    limit.add_argument("name_or_id")
+    _add_limit_flags(limit, count_or_clear, "unchanged; `none` removes the limit")
+
+    ksub.add_parser("list", parents=[common], help="every key, its allowlists and limits")
+    revoke = ksub.add_parser("revoke", parents=[common])
+    revoke.add_argument("name_or_id")
+
+    usage = sub.add_parser("usage", parents=[common], help="requests and tokens per key and day")
+    usage.add_argument("--key", help="key name or id")
+    usage.add_argument("--model")
+    usage.add_argument("--since", type=utc_day, metavar="YYYY-MM-DD", help="first UTC day")
+    usage.add_argument("--until", type=utc_day, metavar="YYYY-MM-DD", help="last UTC day")
+    usage.add_argument("--csv", action="store_true", help="CSV for a spreadsheet")
+
+    store = sub.add_parser("store", help="the gateway's store itself")
+    ssub = store.add_subparsers(dest="action", required=True)
+    move = ssub.add_parser(
+        "migrate",
+        parents=[common],
+        help="copy keys, usage and secrets to another store, e.g. SQLite to PostgreSQL",
+    )
+    move.add_argument("--to", required=True, metavar="URL", help="postgresql://... or sqlite:///")
+    move.add_argument(
+        "--force", action="store_true", help="copy even if the target holds keys or usage"
+    )
+
+
+def _add_limit_flags(
+    parser: argparse.ArgumentParser, count: Callable[[str], object], default_help: str
+) -> None:
+    parser.add_argument("--rpm", type=count, help=f"requests per minute ({default_help})")
+    parser.add_argument("--tpm", type=count, help=f"tokens per minute ({default_help})")
+    parser.add_argument(
+        "--budget", type=count, metavar="TOKENS", help=f"tokens per period ({default_help})"
+    )
+    parser.add_argument("--budget-period", choices=["day", "month"], help="UTC day or month")
+
+
+def limits_to_create(args: argparse.Namespace) -> KeyLimits:
+    if args.budget_period and args.budget is None:
+        raise SystemExit("--budget-period needs --budget")
+    return KeyLimits(
+        rpm=args.rpm,
+        tpm=args.tpm,
+        token_budget=args.budget,
+        budget_period=args.budget_period or "day",
+    )
+
+
+def changed_limits(current: KeyLimits, args: argparse.Namespace) -> KeyLimits:
+    """The key's limits with what the flags say applied; a flag left out keeps its value."""
+    changes: dict[str, object] = {}
+    for field, value in (("rpm", args.rpm), ("tpm", args.tpm), ("token_budget", args.budget)):
+        if value is not None:
+            changes[field] = None if value == CLEAR else value
+    if args.budget_period:
+        changes["budget_period"] = args.budget_period
+    if not changes:
+        raise SystemExit("nothing to change: give --rpm, --tpm, --budget or --budget-period")
+    return KeyLimits.model_validate(current.model_dump() | changes)
+
+
+def describe_limits(limits: KeyLimits) -> str:
+    parts = []
+    if limits.rpm is not None:
+        parts.append(f"rpm {limits.rpm}")
+    if limits.tpm is not None:
+        parts.append(f"tpm {limits.tpm}")
+    if limits.token_budget is not None:
+        parts.append(f"budget {limits.token_budget}/{limits.budget_period}")
+    return ", ".join(parts) or "none"
+
+
+def key_state(key: ApiKey, now: datetime) -> str:
+    if key.revoked_at is not None:
+        return "revoked"
+    return "expired" if key.is_expired(now) else "active"
+
+
+def key_rows(keys: list[ApiKey], now: datetime) -> list[list[str]]:
+    return [
+        [
+            k.name,
+            k.key_id,
+            ",".join(k.models) if k.models is not None else "all",
+            ",".join(k.adapters) if k.adapters is not None else "any",
+            describe_limits(k.limits),
+            k.created_at.strftime("%Y-%m-%d %H:%M"),
+            k.expires_at.strftime("%Y-%m-%d %H:%M") if k.expires_at else "-",
+            key_state(k, now),
+        ]
+        for k in keys
+    ]
+
+
+def run_store_command(args: argparse.Namespace, where: Locations) -> None:
+    """Run one store command; a problem ends it with SystemExit and a message."""
+    try:
+        asyncio.run(_with_store(args, where))
+    except ValueError as err:  # KeyNameTaken and pydantic's ValidationError included
+        raise SystemExit(f"invalid input: {err}") from None
+
+
+async def _with_store(args: argparse.Namespace, where: Locations) -> None:
+    store = open_store(where.database_url, where.state_dir)
+    await store.init()
+    try:
+        await store_command(args, store, where)
+    finally:
+        await store.close()
+
+
+async def store_command(args: argparse.Namespace, store: Store, where: Locations) -> None:
+    if args.command == "usage":
+        await show_usage(args, store)
+    elif args.command == "store":
+        await migrate_command(args, store, where)
+    elif args.action == "create":
+        await create_key(args, store)
+    elif args.action == "limit":
+        await limit_key(args, store)
+    elif args.action == "list":
+        headers = ["NAME", "ID", "MODELS", "ADAPTERS", "LIMITS", "CREATED", "EXPIRES", "STATE"]
+        print(table(headers, key_rows(await store.list_keys(), datetime.now(UTC))))
+    elif args.action == "revoke":
+        if not await store.revoke_key(args.name_or_id):
+            raise SystemExit(f"no active key {args.name_or_id!r}")
+        print(f"revoked {args.name_or_id}")
+
+
+async def create_key(args: argparse.Namespace, store: Store) -> None:
+    expires = None
+    if args.expires_in_days is not None:
+        if args.expires_in_days <= 0:
+            raise SystemExit("--expires-in-days must be more than 0")
+        expires = datetime.now(UTC) + timedelta(days=args.expires_in_days)
+    try:
+        record, secret = await store.create_key(
+            args.name,
+            models=args.models,
+            expires_at=expires,
+            adapters=args.adapters,
+            limits=limits_to_create(args),
+        )
+    except KeyNameTaken as err:
+        raise SystemExit(str(err)) from None
+    print(f"key {record.name} ({record.key_id}) created; it is shown only this once:")
+    print(secret)
+
+
+async def limit_key(args: argparse.Namespace, store: Store) -> None:
+    active = [
+        k
+        for k in await store.list_keys()
+        if k.revoked_at is None and args.name_or_id in (k.key_id, k.name)
+    ]
+    if not active:
+        raise SystemExit(f"no active key {args.name_or_id!r}")
+    limits = changed_limits(active[0].limits, args)
+    record = await store.set_key_limits(active[0].key_id, limits)
+    if record is None:
+        raise SystemExit(f"key {args.name_or_id!r} was revoked meanwhile")
+    print(f"key {record.name} ({record.key_id}) limits: {describe_limits(record.limits)}")
+
+
+async def show_usage(args: argparse.Namespace, store: Store) -> None:
+    keys = await store.list_keys()
+    names = {k.key_id: k.name for k in keys}
+    key_ids: list[str | None] = [None]
+    if args.key:
+        # A name can belong to several keys over time (revoked, then made again): show them all.
+        key_ids = [k.key_id for k in keys if args.key in (k.name, k.key_id)]
+        if not key_ids:
+            raise SystemExit(f"no key {args.key!r}")
+    rows = [
+        row
+        for key_id in key_ids
+        for row in await store.usage(
+            key_id=key_id, model=args.model, since=args.since, until=args.until
+        )
+    ]
+    rows.sort(key=lambda r: (r.day, r.key_id, r.model))
+    if args.csv:
+        sys.stdout.write(usage_csv(rows, names))
+        return
+    print(
+        table(
+            ["DAY", "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "TOTAL"],
+            [
+                [
+                    str(u.day),
+                    names.get(u.key_id, u.key_id),
+                    u.model,
+                    str(u.requests),
+                    str(u.prompt_tokens),
+                    str(u.completion_tokens),
+                    str(u.total_tokens),
+                ]
+                for u in rows
+            ],
+        )
+    )
+
+
+async def migrate_command(args: argparse.Namespace, source: Store, where: Locations) -> None:
+    shown = redacted_url(args.to)
+    target = open_store(args.to, where.state_dir)
+    try:
+        try:
+            await target.init()
+        except (OSError, asyncpg.PostgresError) as err:
+            raise SystemExit(f"cannot open the target store {shown}: {err}") from None
+        try:
+            report = await migrate(source, target, force=args.force)
+        except TargetNotEmpty as err:
+            raise SystemExit(f"{shown}: {err}") from None
+    finally:
+        await target.close()
+    print(f"copied to {shown}:")
+    master = "engine master secret included" if report.master_secret else "no master secret yet"
+    print(f"  secrets     {report.secrets} ({master})")
+    print(f"  keys        {report.keys}")
+    print(f"  usage rows  {report.usage_rows}")
+    print("read back from the target: every row matches")
