@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     gw = sub.add_parser("gateway", parents=[common], help="run the OpenAI gateway")
     gw.add_argument("--host", default="127.0.0.1")
     gw.add_argument("--port", type=int, default=8000)
+    gw.add_argument(
+        "--routing",
+        choices=["prefix", "least_load", "round_robin"],
+        default="prefix",
+        help="how a replica is chosen (default: longest cached prompt prefix, then load)",
+    )
 
     sub.add_parser("status", parents=[common], help="nodes and replicas")
     sub.add_parser("nodes", parents=[common], help="nodes, their hardware and engines")
@@ -192,7 +198,8 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
         from gateway.settings import GatewaySettings
         from workers.gateway_main import main as gateway_main
 
-        gateway_main(where, GatewaySettings(host=args.host, port=args.port))
+        settings = GatewaySettings(host=args.host, port=args.port, routing_policy=args.routing)
+        gateway_main(where, settings)
     elif args.command in STORE_COMMANDS:
         # No Temporal client here, so a plain exit (and SystemExit for tests) is safe.
         run_store_command(args, where)

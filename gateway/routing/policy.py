@@ -83,7 +83,8 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`min_match_blocks`: a shorter match is ignored, so a short boilerplate opening that
-        many prompts share (one block is 128 bytes) does not pull them all onto one replica."""
+        many prompts share (one block is 256 bytes, ~64 tokens) does not pull them all onto one
+        replica."""
         # A plain str, checked here: the name comes from settings or a command line.
         if policy not in POLICIES:
             raise ValueError(f"unknown routing policy {policy!r}; one of {', '.join(POLICIES)}")

@@ -20,8 +20,8 @@ from gateway.routing import (
 from gateway.routing.prefix_index import BLOCK_BYTES
 from workflows.contracts import ReplicaState, Route, RoutingTable
 
-SYSTEM_A = b"You are the support assistant of a bicycle shop. Be brief. " * 10
-SYSTEM_B = b"You summarise clinical trial reports for physicians. " * 10
+SYSTEM_A = b"You are the support assistant of a bicycle shop. Be brief. " * 25
+SYSTEM_B = b"You summarise clinical trial reports for physicians. " * 25
 
 
 def route(replica_id: str, state: ReplicaState = ReplicaState.READY) -> Route:

@@ -14,8 +14,8 @@ from gateway.routing.prefix_index import (
     block_hashes,
 )
 
-SYSTEM_A = b"You are a careful assistant for the billing team. " * 12  # ~600 bytes
-SYSTEM_B = b"You translate legal documents from French to English. " * 12
+SYSTEM_A = b"You are a careful assistant for the billing team. " * 30  # ~1.5 KB
+SYSTEM_B = b"You translate legal documents from French to English. " * 30
 
 
 def blocks(prompt: bytes) -> int:
