@@ -50,9 +50,15 @@ def _upstream_session(settings: GatewaySettings) -> aiohttp.ClientSession:
     )
 
 
-def create_app(settings: GatewaySettings, store: Store, route_source: RouteSource) -> FrontDoor:
+def create_app(
+    settings: GatewaySettings,
+    store: Store,
+    route_source: RouteSource,
+    admin_address: tuple[str, int] | None = None,
+) -> FrontDoor:
     """The store belongs to the caller (it opens and closes it); the app calls `init()` and reads
-    the master secret at start-up."""
+    the master secret at start-up. `admin_address`: the admin listener's socket address, when
+    the admin API has a listener of its own (gateway/front_door.py)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -137,4 +143,4 @@ def create_app(settings: GatewaySettings, store: Store, route_source: RouteSourc
             "routes_age_s": state.routes.age_s(),
         }
 
-    return FrontDoor(app)
+    return FrontDoor(app, admin_address)

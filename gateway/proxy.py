@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 
 import aiohttp
 from starlette.types import Receive, Scope, Send
@@ -98,15 +99,19 @@ async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, se
         metrics.request(outcome.model, scope["path"], outcome.status, time.perf_counter() - started)
 
 
-async def _serve(
-    state: GatewayState,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    started: float,
-    outcome: Outcome,
-) -> int:
-    path: str = scope["path"]
+@dataclass(frozen=True)
+class Admitted:
+    """A request that passed the door: who sent it, what it asks, and the bytes it came as."""
+
+    key: ApiKey
+    request: ProxiedRequest
+    raw: bytes
+    headers: dict[bytes, bytes]
+
+
+async def _admit(state: GatewayState, scope: Scope, receive: Receive) -> Admitted:
+    """Lockout, key, body, model and adapter allowlists, then the body's fields: each refusal
+    as early as it can be known, and before anything costs an engine a thing."""
     client = scope["client"][0] if scope.get("client") else ""
     now = time.monotonic()
     locked_for = state.lockout.retry_after(client, now)
@@ -129,14 +134,24 @@ async def _serve(
             state.lockout.failed(client, now)
             state.metrics.auth_failed("invalid_key")
         raise
-
     raw = await read_body(receive, state.settings.max_body_bytes, headers.get(b"content-length"))
     body = parse_json_object(raw)
     model, adapter = requested_model(body)
     ensure_model_allowed(key, model)
     ensure_adapter_allowed(key, adapter)
-    request = parse_proxied_request(path, body)
+    return Admitted(key, parse_proxied_request(scope["path"], body), raw, headers)
 
+
+async def _serve(
+    state: GatewayState,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    started: float,
+    outcome: Outcome,
+) -> int:
+    admitted = await _admit(state, scope, receive)
+    key, request, raw, headers = admitted.key, admitted.request, admitted.raw, admitted.headers
     snapshot = await _routable_snapshot(state, request.model)
     outcome.model = request.model
     deadline = started + _deadline_s(state, headers.get(CLIENT_TIMEOUT_HEADER))
@@ -159,7 +174,7 @@ async def _serve(
         session = headers.get(SESSION_HEADER)
         routing_key = RequestKey(
             model=request.model,
-            prompt=_prompt_bytes(raw, path),
+            prompt=_prompt_bytes(raw, request.path),
             session=session.decode("latin-1") if session else request.user,
         )
         try:

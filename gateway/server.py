@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
+
 import uvicorn
 
 from gateway.app import create_app
@@ -20,10 +23,15 @@ def http_limits(settings: GatewaySettings) -> HttpLimits:
 
 
 def uvicorn_config(
-    settings: GatewaySettings, store: Store, route_source: RouteSource
+    settings: GatewaySettings,
+    store: Store,
+    route_source: RouteSource,
+    admin_address: tuple[str, int] | None = None,
 ) -> uvicorn.Config:
+    """Without `admin_address` the admin API shares the one listener (tests); `serve` gives it
+    a loopback listener of its own."""
     return uvicorn.Config(
-        create_app(settings, store, route_source),
+        create_app(settings, store, route_source, admin_address),
         host=settings.host,
         port=settings.port,
         # httptools (llhttp) under the bounds uvicorn leaves out; measured faster than h11, and
@@ -43,13 +51,39 @@ def uvicorn_config(
     )
 
 
-async def serve(settings: GatewaySettings, store: Store, route_source: RouteSource) -> None:
-    """Serve until the process is told to stop (SIGINT/SIGTERM, handled by uvicorn). The store
-    stays the caller's to close."""
-    server = uvicorn.Server(uvicorn_config(settings, store, route_source))
+def listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        await server.serve()
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise RuntimeError(f"the gateway cannot listen on {host}:{port}: {err.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve(settings: GatewaySettings, store: Store, route_source: RouteSource) -> None:
+    """Serve the OpenAI API on settings.host:port and the admin API on its own loopback
+    listener, until the process is told to stop (SIGINT/SIGTERM, handled by uvicorn). The
+    store stays the caller's to close."""
+    if not ipaddress.ip_address(settings.admin_host).is_loopback:
+        raise RuntimeError(f"the admin API listens on loopback only, not {settings.admin_host}")
+    public = listen(settings.host, settings.port)
+    admin = listen(settings.admin_host, settings.admin_port)
+    admin_address = admin.getsockname()[:2]
+    server = uvicorn.Server(uvicorn_config(settings, store, route_source, admin_address))
+    try:
+        await server.serve(sockets=[public, admin])
     except SystemExit as exc:
         # uvicorn exits the process when start-up fails (store unreachable, port taken); in
         # `llmgw up` other components share this loop, so fail as an ordinary error instead.
         raise RuntimeError("the gateway failed to start (the reason is logged above)") from exc
+    finally:
+        # A cancelled serve leaves uvicorn's listeners registered with the event loop: close
+        # them before their sockets, or a reused file descriptor meets a stale registration.
+        for listener in getattr(server, "servers", []):
+            listener.close()
+        public.close()
+        admin.close()

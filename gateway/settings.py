@@ -8,6 +8,10 @@ from pydantic import BaseModel, Field
 class GatewaySettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    # The admin API's own listener, loopback only: the public listener never serves /admin, so
+    # a reverse proxy or a port opened to the network cannot expose it (0: any free port).
+    admin_host: str = "127.0.0.1"
+    admin_port: int = Field(default=8001, ge=0, le=65535)
     # How often the routing table is re-read from the ledger: a replica-state change should
     # reach every gateway within about a second.
     refresh_interval_s: float = Field(default=0.5, gt=0, le=10)

@@ -105,19 +105,29 @@ class StreamFilter:
 
     def feed(self, chunk: bytes) -> bytes:
         """What to send on for this upstream chunk (possibly nothing)."""
-        if (
-            not self.splitter._buffer
-            and chunk.endswith(b"\n\n")
-            and b'"usage"' not in chunk
-            and b"\r" not in chunk
-        ):
-            # Whole events without usage: count them, notice [DONE], relay unchanged. An event
-            # spanning chunks, or one with usage, takes the careful path below.
-            events = chunk.count(b"\n\n")
-            done = chunk.endswith(b"data: [DONE]\n\n")
-            self.usage_filter.chunks += events - done
-            self.usage_filter.saw_done |= done
-            return chunk
+        if self.splitter._buffer or not chunk.endswith(b"\n\n") or b"\r" in chunk:
+            return self._carefully(chunk)  # an event spans chunks, or CRLF framing
+        at = chunk.find(b'"usage"')
+        if at < 0:
+            return self._passed(chunk)
+        # Only the event that mentions usage is looked into; the events around it pass as
+        # they came (an engine often sends its last tokens, usage and [DONE] in one write).
+        previous_end = chunk.rfind(b"\n\n", 0, at)
+        start = previous_end + 2 if previous_end >= 0 else 0
+        end = chunk.find(b"\n\n", at)
+        kept = self.usage_filter.process(chunk[start:end])
+        head = self._passed(chunk[:start]) if start else b""
+        tail = self.feed(chunk[end + 2 :]) if end + 2 < len(chunk) else b""
+        return head + (kept or b"") + tail
+
+    def _passed(self, whole_events: bytes) -> bytes:
+        """Whole events without usage: count them, notice [DONE], relay them unchanged."""
+        done = whole_events.endswith(b"data: [DONE]\n\n")
+        self.usage_filter.chunks += whole_events.count(b"\n\n") - done
+        self.usage_filter.saw_done |= done
+        return whole_events
+
+    def _carefully(self, chunk: bytes) -> bytes:
         process = self.usage_filter.process
         return b"".join(
             kept for event in self.splitter.feed(chunk) if (kept := process(event)) is not None

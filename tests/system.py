@@ -38,6 +38,7 @@ class System:
         self.engine_path = engine_path
         self.node = "testnode"
         self.port = free_port()
+        self.admin_port = free_port()
         self.temporal_port = free_port()
         self.process: subprocess.Popen[str] | None = None
         self.output: list[str] = []
@@ -55,6 +56,7 @@ class System:
         cmd = [
             sys.executable, "-m", "workers.cli", "up", "--node", self.node, "--headless",
             "--port", str(self.port), "--temporal-port", str(self.temporal_port),
+            "--admin-port", str(self.admin_port),
         ]  # fmt: skip
         if not self.demo:
             cmd.append("--no-demo")

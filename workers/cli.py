@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--node", default=default_node_name())
     up.add_argument("--host", default="127.0.0.1", help="gateway address")
     up.add_argument("--port", type=int, default=8000, help="gateway port")
+    up.add_argument("--admin-port", type=int, default=8001, help="admin API port, on loopback")
     up.add_argument("--temporal-port", type=int, default=7233)
     up.add_argument("--ui-port", type=int, default=8233, help="Temporal web UI port")
     up.add_argument("--headless", action="store_true", help="no Temporal web UI")
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     gw = sub.add_parser("gateway", parents=[common], help="run the OpenAI gateway")
     gw.add_argument("--host", default="127.0.0.1")
     gw.add_argument("--port", type=int, default=8000)
+    gw.add_argument("--admin-port", type=int, default=8001, help="admin API port, on loopback")
     gw.add_argument(
         "--routing",
         choices=["prefix", "least_load", "round_robin"],
@@ -161,6 +163,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 node=args.node,
                 host=args.host,
                 port=args.port,
+                admin_port=args.admin_port,
                 temporal_port=args.temporal_port,
                 ui_port=None if args.headless else args.ui_port,
                 demo=not args.no_demo,
@@ -198,7 +201,12 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
         from gateway.settings import GatewaySettings
         from workers.gateway_main import main as gateway_main
 
-        settings = GatewaySettings(host=args.host, port=args.port, routing_policy=args.routing)
+        settings = GatewaySettings(
+            host=args.host,
+            port=args.port,
+            admin_port=args.admin_port,
+            routing_policy=args.routing,
+        )
         gateway_main(where, settings)
     elif args.command in STORE_COMMANDS:
         # No Temporal client here, so a plain exit (and SystemExit for tests) is safe.

@@ -41,6 +41,7 @@ class UpOptions:
     node: str
     host: str = "127.0.0.1"
     port: int = 8000
+    admin_port: int = 8001
     temporal_port: int = 7233
     ui_port: int | None = 8233
     demo: bool = True
@@ -101,6 +102,7 @@ def start_children(where: Locations, opts: UpOptions) -> Children:
     for engine, path in opts.engine_paths.items():
         agent_args += ["--engine-path", f"{engine}={path}"]
     gateway_args = ["gateway", "--host", opts.host, "--port", str(opts.port)]
+    gateway_args += ["--admin-port", str(opts.admin_port)]
     control_args = ["control"]
     if opts.config_file is not None:
         control_args += ["--config", str(opts.config_file)]
@@ -160,6 +162,7 @@ def banner(opts: UpOptions, where: Locations, api_key: str) -> str:
         "llmgw is up.",
         f"  OpenAI API:   {base}/v1",
         f"  API key:      {api_key}",
+        f"  Admin API:    http://127.0.0.1:{opts.admin_port}/admin/v1 (this machine only)",
         f"  Temporal UI:  {ui}",
         f"  State:        {where.state_dir}",
     ]

@@ -5,7 +5,9 @@ external endpoints with their own key, quotas, lockout, adapters, embeddings and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -19,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from gateway.quota import estimate_prompt_tokens
+from gateway.server import serve
 from gateway.store import KeyLimits, Store, open_store
 from tests.gateway_kit import (
     MODEL,
@@ -32,6 +35,7 @@ from tests.gateway_kit import (
     serving,
     sse_events,
 )
+from workers.temporal_server import free_port
 from workflows.contracts import ReplicaState, Route
 
 MESSAGES = [{"role": "user", "content": "tell me about otters"}]
@@ -461,3 +465,65 @@ async def test_metrics_count_requests_tokens_ttft_and_routing(store: Store) -> N
     assert decisions >= 2
     assert unknown.status_code == 404
     assert "nope-" not in labelled, "unknown model names never become metric labels"
+
+
+# --- the admin API's own listener -------------------------------------------------------------
+
+
+async def test_the_admin_api_answers_only_on_its_loopback_listener(
+    store: Store, tmp_path: Path
+) -> None:
+    port, admin_port = free_port(), free_port()
+    settings = fast_settings(host="127.0.0.1", port=port, admin_port=admin_port)
+    async with recording_standin(tmp_path) as upstream:
+        task = asyncio.create_task(
+            serve(settings, store, FakeRouteSource(route("smol-0", upstream.url)))
+        )
+        try:
+            async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
+                public, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
+                deadline = time.monotonic() + 10
+                while True:
+                    try:
+                        await http.get(public + "/healthz")
+                        break
+                    except httpx.ConnectError:
+                        assert time.monotonic() < deadline
+                        await asyncio.sleep(0.05)
+                _, plaintext = await store.create_key("listener-test")
+                auth = {"Authorization": f"Bearer {plaintext}"}
+                on_public = await http.get(public + "/admin/v1/routes")
+                on_admin = await http.get(admin + "/admin/v1/routes")
+                chat_on_admin = await http.post(
+                    admin + "/v1/chat/completions",
+                    json={"model": MODEL, "messages": MESSAGES},
+                    headers=auth,
+                )
+                chat_on_public = await http.post(
+                    public + "/v1/chat/completions",
+                    json={"model": MODEL, "messages": MESSAGES},
+                    headers=auth,
+                )
+                metrics_on_admin = await http.get(admin + "/metrics")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+                await task
+    # Stopped, it leaves no listener registered with the loop for a socket it closed: a
+    # descriptor reused later would meet that stale registration (seen as a later test's
+    # PostgreSQL connect failing in the shared test loop).
+    selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
+    for key in list(selector.get_map().values()):
+        os.fstat(key.fd)  # raises for a closed descriptor
+    assert_openai_error(on_public, 404, "not_found")
+    assert on_admin.status_code == 200
+    assert on_admin.json()["routes"][0]["replica_id"] == "smol-0"
+    assert_openai_error(chat_on_admin, 404, "not_found")
+    assert chat_on_public.status_code == 200
+    assert metrics_on_admin.status_code == 200
+
+
+def test_the_admin_api_refuses_to_listen_off_loopback(store: Store) -> None:
+    settings = fast_settings(admin_host="0.0.0.0")
+    with pytest.raises(RuntimeError, match="loopback only"):
+        asyncio.run(serve(settings, store, FakeRouteSource()))

@@ -86,7 +86,10 @@ def _relayed(cuts: list[int], wants_usage: bool) -> tuple[bytes, StreamFilter]:
 
 @given(st.lists(st.integers(min_value=1, max_value=len(_STREAM) - 1), max_size=12), st.booleans())
 def test_any_chunking_relays_the_same_events_and_usage(cuts: list[int], wants_usage: bool) -> None:
-    whole, _ = _relayed([], wants_usage)  # one chunk: the careful path throughout
+    careful = UsageFilter(client_wants_usage=wants_usage)
+    whole = b"".join(
+        kept for event in SseSplitter().feed(_STREAM) if (kept := careful.process(event))
+    )
     out, relay = _relayed(cuts, wants_usage)
     assert out == whole
     assert relay.usage_filter.usage == {"prompt_tokens": 3, "completion_tokens": 3}
