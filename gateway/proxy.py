@@ -25,7 +25,8 @@ from gateway.asgi import headers_of, read_body, send_error
 from gateway.auth import ensure_adapter_allowed, ensure_model_allowed
 from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError
-from gateway.quota import Denied, Reservation, estimate_prompt_tokens
+from gateway.prompt_estimate import estimate_prompt_tokens
+from gateway.quota import Denied, Reservation
 from gateway.relay import Accounting, ClientWatch, Relay
 from gateway.request_body import (
     EMBEDDINGS,

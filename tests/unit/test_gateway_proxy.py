@@ -20,7 +20,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from gateway.quota import estimate_prompt_tokens
+from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.server import serve
 from gateway.store import KeyLimits, Store, open_store
 from tests.gateway_kit import (

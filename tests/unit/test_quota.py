@@ -14,13 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.prompt_estimate import MEDIA_PART_TOKENS, estimate_prompt_tokens
 from gateway.quota import (
     IN_FLIGHT_RETRY_S,
-    MEDIA_PART_TOKENS,
     Denied,
     QuotaBook,
     Reservation,
-    estimate_prompt_tokens,
 )
 
 
