@@ -145,8 +145,9 @@ def _check_numbers(body: dict[str, Any]) -> None:
             kind = "an integer" if integer else "a number"
             raise bad_request(f"'{field}' must be {kind}.", param=field, code="invalid_type")
         if not low <= value <= high or (isinstance(value, float) and math.isnan(value)):
+            shown = (f"{low:,}", f"{high:,}") if integer else (f"{low:g}", f"{high:g}")
             raise bad_request(
-                f"'{field}' must be between {low:g} and {high:g}; got {value!r}.",
+                f"'{field}' must be between {shown[0]} and {shown[1]}; got {value!r}.",
                 param=field,
                 code="invalid_value",
             )
