@@ -152,8 +152,9 @@ class Relay:
         self._filter = StreamFilter(client_wants_usage)
 
     async def run(self, send: Send, accounting: Accounting, started: float) -> int:
-        """Relay the response; returns its status (499 when the client left). The upstream and
-        the in-flight slot are released however this ends."""
+        """Relay the response; returns the upstream's status (a client that left surfaces as a
+        cancellation, which the caller records as 499). The upstream and the in-flight slot are
+        released however this ends."""
         try:
             if self._stream:
                 await self._relay_stream(send, accounting, started)
