@@ -15,19 +15,13 @@ import aiohttp
 
 from activities.engine_metrics import metrics_path
 from gateway.deps import EXTERNAL_ENGINE, GatewayState
+from gateway.proxy import upstream_url
 from gateway.routing import scrape_all
 from workflows.contracts import Route
 
 log = logging.getLogger(__name__)
 
 SCRAPE_TIMEOUT_S = 1.0
-
-
-def metrics_url(route: Route) -> str:
-    base = route.endpoint.rstrip("/").removesuffix("/v1")
-    if "://" not in base:
-        base = "http://" + base
-    return base + metrics_path(route.engine)
 
 
 class EngineScraper:
@@ -41,7 +35,9 @@ class EngineScraper:
         secret = state.upstream_auth(route)
         headers = {"Authorization": f"Bearer {secret}"} if secret else {}
         timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
-        async with state.session.get(metrics_url(route), headers=headers, timeout=timeout) as r:
+        async with state.session.get(
+            upstream_url(route, metrics_path(route.engine)), headers=headers, timeout=timeout
+        ) as r:
             r.raise_for_status()
             return await r.text()
 

@@ -35,7 +35,7 @@ from gateway.request_body import (
     parse_proxied_request,
     requested_model,
 )
-from gateway.routing import RequestKey, RoutingSnapshot
+from gateway.routing import RequestKey, RoutingSnapshot, prompt_bytes
 from gateway.store import ApiKey
 from workflows.contracts import Route
 
@@ -55,18 +55,11 @@ WANTED_HEADERS = frozenset(
 # Statuses that mean "this replica cannot take it now", not "this request is wrong": another
 # replica may well serve it.
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
-# Where the prompt starts in the raw body: routing by prefix reads from there, which skips
-# whatever fields a client sends before it without parsing anything again.
-PROMPT_MARKERS = {
-    "/v1/chat/completions": b'"messages"',
-    "/v1/completions": b'"prompt"',
-    "/v1/embeddings": b'"input"',
-}
 
 
 def upstream_url(route: Route, path: str) -> str:
     """The ledger gives an endpoint such as http://10.0.0.5:18000 (a trailing /v1 or a missing
-    scheme are tolerated); `path` starts with /v1/."""
+    scheme are tolerated); `path` starts with / (/v1/..., or an engine's metrics path)."""
     base = route.endpoint.rstrip("/")
     if "://" not in base:
         base = "http://" + base
@@ -175,7 +168,7 @@ async def _serve(
         session = headers.get(SESSION_HEADER)
         routing_key = RequestKey(
             model=request.model,
-            prompt=_prompt_bytes(raw, request.path),
+            prompt=prompt_bytes(body),
             session=session.decode("latin-1") if session else request.user,
         )
         try:
@@ -207,11 +200,6 @@ def _deadline_s(state: GatewayState, client_timeout: bytes | None) -> float:
         with contextlib.suppress(ValueError):
             deadline = min(deadline, float(client_timeout))
     return deadline
-
-
-def _prompt_bytes(raw: bytes, path: str) -> bytes:
-    start = raw.find(PROMPT_MARKERS[path])
-    return raw if start < 0 else raw[start:]
 
 
 def _reserve(
