@@ -257,9 +257,23 @@ async def test_a_port_held_by_a_stranger_fails_the_start_clearly(
     assert agent.supervisor.shards() == []
 
 
-def environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+async def environ(pid: int) -> dict[str, str]:
+    """The environment a running process was started with.
+
+    The stand-in is a shell wrapper that execs Python: in the middle of that second exec,
+    /proc/PID/environ reads empty for a moment, so an empty read is retried, not believed.
+    """
+    for _ in range(100):
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+        if env:
+            return env
+        stat = procfs.read_stat(pid)
+        assert stat is not None and stat.running, (
+            f"engine {pid} exited before its environment was read"
+        )
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"/proc/{pid}/environ stayed empty for 5 s")
 
 
 async def test_launch_uses_the_placed_profile_and_this_nodes_shard(
@@ -292,7 +306,7 @@ async def test_launch_uses_the_placed_profile_and_this_nodes_shard(
     spec = agent.supervisor.read_spec("smollm2-0")
     assert spec is not None and spec.fingerprint == model.profile_fingerprint(1)
     assert spec.gpu_uuids == []
-    env = environ(launched.pid)
+    env = await environ(launched.pid)
     assert env["NCCL_DEBUG"] == "INFO"
     assert "LD_PRELOAD" not in env
     assert env["PATH"] == os.environ["PATH"]  # the agent's, not the profile's
