@@ -153,10 +153,14 @@ async def _serve(
     body = request.body
     prompt_estimate = estimate_prompt_tokens(body)
     reservation, clamped = _reserve(state, key, request, prompt_estimate)
-    changed = clamped or request.adapter is not None or request.stream
+    upstream_model = snapshot.upstream_model(request.model)
+    changed = clamped or request.adapter is not None or request.stream or bool(upstream_model)
     if request.adapter is not None:
         # Engines serve a LoRA adapter under its own name.
         body["model"] = request.adapter
+    elif upstream_model:
+        # An external endpoint that knows the model by another name (catalog: upstream_model).
+        body["model"] = upstream_model
     if request.stream:
         # Always ask for usage, so a streamed request is accounted like any other.
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}

@@ -80,6 +80,7 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
         lora=[LoraAdapter(name=n, path=absolute(p)) for n, p in pairs(args.lora, "--lora").items()],
         launch=args.launch,
         urls=args.url,
+        upstream_model=args.upstream_model,
     )
     spec = ModelSpec(
         name=args.name,
@@ -278,7 +279,8 @@ async def show_models(client: Client) -> None:
 
 def describe_profile(p: Profile) -> str:
     if p.engine == EXTERNAL:
-        return f"{EXTERNAL} {' '.join(p.urls)}"
+        named = f" as {p.upstream_model}" if p.upstream_model else ""
+        return f"{EXTERNAL} {' '.join(p.urls)}{named}"
     where = "cpu" if p.gpu_class is None else f"{p.gpu_class} x{p.gpus_per_node}"
     if p.nodes > 1:
         where += f" x{p.nodes} nodes"
@@ -339,6 +341,12 @@ def add_model_parsers(
         action="append",
         default=[],
         help="--engine external: the server's base URL; repeat it, one replica per URL",
+    )
+    add.add_argument(
+        "--upstream-model",
+        default="",
+        metavar="NAME",
+        help="--engine external: the name the server knows the model by (sent in place of NAME)",
     )
     # No flag takes the key itself: a command line lands in shell history and `ps`.
     key = add.add_mutually_exclusive_group()

@@ -14,6 +14,7 @@ from workflows.env_policy import forbidden_env
 EXTERNAL = "external"
 ENGINES = ("llamacpp", "vllm", "sglang", "trtllm", EXTERNAL)
 MAX_EXTERNAL_URLS = 64
+MAX_UPSTREAM_MODEL_CHARS = 256
 # What an external profile must leave alone: nothing is placed or launched for it. The
 # context size and parallelism may stay, as a description of the server.
 _EXTERNAL_UNUSED = (
@@ -88,6 +89,11 @@ def check_profile(p: Profile) -> list[str]:
     problems = _hardware(p) + _engine_features(p)
     if p.urls:
         problems.append(f"urls: only engine {EXTERNAL} takes URLs; {p.engine} runs on the nodes")
+    if p.upstream_model:
+        problems.append(
+            f"upstream_model: only engine {EXTERNAL} takes one; {p.engine} serves the model "
+            "under its llmgw name"
+        )
     for name in sorted(p.env):
         reason = forbidden_env(name)
         if reason is not None:
@@ -186,7 +192,18 @@ def _external_profile(p: Profile) -> list[str]:
     bases = [endpoint_base(url) for url in p.urls]
     if len(set(bases)) != len(bases):
         problems.append("urls: the same endpoint is listed twice")
+    problems.extend(f"upstream_model: {why}" for why in upstream_model_problems(p.upstream_model))
     return problems
+
+
+def upstream_model_problems(name: str) -> list[str]:
+    """Why an upstream model name is refused: [] for "" (none) or a plain name. Hosted APIs use
+    names such as "gpt-4o-mini", "meta-llama/Llama-3.1-8B-Instruct" or "org/model:tag"."""
+    if len(name) > MAX_UPSTREAM_MODEL_CHARS:
+        return [f"at most {MAX_UPSTREAM_MODEL_CHARS} characters, not {len(name)}"]
+    if name != name.strip() or any(c.isspace() or not c.isprintable() for c in name):
+        return [f"{name!r} has spaces or control characters"]
+    return []
 
 
 def url_problems(url: str) -> list[str]:

@@ -359,6 +359,9 @@ class Profile(BaseModel):
     # a spec is in workflow history for anyone with the Temporal UI; the key lives in the
     # gateway's store (docs/external-models.md).
     urls: list[str] = Field(default_factory=list)
+    # Engine "external" only: the name the servers know the model by (a hosted API's
+    # "gpt-4o-mini"), sent upstream in place of llmgw's name; "" sends llmgw's name unchanged.
+    upstream_model: str = ""
 
     @property
     def gpus(self) -> int:
@@ -370,8 +373,9 @@ class Profile(BaseModel):
         recorded count only when set, so a running replica's fingerprint, and with it the
         decision to roll it, does not change when llmgw is upgraded."""
         data = self.model_dump()
-        if not data["urls"]:
-            del data["urls"]
+        for added in ("urls", "upstream_model"):
+            if not data[added]:
+                del data[added]
         return data
 
 
@@ -657,6 +661,8 @@ class Route(BaseModel):
     state: ReplicaState
     fingerprint: str = ""
     detail: str = ""
+    # External endpoints only: the model name to send them instead of `model` ("" = `model`).
+    upstream_model: str = ""
 
 
 class RoutingTable(BaseModel):

@@ -406,6 +406,7 @@ class ModelWorkflow:
             state=state,
             fingerprint=fingerprint,
             detail="external endpoint",
+            upstream_model=self.state.spec.profiles[0].upstream_model,
         )
         await workflow.execute_activity(
             ControlActivity.LEDGER_SET_ROUTE,

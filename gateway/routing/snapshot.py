@@ -25,6 +25,8 @@ class RoutingSnapshot:
             if route.state in routable:
                 self._ready.setdefault(route.model, []).append(route)
         self._idle = frozenset(table.idle_models)
+        # External models known upstream by another name; all of a model's routes share it.
+        self._upstream_names = {r.model: r.upstream_model for r in table.routes if r.upstream_model}
         # Where each model's round-robin resumes: ties go to the replica after the last pick.
         self._cursor: dict[str, int] = {}
 
@@ -47,6 +49,10 @@ class RoutingSnapshot:
 
     def routes(self, model: str) -> list[Route]:
         return list(self._all.get(model, ()))
+
+    def upstream_model(self, model: str) -> str | None:
+        """The name to send `model`'s replicas instead of `model`, or None to send it as is."""
+        return self._upstream_names.get(model)
 
     def pick(
         self, model: str, inflight: Mapping[str, int], exclude: Collection[str] = ()

@@ -121,7 +121,7 @@ def test_an_external_model_serves_the_openai_client_unchanged(
     key_file.write_text(UPSTREAM_KEY + "\n")
     system.cli(
         "model", "add", "mock", "--engine", "external", "--url", upstream.url,
-        "--upstream-key-file", str(key_file),
+        "--upstream-key-file", str(key_file), "--upstream-model", "org/Mock-7B:v1",
     )  # fmt: skip
     client = openai.OpenAI(base_url=system.base_url, api_key=system.api_key, max_retries=0)
 
@@ -166,6 +166,8 @@ def test_an_external_model_serves_the_openai_client_unchanged(
 
     paths = [path for path, _, _ in upstream.seen]
     assert paths == ["/v1/chat/completions", "/v1/chat/completions", "/v1/embeddings"]
+    # The endpoint is asked for the model by its own name; clients use llmgw's.
+    assert [body["model"] for _, _, body in upstream.seen] == ["org/Mock-7B:v1"] * 3
     plain = upstream.seen[0][2]
     assert plain["tools"] == tools, "tools pass through untouched"
     assert plain["response_format"] == {"type": "json_object"}

@@ -224,6 +224,26 @@ def test_other_engines_refuse_urls():
     assert found == ["urls: only engine external takes URLs; llamacpp runs on the nodes"]
 
 
+def test_an_upstream_model_name_is_for_external_models_only_and_plain():
+    assert check_model(external("http://127.0.0.1:9000", upstream_model="org/Model-8B:q4")) == []
+    found = problems(engine="llamacpp", memory_mb=512, upstream_model="gpt-4o-mini")
+    assert found == [
+        "upstream_model: only engine external takes one; llamacpp serves the model under its "
+        "llmgw name"
+    ]
+    spaced = check_model(external("http://127.0.0.1:9000", upstream_model="gpt 4o"))
+    assert spaced == ["profiles[0].upstream_model: 'gpt 4o' has spaces or control characters"]
+    long = check_model(external("http://127.0.0.1:9000", upstream_model="m" * 257))
+    assert long == ["profiles[0].upstream_model: at most 256 characters, not 257"]
+
+
+def test_an_upstream_model_name_changes_the_fingerprint_only_when_set():
+    plain = external("http://127.0.0.1:9000")
+    assert "upstream_model" not in plain.profiles[0].fingerprint_fields()
+    renamed = external("http://127.0.0.1:9000", upstream_model="gpt-4o-mini")
+    assert renamed.fingerprints() != plain.fingerprints()
+
+
 def test_changing_an_external_models_urls_changes_its_fingerprint():
     one = external("http://127.0.0.1:9000")
     assert one.fingerprints() == external("http://127.0.0.1:9000").fingerprints()

@@ -273,7 +273,7 @@ async def test_a_client_leaving_a_plain_request_cancels_the_engine(store: Store)
 # --- external endpoints ---------------------------------------------------------------------
 
 
-def external(replica_id: str, url: str, model: str = MODEL) -> Route:
+def external(replica_id: str, url: str, model: str = MODEL, upstream_model: str = "") -> Route:
     return Route(
         replica_id=replica_id,
         model=model,
@@ -281,7 +281,25 @@ def external(replica_id: str, url: str, model: str = MODEL) -> Route:
         endpoint=url,
         engine="external",
         state=ReplicaState.READY,
+        upstream_model=upstream_model,
     )
+
+
+async def test_an_external_endpoint_is_sent_the_name_it_knows_the_model_by(store: Store) -> None:
+    async with scripted(chunks=2) as renamed, scripted() as same_name:
+        source = FakeRouteSource(
+            external(f"{MODEL}/ext-0", renamed.url, upstream_model="org/Hosted-8B:latest"),
+            external("other/ext-0", same_name.url, model="other"),
+        )
+        async with running_gateway(store, source) as gw:
+            assert (await gw.chat()).status_code == 200
+            assert (await gw.chat(stream=True)).status_code == 200
+            assert (await gw.chat(model="other")).status_code == 200
+            models = (await gw.client.get("/v1/models", headers=gw.auth)).json()
+    assert [b["model"] for b in renamed.bodies] == ["org/Hosted-8B:latest"] * 2
+    assert same_name.bodies[0]["model"] == "other"
+    # Clients still see and ask for llmgw's name.
+    assert {m["id"] for m in models["data"]} == {MODEL, "other"}
 
 
 async def test_an_external_endpoint_gets_its_own_key_and_no_engine_key(store: Store) -> None:

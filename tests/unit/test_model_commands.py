@@ -31,6 +31,20 @@ def test_model_add_external_builds_one_profile_with_a_replica_per_url():
     assert upstream_key_from_args(args) is None
 
 
+def test_model_add_external_takes_the_name_the_endpoint_knows_the_model_by():
+    args = parse(
+        "add", "small", "--engine", "external", "--url", "https://api.example.com/v1",
+        "--upstream-model", "org/Hosted-8B",
+    )  # fmt: skip
+    profile = spec_from_args(args).profiles[0]
+    assert profile.upstream_model == "org/Hosted-8B"
+    assert model_commands.describe_profile(profile) == (
+        "external https://api.example.com/v1 as org/Hosted-8B"
+    )
+    with pytest.raises(SystemExit, match=r"profiles\[0\].upstream_model: only engine external"):
+        spec_from_args(parse("add", "m", "--weights", "/w/m.gguf", "--upstream-model", "x"))
+
+
 def test_model_add_external_names_what_it_does_not_take():
     args = parse("add", "mock", "--engine", "external", "--url", "http://h:1", "--tp", "2")
     with pytest.raises(SystemExit, match=r"profiles\[0\].tensor_parallel: external endpoints"):

@@ -25,8 +25,9 @@ from workflows.names import (
 )
 
 
-def external(name: str, *urls: str) -> ModelSpec:
-    return ModelSpec(name=name, profiles=[Profile(engine="external", urls=list(urls))])
+def external(name: str, *urls: str, upstream_model: str = "") -> ModelSpec:
+    profile = Profile(engine="external", urls=list(urls), upstream_model=upstream_model)
+    return ModelSpec(name=name, profiles=[profile])
 
 
 async def routes_of(cluster: Cluster, name: str) -> dict[str, Route]:
@@ -65,7 +66,7 @@ async def test_external_urls_become_ready_routes_that_follow_the_definition(clus
     }
     for route in routes.values():
         assert route.state == ReplicaState.READY
-        assert (route.engine, route.node) == ("external", "external")
+        assert (route.engine, route.node, route.upstream_model) == ("external", "external", "")
         assert route.fingerprint == first.profile_fingerprint(0)
     assert await serving(cluster, first) == [e0, e1]
     state = await cluster.ledger()
@@ -76,13 +77,17 @@ async def test_external_urls_become_ready_routes_that_follow_the_definition(clus
     assert described.replica_ids == [e0, e1]
 
     # A URL that stays keeps its replica id; one that goes is withdrawn; a new one is added.
-    second = external(name, "http://127.0.0.1:9001", "https://upstream.example:8443/v1")
+    # Every route carries the name the endpoints know the model by.
+    second = external(
+        name, "http://127.0.0.1:9001", "https://upstream.example:8443/v1", upstream_model="m-8b"
+    )
     await apply(cluster, second)
 
     async def replaced() -> bool:
         routes = await routes_of(cluster, name)
         return sorted(routes) == [e1, e2] and all(
-            r.fingerprint == second.profile_fingerprint(0) for r in routes.values()
+            r.fingerprint == second.profile_fingerprint(0) and r.upstream_model == "m-8b"
+            for r in routes.values()
         )
 
     await eventually(replaced)
