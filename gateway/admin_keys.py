@@ -1,4 +1,5 @@
-"""Client API keys through the admin API: list, create, revoke, change limits.
+"""Keys through the admin API: client API keys (list, create, revoke, change limits), and the
+key the gateway sends an external model's endpoints (set, delete; never read back).
 
 Reads answer to local clients; changes must also come as same-site JSON (see
 admin_models.require_same_site_json). A key's hash never leaves the store, and its plaintext
@@ -33,6 +34,12 @@ class CreateKeyRequest(BaseModel):
     adapters: list[str] | None = None
     limits: KeyLimits = Field(default_factory=KeyLimits)
     expires_at: datetime | None = None  # naive means UTC
+
+
+class UpstreamKeyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
 
 
 def key_view(key: ApiKey) -> dict[str, Any]:
@@ -97,3 +104,29 @@ async def set_limits(name_or_id: str, request: Request, state: State) -> dict[st
     if record is None:
         raise _no_key(name_or_id)
     return key_view(record)
+
+
+# --- an external model's upstream key --------------------------------------------------------
+
+
+@router.put("/models/{model}/upstream-key", dependencies=_writes)
+async def set_upstream_key(model: str, request: Request, state: State) -> dict[str, Any]:
+    """Keep the key for `model`'s external endpoints. It may come before the model is defined,
+    as `llmgw model add` does it, so the routes never reach a gateway ahead of their key."""
+    body = await _body(request, UpstreamKeyRequest)
+    try:
+        await state.store.set_upstream_key(model, body.key)
+    except ValueError as err:  # the message never quotes the key
+        raise bad_request(str(err), code="invalid_request") from None
+    # This gateway uses it at once; the others at their next key refresh.
+    state.upstream_keys = {**state.upstream_keys, model: body.key}
+    return {"model": model, "upstream_key": "set"}
+
+
+@router.delete("/models/{model}/upstream-key", dependencies=_writes)
+async def delete_upstream_key(model: str, state: State) -> dict[str, Any]:
+    if model not in await state.store.upstream_keys():
+        raise ApiError(404, f"No upstream key for {model!r}.", code="upstream_key_not_found")
+    await state.store.set_upstream_key(model, None)
+    state.upstream_keys = {k: v for k, v in state.upstream_keys.items() if k != model}
+    return {"model": model, "upstream_key": "deleted"}

@@ -58,6 +58,8 @@ def test_the_spec_names_every_operation_the_gateway_serves() -> None:
         "POST /admin/v1/keys",
         "DELETE /admin/v1/keys/{name_or_id}",
         "PUT /admin/v1/keys/{name_or_id}/limits",
+        "PUT /admin/v1/models/{model}/upstream-key",
+        "DELETE /admin/v1/models/{model}/upstream-key",
     }
 
 

@@ -32,13 +32,15 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
     await store.close()
 
 
-def _client(store: Store, peer: str = "127.0.0.1") -> httpx.AsyncClient:
+def _client(
+    store: Store, peer: str = "127.0.0.1", gateway: SimpleNamespace | None = None
+) -> httpx.AsyncClient:
     app = FastAPI()
     install_error_handlers(app)
     app.include_router(admin_keys.router)
     app.include_router(admin_usage.router)
-    # The routers read only `state.store` from the gateway's shared state.
-    app.state.gateway = SimpleNamespace(store=store)
+    # The routers read only the store and the upstream keys from the gateway's shared state.
+    app.state.gateway = gateway or SimpleNamespace(store=store, upstream_keys={})
     transport = httpx.ASGITransport(app=app, client=(peer, 50000))
     return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000")
 
@@ -160,6 +162,42 @@ async def test_nothing_answers_a_remote_client(store: Store) -> None:
             assert response.status_code == 403
             assert _error_code(response) == "admin_local_only"
     assert [k.name for k in await store.list_keys()] == ["private"]
+
+
+async def test_an_upstream_key_is_set_used_at_once_and_never_shown(store: Store) -> None:
+    gateway = SimpleNamespace(store=store, upstream_keys={})
+    async with _client(store, gateway=gateway) as admin:
+        await _upstream_key_round_trip(admin, store, gateway)
+
+
+async def _upstream_key_round_trip(
+    admin: httpx.AsyncClient, store: Store, gateway: SimpleNamespace
+) -> None:
+    secret = "sk-hosted-0123456789"
+    put = await admin.put("/admin/v1/models/hosted/upstream-key", json={"key": secret})
+    assert put.status_code == 200
+    assert secret not in put.text
+    assert await store.upstream_keys() == {"hosted": secret}
+    assert gateway.upstream_keys == {"hosted": secret}, "this gateway sends it from now on"
+    assert secret not in (await admin.get("/admin/v1/keys")).text
+
+    spaced = await admin.put("/admin/v1/models/hosted/upstream-key", json={"key": "sk two"})
+    assert spaced.status_code == 400 and "sk two" not in spaced.text
+    unknown = await admin.put("/admin/v1/models/hosted/upstream-key", json={"value": secret})
+    assert unknown.status_code == 400
+    cross_site = await admin.put(
+        "/admin/v1/models/hosted/upstream-key",
+        content=b'{"key": "sk-planted"}',
+        headers={**JSON, "Sec-Fetch-Site": "cross-site"},
+    )
+    assert cross_site.status_code == 403
+    assert await store.upstream_keys() == {"hosted": secret}, "refused changes keep the key"
+
+    deleted = await admin.delete("/admin/v1/models/hosted/upstream-key", headers=JSON)
+    assert deleted.status_code == 200
+    assert await store.upstream_keys() == {} and gateway.upstream_keys == {}
+    again = await admin.delete("/admin/v1/models/hosted/upstream-key", headers=JSON)
+    assert again.status_code == 404 and _error_code(again) == "upstream_key_not_found"
 
 
 async def _usage(store: Store) -> str:
