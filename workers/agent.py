@@ -36,7 +36,12 @@ from workflows.contracts import (
     NodeView,
 )
 from workflows.engine_keys import node_identity
-from workflows.names import CONTROL_TASK_QUEUE, node_task_queue, node_workflow_id
+from workflows.names import (
+    CONTROL_TASK_QUEUE,
+    node_task_queue,
+    node_workflow_id,
+    reserved_node_name,
+)
 from workflows.node import NodeWorkflow
 
 log = logging.getLogger("llmgw.agent")
@@ -99,6 +104,9 @@ async def reconcile_shards(client: Client, agent: NodeAgentActivities) -> None:
 
 
 async def run_agent(where: Locations, opts: AgentOptions) -> None:
+    reserved = reserved_node_name(opts.node)
+    if reserved is not None:
+        raise SystemExit(f"{reserved} (--node)")
     secret_file = where.node_secret_file(opts.node)
     if not secret_file.exists():
         raise SystemExit(

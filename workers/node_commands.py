@@ -28,7 +28,7 @@ from workflows.contracts import (
     NodeView,
 )
 from workflows.engine_keys import node_identity, node_secret
-from workflows.names import node_workflow_id
+from workflows.names import node_workflow_id, reserved_node_name
 from workflows.node import NodeWorkflow
 
 # How long a command waits to see the node take it before saying it was only sent.
@@ -135,6 +135,9 @@ async def describe(client: Client, name: str) -> NodeView | None:
 
 async def node_add(client: Client, where: Locations, args: argparse.Namespace) -> None:
     """Expect a node and print its join token (the only time the token is shown)."""
+    reserved = reserved_node_name(args.name)
+    if reserved is not None:
+        raise SystemExit(reserved)
     store = open_store(where.database_url, where.state_dir)
     await store.init()
     try:

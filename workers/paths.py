@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workflows.client import DEFAULT_NAMESPACE, DEFAULT_TEMPORAL_ADDRESS
+from workflows.names import reserved_node_name
 
 
 def default_state_dir() -> Path:
@@ -33,6 +34,8 @@ def default_cache_dir() -> Path:
 
 def default_node_name() -> str:
     name = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")
+    if reserved_node_name(name) is not None:
+        return f"{name}-node"  # a machine named "external" is still a node
     return name or "node"
 
 

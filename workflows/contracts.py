@@ -12,8 +12,9 @@ import json
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from workflows.names import reserved_node_name
 from workflows.options import NODE_GRACE
 
 # --- nodes -------------------------------------------------------------------------------
@@ -291,6 +292,14 @@ class NodeAdd(BaseModel):
     address: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     identity: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        problem = reserved_node_name(name)
+        if problem is not None:
+            raise ValueError(problem)
+        return name
 
 
 class NodeView(BaseModel):

@@ -35,6 +35,17 @@ def replica_id(model: str, index: int) -> str:
 
 # The node an external model's routes name: they run on no node of ours.
 EXTERNAL_NODE = "external"
+# Names no node may take. A node called "external" would share its routes' node name with every
+# external model's: losing it would take those routes out of service, and `llmgw nodes` and the
+# routing table could not tell them apart.
+RESERVED_NODE_NAMES = frozenset({EXTERNAL_NODE})
+
+
+def reserved_node_name(name: str) -> str | None:
+    """Why `name` cannot name a node, or None when it can."""
+    if name.lower() in RESERVED_NODE_NAMES:
+        return f"the node name {name!r} is reserved for external models' routes; pick another"
+    return None
 
 
 def external_replica_id(model: str, index: int) -> str:

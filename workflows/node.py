@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         engine_install_workflow_id,
         model_workflow_id,
         node_task_queue,
+        reserved_node_name,
     )
 
 # The operator commands, by signal name.
@@ -97,6 +98,9 @@ class NodeWorkflow:
         # the identity of the join token this node was given, and, while the node is live, the
         # same machine.
         expected = workflow.info().workflow_id.removeprefix("node:")
+        reserved = reserved_node_name(expected)
+        if reserved is not None:
+            raise ValueError(reserved)
         if reg.inventory.name != expected:
             raise ValueError(f"node {reg.inventory.name!r} cannot register as {expected!r}")
         if self.view is None:

@@ -16,6 +16,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities import procfs
 from activities.node_agent import AgentConfig, NodeAgentActivities
+from workers import paths
 from workers.temporal_server import free_port
 from workflows.contracts import (
     Allocation,
@@ -327,3 +328,12 @@ async def test_a_replica_without_a_shard_here_is_refused(
         )
     assert raised.value.type == "WrongNode"
     assert agent.supervisor.shards() == []
+
+
+def test_a_machine_named_like_external_models_routes_still_gets_a_node_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(paths.socket, "gethostname", lambda: "External")
+    assert paths.default_node_name() == "external-node"
+    monkeypatch.setattr(paths.socket, "gethostname", lambda: "gpu-07.lab")
+    assert paths.default_node_name() == "gpu-07-lab"

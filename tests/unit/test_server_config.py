@@ -83,6 +83,9 @@ def test_nodes_file_forms_and_mistakes(tmp_path: Path) -> None:
     path.write_text("nodes:\n  - name: ../etc\n")
     with pytest.raises(ConfigError, match=r"nodes\.0\.name"):
         load_nodes_file(path)
+    path.write_text("nodes:\n  - name: External\n")
+    with pytest.raises(ConfigError, match=r"nodes\.0\.name.*reserved for external models"):
+        load_nodes_file(path)
     path.write_text("")
     assert load_nodes_file(path) == []
 

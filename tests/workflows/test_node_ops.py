@@ -126,6 +126,13 @@ async def test_the_first_identity_is_pinned_and_another_token_is_refused(cluster
     assert view.boot_id == "boot-2"
 
 
+async def test_no_agent_can_register_as_the_node_external_models_routes_name(cluster):
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await register(cluster, "external", registration("external"))
+    assert "reserved for external models' routes" in str(refused.value.cause)
+    assert "external" not in (await cluster.ledger()).nodes
+
+
 async def test_a_live_node_name_cannot_be_taken_by_another_machine(cluster):
     first = registration(cluster.node)
     first.inventory.machine_id, first.inventory.hostname = "aaaa", "rack1-07"
