@@ -103,7 +103,7 @@ class RouteRefresher:
             log.info("routing table refresh recovered (version %d)", table.version)
         self.last_error = None
         self.last_success = time.monotonic()
-        # An unchanged table keeps its snapshot, and so its round-robin position.
+        # An unchanged table keeps its snapshot: nothing to rebuild.
         if table != self.snapshot.table:
             self.snapshot = RoutingSnapshot(table)
         return True

@@ -2,13 +2,11 @@
 
 A snapshot is built from the ledger's routing table each time it changes. Only READY routes are
 candidates; the rest are kept so an unknown model (404) can be told from a known model whose
-replicas are all starting, restarting or stopping (503). `pick` is the original least-in-flight
-choice; `policy.Router` is the full one (prefix affinity, sessions, breakers, engine load).
+replicas are all starting, restarting or stopping (503). Choosing among the ready ones is
+`policy.Router`'s work (prefix affinity, sessions, breakers, engine load).
 """
 
 from __future__ import annotations
-
-from collections.abc import Collection, Mapping
 
 from workflows.contracts import ReplicaState, Route, RoutingTable
 
@@ -27,8 +25,6 @@ class RoutingSnapshot:
         self._idle = frozenset(table.idle_models)
         # External models known upstream by another name; all of a model's routes share it.
         self._upstream_names = {r.model: r.upstream_model for r in table.routes if r.upstream_model}
-        # Where each model's round-robin resumes: ties go to the replica after the last pick.
-        self._cursor: dict[str, int] = {}
 
     @property
     def version(self) -> int:
@@ -53,27 +49,3 @@ class RoutingSnapshot:
     def upstream_model(self, model: str) -> str | None:
         """The name to send `model`'s replicas instead of `model`, or None to send it as is."""
         return self._upstream_names.get(model)
-
-    def pick(
-        self, model: str, inflight: Mapping[str, int], exclude: Collection[str] = ()
-    ) -> Route | None:
-        """The READY replica of `model` with the fewest requests in flight, ties broken round
-        robin; None when there is none (ask `knows` whether the model exists at all)."""
-        candidates = self._ready.get(model)
-        if not candidates:
-            return None
-        start = self._cursor.get(model, 0) % len(candidates)
-        best: int | None = None
-        best_load = 0
-        for offset in range(len(candidates)):
-            index = (start + offset) % len(candidates)
-            route = candidates[index]
-            if route.replica_id in exclude:
-                continue
-            load = inflight.get(route.replica_id, 0)
-            if best is None or load < best_load:
-                best, best_load = index, load
-        if best is None:
-            return None
-        self._cursor[model] = best + 1
-        return candidates[best]

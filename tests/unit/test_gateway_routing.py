@@ -1,4 +1,5 @@
-"""Replica choice from a routing table, and keeping that table fresh."""
+"""Replica choice from a routing table (the least-load policy, the floor the others build on),
+and keeping that table fresh."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from gateway.route_source import ROUTING_TABLE_QUERY, RouteRefresher, TemporalRouteSource
-from gateway.routing import RoutingSnapshot
+from gateway.routing import RequestKey, Router, RoutingSnapshot
 from workflows.contracts import ReplicaState, Route, RoutingTable
 from workflows.names import LEDGER_WORKFLOW_ID
 
@@ -30,6 +31,19 @@ def table(*routes: Route, version: int = 1) -> RoutingTable:
     return RoutingTable(version=version, routes=list(routes))
 
 
+class LeastLoad:
+    """The gateway's router on its least-load policy, asked as the proxy asks it."""
+
+    def __init__(self, snap: RoutingSnapshot) -> None:
+        self.snap = snap
+        self.router = Router("least_load")
+
+    def pick(
+        self, model: str, inflight: dict[str, int], exclude: frozenset[str] = frozenset()
+    ) -> Route | None:
+        return self.router.choose(self.snap, RequestKey(model, b""), inflight, exclude).route
+
+
 def test_only_ready_replicas_are_picked() -> None:
     snap = RoutingSnapshot(
         table(
@@ -38,41 +52,47 @@ def test_only_ready_replicas_are_picked() -> None:
             route("m-2", state=ReplicaState.STOPPING),
         )
     )
-    assert {snap.pick("m", {}).replica_id for _ in range(5)} == {"m-1"}  # type: ignore[union-attr]
+    router = LeastLoad(snap)
+    assert {router.pick("m", {}).replica_id for _ in range(5)} == {"m-1"}  # type: ignore[union-attr]
 
 
 def test_unknown_model_and_model_without_ready_replica_differ() -> None:
     snap = RoutingSnapshot(table(route("m-0", state=ReplicaState.STARTING)))
-    assert snap.pick("m", {}) is None and snap.knows("m")
-    assert snap.pick("other", {}) is None and not snap.knows("other")
+    router = LeastLoad(snap)
+    assert router.pick("m", {}) is None and snap.knows("m")
+    assert router.pick("other", {}) is None and not snap.knows("other")
     assert snap.models() == ["m"]
 
 
 def test_least_in_flight_wins() -> None:
     snap = RoutingSnapshot(table(route("m-0"), route("m-1"), route("m-2")))
-    picked = snap.pick("m", {"m-0": 3, "m-1": 1, "m-2": 2})
+    router = LeastLoad(snap)
+    picked = router.pick("m", {"m-0": 3, "m-1": 1, "m-2": 2})
     assert picked is not None and picked.replica_id == "m-1"
 
 
 def test_ties_rotate_round_robin() -> None:
     snap = RoutingSnapshot(table(route("m-0"), route("m-1"), route("m-2")))
-    picks = [snap.pick("m", {}) for _ in range(6)]
+    router = LeastLoad(snap)
+    picks = [router.pick("m", {}) for _ in range(6)]
     assert [p.replica_id for p in picks if p] == ["m-0", "m-1", "m-2", "m-0", "m-1", "m-2"]
     # Among the tied least-loaded only: m-1 is busy, so m-0 and m-2 alternate.
-    loads = Counter(p.replica_id for p in (snap.pick("m", {"m-1": 5}) for _ in range(4)) if p)
+    loads = Counter(p.replica_id for p in (router.pick("m", {"m-1": 5}) for _ in range(4)) if p)
     assert loads == {"m-0": 2, "m-2": 2}
 
 
 def test_excluded_replicas_are_skipped() -> None:
     snap = RoutingSnapshot(table(route("m-0"), route("m-1")))
-    picked = snap.pick("m", {}, exclude={"m-0"})
+    router = LeastLoad(snap)
+    picked = router.pick("m", {}, exclude=frozenset({"m-0"}))
     assert picked is not None and picked.replica_id == "m-1"
-    assert snap.pick("m", {}, exclude={"m-0", "m-1"}) is None
+    assert router.pick("m", {}, exclude=frozenset({"m-0", "m-1"})) is None
 
 
 def test_models_are_kept_apart() -> None:
     snap = RoutingSnapshot(table(route("a-0", model="a"), route("b-0", model="b")))
-    picked = snap.pick("b", {})
+    router = LeastLoad(snap)
+    picked = router.pick("b", {})
     assert picked is not None and picked.replica_id == "b-0"
     assert [r.replica_id for r in snap.ready("a")] == ["a-0"]
 
@@ -103,16 +123,28 @@ async def test_refresher_keeps_the_last_good_table_when_the_source_fails() -> No
     assert refresher.snapshot.version == 4 and refresher.last_error is None
 
 
-async def test_refresher_keeps_round_robin_position_when_nothing_changed() -> None:
+async def test_ties_keep_rotating_across_routing_table_refreshes() -> None:
     source = FlakySource()
-    source.tables = [table(route("m-0"), route("m-1")), table(route("m-0"), route("m-1"))]
+    same = table(route("m-0"), route("m-1"), route("m-2"))
+    newer = table(route("m-0"), route("m-1"), route("m-2"), version=2)
+    source.tables = [same, same.model_copy(), newer]
     refresher = RouteRefresher(source)
+    router = Router("least_load")
+
+    def pick() -> str:
+        chosen = router.choose(refresher.snapshot, RequestKey("m", b""), {}).route
+        assert chosen is not None
+        return chosen.replica_id
+
     await refresher.refresh()
-    first = refresher.snapshot.pick("m", {})
+    first, snapshot = pick(), refresher.snapshot
     await refresher.refresh()
-    second = refresher.snapshot.pick("m", {})
-    assert first is not None and second is not None
-    assert first.replica_id != second.replica_id
+    assert refresher.snapshot is snapshot, "an unchanged table is not rebuilt"
+    second = pick()
+    await refresher.refresh()
+    assert refresher.snapshot is not snapshot
+    # The rotation lives in the router, so a new table does not send the next tie to m-0 again.
+    assert [first, second, pick()] == ["m-0", "m-1", "m-2"]
 
 
 class HangingSource:
