@@ -71,45 +71,49 @@ def create_app(
         usage = UsageRecorder(store)
         engine_keys = EngineKeys(await store.master_secret())
         session = _upstream_session(settings)
-        state = GatewayState(
-            settings=settings,
-            store=store,
-            keys=keys,
-            routes=routes,
-            inflight=InFlight(),
-            usage=usage,
-            engine_keys=engine_keys,
-            session=session,
-            metrics=GatewayMetrics(),
-            quota=QuotaBook(),
-            lockout=FailedAuthLimiter(
-                max_failures=settings.auth_failures_before_lockout,
-                lockout_s=settings.auth_lockout_s,
-            ),
-            router=Router(policy=settings.routing_policy),
-        )
-        key_refresh = KeyRefresh(state)
-        await key_refresh.run()
-        app.state.gateway = state
-        loops = [
-            PeriodicTask("routes-refresh", settings.refresh_interval_s, routes.refresh),
-            PeriodicTask("keys-refresh", settings.key_refresh_interval_s, key_refresh.run),
-            PeriodicTask("usage-flush", settings.usage_flush_interval_s, usage.flush),
-            PeriodicTask(
-                "engine-scrape", settings.engine_scrape_interval_s, EngineScraper(state).run
-            ),
-        ]
-        for loop in loops:
-            loop.start()
+        # Closed however start-up ends: a store that fails here must not leave the session's
+        # connector open (aiohttp warns about it at exit, and it holds sockets).
         try:
-            yield
-        finally:
+            state = GatewayState(
+                settings=settings,
+                store=store,
+                keys=keys,
+                routes=routes,
+                inflight=InFlight(),
+                usage=usage,
+                engine_keys=engine_keys,
+                session=session,
+                metrics=GatewayMetrics(),
+                quota=QuotaBook(),
+                lockout=FailedAuthLimiter(
+                    max_failures=settings.auth_failures_before_lockout,
+                    lockout_s=settings.auth_lockout_s,
+                ),
+                router=Router(policy=settings.routing_policy),
+            )
+            key_refresh = KeyRefresh(state)
+            await key_refresh.run()
+            app.state.gateway = state
+            loops = [
+                PeriodicTask("routes-refresh", settings.refresh_interval_s, routes.refresh),
+                PeriodicTask("keys-refresh", settings.key_refresh_interval_s, key_refresh.run),
+                PeriodicTask("usage-flush", settings.usage_flush_interval_s, usage.flush),
+                PeriodicTask(
+                    "engine-scrape", settings.engine_scrape_interval_s, EngineScraper(state).run
+                ),
+            ]
             for loop in loops:
-                await loop.stop()
+                loop.start()
             try:
-                await usage.flush()
-            except Exception:
-                log.exception("usage could not be written at shutdown: %s", usage.pending())
+                yield
+            finally:
+                for loop in loops:
+                    await loop.stop()
+                try:
+                    await usage.flush()
+                except Exception:
+                    log.exception("usage could not be written at shutdown: %s", usage.pending())
+        finally:
             await session.close()
 
     app = FastAPI(
