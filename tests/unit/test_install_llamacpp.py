@@ -84,7 +84,16 @@ def test_first_install_builds_and_verifies(built: tuple[Path, Path, Progress]) -
     # Libraries copied as real files (no links back into the build tree).
     dist = cache_dir / "llamacpp" / f"{VERSION}-cpu" / "dist"
     names = sorted(p.name for p in dist.iterdir())
-    assert names == ["libfakeggml.so", "libfakeggml.so.0", "libfakeggml.so.0.26.0", "llama-server"]
+    assert names == [
+        "libfakeggml.so",
+        "libfakeggml.so.0",
+        "libfakeggml.so.0.26.0",
+        "llama-server",
+        "llmgw-build.json",
+    ]
+    # It served before it counted: one build, with the native tuning left whole.
+    assert json.loads((dist / "llmgw-build.json").read_text()) == {"amx": True, "smoke": "served"}
+    assert sum(line == "configuring llama-server" for line in progress.lines) == 1
     assert not any(p.is_symlink() for p in binary.parent.iterdir())
 
 
@@ -136,12 +145,54 @@ def test_dist_that_cannot_start_fails_with_the_missing_library_named(
     dist.mkdir(parents=True)
     (dist / "llama-server").write_bytes((src / "llama-server").read_bytes())
     (dist / "llama-server").chmod(0o755)
+    (dist / "llmgw-build.json").write_bytes((src / "llmgw-build.json").read_bytes())
     engines_root = tmp_path / "engines"
     status = install_llamacpp(req(), engines_root, broken_cache, Progress())
     assert status.state is EngineState.FAILED
     assert "libfakeggml.so.0" in status.detail
     assert installed_binary(engines_root, "llamacpp", VERSION) is None
     assert not (engines_root / "llamacpp" / VERSION).exists()
+
+
+def test_a_build_that_traps_is_built_again_without_amx_and_remembered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_LLAMACPP_TRAPS_AMX", "1")
+    cache_dir = tmp_path / "cache"
+    fake_sdist(cache_dir, version="0.0.3")
+    progress = Progress()
+    status = install_llamacpp(req("0.0.3"), tmp_path / "engines", cache_dir, progress)
+    assert status.state is EngineState.INSTALLED, status.detail
+    assert any("illegal instruction" in line for line in progress.lines)
+    assert sum(line == "configuring llama-server" for line in progress.lines) == 2
+    dist = build_module.cache_root(cache_dir, "0.0.3") / "dist"
+    assert json.loads((dist / "llmgw-build.json").read_text()) == {"amx": False, "smoke": "served"}
+    assert "built llama-server 0.0.3 (without AMX)" in progress.lines
+
+    # The next version on this machine goes without AMX at once: one build, not two.
+    fake_sdist(cache_dir, version="0.0.4")
+    later = Progress()
+    status = install_llamacpp(req("0.0.4"), tmp_path / "engines", cache_dir, later)
+    assert status.state is EngineState.INSTALLED, status.detail
+    assert sum(line == "configuring llama-server" for line in later.lines) == 1
+    assert not any("illegal instruction" in line for line in later.lines)
+
+
+def test_a_cached_build_from_before_the_smoke_test_is_tried_again(
+    built: tuple[Path, Path, Progress], tmp_path: Path
+) -> None:
+    cache_dir, _, _ = built
+    info = build_module.cache_root(cache_dir, VERSION) / "dist" / "llmgw-build.json"
+    saved = info.read_text()
+    info.unlink()  # what a cache built before this check looks like
+    try:
+        progress = Progress()
+        status = install_llamacpp(req(), tmp_path / "engines", cache_dir, progress)
+        assert status.state is EngineState.INSTALLED, status.detail
+        assert "trying the built llama-server on a small model" in progress.lines
+        assert json.loads(info.read_text()) == json.loads(saved)
+    finally:
+        info.write_text(saved)
 
 
 def test_broken_source_fails_with_the_compiler_error(tmp_path: Path) -> None:
