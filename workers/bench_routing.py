@@ -2,11 +2,16 @@
 
 Three llama-server replicas serve the demo SmolLM2 model on the CPU. The workload is groups of
 requests sharing a long system prompt, interleaved, a few in flight, streamed. Each arm runs on
-freshly started engines, so no arm inherits another's cache:
-  llmgw        through a real gateway app (its configured routing policy, prefix by default)
-  round_robin  client-side, straight to the engines, request i to replica i mod 3
-  oracle       client-side, group g always on replica g mod 3: every request after a group's
-               first finds its prefix (unless slots are short; see below)
+freshly started engines, so no arm inherits another's cache. The first three go through the same
+gateway (the real app in a process of its own, as `llmgw gateway` runs it), so they pay the same
+hop and differ only in where requests go:
+  llmgw          the gateway's prefix-aware routing (its default policy)
+  round_robin    the gateway's round-robin policy: request i to the next replica in turn
+  oracle         each group pinned to replica g mod 3, through the gateway: every request names
+                 a session (X-Session-Id) chosen so that the gateway's session hashing lands it
+                 there. Every request after a group's first finds its prefix (unless slots are
+                 short; see below)
+  oracle_direct  the same pinning client-side, straight to the engines: what the hop costs
 under two engine settings: llama.cpp's default prompt cache (slots plus up to 8 GiB of saved
 prompts in host memory), and a small one (`--cache-ram 0`: a replica keeps only what its
 `--parallel` slots hold, so a wrong choice evicts a group's prefix). With more groups than
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -41,14 +47,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 from activities.engine_metrics import totals
 from activities.engines.build_llamacpp import BINARY, cached_dist
-from gateway.routing import PrefixIndex, RequestKey, Router, RoutingSnapshot
-from gateway.server import uvicorn_config
-from gateway.settings import GatewaySettings
-from gateway.store import Store, open_store
+from gateway.routing import PrefixIndex, RequestKey, Router, RoutingSnapshot, affinity
+from gateway.store import open_store
+from workers.bench_gateway.procs import Child, StartFailed, http_get, wait_for_file, wait_until
+from workers.bench_gateway.target import KEY_FILENAME
 from workers.demo import demo_weights
 from workers.paths import default_cache_dir
 from workers.temporal_server import free_port
@@ -65,7 +70,9 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "default cache": (),
     "small cache": ("--cache-ram", "0"),
 }
-ARMS = ("llmgw", "round_robin", "oracle")
+ARMS = ("llmgw", "round_robin", "oracle", "oracle_direct")
+# The gateway's routing policy for each arm that goes through it.
+GATEWAY_POLICY = {"llmgw": "prefix", "round_robin": "round_robin", "oracle": "prefix"}
 HEALTH_TIMEOUT_S = 120.0
 # Words to build system prompts from: plain English, about one token a word for SmolLM2.
 _VOCABULARY = """
@@ -90,6 +97,9 @@ class BenchConfig:
     context: int = 4096
     threads: int = 1
     seed: int = 7
+    # Runs of every arm, summed: one run of the small-cache setting can swing an arm's cached
+    # share by a third (the same pinning gave 61% and 76% in one run), so compare a few.
+    repeats: int = 1
 
 
 @dataclass(frozen=True)
@@ -239,8 +249,17 @@ async def prompt_counters(client: httpx.AsyncClient, engine_list: Sequence[Engin
     return sums
 
 
+@dataclass(frozen=True)
+class Destination:
+    """Where one request goes: a URL, the key to send, and a session to name (or none)."""
+
+    url: str
+    key: str
+    session: str | None = None
+
+
 async def time_to_first_token(
-    client: httpx.AsyncClient, url: str, key: str, request: BenchRequest, max_tokens: int
+    client: httpx.AsyncClient, to: Destination, request: BenchRequest, max_tokens: int
 ) -> float:
     body = {
         "model": MODEL,
@@ -248,7 +267,10 @@ async def time_to_first_token(
         "max_tokens": max_tokens,
         "stream": True,
     }
-    headers = {"Authorization": f"Bearer {key}"}
+    headers = {"Authorization": f"Bearer {to.key}"}
+    if to.session is not None:
+        headers["X-Session-Id"] = to.session
+    url = to.url
     started = time.perf_counter()
     async with client.stream("POST", url, json=body, headers=headers) as response:
         if response.status_code != 200:
@@ -271,7 +293,7 @@ async def time_to_first_token(
     raise RuntimeError("the stream ended without a token")
 
 
-Target = Callable[[int, BenchRequest], tuple[str, str]]
+Target = Callable[[int, BenchRequest], Destination]
 
 
 async def run_arm(
@@ -282,7 +304,7 @@ async def run_arm(
     target: Target,
 ) -> None:
     """Send the workload with `in_flight` requests at a time, in order; `target` says where
-    request i goes (URL, key)."""
+    request i goes."""
     gate = asyncio.Semaphore(cfg.in_flight)
     # No keep-alive: llama-server closes idle connections, and a request that lands on one as
     # it closes fails before a byte; a new connection per request costs ~0.1 ms on loopback.
@@ -290,16 +312,15 @@ async def run_arm(
     async with httpx.AsyncClient(timeout=300.0, trust_env=False, limits=limits) as client:
         warm = BenchRequest(-1, [{"role": "user", "content": "Say hi."}])
         for engine in engine_list:  # first-request costs stay out of the figures
-            await time_to_first_token(
-                client, engine.url + "/v1/chat/completions", engine.key, warm, 2
-            )
+            await time_to_first_token(client, chat_url(engine.url, engine.key), warm, 2)
         before = await prompt_counters(client, engine_list)
 
         async def one(index: int, request: BenchRequest) -> None:
-            url, key = target(index, request)
             try:
                 result.ttft_s.append(
-                    await time_to_first_token(client, url, key, request, cfg.max_tokens)
+                    await time_to_first_token(
+                        client, target(index, request), request, cfg.max_tokens
+                    )
                 )
             except (httpx.HTTPError, RuntimeError) as exc:
                 result.errors += 1
@@ -313,45 +334,39 @@ async def run_arm(
             tasks.append(asyncio.create_task(one(index, request)))
         await asyncio.gather(*tasks)
         after = await prompt_counters(client, engine_list)
-    result.cached, result.computed = after[0] - before[0], after[1] - before[1]
-
-
-class StaticRoutes:
-    """The route source the gateway reads: the bench's engines, all READY."""
-
-    def __init__(self, routes: list[Route]) -> None:
-        self.table = RoutingTable(version=1, routes=routes)
-
-    async def fetch(self) -> RoutingTable:
-        return self.table
+    result.cached += after[0] - before[0]
+    result.computed += after[1] - before[1]
 
 
 @contextlib.asynccontextmanager
-async def gateway(store: Store, engine_list: Sequence[Engine]) -> AsyncIterator[str]:
-    """A real gateway app on a free port, routing to `engine_list`; yields its base URL."""
-    routes = [
-        Route(
-            replica_id=e.replica_id,
-            model=MODEL,
-            node=NODE,
-            endpoint=e.url,
-            engine="llamacpp",
-            state=ReplicaState.READY,
-        )
-        for e in engine_list
-    ]
-    settings = GatewaySettings(port=free_port())
-    server = uvicorn.Server(uvicorn_config(settings, store, StaticRoutes(routes)))
-    task = asyncio.create_task(server.serve())
+async def gateway(
+    state: Path, engine_list: Sequence[Engine], policy: str
+) -> AsyncIterator[tuple[str, str]]:
+    """The real gateway in a process of its own, routing to `engine_list` with `policy`; yields
+    its base URL and an API key for it. Its own process, as in production: in this one it would
+    share an event loop with the load generator and bill the gateway for the client's work."""
+    port = free_port()
+    argv = [sys.executable, "-m", "workers.bench_gateway.target", "--port", str(port)]
+    argv += ["--state-dir", str(state), "--model", MODEL, "--engine", "llamacpp"]
+    argv += ["--node", NODE, "--routing", policy, "--loop", "asyncio"]
+    for engine in engine_list:
+        argv += ["--upstream", engine.url]
+    key_file = state / KEY_FILENAME
+    key_file.unlink(missing_ok=True)
+    child = Child("gateway", argv, state / f"gateway-{policy}-{port}.log", cpu=None)
     try:
-        while not server.started:
-            if task.done():
-                raise SystemExit("the gateway failed to start")
-            await asyncio.sleep(0.05)
-        yield f"http://127.0.0.1:{settings.port}"
+        await asyncio.to_thread(wait_until, child, lambda: _routes_loaded(port), HEALTH_TIMEOUT_S)
+        api_key = await asyncio.to_thread(wait_for_file, key_file, child, HEALTH_TIMEOUT_S)
+        yield f"http://127.0.0.1:{port}", api_key
+    except StartFailed as exc:
+        raise SystemExit(f"the gateway failed to start: {exc}") from exc
     finally:
-        server.should_exit = True
-        await task
+        await asyncio.to_thread(child.stop)
+
+
+def _routes_loaded(port: int) -> bool:
+    status, body = http_get(port, "/healthz")
+    return status == 200 and json.loads(body).get("routes_version") == 1
 
 
 async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
@@ -359,35 +374,57 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
     results: list[ArmResult] = []
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-routing-") as tmp:
         state = Path(tmp)
+        # The engines' keys come from the store's master secret, as the gateway derives them.
         store = open_store(None, state)
         await store.init()
         try:
             master = await store.master_secret()
-            _, api_key = await store.create_key("bench-routing")
-            keys = [engine_key_from_master(master, NODE, f"bench-{i}") for i in range(cfg.replicas)]
-            for setting, extra in SETTINGS.items():
-                for arm in ARMS:
-                    result = ArmResult(setting, arm)
-                    began = time.monotonic()
-                    async with engines(cfg, keys, extra, state) as engine_list:
-                        if arm == "llmgw":
-                            async with gateway(store, engine_list) as base:
-                                await run_arm(
-                                    cfg, result, requests, engine_list, via(base, api_key)
-                                )
-                                result.reasons = await routing_reasons(base)
-                        else:
-                            await run_arm(
-                                cfg, result, requests, engine_list, direct(arm, engine_list)
-                            )
-                    results.append(result)
-                    print(
-                        f"  {setting:<14} {arm:<12} {time.monotonic() - began:5.1f}s",
-                        file=sys.stderr,
-                    )
         finally:
             await store.close()
+        replica_ids = [f"bench-{i}" for i in range(cfg.replicas)]
+        keys = [engine_key_from_master(master, NODE, replica_id) for replica_id in replica_ids]
+        sessions = pinning_sessions(cfg.groups, replica_ids)
+        by_arm: dict[tuple[str, str], ArmResult] = {}
+        # Rounds of every arm in turn rather than each arm's repeats together, so that a slow
+        # spell of this shared machine lands on all arms alike.
+        rounds = [(s, e, a) for s, e in SETTINGS.items() for _ in range(cfg.repeats) for a in ARMS]
+        for setting, extra, arm in rounds:
+            if (setting, arm) not in by_arm:
+                by_arm[(setting, arm)] = ArmResult(setting, arm)
+                results.append(by_arm[(setting, arm)])
+            result = by_arm[(setting, arm)]
+            began = time.monotonic()
+            async with engines(cfg, keys, extra, state) as engine_list:
+                policy = GATEWAY_POLICY.get(arm)
+                if policy is None:
+                    await run_arm(cfg, result, requests, engine_list, direct(engine_list))
+                else:
+                    async with gateway(state, engine_list, policy) as (base, api_key):
+                        pins = sessions if arm == "oracle" else None
+                        target = via(base, api_key, pins)
+                        await run_arm(cfg, result, requests, engine_list, target)
+                        for reason, count in (await routing_reasons(base)).items():
+                            result.reasons[reason] = result.reasons.get(reason, 0.0) + count
+            print(
+                f"  {setting:<14} {arm:<14} {time.monotonic() - began:5.1f}s",
+                file=sys.stderr,
+            )
     return results
+
+
+def pinning_sessions(groups: int, replica_ids: Sequence[str]) -> list[str]:
+    """For each group g, a session name that the gateway's rendezvous hashing gives to replica
+    g mod len(replica_ids): the oracle's pinning, expressed in a form the gateway honours."""
+    sessions: list[str] = []
+    for group in range(groups):
+        wanted = group % len(replica_ids)
+        session = next(
+            name
+            for name in (f"group-{group}-{n}" for n in itertools.count())
+            if affinity.owner(name, replica_ids) == wanted
+        )
+        sessions.append(session)
+    return sessions
 
 
 async def routing_reasons(base: str) -> dict[str, float]:
@@ -403,25 +440,32 @@ async def routing_reasons(base: str) -> dict[str, float]:
     return found
 
 
-def via(base: str, api_key: str) -> Target:
-    def pick(index: int, request: BenchRequest) -> tuple[str, str]:
-        return base + "/v1/chat/completions", api_key
+def chat_url(base: str, key: str, session: str | None = None) -> Destination:
+    return Destination(base + "/v1/chat/completions", key, session)
+
+
+def via(base: str, api_key: str, sessions: Sequence[str] | None) -> Target:
+    """Every request through the gateway; with `sessions`, each names its group's session."""
+
+    def pick(index: int, request: BenchRequest) -> Destination:
+        return chat_url(base, api_key, sessions[request.group] if sessions else None)
 
     return pick
 
 
-def direct(arm: str, engine_list: Sequence[Engine]) -> Target:
-    def pick(index: int, request: BenchRequest) -> tuple[str, str]:
-        slot = index if arm == "round_robin" else request.group
-        engine = engine_list[slot % len(engine_list)]
-        return engine.url + "/v1/chat/completions", engine.key
+def direct(engine_list: Sequence[Engine]) -> Target:
+    """Client-side pinning: group g's requests straight to engine g mod n."""
+
+    def pick(index: int, request: BenchRequest) -> Destination:
+        engine = engine_list[request.group % len(engine_list)]
+        return chat_url(engine.url, engine.key)
 
     return pick
 
 
 def table(results: Sequence[ArmResult]) -> str:
     lines = [
-        f"{'setting':<14} {'arm':<12} {'n':>3} {'err':>3} {'mean TTFT':>10} {'p90 TTFT':>9} "
+        f"{'setting':<14} {'arm':<14} {'n':>3} {'err':>3} {'mean TTFT':>10} {'p90 TTFT':>9} "
         f"{'cached':>7} {'mean/oracle':>11} {'p90/oracle':>10} {'cached/oracle':>13}"
     ]
     oracle = {r.setting: r for r in results if r.arm == "oracle"}
@@ -431,14 +475,14 @@ def table(results: Sequence[ArmResult]) -> str:
         ratio90 = (r.p90_ms / base.p90_ms) if base else float("nan")
         cached = (r.cached_share / base.cached_share) if base else float("nan")
         lines.append(
-            f"{r.setting:<14} {r.arm:<12} {len(r.ttft_s):>3} {r.errors:>3} "
+            f"{r.setting:<14} {r.arm:<14} {len(r.ttft_s):>3} {r.errors:>3} "
             f"{r.mean_ms:>8.0f}ms {r.p90_ms:>7.0f}ms {r.cached_share:>7.1%} "
             f"{ratio:>11.2f} {ratio90:>10.2f} {cached:>13.2f}"
         )
     for r in results:
         if r.reasons:
             counts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.reasons.items()))
-            lines.append(f"llmgw decisions ({r.setting}, all through the gateway): {counts}")
+            lines.append(f"gateway decisions ({r.setting}, {r.arm}): {counts}")
     return "\n".join(lines)
 
 
@@ -475,7 +519,8 @@ def decision_cost_us(replicas: int = 5, prompt_bytes: int = 4096) -> float:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bench_routing", description=__doc__.split("\n")[0])
     defaults = BenchConfig()
-    for name in ("replicas", "groups", "per_group", "in_flight", "system_words", "threads", "seed"):
+    names = ("replicas", "groups", "per_group", "in_flight", "system_words", "threads", "seed")
+    for name in (*names, "repeats"):
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name)
         )
@@ -488,12 +533,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         system_words=args.system_words,
         threads=args.threads,
         seed=args.seed,
+        repeats=args.repeats,
     )
     print(f"routing decision: {decision_cost_us():.1f} µs (4 KB prompt, 5 replicas, prefix)")
     print(
         f"workload: {cfg.groups} groups x {cfg.per_group} requests, ~{cfg.system_words}-word "
         f"system prompts, {cfg.in_flight} in flight, {cfg.replicas} replicas "
-        f"(--parallel {cfg.parallel}, -t {cfg.threads}), max_tokens {cfg.max_tokens}"
+        f"(--parallel {cfg.parallel}, -t {cfg.threads}), max_tokens {cfg.max_tokens}, "
+        f"{cfg.repeats} run(s) of each arm, seed {cfg.seed}"
     )
     results = asyncio.run(run_bench(cfg))
     print(table(results))

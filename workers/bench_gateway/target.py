@@ -1,12 +1,15 @@
 """The gateway under test: the real app, served the way `llmgw gateway` serves it, with a real
-SQLite store and a static routing table holding one READY route to the stand-in.
+SQLite store and a static routing table of READY routes, one per `--upstream`.
 
-    python -m workers.bench_gateway.target --port P --upstream URL --state-dir D
+    python -m workers.bench_gateway.target --port P --upstream URL [--upstream URL ...]
+        --state-dir D [--model M --engine E --node N --routing POLICY]
 
 Creates an API key named `bench` through the store and writes its plaintext to
 D/bench-api-key before serving, for the load generator to send as `Authorization: Bearer`.
 Everything per request stays on: key check, model allowlist, routing, in-flight counts, usage
-recording and its flush loop.
+recording and its flush loop. The replicas are `bench-0`, `bench-1`, ... on node N; for an
+engine that llmgw keys (llamacpp), the gateway derives each one's key from the store's master
+secret as it does in production, so the engines must have been started with those keys.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import uvicorn
 
+from gateway.routing.policy import POLICIES
 from gateway.server import uvicorn_config
 from gateway.settings import GatewaySettings
 from gateway.store import KeyLimits, KeyNameTaken, Store, open_store
@@ -37,20 +41,27 @@ LOOPS = ("uvicorn", "asyncio")
 
 
 class StaticRoutes:
-    """A route source whose table never changes: one READY replica behind `upstream`."""
+    """A route source whose table never changes: one READY replica per upstream."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(
+        self,
+        upstreams: list[str],
+        model: str = MODEL,
+        engine: str = "external",
+        node: str = "bench",
+    ) -> None:
         self._table = RoutingTable(
             version=1,
             routes=[
                 Route(
-                    replica_id="bench-0",
-                    model=MODEL,
-                    node="bench",
+                    replica_id=f"bench-{index}",
+                    model=model,
+                    node=node,
                     endpoint=upstream,
-                    engine="external",
+                    engine=engine,
                     state=ReplicaState.READY,
                 )
+                for index, upstream in enumerate(upstreams)
             ],
         )
 
@@ -58,22 +69,22 @@ class StaticRoutes:
         return self._table
 
 
-async def create_key(store: Store, key_file: Path) -> None:
+async def create_key(store: Store, key_file: Path, model: str) -> None:
     await store.init()
     try:
-        _, plaintext = await store.create_key(KEY_NAME, models=[MODEL], limits=GENEROUS_LIMITS)
+        _, plaintext = await store.create_key(KEY_NAME, models=[model], limits=GENEROUS_LIMITS)
     except KeyNameTaken:
         # A state directory used before: its plaintext key is gone, so make a fresh one.
         await store.revoke_key(KEY_NAME)
-        _, plaintext = await store.create_key(KEY_NAME, models=[MODEL], limits=GENEROUS_LIMITS)
+        _, plaintext = await store.create_key(KEY_NAME, models=[model], limits=GENEROUS_LIMITS)
     fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
         out.write(plaintext + "\n")
 
 
-async def serve(server: uvicorn.Server, store: Store, key_file: Path) -> None:
+async def serve(server: uvicorn.Server, store: Store, key_file: Path, model: str) -> None:
     try:
-        await create_key(store, key_file)
+        await create_key(store, key_file, model)
         await server.serve()
     finally:
         await store.close()
@@ -89,17 +100,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.bench_gateway.target")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream", required=True, help="the stand-in's base URL")
+    parser.add_argument(
+        "--upstream", action="append", required=True, help="a replica's base URL (repeatable)"
+    )
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--loop", choices=LOOPS, default="uvicorn")
+    parser.add_argument("--model", default=MODEL)
+    parser.add_argument("--engine", default="external")
+    parser.add_argument("--node", default="bench")
+    parser.add_argument("--routing", choices=POLICIES, default="prefix")
     args = parser.parse_args(argv)
     args.state_dir.mkdir(parents=True, exist_ok=True)
-    settings = GatewaySettings(host=args.host, port=args.port)
+    settings = GatewaySettings(host=args.host, port=args.port, routing_policy=args.routing)
     store = open_store(None, args.state_dir)
-    config = uvicorn_config(settings, store, StaticRoutes(args.upstream))
+    routes = StaticRoutes(args.upstream, args.model, args.engine, args.node)
+    config = uvicorn_config(settings, store, routes)
     server = uvicorn.Server(config)
     with asyncio.Runner(loop_factory=loop_factory(args.loop, config)) as runner:
-        runner.run(serve(server, store, args.state_dir / KEY_FILENAME))
+        runner.run(serve(server, store, args.state_dir / KEY_FILENAME, args.model))
     return 0
 
 

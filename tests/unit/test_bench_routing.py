@@ -1,0 +1,38 @@
+"""The routing benchmark's oracle arm pins groups through the gateway's own session hashing:
+if that pinning were wrong, the arm would not be an oracle and every ratio to it would lie."""
+
+from __future__ import annotations
+
+from gateway.routing import RequestKey, Router, RoutingSnapshot
+from workers.bench_gateway.target import StaticRoutes
+from workers.bench_routing import BenchConfig, pinning_sessions, workload
+
+
+async def test_each_groups_session_lands_on_its_pinned_replica_through_the_router() -> None:
+    upstreams = [f"http://127.0.0.1:{9000 + i}" for i in range(3)]
+    table = await StaticRoutes(upstreams, model="m", engine="llamacpp", node="n").fetch()
+    snapshot = RoutingSnapshot(table)
+    ids = [route.replica_id for route in table.routes]
+    sessions = pinning_sessions(5, ids)
+    assert len(set(sessions)) == 5
+    router = Router("prefix")
+    for group, session in enumerate(sessions):
+        # A prompt no replica has seen: only the session can decide.
+        prompt = f"group {group} opening that nobody has sent before ".encode() * 20
+        decision = router.choose(snapshot, RequestKey("m", prompt, session), {})
+        assert decision.reason == "session"
+        assert decision.route is not None and decision.route.replica_id == ids[group % 3]
+        # Its later requests find the prefix on the same replica.
+        again = router.choose(snapshot, RequestKey("m", prompt + b"next question", session), {})
+        assert again.reason == "prefix" and again.route == decision.route
+
+
+def test_the_workload_interleaves_groups_that_share_a_system_prompt() -> None:
+    cfg = BenchConfig(groups=4, per_group=3, system_words=20)
+    requests = workload(cfg)
+    assert len(requests) == 12
+    for turn in range(3):
+        assert sorted(r.group for r in requests[turn * 4 : turn * 4 + 4]) == [0, 1, 2, 3]
+    systems = {r.group: r.messages[0]["content"] for r in requests}
+    assert all(r.messages[0]["content"] == systems[r.group] for r in requests)
+    assert len(set(systems.values())) == 4
