@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gateway.store import sqlite_sql as sql
 from gateway.store.base import KEY_ID_ATTEMPTS, KeyNameTaken, Store
@@ -100,7 +100,15 @@ class SqliteStore(Store):
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def call() -> T:
             with self._lock:
-                return fn(self._connect())
+                result = fn(self._connect())
+                # Nothing of the connection may leave the lock. A cursor returned from here is
+                # finalised later on the event loop's thread while a worker thread uses the
+                # connection: SQLite answers "bad parameter or other API misuse". Seen under
+                # concurrent usage flushes; `_write` is the way to run a statement for effect.
+                if isinstance(result, sqlite3.Cursor):
+                    result.close()
+                    raise TypeError("a store call returned a cursor; return rows or use _write")
+                return result
 
         return await asyncio.to_thread(call)
 
@@ -119,8 +127,21 @@ class SqliteStore(Store):
 
         return await self._run(call)
 
+    async def _write(
+        self, statement: str, params: Sequence[Any] = (), *, many: bool = False
+    ) -> None:
+        """Run one statement for its effect, in a transaction of its own."""
+
+        def call(conn: sqlite3.Connection) -> None:
+            if many:
+                conn.executemany(statement, params).close()
+            else:
+                conn.execute(statement, params).close()
+
+        await self._transaction(call)
+
     async def init(self) -> None:
-        await self._run(lambda conn: conn.executescript(sql.SCHEMA))
+        await self._run(lambda conn: conn.executescript(sql.SCHEMA).close())
         # In a transaction, so two processes starting at once add each column once.
         await self._transaction(_upgrade)
 
@@ -223,7 +244,7 @@ class SqliteStore(Store):
         if not rows:
             return
         params = [usage_values(r, date.isoformat) for r in rows]
-        await self._transaction(lambda conn: conn.executemany(sql.ADD_USAGE, params))
+        await self._write(sql.ADD_USAGE, params, many=True)
 
     async def usage(
         self,
@@ -255,10 +276,10 @@ class SqliteStore(Store):
     async def set_upstream_key(self, model: str, key: str | None) -> None:
         name = upstream_secret_name(model)
         if key is None:
-            await self._transaction(lambda conn: conn.execute(sql.SECRETS_DELETE, (name,)))
+            await self._write(sql.SECRETS_DELETE, (name,))
             return
         value = check_upstream_key(key).encode()
-        await self._transaction(lambda conn: conn.execute(sql.SECRETS_PUT, (name, value)))
+        await self._write(sql.SECRETS_PUT, (name, value))
 
     async def upstream_keys(self) -> dict[str, str]:
         def call(conn: sqlite3.Connection) -> dict[str, str]:
