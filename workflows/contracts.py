@@ -680,6 +680,19 @@ class RoutingTable(BaseModel):
     routes: list[Route] = Field(default_factory=list)
     # Models scaled to zero that a request wakes: the gateway holds the request meanwhile.
     idle_models: list[str] = Field(default_factory=list)
+    # The ledger's first run id: versions count within one ledger, and a ledger started afresh
+    # begins again at 0, so a version alone could match a table it never had.
+    epoch: str = ""
+    # The asker already holds this epoch and version: no routes are sent (at 4,000 replicas the
+    # table is ~800 KB, and every gateway asks twice a second).
+    unchanged: bool = False
+
+
+class RoutingTableRequest(BaseModel):
+    """What the asking gateway already holds; the defaults hold nothing."""
+
+    epoch: str = ""
+    version: int = -1
 
 
 class ModelIdle(BaseModel):

@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         ReplicaState,
         Route,
         RoutingTable,
+        RoutingTableRequest,
     )
     from workflows.ledger_compact import (
         PackedLedgerState,
@@ -106,9 +107,14 @@ class ClusterLedgerWorkflow:
         return self._changed()
 
     @workflow.query(name="routing_table")
-    def routing_table(self) -> RoutingTable:
+    def routing_table(self, held: RoutingTableRequest | None = None) -> RoutingTable:
+        epoch = workflow.info().first_execution_run_id
+        version = self.state.version
+        if held is not None and (held.epoch, held.version) == (epoch, version):
+            return RoutingTable(version=version, epoch=epoch, unchanged=True)
         return RoutingTable(
-            version=self.state.version,
+            version=version,
+            epoch=epoch,
             routes=list(self.state.routes.values()),
             idle_models=self.state.idle_models,
         )

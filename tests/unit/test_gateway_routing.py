@@ -162,10 +162,10 @@ async def test_a_hanging_source_times_out_instead_of_stalling_the_loop() -> None
 class FakeHandle:
     def __init__(self, answer: Any) -> None:
         self.answer = answer
-        self.calls: list[tuple[str, Any, Any]] = []
+        self.calls: list[tuple[str, Any, Any, Any]] = []
 
-    async def query(self, name: str, *, result_type: Any, rpc_timeout: Any) -> Any:
-        self.calls.append((name, result_type, rpc_timeout))
+    async def query(self, name: str, *, args: Any, result_type: Any, rpc_timeout: Any) -> Any:
+        self.calls.append((name, args, result_type, rpc_timeout))
         return self.answer
 
 
@@ -185,7 +185,7 @@ async def test_temporal_source_queries_the_ledger_for_its_routing_table() -> Non
     source = TemporalRouteSource(client, rpc_timeout=timedelta(seconds=1))  # type: ignore[arg-type]
     assert await source.fetch() == expected
     assert client.workflow_ids == [LEDGER_WORKFLOW_ID]
-    assert client.handle.calls == [(ROUTING_TABLE_QUERY, RoutingTable, timedelta(seconds=1))]
+    assert client.handle.calls == [(ROUTING_TABLE_QUERY, [], RoutingTable, timedelta(seconds=1))]
     assert ROUTING_TABLE_QUERY == "routing_table"
 
 

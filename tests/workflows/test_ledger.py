@@ -7,8 +7,19 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from activities.ledger_calls import update_ledger
+from gateway.route_source import TemporalRouteSource
 from tests.workflows.conftest import Cluster, record_history, unique
-from workflows.contracts import Allocation, LedgerAck, PlacementRequest, Profile, ReleaseRequest
+from workflows.contracts import (
+    Allocation,
+    LedgerAck,
+    PlacementRequest,
+    Profile,
+    ReleaseRequest,
+    ReplicaState,
+    Route,
+    RoutingTable,
+    RoutingTableRequest,
+)
 from workflows.ledger import NO_PLACEMENT
 from workflows.names import LEDGER_WORKFLOW_ID
 
@@ -83,3 +94,32 @@ async def test_a_cluster_without_a_ready_node_refuses_with_every_nodes_reason(cl
 async def record_the_ledger(env, control_worker):
     yield
     await record_history(env.client.get_workflow_handle(LEDGER_WORKFLOW_ID), "ClusterLedger")
+
+
+async def test_a_gateway_is_sent_the_routes_only_when_its_table_is_out_of_date(cluster):
+    await cluster.add_node()
+    source = TemporalRouteSource(cluster.client)
+    first = await source.fetch()
+    assert first.epoch and not first.unchanged
+    assert await source.fetch() is first, "nothing moved: the held table, no routes sent"
+
+    replica = unique("rt") + "-0"
+    route = Route(
+        replica_id=replica,
+        model="rt",
+        node=cluster.node,
+        endpoint="http://127.0.0.1:1",
+        engine="llamacpp",
+        state=ReplicaState.READY,
+    )
+    await update_ledger(cluster.client, "set_route", route, LedgerAck)
+    second = await source.fetch()
+    assert second.version > first.version and replica in {r.replica_id for r in second.routes}
+
+    # A table from another ledger (one started afresh, versions counted again) is replaced
+    # even at the same version number.
+    handle = cluster.client.get_workflow_handle(LEDGER_WORKFLOW_ID)
+    stranger = RoutingTableRequest(epoch="another-ledger", version=second.version)
+    answer = await handle.query("routing_table", stranger, result_type=RoutingTable)
+    assert not answer.unchanged and replica in {r.replica_id for r in answer.routes}
+    await release(cluster, replica)
