@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -24,7 +25,7 @@ from gateway.lockout import FailedAuthLimiter
 from gateway.loops import PeriodicTask
 from gateway.metrics import GatewayMetrics
 from gateway.quota import QuotaBook
-from gateway.quota_sync import KeyRefresh
+from gateway.quota_sync import KeyRefresh, routes_then_keys
 from gateway.route_source import RouteRefresher, RouteSource
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
@@ -95,7 +96,9 @@ def create_app(
             await key_refresh.run()
             app.state.gateway = state
             loops = [
-                PeriodicTask("routes-refresh", settings.refresh_interval_s, routes.refresh),
+                PeriodicTask(
+                    "routes-refresh", settings.refresh_interval_s, partial(routes_then_keys, state)
+                ),
                 PeriodicTask("keys-refresh", settings.key_refresh_interval_s, key_refresh.run),
                 PeriodicTask("usage-flush", settings.usage_flush_interval_s, usage.flush),
                 PeriodicTask(

@@ -36,7 +36,7 @@ from tests.gateway_kit import (
     sse_events,
 )
 from workers.temporal_server import free_port
-from workflows.contracts import ReplicaState, Route
+from workflows.contracts import ReplicaState, Route, RoutingTable
 
 MESSAGES = [{"role": "user", "content": "tell me about otters"}]
 
@@ -283,6 +283,22 @@ def external(replica_id: str, url: str, model: str = MODEL, upstream_model: str 
         state=ReplicaState.READY,
         upstream_model=upstream_model,
     )
+
+
+async def test_a_new_external_model_carries_its_key_from_its_first_request(store: Store) -> None:
+    # The keys' own round is slowed to a minute: only the routing table's change can bring the
+    # key in time, as it must when `llmgw model add` stores the key and then adds the model.
+    async with scripted() as keyed:
+        source = FakeRouteSource()
+        settings = fast_settings(key_refresh_interval_s=60)
+        async with running_gateway(store, source, settings) as gw:
+            await store.set_upstream_key(MODEL, "sk-stored-first")
+            fetched = source.fetches
+            source.table = RoutingTable(version=2, routes=[external(f"{MODEL}/ext-0", keyed.url)])
+            while source.fetches < fetched + 2:  # the new table is in, and was acted on
+                await asyncio.sleep(0.01)
+            assert (await gw.chat()).status_code == 200
+    assert keyed.headers[0]["Authorization"] == "Bearer sk-stored-first"
 
 
 async def test_an_external_endpoint_is_sent_the_name_it_knows_the_model_by(store: Store) -> None:
