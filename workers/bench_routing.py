@@ -312,7 +312,7 @@ async def run_arm(
     async with httpx.AsyncClient(timeout=300.0, trust_env=False, limits=limits) as client:
         warm = BenchRequest(-1, [{"role": "user", "content": "Say hi."}])
         for engine in engine_list:  # first-request costs stay out of the figures
-            await time_to_first_token(client, chat_url(engine.url, engine.key), warm, 2)
+            await time_to_first_token(client, chat_at(engine.url, engine.key), warm, 2)
         before = await prompt_counters(client, engine_list)
 
         async def one(index: int, request: BenchRequest) -> None:
@@ -440,7 +440,7 @@ async def routing_reasons(base: str) -> dict[str, float]:
     return found
 
 
-def chat_url(base: str, key: str, session: str | None = None) -> Destination:
+def chat_at(base: str, key: str, session: str | None = None) -> Destination:
     return Destination(base + "/v1/chat/completions", key, session)
 
 
@@ -448,7 +448,7 @@ def via(base: str, api_key: str, sessions: Sequence[str] | None) -> Target:
     """Every request through the gateway; with `sessions`, each names its group's session."""
 
     def pick(index: int, request: BenchRequest) -> Destination:
-        return chat_url(base, api_key, sessions[request.group] if sessions else None)
+        return chat_at(base, api_key, sessions[request.group] if sessions else None)
 
     return pick
 
@@ -458,7 +458,7 @@ def direct(engine_list: Sequence[Engine]) -> Target:
 
     def pick(index: int, request: BenchRequest) -> Destination:
         engine = engine_list[request.group % len(engine_list)]
-        return chat_url(engine.url, engine.key)
+        return chat_at(engine.url, engine.key)
 
     return pick
 
