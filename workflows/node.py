@@ -10,7 +10,10 @@ A node silent for longer than its grace is lost: its replicas are re-placed else
 A draining node keeps serving until each replica's successor is ready elsewhere.
 """
 
+import asyncio
+import contextlib
 from datetime import datetime, timedelta
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -51,6 +54,15 @@ with workflow.unsafe.imports_passed_through():
         node_task_queue,
         reserved_node_name,
     )
+
+# Histories from before agent calls were bounded by the node's grace replay without the watch.
+AGENT_CALLS_WATCH_LIVENESS = "agent-calls-watch-liveness"
+T = TypeVar("T")
+
+
+class AgentSilent(Exception):
+    """The node's agent went silent past its grace while this workflow waited on it."""
+
 
 # The operator commands, by signal name.
 CORDON, UNCORDON, DRAIN, REMOVE = "cordon", "uncordon", "drain", "remove"
@@ -307,21 +319,44 @@ class NodeWorkflow:
         queue = node_task_queue(self.view.record.inventory.name)
         try:
             if asked.inventory:
-                inventory: NodeInventory = await workflow.execute_activity(
-                    NodeActivity.DISCOVER,
-                    DiscoverRequest(node=self.view.record.inventory.name),
-                    task_queue=queue,
-                    start_to_close_timeout=options.DISCOVER_TIMEOUT,
-                    retry_policy=options.NODE_CHECK_RETRY,
-                    result_type=NodeInventory,
+                inventory: NodeInventory = await self._while_heard(
+                    workflow.start_activity(
+                        NodeActivity.DISCOVER,
+                        DiscoverRequest(node=self.view.record.inventory.name),
+                        task_queue=queue,
+                        start_to_close_timeout=options.DISCOVER_TIMEOUT,
+                        retry_policy=options.NODE_CHECK_RETRY,
+                        result_type=NodeInventory,
+                    )
                 )
                 await self._take_inventory(inventory)
             if asked.engines:
                 await self._reverify(queue)
         except ActivityError as err:
             workflow.logger.warning("refresh of %s failed: %s", queue, err.cause)
+        except AgentSilent as err:
+            workflow.logger.warning("refresh of %s given up: %s", queue, err)
         if not (asked.inventory or asked.engines):
             await self._publish()
+
+    async def _while_heard(self, call: workflow.ActivityHandle[T]) -> T:
+        """The result of an activity on this node's agent, unless the node falls silent past
+        its grace first: then the activity is cancelled and AgentSilent raised. A dead agent
+        never answers, and the node cannot be seen lost while this workflow waits on it: an
+        agent killed during a scheduled re-verification kept its node ready for minutes."""
+        if not workflow.patched(AGENT_CALLS_WATCH_LIVENESS):
+            return await call
+        while not call.done():
+            try:
+                await workflow.wait_condition(call.done, timeout=self._until_lost())
+            except TimeoutError:
+                if self._silent_for() >= self._grace():
+                    call.cancel()
+                    with contextlib.suppress(ActivityError, asyncio.CancelledError):
+                        await call  # the cancellation answered at once (TRY_CANCEL)
+                    silent = int(self._silent_for().total_seconds())
+                    raise AgentSilent(f"no heartbeat for {silent}s") from None
+        return await call
 
     async def _reverify(self, queue: str) -> None:
         """Run every installed engine again: an unrelated upgrade can remove a library, and a
@@ -332,13 +367,15 @@ class NodeWorkflow:
         checked = [s for s in engines.values() if s.state in runnable and s.path]
         if not checked:
             return
-        result: VerifyEnginesResult = await workflow.execute_activity(
-            NodeActivity.VERIFY_ENGINES,
-            VerifyEnginesRequest(node=self.view.record.inventory.name, engines=checked),
-            task_queue=queue,
-            start_to_close_timeout=options.VERIFY_ENGINES_TIMEOUT,
-            retry_policy=options.NODE_CHECK_RETRY,
-            result_type=VerifyEnginesResult,
+        result: VerifyEnginesResult = await self._while_heard(
+            workflow.start_activity(
+                NodeActivity.VERIFY_ENGINES,
+                VerifyEnginesRequest(node=self.view.record.inventory.name, engines=checked),
+                task_queue=queue,
+                start_to_close_timeout=options.VERIFY_ENGINES_TIMEOUT,
+                retry_policy=options.NODE_CHECK_RETRY,
+                result_type=VerifyEnginesResult,
+            )
         )
         changed = False
         for status in result.engines:

@@ -58,6 +58,8 @@ class FakeAgent:
         # engine -> the reason re-verification fails it from now on.
         self.broken: dict[str, str] = {}
         self.verifications = 0
+        # True: re-verification never answers, as when the agent dies during it.
+        self.verification_hangs = False
         # replica id -> what its engine's metrics say (default: idle).
         self.loads: dict[str, EngineLoad] = {}
 
@@ -109,6 +111,8 @@ class FakeAgent:
     @activity.defn(name=NodeActivity.VERIFY_ENGINES)
     async def verify_engines(self, req: VerifyEnginesRequest) -> VerifyEnginesResult:
         self.verifications += 1
+        if self.verification_hangs:
+            await asyncio.Event().wait()  # until the worker stops
         checked = []
         for status in req.engines:
             if status.engine in self.broken:

@@ -17,6 +17,7 @@ from workflows.contracts import (
     NodeHeartbeat,
     NodeInventory,
     NodeRecord,
+    NodeRefresh,
     NodeRegistration,
     NodeState,
     NodeView,
@@ -140,6 +141,17 @@ async def test_a_silent_node_is_lost_and_a_heartbeat_brings_it_back(cluster):
     await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-1"))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     await record_history(handle, "Node")
+
+
+async def test_an_agent_that_dies_during_reverification_still_loses_its_node(cluster):
+    await register(cluster, cluster.node, registration(cluster.node, lost_after_s=3))
+    await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
+    # The scheduled re-verification reaches the agent, which then dies: no answer, no heartbeat.
+    cluster.agent.verification_hangs = True
+    await node_handle(cluster).signal("refresh", NodeRefresh(engines=True))
+    record = await wait_for_node(cluster, NodeState.LOST, EngineState.INSTALLED)
+    assert record.note.startswith("no heartbeat for")
+    assert cluster.agent.verifications == 1, "it was asked and never answered"
 
 
 async def test_a_failed_install_is_reported_and_placement_refuses_the_node(cluster):
