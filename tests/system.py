@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 from temporalio.client import Client
 
+from activities.local_port import free_port
 from workers.progress import ledger_snapshot
-from workers.temporal_server import free_port
 from workflows.client import connect
 from workflows.contracts import LedgerState, ReplicaState
 

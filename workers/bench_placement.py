@@ -39,7 +39,8 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.ledger_calls import LedgerActivities, update_ledger
-from workers.temporal_server import TemporalDevServer, free_port
+from activities.local_port import free_port
+from workers.temporal_server import TemporalDevServer
 from workflows.client import connect
 from workflows.contracts import (
     Allocation,

@@ -50,13 +50,13 @@ import httpx
 
 from activities.engine_metrics import totals
 from activities.engines.build_llamacpp import BINARY, cached_dist
+from activities.local_port import free_port
 from gateway.routing import PrefixIndex, RequestKey, Router, RoutingSnapshot, affinity
 from gateway.store import open_store
 from workers.bench_gateway.procs import Child, StartFailed, http_get, wait_for_file, wait_until
 from workers.bench_gateway.target import KEY_FILENAME
 from workers.demo import demo_weights
 from workers.paths import default_cache_dir
-from workers.temporal_server import free_port
 from workflows.contracts import ReplicaState, Route, RoutingTable
 from workflows.engine_keys import engine_key_from_master
 from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from activities.local_port import free_port
+
 
 def temporal_binary() -> str:
     beside_python = Path(sys.executable).parent / "temporal"
@@ -23,13 +25,6 @@ def port_open(host: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.2)
         return sock.connect_ex((host, port)) == 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class TemporalDevServer:

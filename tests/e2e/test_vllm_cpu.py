@@ -24,9 +24,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.local_port import free_port
 from activities.node_agent import AgentConfig, NodeAgentActivities
 from workers.paths import default_cache_dir
-from workers.temporal_server import free_port
 from workflows.contracts import (
     Allocation,
     EngineInstallRequest,

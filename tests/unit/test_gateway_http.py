@@ -17,6 +17,7 @@ import pytest
 from aiohttp import web
 from starlette.requests import Request
 
+from activities.local_port import free_port
 from gateway.admin_routes import require_local
 from gateway.errors import ApiError
 from gateway.server import serve
@@ -37,7 +38,6 @@ from tests.gateway_kit import (
     start_standin,
     stop,
 )
-from workers.temporal_server import free_port
 from workflows.contracts import ReplicaState, RoutingTable
 from workflows.engine_keys import engine_key_from_master
 

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from activities.local_port import free_port
 from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.server import serve
 from gateway.store import KeyLimits, Store, open_store
@@ -35,7 +36,6 @@ from tests.gateway_kit import (
     serving,
     sse_events,
 )
-from workers.temporal_server import free_port
 from workflows.contracts import ReplicaState, Route, RoutingTable
 
 MESSAGES = [{"role": "user", "content": "tell me about otters"}]

@@ -15,9 +15,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities import procfs
+from activities.local_port import free_port
 from activities.node_agent import AgentConfig, NodeAgentActivities
 from workers import paths
-from workers.temporal_server import free_port
 from workflows.contracts import (
     Allocation,
     DiscoverRequest,

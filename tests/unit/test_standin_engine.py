@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from workers.temporal_server import free_port
+from activities.local_port import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "standin_engine.py"

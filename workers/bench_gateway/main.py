@@ -35,6 +35,7 @@ from pathlib import Path
 
 import uvloop
 
+from activities.local_port import free_port
 from workers.bench_gateway import litellm_arm, report
 from workers.bench_gateway.loadgen import LoadResult, build_request, run_load
 from workers.bench_gateway.procs import (
@@ -42,7 +43,6 @@ from workers.bench_gateway.procs import (
     Cores,
     StartFailed,
     cpu_seconds,
-    free_port,
     http_get,
     http_post,
     pin_self,

@@ -14,13 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @dataclass(frozen=True)
 class Cores:
     """Where things run: the proxy under test alone on one core, the stand-in upstream and the
