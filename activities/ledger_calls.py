@@ -6,12 +6,14 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from temporalio import activity
-from temporalio.client import Client, WithStartWorkflowOperation, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
 from workflows.contracts import (
     Allocation,
+    AllocationLookup,
     LedgerAck,
     LedgerState,
     ModelIdle,
@@ -19,32 +21,85 @@ from workflows.contracts import (
     NodeName,
     NodeNames,
     NodeRecord,
+    NodeStatus,
+    PlacementRefusal,
     PlacementRequest,
     ReleaseRequest,
+    ReplicaAllocation,
     ReplicaRefs,
     Route,
     RoutingTable,
 )
-from workflows.ledger import ClusterLedgerWorkflow
+from workflows.ledger import NO_PLACEMENT, ClusterLedgerWorkflow
 from workflows.names import CONTROL_TASK_QUEUE, LEDGER_WORKFLOW_ID, ControlActivity
 
 R = TypeVar("R", bound=BaseModel)
 
+LEDGER_CLOSED = "LedgerClosed"
+LEDGER_CLOSED_MESSAGE = (
+    f"the cluster ledger workflow ({LEDGER_WORKFLOW_ID!r}) is closed (terminated?): nothing can "
+    "be placed, released or routed until it is rebuilt; run `llmgw ledger rebuild`"
+)
+
+
+def ledger_closed() -> ApplicationError:
+    """Retryable on purpose: every caller's activity keeps retrying (and the Temporal UI and the
+    control worker's log show this message) until the operator rebuilds the ledger, then goes on
+    where it stopped."""
+    return ApplicationError(LEDGER_CLOSED_MESSAGE, type=LEDGER_CLOSED)
+
 
 async def update_ledger(client: Client, update: str, arg: BaseModel, result_type: type[R]) -> R:
-    """Send an update to the ledger, starting it first if this is a brand-new cluster."""
-    start = WithStartWorkflowOperation(
-        ClusterLedgerWorkflow.run,
-        LedgerState(),
-        id=LEDGER_WORKFLOW_ID,
-        task_queue=CONTROL_TASK_QUEUE,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+    """Send an update to the ledger, starting it first if this is a brand-new cluster.
+
+    Asked to `place` for an Allocation, a refusal comes back as the NoPlacement error it always
+    was (the CLI, tests and the placement bench); replicas use place_replica()."""
+    if update == "place" and result_type is Allocation:
+        assert isinstance(arg, PlacementRequest)
+        decision = await place_replica(client, arg)
+        if isinstance(decision, PlacementRefusal):
+            message = f"no node can take {decision.replica_id}: {decision.summary}"
+            raise ApplicationError(message, type=NO_PLACEMENT, non_retryable=True)
+        placed: R = decision  # type: ignore[assignment]  # R is Allocation here
+        return placed
+    result: R = await _update_ledger(client, update, arg, result_type)
+    return result
+
+
+async def place_replica(client: Client, req: PlacementRequest) -> Allocation | PlacementRefusal:
+    """The ledger's placement: an allocation, or why there is none, summarised."""
+    decision: Allocation | PlacementRefusal = await _update_ledger(
+        client, "place", req, Allocation | PlacementRefusal
     )
+    return decision
+
+
+async def _update_ledger(client: Client, update: str, arg: BaseModel, result_type: Any) -> Any:
+    """update_ledger() for any result type (a union too).
+
+    Never over a closed one: the ledger is the only record of who holds which GPU, and an empty
+    ledger started in its place would hand every device out again. Only `llmgw ledger rebuild`
+    starts a `cluster` run where one existed. The update goes to the running ledger directly (not
+    update-with-start, which some servers refuse once the ledger has continued as new); only a
+    cluster that never had a ledger gets one started here."""
+    handle = client.get_workflow_handle(LEDGER_WORKFLOW_ID)
     try:
-        result: R = await client.execute_update_with_start_workflow(
-            update, arg, start_workflow_operation=start, result_type=result_type
-        )
-        return result
+        return await _send(handle, update, arg, result_type)
+    except RPCError as err:
+        if err.status != RPCStatusCode.NOT_FOUND:
+            raise
+    status = await ledger_status(client)
+    if status is None:
+        await _start_new_ledger(client)
+    elif status != WorkflowExecutionStatus.RUNNING:
+        raise ledger_closed()
+    # Started just now, or it was between two runs (continue-as-new) when the update came.
+    return await _send(handle, update, arg, result_type)
+
+
+async def _send(handle: Any, update: str, arg: BaseModel, result_type: Any) -> Any:
+    try:
+        return await handle.execute_update(update, arg, result_type=result_type)
     except WorkflowUpdateFailedError as err:
         cause: Any = err.cause
         if isinstance(cause, ApplicationError):
@@ -53,6 +108,31 @@ async def update_ledger(client: Client, update: str, arg: BaseModel, result_type
                 cause.message, *cause.details, type=cause.type, non_retryable=True
             ) from err
         raise
+
+
+async def ledger_status(client: Client) -> WorkflowExecutionStatus | None:
+    """The ledger's status; None when this cluster never had one."""
+    try:
+        described = await client.get_workflow_handle(LEDGER_WORKFLOW_ID).describe()
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
+    return described.status
+
+
+async def _start_new_ledger(client: Client) -> None:
+    try:
+        await client.start_workflow(
+            ClusterLedgerWorkflow.run,
+            LedgerState(),
+            id=LEDGER_WORKFLOW_ID,
+            task_queue=CONTROL_TASK_QUEUE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        )
+    except WorkflowAlreadyStartedError:
+        raise ledger_closed() from None
 
 
 async def query_ledger(client: Client, query: str, result_type: type[R], *args: BaseModel) -> R:
@@ -76,6 +156,8 @@ class LedgerActivities:
             self.node_names,
             self.model_routes,
             self.set_idle,
+            self.node_state,
+            self.allocation,
         ]
 
     @activity.defn(name=ControlActivity.LEDGER_UPSERT_NODE)
@@ -83,8 +165,8 @@ class LedgerActivities:
         return await update_ledger(self.client, "upsert_node", record, LedgerAck)
 
     @activity.defn(name=ControlActivity.LEDGER_PLACE)
-    async def place(self, req: PlacementRequest) -> Allocation:
-        return await update_ledger(self.client, "place", req, Allocation)
+    async def place(self, req: PlacementRequest) -> Allocation | PlacementRefusal:
+        return await place_replica(self.client, req)
 
     @activity.defn(name=ControlActivity.LEDGER_RELEASE)
     async def release(self, req: ReleaseRequest) -> LedgerAck:
@@ -109,3 +191,11 @@ class LedgerActivities:
     @activity.defn(name=ControlActivity.LEDGER_SET_IDLE)
     async def set_idle(self, idle: ModelIdle) -> LedgerAck:
         return await update_ledger(self.client, "set_idle", idle, LedgerAck)
+
+    @activity.defn(name=ControlActivity.LEDGER_ALLOCATION)
+    async def allocation(self, req: AllocationLookup) -> ReplicaAllocation:
+        return await query_ledger(self.client, "allocation", ReplicaAllocation, req)
+
+    @activity.defn(name=ControlActivity.LEDGER_NODE_STATE)
+    async def node_state(self, node: NodeName) -> NodeStatus:
+        return await query_ledger(self.client, "node_state", NodeStatus, node)

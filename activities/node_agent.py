@@ -39,8 +39,9 @@ from activities.engines.python_env import reverify as reverify_python_env
 from activities.engines.shard_env import shard_env
 from activities.engines.trtllm import check_trtllm
 from activities.engines.verify import Verification, verify_llamacpp
+from activities.node_secrets import SecretMissing, SecretUnsafe, resolve_env
 from activities.readiness import gpu_memory_problem, query_compute_apps, wait_ready
-from activities.supervisor import ShardSupervisor
+from activities.supervisor import ReplicaBusy, ShardSupervisor
 from workflows.contracts import (
     DiscoverRequest,
     EngineExit,
@@ -54,6 +55,7 @@ from workflows.contracts import (
     LaunchRequest,
     LaunchResult,
     NodeInventory,
+    PortsInUse,
     Profile,
     ReadyRequest,
     ReadyResult,
@@ -66,16 +68,15 @@ from workflows.contracts import (
 from workflows.engine_keys import engine_key
 from workflows.engine_plan import SGLANG, TRTLLM, VLLM
 from workflows.names import NodeActivity
+from workflows.placement.ports import KV_PUB, KV_REPLAY, RENDEZVOUS, extra_port_names
 
 # Only these reach an engine from the agent's environment; the key is added explicitly. Anything
 # else the agent holds (credentials, the node secret's source) stays out of engine processes.
 INHERITED_ENV = ("PATH", "HOME", "LANG")
 INSTALL_HEARTBEAT_S = 3.0
 LAUNCHER = Path(__file__).resolve().parent / "shard_launcher.py"
-# Ports a shard needs besides its HTTP port, derived from the ports placement allocated until
-# placement hands them out itself: the leader's rendezvous point (vLLM's --master-port, the Ray
-# head, SGLang's --dist-init-addr) and vLLM's KV-event publisher and replay ports. Engine ports
-# come from the node's range (18000-18999 by default): these land above it, unique per shard.
+# Ports a shard needs besides its HTTP port, for allocations from before placement handed them
+# out (ShardAllocation.extra_ports): derived from the HTTP port, above the node's range.
 RENDEZVOUS_PORT_OFFSET = 10000
 KV_PUB_PORT_OFFSET = 11000
 KV_REPLAY_PORT_OFFSET = 12000
@@ -110,6 +111,11 @@ class AgentConfig:
     def agent_dir(self) -> Path:
         return self.state_dir / "agent" / self.node
 
+    @property
+    def secrets_dir(self) -> Path:
+        """Secrets engines' env references by name (activities/node_secrets.py)."""
+        return self.agent_dir / "secrets"
+
 
 @dataclass(frozen=True)
 class DeadShard:
@@ -127,6 +133,19 @@ def port_free(address: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def shard_ports(
+    shard: ShardAllocation, leader: ShardAllocation, profile: Profile, rank: int
+) -> dict[str, int]:
+    """The rendezvous point (the leader's) and this shard's KV-event ports: as placement handed
+    them out, or derived from the HTTP port for an allocation from before it did."""
+    ports = {
+        RENDEZVOUS: leader.extra_ports.get(RENDEZVOUS, leader.port + RENDEZVOUS_PORT_OFFSET),
+        KV_PUB: shard.extra_ports.get(KV_PUB, shard.port + KV_PUB_PORT_OFFSET),
+        KV_REPLAY: shard.extra_ports.get(KV_REPLAY, shard.port + KV_REPLAY_PORT_OFFSET),
+    }
+    return ports
 
 
 def _not_retryable(message: str, kind: str) -> ApplicationError:
@@ -308,7 +327,12 @@ class NodeAgentActivities:
 
     @activity.defn(name=NodeActivity.START_ENGINE)
     async def start_engine(self, req: LaunchRequest) -> LaunchResult:
-        return await asyncio.to_thread(self._launch, req)
+        # If this attempt times out, its thread runs on; the retry then waits on the replica's
+        # lock and adopts what this one started (ShardSupervisor.launch).
+        try:
+            return await asyncio.to_thread(self._launch, req)
+        except ReplicaBusy as err:
+            raise ApplicationError(str(err), type="ReplicaBusy") from err  # retried
 
     def _my_shard(self, req: LaunchRequest) -> tuple[Profile, list[ShardAllocation], int]:
         """The profile the replica was placed with, every shard, and this node's rank."""
@@ -337,12 +361,12 @@ class NodeAgentActivities:
         binary: Path,
         place: ShardPlace,
         key: str,
+        kv_ports: tuple[int, int],
     ) -> tuple[list[Command], dict[str, str]]:
         """This shard's commands (sidecars first) and the engine's own environment."""
         model, engine = req.model, profile.engine
         if engine == VLLM:
             cpu = profile.gpu_class is None or not self._config.has_nvidia
-            kv_ports = (place.port + KV_PUB_PORT_OFFSET, place.port + KV_REPLAY_PORT_OFFSET)
             commands = vllm.launch_commands(
                 str(binary),
                 model,
@@ -387,19 +411,21 @@ class NodeAgentActivities:
                 "WeightsMissing",
             )
         shard, leader = shards[rank], shards[0]
+        ports = shard_ports(shard, leader, profile, rank)
         place = ShardPlace(
             address=self._config.address,
             port=shard.port,
             rank=rank,
             nodes=len(shards),
             leader_address=leader.address,
-            rendezvous_port=leader.port + RENDEZVOUS_PORT_OFFSET,
+            rendezvous_port=ports[RENDEZVOUS],
             gpus=list(shard.gpu_uuids),
             cpu_cores=shard.cpu_cores,
         )
         key = engine_key(self._config.node_secret, req.replica_id)
         try:
-            commands, own_env = self._commands(req, profile, binary, place, key)
+            kv_ports = (ports[KV_PUB], ports[KV_REPLAY])
+            commands, own_env = self._commands(req, profile, binary, place, key, kv_ports)
             extra = shard_env(
                 engine=engine,
                 address=self._config.address,
@@ -414,25 +440,43 @@ class NodeAgentActivities:
         for name, reason in sorted(extra.dropped.items()):
             # Refused when the model was defined; dropped again whatever sent the profile.
             activity.logger.warning("model %s: env %s dropped, %s", model.name, name, reason)
-        env = self._engine_env({**own_env, **extra.env})
-        port = shard.port
-        if not self._supervisor.is_alive(req.replica_id) and not port_free(
-            self._config.address, port
-        ):
-            # Something outside llmgw holds the port: the engine would fail to bind, and the
-            # readiness probe would knock on the stranger's door.
+        try:
+            # Secrets last, after the policy: a value read here is never logged or returned.
+            resolved = resolve_env(extra.env, self._config.secrets_dir)
+        except (SecretMissing, SecretUnsafe) as err:
             raise _not_retryable(
-                f"port {port} on node {self._config.node} is in use by another process",
-                "PortInUse",
-            )
+                f"model {model.name} on node {self._config.node}: {err} (set it there with "
+                "`llmgw secret set NAME`)",
+                type(err).__name__,
+            ) from None
+        env = self._engine_env({**own_env, **resolved})
+        # Checked only when an engine is really started (not on an adoption), under the
+        # replica's lock: every port this shard binds must be free.
+        binds = sorted({shard.port, *(ports[name] for name in extra_port_names(profile, rank))})
+
+        def ports_free() -> None:
+            held = [p for p in binds if not port_free(self._config.address, p)]
+            if held:
+                # Something outside llmgw holds them: the engine would fail to bind (or the
+                # readiness probe knock on the stranger's door). Not retried: the replica
+                # places again without them (PortsInUse in the details).
+                listed = ", ".join(map(str, held))
+                raise ApplicationError(
+                    f"port {listed} on node {self._config.node} is in use by another process",
+                    PortsInUse(node=self._config.node, ports=held).model_dump(),
+                    type="PortInUse",
+                    non_retryable=True,
+                )
+
         return self._supervisor.launch(
             req.replica_id,
             req.workflow_id,
             launch_argv(commands),
             env,
             model.profile_fingerprint(req.allocation.profile_index),
-            port,
+            shard.port,
             gpu_uuids=list(shard.gpu_uuids),
+            before_start=ports_free,
         )
 
     @activity.defn(name=NodeActivity.WAIT_READY)
@@ -518,14 +562,7 @@ class NodeAgentActivities:
         """Engines that ended while no agent was watching (called at boot, to tell their
         replica workflows)."""
         return [
-            DeadShard(
-                workflow_id=spec.workflow_id,
-                exit=EngineExit(
-                    replica_id=spec.replica_id,
-                    reason=f"engine process {spec.pid} ended while the agent was not running",
-                    log_tail=self._supervisor.log_tail(spec.replica_id),
-                ),
-            )
+            DeadShard(workflow_id=spec.workflow_id, exit=self._supervisor.ended_unwatched(spec))
             for spec in self._supervisor.dead_shards()
         ]
 

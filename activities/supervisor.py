@@ -5,6 +5,14 @@ agent restart or a Ctrl-C on the agent's terminal does not reach it) and writes 
 straight to a log file (so nothing breaks when the agent that started it is gone). A spec file
 per replica describes the process well enough for a restarted agent to adopt it, and to refuse
 a pid that has since been reused by something else.
+
+One engine per replica, whatever the retries: every launch and stop of a replica holds its lock
+(activities/replica_lock.py: across threads, so an attempt that timed out but still runs in its
+thread blocks the retry, and across agent processes). The spec is written as a "launching"
+record before the process starts, naming a launch id the engine gets in its environment, and
+completed with its pid right after. A launching record found later means the attempt that wrote
+it died in between: its engine, if it started, is found by that id and adopted (it is exactly
+what this launch would start, and killing it would only cost a load), else the record is dropped.
 """
 
 from __future__ import annotations
@@ -17,18 +25,29 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from activities import procfs
+from activities.exit_reason import error_line
+from activities.replica_lock import ReplicaBusy, replica_lock
 from workflows.contracts import EngineExit, LaunchResult, StopResult
+
+__all__ = ["LAUNCH_ID_ENV", "ReplicaBusy", "ShardSpec", "ShardSupervisor", "describe_exit"]
 
 LOG_TAIL_BYTES = 4096
 # An engine's log is rotated once at (re)start when it has grown past this.
 LOG_ROTATE_BYTES = 16 * 1024 * 1024
 _KILL_WAIT_S = 5.0
+STOP_GRACE_S = 10.0
+# Every engine gets its launch's id here: how a launch that died before recording the pid finds
+# the process it started. Not a secret; unique per launch.
+LAUNCH_ID_ENV = "LLMGW_LAUNCH_ID"
+LAUNCHING = "launching"
+RUNNING = "running"
 
 
 @dataclass(frozen=True)
@@ -45,6 +64,14 @@ class ShardSpec:
     started_at: str = ""
     # The GPUs placement gave the shard: readiness checks each holds memory of its processes.
     gpu_uuids: list[str] = field(default_factory=list)
+    # LAUNCHING: written before the process starts (pid 0); RUNNING: pid and start time known.
+    # Specs from before launch records have neither field, and are RUNNING.
+    phase: str = RUNNING
+    launch_id: str = ""
+
+    @property
+    def launching(self) -> bool:
+        return self.phase == LAUNCHING
 
 
 def _signal_name(code: int) -> str:
@@ -52,6 +79,24 @@ def _signal_name(code: int) -> str:
         return signal.Signals(code).name
     except ValueError:
         return f"signal {code}"
+
+
+def _launched_with(launch_id: str) -> list[procfs.ProcStat]:
+    """Live processes whose environment carries this launch id: the engine and its workers."""
+    mark = f"{LAUNCH_ID_ENV}={launch_id}".encode()
+    found = []
+    for entry in os.scandir(procfs.PROC):
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = Path(entry.path, "environ").read_bytes()
+        except OSError:
+            continue
+        if mark in environ.split(b"\0"):
+            stat = procfs.read_stat(int(entry.name))
+            if stat is not None and stat.running:
+                found.append(stat)
+    return found
 
 
 def describe_exit(code: int | None) -> str:
@@ -78,6 +123,12 @@ class ShardSupervisor:
         if not replica_id or "/" in replica_id or replica_id.startswith("."):
             raise ValueError(f"invalid replica id {replica_id!r}")
         return self._shards_dir / f"{replica_id}.json"
+
+    def _lock(
+        self, replica_id: str, wait_s: float | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        path = self._spec_path(replica_id).with_suffix(".lock")
+        return replica_lock(path) if wait_s is None else replica_lock(path, wait_s)
 
     def log_path(self, replica_id: str) -> Path:
         self._spec_path(replica_id)  # same validation
@@ -122,8 +173,18 @@ class ShardSupervisor:
         return spec is not None and self._running(spec)
 
     def dead_shards(self) -> list[ShardSpec]:
-        """Specs whose process is gone: engines that died while no agent was watching."""
-        return [s for s in self.shards() if not self._running(s)]
+        """Specs whose process is gone: engines that died while no agent was watching. A
+        launching record whose launch is still under way (its lock held) is left alone; one
+        whose launch died is settled first (adopted if its engine runs, else dropped)."""
+        dead = []
+        for spec in self.shards():
+            if spec.launching:
+                with contextlib.suppress(ReplicaBusy), self._lock(spec.replica_id, 0.0):
+                    self._settle(spec)
+                continue
+            if not self._running(spec):
+                dead.append(spec)
+        return dead
 
     def log_tail(self, replica_id: str, max_bytes: int = LOG_TAIL_BYTES) -> str:
         try:
@@ -146,23 +207,50 @@ class ShardSupervisor:
         fingerprint: str,
         port: int,
         gpu_uuids: list[str] | None = None,
+        before_start: Callable[[], None] | None = None,
     ) -> LaunchResult:
         """Start the engine, or adopt the one already running for this replica when it serves
-        the same profile on the same port. Calling it twice never runs two engines.
+        the same profile on the same port. Calling it twice, at once or one after the other,
+        from two threads or two agents, never runs two engines.
 
         A shard of several processes (sidecars, then the engine) is one `command` too: the
-        shard launcher, which leads the process group they all share."""
-        existing = self.read_spec(replica_id)
-        if existing is not None:
-            if self._running(existing):
-                if existing.fingerprint == fingerprint and existing.port == port:
+        shard launcher, which leads the process group they all share.
+
+        `before_start` runs under the lock only when a process is about to start (not on an
+        adoption): a check that may refuse the start by raising.
+
+        Raises ReplicaBusy when another launch or stop of the replica holds it too long."""
+        with self._lock(replica_id):
+            existing = self.read_spec(replica_id)
+            if existing is not None and existing.launching:
+                existing = self._settle(existing)
+            if existing is not None:
+                same = existing.fingerprint == fingerprint and existing.port == port
+                if same and self._running(existing):
                     return LaunchResult(pid=existing.pid, adopted=True, command=existing.command)
-                self.stop(replica_id)  # an old profile: replace it rather than run both
-            else:
-                self._remove_spec(replica_id)
-        return self._start(
-            replica_id, workflow_id, command, env, fingerprint, port, list(gpu_uuids or [])
-        )
+                # An old profile: replace it rather than run both. A dead one: workers it
+                # forked may outlive it, holding memory the new engine needs.
+                self._stop_locked(existing, STOP_GRACE_S)
+            if before_start is not None:
+                before_start()
+            return self._start(
+                replica_id, workflow_id, command, env, fingerprint, port, list(gpu_uuids or [])
+            )
+
+    def _settle(self, spec: ShardSpec) -> ShardSpec | None:
+        """A launching record whose launch ended (the caller holds the lock) before the pid was
+        recorded: the engine it started, found by its launch id and recorded; or None, with the
+        record dropped, when nothing started (workers of a leader that died are killed)."""
+        procs = _launched_with(spec.launch_id) if spec.launch_id else []
+        leader = next((p for p in procs if p.pid == p.pgrp), None)
+        if leader is not None:
+            found = replace(spec, pid=leader.pid, start_time=leader.start_time, phase=RUNNING)
+            self._write_spec(found)
+            return found
+        for pgid in {p.pgrp for p in procs}:
+            self._signal_group(pgid, signal.SIGKILL)
+        self._remove_spec(spec.replica_id)
+        return None
 
     def _open_log(self, replica_id: str, command: list[str]) -> int:
         path = self.log_path(replica_id)
@@ -187,6 +275,22 @@ class ShardSupervisor:
         port: int,
         gpu_uuids: list[str],
     ) -> LaunchResult:
+        launching = ShardSpec(
+            replica_id=replica_id,
+            workflow_id=workflow_id,
+            pid=0,
+            start_time=0,
+            command=list(command),
+            fingerprint=fingerprint,
+            port=port,
+            log_path=str(self.log_path(replica_id)),
+            gpu_uuids=gpu_uuids,
+            phase=LAUNCHING,
+            launch_id=uuid.uuid4().hex,
+        )
+        # On disk before the process exists: an agent that dies from here on leaves a record
+        # the next launch settles, never an engine nobody knows of.
+        self._write_spec(launching)
         log_fd = self._open_log(replica_id, command)
         try:
             proc = subprocess.Popen(
@@ -194,9 +298,12 @@ class ShardSupervisor:
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env={**env, LAUNCH_ID_ENV: launching.launch_id},
                 start_new_session=True,
             )
+        except BaseException:
+            self._remove_spec(replica_id)  # nothing started
+            raise
         finally:
             os.close(log_fd)
         self._children[replica_id] = proc
@@ -204,22 +311,32 @@ class ShardSupervisor:
         if started is None:  # gone between exec and here; still recorded so its exit is seen
             started = -1
         self._write_spec(
-            ShardSpec(
-                replica_id=replica_id,
-                workflow_id=workflow_id,
+            replace(
+                launching,
                 pid=proc.pid,
                 start_time=started,
-                command=list(command),
-                fingerprint=fingerprint,
-                port=port,
-                log_path=str(self.log_path(replica_id)),
                 started_at=datetime.now(UTC).isoformat(timespec="seconds"),
-                gpu_uuids=gpu_uuids,
+                phase=RUNNING,
             )
         )
         return LaunchResult(pid=proc.pid, adopted=False, command=list(command))
 
     # --- watch ---------------------------------------------------------------------------
+
+    def _ended(self, spec: ShardSpec, code: int | None, how: str = "") -> EngineExit:
+        """What the replica workflow is told: the exit and, unless it exited cleanly, one
+        redacted line of its log. The log itself stays on this node (its path is in the spec):
+        engine output can hold prompts, and this goes into workflow history."""
+        reason = f"engine process {spec.pid} {how or describe_exit(code)}"
+        if code != 0:
+            line = error_line(self.log_tail(spec.replica_id))
+            if line:
+                reason += f": {line}"
+        return EngineExit(replica_id=spec.replica_id, exit_code=code, reason=reason)
+
+    def ended_unwatched(self, spec: ShardSpec) -> EngineExit:
+        """For an engine found dead at boot: not our child, so its exit code is unknowable."""
+        return self._ended(spec, None, "ended while the agent was not running")
 
     def _exit_of(self, spec: ShardSpec) -> EngineExit | None:
         """EngineExit when the process has ended, None while it runs."""
@@ -232,23 +349,18 @@ class ShardSupervisor:
             return None
         else:
             code = None
-        return EngineExit(
-            replica_id=spec.replica_id,
-            exit_code=code,
-            reason=f"engine process {spec.pid} {describe_exit(code)}",
-            log_tail=self.log_tail(spec.replica_id),
-        )
+        return self._ended(spec, code)
 
     async def wait_exit(
         self, replica_id: str, heartbeat: Callable[[], None], poll_s: float = 1.0
     ) -> EngineExit:
         """Return once the replica's engine has ended (at once when none is running)."""
         spec = self.read_spec(replica_id)
-        if spec is None:
+        if spec is None or spec.launching:
+            # A launching record: the launch that wrote it did not return, so nothing here
+            # watches an engine the replica was told of.
             return EngineExit(
-                replica_id=replica_id,
-                reason="no engine process is recorded for this replica",
-                log_tail=self.log_tail(replica_id),
+                replica_id=replica_id, reason="no engine process is recorded for this replica"
             )
         while True:
             heartbeat()
@@ -279,16 +391,25 @@ class ShardSupervisor:
         """The leader died but processes it forked still run in its group. The kernel never
         hands out a pid still in use as a process group id, so while no other process holds
         the leader's pid, that group is still the engine's."""
+        if spec.pid <= 0:
+            return False
         leader = procfs.read_stat(spec.pid)
         if leader is not None and leader.start_time != spec.start_time:
             return False
         return bool(procfs.group_members(spec.pid))
 
-    def stop(self, replica_id: str, grace_s: float = 10.0) -> StopResult:
+    def stop(self, replica_id: str, grace_s: float = STOP_GRACE_S) -> StopResult:
         """SIGTERM the engine's whole process group, SIGKILL what is left after `grace_s`."""
-        spec = self.read_spec(replica_id)
-        if spec is None:
-            return StopResult(replica_id=replica_id, was_running=False)
+        with self._lock(replica_id, grace_s + _KILL_WAIT_S + 30.0):
+            spec = self.read_spec(replica_id)
+            if spec is not None and spec.launching:
+                spec = self._settle(spec)
+            if spec is None:
+                return StopResult(replica_id=replica_id, was_running=False)
+            return self._stop_locked(spec, grace_s)
+
+    def _stop_locked(self, spec: ShardSpec, grace_s: float) -> StopResult:
+        replica_id = spec.replica_id
         # Only a process proven to be ours (pid and start time) is signalled: a reused pid
         # belongs to someone else, and its group with it.
         was_running = self._running(spec)
@@ -304,5 +425,5 @@ class ShardSupervisor:
         self._remove_spec(replica_id)
         return StopResult(replica_id=replica_id, was_running=was_running)
 
-    def stop_all(self, grace_s: float = 10.0) -> list[StopResult]:
+    def stop_all(self, grace_s: float = STOP_GRACE_S) -> list[StopResult]:
         return [self.stop(spec.replica_id, grace_s) for spec in self.shards()]

@@ -2,11 +2,13 @@
 tables. Keys, usage and the store itself are in workers/store_commands.py."""
 
 import argparse
+import sys
 from pathlib import Path
 
 from temporalio.client import Client
 
 from workers.connect import connect_with_retry
+from workers.ledger_commands import ledger_problem
 from workers.model_commands import model_command
 from workers.node_commands import node_command, show_nodes
 from workers.paths import Locations
@@ -38,6 +40,9 @@ async def run_command(args: argparse.Namespace, where: Locations) -> None:
 
 
 async def status(client: Client) -> None:
+    problem = await ledger_problem(client)
+    if problem is not None:
+        print(f"warning: {problem}", file=sys.stderr)
     await show_nodes(client)
     state = await ledger_snapshot(client)
     current = {v.spec.name: set(v.spec.fingerprints()) for v in await list_models(client)}

@@ -9,6 +9,8 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import Enum
 from typing import Any
 
 from temporalio.client import (
@@ -19,7 +21,7 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities.discovery import discover_inventory
@@ -45,6 +47,12 @@ from workflows.names import (
 from workflows.node import NodeWorkflow
 
 log = logging.getLogger("llmgw.agent")
+# One call to Temporal from the agent's own loop: long enough for a busy server, short enough
+# that a frozen one does not stall heartbeats (they retry at once, see serve_node).
+DESCRIBE_TIMEOUT = timedelta(seconds=10)
+# After a heartbeat that did not arrive, the next one goes this soon: when the control plane
+# comes back, the node is heard within a second or two, well inside its fresh grace.
+HEARTBEAT_RETRY_S = 1.0
 
 
 @dataclass
@@ -58,6 +66,7 @@ class AgentOptions:
     look_every_s: float = 60.0
     heartbeat_s: float = options.NODE_HEARTBEAT.total_seconds()
     lost_after_s: float = options.NODE_GRACE.total_seconds()
+    gone_after_s: float = options.NODE_GONE_GRACE.total_seconds()
     # `llmgw up` owns the whole machine and leaves nothing behind; a standalone agent leaves its
     # engines serving across its own restarts.
     stop_engines_on_exit: bool = False
@@ -80,25 +89,46 @@ async def register(client: Client, reg: NodeRegistration) -> NodeView:
     return view
 
 
+class Ownership(Enum):
+    OWNED = "owned"  # its replica workflow runs
+    ORPHAN = "orphan"  # its replica workflow is closed, or never existed: a definite answer
+    UNKNOWN = "unknown"  # Temporal could not be asked: silence proves nothing
+
+
+async def ownership(client: Client, workflow_id: str) -> Ownership:
+    """Whether a running workflow owns an engine. Only Temporal's own answer counts: while it
+    is down, frozen or unreachable, every engine stays owned (DESIGN.md, "Faults and time")."""
+    try:
+        described = await client.get_workflow_handle(workflow_id).describe(
+            rpc_timeout=DESCRIBE_TIMEOUT
+        )
+    except RPCError as err:
+        return Ownership.ORPHAN if err.status == RPCStatusCode.NOT_FOUND else Ownership.UNKNOWN
+    except Exception as err:  # a timeout or a broken connection: no answer either
+        log.warning("could not ask about %s: %s", workflow_id, err)
+        return Ownership.UNKNOWN
+    running = described.status == WorkflowExecutionStatus.RUNNING
+    return Ownership.OWNED if running else Ownership.ORPHAN
+
+
 async def reconcile_shards(client: Client, agent: NodeAgentActivities) -> None:
     """Tell replica workflows about engines that died unwatched; stop engines whose replica
-    workflow is gone (nothing can describe them, and they hold a port and cores)."""
+    workflow is definitely gone (nothing can describe them, and they hold a port and cores).
+    An engine whose owner cannot be asked right now is left alone until it can."""
     for dead in agent.dead_shards():
         try:
             await client.get_workflow_handle(dead.workflow_id).signal("engine_exited", dead.exit)
             log.info("told %s its engine had ended", dead.workflow_id)
-        except RPCError:
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                log.warning("could not tell %s its engine ended: %s", dead.workflow_id, err)
+                continue  # told at the next look
             log.info("no workflow %s for a dead engine; forgetting it", dead.workflow_id)
-            agent.supervisor.stop(dead.exit.replica_id, 0)
+            await asyncio.to_thread(agent.supervisor.stop, dead.exit.replica_id, 0)
     for spec in agent.supervisor.shards():
         if not agent.supervisor.is_alive(spec.replica_id):
             continue
-        try:
-            described = await client.get_workflow_handle(spec.workflow_id).describe()
-            owned = described.status == WorkflowExecutionStatus.RUNNING
-        except RPCError:
-            owned = False
-        if not owned:
+        if await ownership(client, spec.workflow_id) == Ownership.ORPHAN:
             log.warning("stopping engine %s: no running workflow owns it", spec.replica_id)
             await asyncio.to_thread(agent.supervisor.stop, spec.replica_id, 10.0)
 
@@ -156,7 +186,11 @@ async def serve_node(
         labels=opts.labels,
         engine_paths=opts.engine_paths,
         lost_after_s=opts.lost_after_s,
+        gone_after_s=max(opts.gone_after_s, opts.lost_after_s),
     )
+    # Engines whose workflows closed while this agent was away are stopped before the node is
+    # offered to placement again: their GPUs and ports may be handed out the moment it is.
+    await reconcile_shards(client, agent)
     try:
         await register(client, reg)
     except WorkflowUpdateFailedError as err:
@@ -170,7 +204,6 @@ async def serve_node(
         inventory.memory_mb,
         len(inventory.gpus),
     )
-    await reconcile_shards(client, agent)
     handle = client.get_workflow_handle(node_workflow_id(opts.node))
     loop = asyncio.get_running_loop()
     next_look = loop.time() + opts.look_every_s
@@ -180,15 +213,20 @@ async def serve_node(
             next_look = loop.time() + opts.look_every_s
             changed = await look_again(opts, inventory)
             await reconcile_shards(client, agent)
+        beat = NodeHeartbeat(boot_id=boot_id, inventory=changed)
+        delivered = False
         try:
-            await handle.signal("heartbeat", NodeHeartbeat(boot_id=boot_id, inventory=changed))
+            await handle.signal("heartbeat", beat, rpc_timeout=DESCRIBE_TIMEOUT)
+            delivered = True
             if changed is not None:
                 inventory, changed = changed, None
         except RPCError as err:
             if await _workflow_ended(handle):
                 raise NodeRemoved from err
             log.warning("heartbeat failed: %s", err)
-        await wait_or_stop(stop, opts.heartbeat_s)
+        except Exception as err:  # a frozen server: the call timed out
+            log.warning("heartbeat failed: %s", err)
+        await wait_or_stop(stop, opts.heartbeat_s if delivered else HEARTBEAT_RETRY_S)
 
 
 async def look_again(opts: AgentOptions, before: NodeInventory) -> NodeInventory | None:
@@ -202,9 +240,11 @@ async def look_again(opts: AgentOptions, before: NodeInventory) -> NodeInventory
 
 
 async def _workflow_ended(handle: WorkflowHandle[Any, Any]) -> bool:
+    """The node's workflow has closed (an operator removed the node). Not found, or no answer,
+    is not that: the agent keeps heartbeating and its engines keep serving."""
     try:
-        described = await handle.describe()
-    except RPCError:
+        described = await handle.describe(rpc_timeout=DESCRIBE_TIMEOUT)
+    except Exception:
         return False
     return described.status != WorkflowExecutionStatus.RUNNING
 

@@ -11,10 +11,12 @@ from pydantic import ValidationError
 
 from workers import bench_placement, doctor
 from workers.bench_gateway import main as bench_gateway
+from workers.ledger_commands import add_ledger_parsers, run_ledger_command
 from workers.model_commands import add_model_parsers
 from workers.node_commands import add_node_parsers, parse_labels
 from workers.paths import Locations, default_node_name
 from workers.store_commands import STORE_COMMANDS, add_store_parsers, run_store_command
+from workflows import options
 
 
 def parse_engine_paths(values: list[str]) -> dict[str, str]:
@@ -71,8 +73,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=45.0,
         metavar="SECONDS",
-        help="silent this long, the node is lost and its replicas move (default 45)",
+        help="silent this long (while the control plane is up), the node is unreachable: "
+        "gateways stop sending it requests, its engines keep running (default 45)",
     )
+    agent.add_argument(
+        "--gone-after",
+        type=float,
+        default=options.NODE_GONE_GRACE.total_seconds(),
+        metavar="SECONDS",
+        help="silent this long, the node is lost and its replicas start elsewhere (default 300)",
+    )
+
+    secret = sub.add_parser(
+        "secret",
+        parents=[local],
+        help="secrets this node's engines reference by name (env NAME: secret:<name>)",
+    )
+    secret.add_argument("--node", default=default_node_name())
+    secret.add_argument("action", choices=["set", "rm", "ls"])
+    secret.add_argument("name", nargs="?", help="the secret's name (set and rm); set reads stdin")
 
     gw = sub.add_parser("gateway", parents=[common], help="run the OpenAI gateway")
     gw.add_argument("--host", default="127.0.0.1")
@@ -104,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_model_parsers(sub, common)
+    add_ledger_parsers(sub, common)
 
     add_store_parsers(sub, common)
     return parser
@@ -129,6 +149,12 @@ def lost_after(args: argparse.Namespace) -> float:
     if args.lost_after < 2 * args.heartbeat_every:
         raise SystemExit("--lost-after must be at least twice --heartbeat-every")
     return float(args.lost_after)
+
+
+def gone_after(args: argparse.Namespace) -> float:
+    if args.gone_after < args.lost_after:
+        raise SystemExit("--gone-after must be at least --lost-after")
+    return float(args.gone_after)
 
 
 def join(where: Locations, args: argparse.Namespace) -> Locations:
@@ -188,6 +214,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 labels=parse_labels(args.label),
                 heartbeat_s=args.heartbeat_every,
                 lost_after_s=lost_after(args),
+                gone_after_s=gone_after(args),
                 address=args.address,
                 engine_paths=parse_engine_paths(args.engine_path),
                 stop_engines_on_exit=args.stop_engines_on_exit,
@@ -208,13 +235,21 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
             routing_policy=args.routing,
         )
         gateway_main(where, settings)
+    elif args.command == "secret":
+        from activities.node_secrets import main as secret_main
+
+        words = [args.action, *([args.name] if args.name else [])]
+        sys.exit(secret_main(words, where.state_dir / "agent" / args.node / "secrets"))
     elif args.command in STORE_COMMANDS:
         # No Temporal client here, so a plain exit (and SystemExit for tests) is safe.
         run_store_command(args, where)
     else:
         code = 0
         try:
-            asyncio.run(admin.run_command(args, where))
+            if args.command == "ledger":
+                asyncio.run(run_ledger_command(args, where))
+            else:
+                asyncio.run(admin.run_command(args, where))
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else 1
             if isinstance(stop.code, str):

@@ -7,13 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.worker import Worker
 
 from activities.engine_planning import ControlConfigActivities
-from activities.ledger_calls import LedgerActivities
+from activities.ledger_calls import LEDGER_CLOSED_MESSAGE, LedgerActivities
 from activities.node_admin import NodeAdminActivities
 from activities.server_config import load_server_config
+from activities.workflow_status import WorkflowStatusActivities
 from workers.connect import connect_with_retry
 from workers.paths import Locations
 from workers.registry import CONTROL_WORKFLOWS
@@ -28,19 +30,26 @@ log = logging.getLogger("llmgw.control")
 
 
 async def ensure_ledger(client: Client) -> None:
-    """Start the cluster ledger if this is a new cluster; a no-op otherwise."""
-    await client.start_workflow(
-        ClusterLedgerWorkflow.run,
-        LedgerState(),
-        id=LEDGER_WORKFLOW_ID,
-        task_queue=CONTROL_TASK_QUEUE,
-        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-    )
+    """Start the cluster ledger if this is a new cluster; a no-op otherwise. A closed ledger is
+    not replaced by an empty one (that would double-book every device): the worker runs on, and
+    says what to do, until `llmgw ledger rebuild`."""
+    try:
+        await client.start_workflow(
+            ClusterLedgerWorkflow.run,
+            LedgerState(),
+            id=LEDGER_WORKFLOW_ID,
+            task_queue=CONTROL_TASK_QUEUE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+        )
+    except WorkflowAlreadyStartedError:
+        log.error(LEDGER_CLOSED_MESSAGE)
 
 
 def control_activities(client: Client, config_file: Path | None) -> list[Callable[..., Any]]:
     return [
         *LedgerActivities(client).all(),
+        WorkflowStatusActivities(client).describe_workflows,
         *ControlConfigActivities(config_file).all(),
         NodeAdminActivities(client).add,
     ]

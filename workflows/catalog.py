@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from workflows.contracts import ModelSpec, Profile
 from workflows.env_policy import forbidden_env
+from workflows.env_secrets import env_value_problem
 
 # "external": an OpenAI-compatible server llmgw does not run; each of its URLs is a replica.
 EXTERNAL = "external"
@@ -95,7 +96,7 @@ def check_profile(p: Profile) -> list[str]:
             "under its llmgw name"
         )
     for name in sorted(p.env):
-        reason = forbidden_env(name)
+        reason = forbidden_env(name) or env_value_problem(name, p.env[name])
         if reason is not None:
             problems.append(f"env.{name}: {reason}")
     return problems

@@ -15,7 +15,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from workflows.names import reserved_node_name
-from workflows.options import NODE_GRACE
+from workflows.options import NODE_GONE_GRACE, NODE_GRACE
 
 # --- nodes -------------------------------------------------------------------------------
 
@@ -238,8 +238,24 @@ class NodeState(StrEnum):
     AWAITING = "awaiting"  # added by an operator; its agent has not registered yet
     REGISTERING = "registering"
     READY = "ready"
+    # Silent past its grace while the control plane was up: its routes are withdrawn, its
+    # engines and allocations kept (a partition heals with nothing restarted).
+    UNREACHABLE = "unreachable"
+    # Silent past the longer gone grace: its replicas are placed elsewhere and its allocations
+    # freed (its engines are stopped by its agent if it ever returns).
     LOST = "lost"
     REMOVED = "removed"
+
+    @classmethod
+    def gone(cls) -> frozenset[NodeState]:
+        """Nothing placed here runs any more, as far as the cluster is concerned: allocations
+        may be freed without the engine known stopped."""
+        return frozenset({cls.LOST, cls.REMOVED})
+
+    @classmethod
+    def serving(cls) -> frozenset[NodeState]:
+        """Routes to replicas here may be used."""
+        return frozenset({cls.READY, cls.REGISTERING})
 
 
 class NodeRecord(BaseModel):
@@ -268,9 +284,12 @@ class NodeRegistration(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     # engine -> an operator-named binary or environment to verify instead of installing.
     engine_paths: dict[str, str] = Field(default_factory=dict)
-    # Silent this long, the node is lost and its replicas are placed elsewhere. The agent says
-    # it because the agent knows how often it heartbeats (`llmgw agent --lost-after`).
+    # Silent this long (while the control plane was up to hear it), the node is unreachable:
+    # its routes are withdrawn, its engines and allocations kept. The agent says it because the
+    # agent knows how often it heartbeats (`llmgw agent --lost-after`).
     lost_after_s: float = Field(default=NODE_GRACE.total_seconds(), ge=1.0)
+    # Silent this long, the node is lost: its replicas are placed elsewhere (`--gone-after`).
+    gone_after_s: float = Field(default=NODE_GONE_GRACE.total_seconds(), ge=1.0)
 
 
 class NodeHeartbeat(BaseModel):
@@ -310,6 +329,7 @@ class NodeView(BaseModel):
     # Labels an operator gave (`llmgw node add --label`); they win over the agent's own.
     operator_labels: dict[str, str] = Field(default_factory=dict)
     lost_after_s: float = NODE_GRACE.total_seconds()
+    gone_after_s: float = NODE_GONE_GRACE.total_seconds()
     # Replicas on this node while it drains, by replica id.
     draining_replicas: list[str] = Field(default_factory=list)
 
@@ -473,6 +493,8 @@ class ModelView(BaseModel):
     retiring: list[str] = Field(default_factory=list)
     # Replicas serving a profile the catalog no longer has: a rolling update replaces them.
     stale: list[str] = Field(default_factory=list)
+    # Engine external: its routes, replica id -> endpoint (`llmgw ledger rebuild` reads them).
+    external_routes: dict[str, str] = Field(default_factory=dict)
 
 
 class ReplaceReplicas(BaseModel):
@@ -522,6 +544,15 @@ class ModelState(BaseModel):
     autoscale: AutoscaleState = Field(default_factory=AutoscaleState)
     # Engine external: the routes this model published, replica id -> endpoint.
     external_routes: dict[str, str] = Field(default_factory=dict)
+    # Pending work, carried so a continue-as-new never drops it:
+    # moves asked for (drain, lost node, rolling update) not carried out yet;
+    replacements: list[ReplaceReplicas] = Field(default_factory=list)
+    # successors that said they serve, whose retiring predecessor may stop now;
+    ready_replicas: list[str] = Field(default_factory=list)
+    # replica indices told to stop whose workflow has not closed yet (removal waits for them);
+    stopping: list[int] = Field(default_factory=list)
+    # whether the ledger was last told this model is idle (None: not told yet).
+    published_idle: bool | None = None
 
 
 # --- replicas ----------------------------------------------------------------------------
@@ -544,6 +575,8 @@ class ReplicaState(StrEnum):
 class ReplicaInput(BaseModel):
     replica_id: str
     model: ModelSpec
+    # Set only when a run continues as new: everything the previous run knew.
+    carried: ReplicaCarried | None = None
 
 
 class StopReplica(BaseModel):
@@ -559,8 +592,10 @@ class EngineExit(BaseModel):
 
     replica_id: str
     exit_code: int | None = None
+    # The exit and at most one redacted line of the engine's log (activities/exit_reason.py).
+    # The log itself stays on the node: it can hold prompts, and this lands in history. Old
+    # histories' `log_tail` is ignored on decoding (pydantic drops unknown fields).
     reason: str = ""
-    log_tail: str = ""
 
 
 class ReplicaView(BaseModel):
@@ -570,6 +605,43 @@ class ReplicaView(BaseModel):
     node: str | None = None
     restarts: int = 0
     detail: str = ""
+    # Why it last left a node on its own ("re-placed after 5 failures on n1: ..."); "" if never.
+    moved: str = ""
+
+
+class ReplicaPhase(StrEnum):
+    """Where a replica workflow is in its life: what a continued run resumes with."""
+
+    PLACING = "placing"  # no allocation: ask the ledger for one (and wait for room)
+    RUNNING = "running"  # allocated: start (or adopt) the engine, supervise, restart on exit
+    MOVING = "moving"  # crash-looping on its node: stop the engine, release, place elsewhere
+    STOPPING = "stopping"  # told to stop: stop the engine, release, end
+
+
+class ReplicaCarried(BaseModel):
+    """The replica workflow's whole state, carried through continue-as-new. No engine log is
+    ever in it (it lands in history; a log can hold prompts)."""
+
+    # The model workflow to tell `replica_ready`: workflow.info().parent is a run's, not the
+    # replica's, and is not what a continued run can rely on.
+    parent_workflow_id: str = ""
+    phase: ReplicaPhase = ReplicaPhase.PLACING
+    allocation: Allocation | None = None
+    view: ReplicaView
+    # Engine runs that failed in a row, none after a run long enough to reset the backoff.
+    failures: int = 0
+    # Of those, how many on the node it runs on now, and the last one's reason.
+    failures_on_node: int = 0
+    last_failure: str = ""
+    # Nodes the next placement avoids (the one it is moving away from).
+    exclude_nodes: list[str] = Field(default_factory=list)
+    # Node -> ports a program outside llmgw was found holding there: placement skips them.
+    taken_ports: dict[str, list[int]] = Field(default_factory=dict)
+    stop: StopReplica | None = None
+    exit_report: EngineExit | None = None
+    # The placement and stop retry ladders: the next wait.
+    placement_wait_s: float = 1.0
+    stop_wait_s: float = 0.0
 
 
 # --- ledger ------------------------------------------------------------------------------
@@ -584,6 +656,18 @@ class PlacementRequest(BaseModel):
     profiles: list[Profile] = Field(min_length=1)
     # Nodes this replica must not use (the node it is being moved away from).
     exclude_nodes: list[str] = Field(default_factory=list)
+    # node -> ports in its range that a process outside llmgw holds, as an agent found when
+    # it refused a launch (PortsInUse): placement hands out others.
+    exclude_ports: dict[str, list[int]] = Field(default_factory=dict)
+
+
+class PortsInUse(BaseModel):
+    """The details of a launch refused with type PortInUse (non-retryable): these ports on
+    this node are held by a process outside llmgw. The replica releases its allocation and
+    places again with them in PlacementRequest.exclude_ports."""
+
+    node: str
+    ports: list[int]
 
 
 class ShardAllocation(BaseModel):
@@ -597,6 +681,10 @@ class ShardAllocation(BaseModel):
     gpu_uuids: list[str] = Field(default_factory=list)  # what CUDA_VISIBLE_DEVICES names
     cpu_cores: int = 0
     memory_mb: int = 0
+    # Ports this shard binds besides `port`, by use (workflows/placement/ports.py): the
+    # leader's rendezvous point, vLLM's KV-event ports. Empty in allocations from before they
+    # were placed: the agent then derives them from `port`.
+    extra_ports: dict[str, int] = Field(default_factory=dict)
 
 
 class Allocation(BaseModel):
@@ -639,8 +727,44 @@ class PlacementRefused(BaseModel):
     reasons: dict[str, str]
 
 
+class PlacementRefusal(BaseModel):
+    """The ledger's `place` answer when no node can take the replica: the reasons grouped and
+    counted, a few hundred bytes at any fleet size (workflows/placement/refusal.py)."""
+
+    replica_id: str
+    summary: str  # required: an Allocation never parses as a refusal, nor the reverse
+
+
+class NodeStatus(BaseModel):
+    """A node's state as the ledger has it; None when the ledger has no such node."""
+
+    name: str
+    state: NodeState | None = None
+
+
 class ReleaseRequest(BaseModel):
     replica_id: str
+
+
+class AllocationLookup(BaseModel):
+    replica_id: str
+
+
+class ReplicaAllocation(BaseModel):
+    """What the ledger holds for one replica; None when nothing."""
+
+    allocation: Allocation | None = None
+
+
+class WorkflowIds(BaseModel):
+    workflow_ids: list[str] = Field(default_factory=list)
+
+
+class WorkflowStatuses(BaseModel):
+    """Whether each workflow has an open run. Only Temporal's definite answer counts: closed
+    (any way) or never started is False; no answer fails the activity instead."""
+
+    running: dict[str, bool] = Field(default_factory=dict)
 
 
 class NodeName(BaseModel):
@@ -672,6 +796,10 @@ class Route(BaseModel):
     detail: str = ""
     # External endpoints only: the model name to send them instead of `model` ("" = `model`).
     upstream_model: str = ""
+    # Set by the ledger, never by a replica: the control plane cannot hear this route's node.
+    # Its engine may well still serve (only the agent, or the path to Temporal, may be down), so
+    # gateways use such a route only when a model has no other ready one.
+    node_unreachable: bool = False
 
 
 class RoutingTable(BaseModel):

@@ -20,6 +20,7 @@ class EngineInstallWorkflow:
                 req,
                 task_queue=node_task_queue(req.node),
                 start_to_close_timeout=options.INSTALL_TIMEOUT,
+                schedule_to_close_timeout=options.INSTALL_GIVE_UP,
                 heartbeat_timeout=options.INSTALL_HEARTBEAT,
                 retry_policy=options.INSTALL_RETRY,
                 result_type=EngineStatus,

@@ -9,8 +9,10 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from workflows import history_budget
     from workflows.contracts import (
         Allocation,
+        AllocationLookup,
         LedgerAck,
         LedgerState,
         ModelIdle,
@@ -19,9 +21,12 @@ with workflow.unsafe.imports_passed_through():
         NodeNames,
         NodeRecord,
         NodeState,
+        NodeStatus,
+        PlacementRefusal,
         PlacementRefused,
         PlacementRequest,
         ReleaseRequest,
+        ReplicaAllocation,
         ReplicaRef,
         ReplicaRefs,
         ReplicaState,
@@ -35,9 +40,16 @@ with workflow.unsafe.imports_passed_through():
         compact_record,
         pack_state,
     )
+    from workflows.names import EXTERNAL_NODE
     from workflows.placement import place
+    from workflows.placement.refusal import summarise_refusal
 
 NO_PLACEMENT = "NoPlacement"
+# `place` answers a refusal as its result, summarised, rather than failing with every node's
+# reason (88 KB at 1,000 nodes, in history each time a waiting replica asks).
+PLACE_RETURNS_REFUSAL = "ledger-place-returns-refusal"
+# The longest route detail the ledger keeps (see set_route).
+MAX_ROUTE_DETAIL = 512
 
 
 @workflow.defn(name="ClusterLedger")
@@ -52,7 +64,7 @@ class ClusterLedgerWorkflow:
 
     @workflow.run
     async def run(self, state: LedgerState | PackedLedgerState | None = None) -> None:
-        await workflow.wait_condition(lambda: workflow.info().is_continue_as_new_suggested())
+        await workflow.wait_condition(history_budget.time_to_continue)
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(pack_state(self.state))
 
@@ -68,18 +80,34 @@ class ClusterLedgerWorkflow:
         else:
             # Only what placement and `llmgw nodes` read: the node workflow keeps the rest.
             self.state.nodes[name] = compact_record(record)
-        if record.state in (NodeState.LOST, NodeState.REMOVED):
-            # Gateways must stop sending requests there now, not when each replica workflow
-            # gets round to saying so.
-            for route in self.state.routes.values():
-                if route.node == name and route.state in ReplicaState.routable():
-                    route.state = ReplicaState.RESTARTING
-                    route.detail = f"node {name} is {record.state.value}"
+        # Routes on a node that stops serving are withdrawn in what gateways read (served_route)
+        # rather than rewritten here: when an unreachable node is heard again, its replicas'
+        # routes are ready again with nothing restarted.
         return self._changed()
 
+    def served_route(self, route: Route) -> Route:
+        """A route as gateways see it, whatever its replica last said (a replica cannot tell
+        that its node is cut off; the node workflow can): on an unreachable node it is marked
+        a last resort, on a lost or removed one it is not routable at all."""
+        if route.state not in ReplicaState.routable() or route.node == EXTERNAL_NODE:
+            return route
+        node = self.state.nodes.get(route.node)
+        if node is not None and node.state in NodeState.serving():
+            return route
+        state = node.state if node is not None else NodeState.REMOVED
+        update: dict[str, object] = {"detail": f"node {route.node} is {state.value}"}
+        if state == NodeState.UNREACHABLE:
+            update["node_unreachable"] = True
+        else:
+            update["state"] = ReplicaState.RESTARTING
+        return route.model_copy(update=update)
+
     @workflow.update(name="place")
-    def place(self, req: PlacementRequest) -> Allocation:
+    def place(self, req: PlacementRequest) -> Allocation | PlacementRefusal:
         decision = place(self.state, req)
+        if isinstance(decision, PlacementRefused) and workflow.patched(PLACE_RETURNS_REFUSAL):
+            summary = summarise_refusal(decision.reasons)
+            return PlacementRefusal(replica_id=req.replica_id, summary=summary)
         if isinstance(decision, PlacementRefused):
             lines = "; ".join(f"{node}: {why}" for node, why in decision.reasons.items())
             raise ApplicationError(
@@ -100,6 +128,9 @@ class ClusterLedgerWorkflow:
 
     @workflow.update(name="set_route")
     def set_route(self, route: Route) -> LedgerAck:
+        # Every gateway reads the whole table in one query answer (2 MB at most): a detail is a
+        # line for an operator, not a document.
+        route.detail = route.detail[:MAX_ROUTE_DETAIL]
         if route.state == ReplicaState.STOPPED:
             self.state.routes.pop(route.replica_id, None)
         else:
@@ -115,7 +146,7 @@ class ClusterLedgerWorkflow:
         return RoutingTable(
             version=version,
             epoch=epoch,
-            routes=list(self.state.routes.values()),
+            routes=[self.served_route(r) for r in self.state.routes.values()],
             idle_models=self.state.idle_models,
         )
 
@@ -128,8 +159,17 @@ class ClusterLedgerWorkflow:
 
     @workflow.query(name="model_routes")
     def model_routes(self, model: ModelName) -> RoutingTable:
-        routes = [r for r in self.state.routes.values() if r.model == model.name]
+        routes = [self.served_route(r) for r in self.state.routes.values() if r.model == model.name]
         return RoutingTable(version=self.state.version, routes=routes)
+
+    @workflow.query(name="allocation")
+    def allocation(self, req: AllocationLookup) -> ReplicaAllocation:
+        return ReplicaAllocation(allocation=self.state.allocations.get(req.replica_id))
+
+    @workflow.query(name="node_state")
+    def node_state(self, node: NodeName) -> NodeStatus:
+        record = self.state.nodes.get(node.name)
+        return NodeStatus(name=node.name, state=record.state if record is not None else None)
 
     @workflow.query(name="replicas_on")
     def replicas_on(self, node: NodeName) -> ReplicaRefs:

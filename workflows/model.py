@@ -13,20 +13,33 @@ old one stops once the successor serves.
 An external model (engine "external": servers llmgw does not run) has no replica workflows and
 places nothing: this workflow publishes one ready route per URL to the ledger itself, replaces
 them when the URLs change and withdraws them when the model is removed.
+
+The whole state, pending work included, is one ModelState carried through continue-as-new.
+Replicas are reached by workflow ID, never by a child handle (none survives a continue-as-new):
+once a minute the model asks Temporal which of its replica workflows still run (a control
+activity, cheap and bounded). One that closed without being told to stop (an operator
+terminated it) left its engine, allocation and route behind: the model withdraws the route,
+asks the node's agent to stop the engine, frees the allocation and starts a replacement. A
+removal polls the same way until every stopping replica has closed, so it waits for them across
+any number of continue-as-new. Polling was chosen over replicas signalling their release: it
+also covers a replica that never gets to signal (terminated, failed), and needs no change to the
+replica workflow.
 """
 
 import asyncio
-from datetime import timedelta
+import contextlib
+from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from workflows import options
+    from workflows import history_budget, options
     from workflows.autoscale import decide
     from workflows.catalog import EXTERNAL, CatalogError, endpoint_base, validate_model
     from workflows.contracts import (
+        AllocationLookup,
         EngineLoad,
         EngineLoadReport,
         EngineLoadRequest,
@@ -37,8 +50,10 @@ with workflow.unsafe.imports_passed_through():
         ModelState,
         ModelView,
         ModelWake,
+        ReleaseRequest,
         RemoveModel,
         ReplaceReplicas,
+        ReplicaAllocation,
         ReplicaInput,
         ReplicaReady,
         ReplicaState,
@@ -46,7 +61,11 @@ with workflow.unsafe.imports_passed_through():
         Route,
         RoutingTable,
         ScaleRequest,
+        ShardRef,
         StopReplica,
+        StopResult,
+        WorkflowIds,
+        WorkflowStatuses,
     )
     from workflows.names import (
         CONTROL_TASK_QUEUE,
@@ -60,22 +79,69 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.replica import ReplicaWorkflow
 
+# Runs that started before this kept pending work in memory and waited on child handles; their
+# histories replay on the unpatched loop below (_run_before_carried_state).
+CARRIED_STATE_PATCH = "model-carries-state-watches-replicas-by-id"
+
+
+def external_route(spec: ModelSpec, rid: str, endpoint: str, state: ReplicaState) -> Route:
+    """The route of one URL of an external model (the model publishes it; `llmgw ledger
+    rebuild` rebuilds it)."""
+    return Route(
+        replica_id=rid,
+        model=spec.name,
+        node=EXTERNAL_NODE,
+        endpoint=endpoint,
+        engine=EXTERNAL,
+        state=state,
+        fingerprint=spec.profile_fingerprint(0) if spec.external else "",
+        detail="external endpoint",
+        upstream_model=spec.profiles[0].upstream_model,
+    )
+
 
 @workflow.defn(name="Model")
 class ModelWorkflow:
     @workflow.init
     def __init__(self, state: ModelState) -> None:
         self.state = state
+        # Only the unpatched loop awaits these (a replica's close, for a removal).
         self.children: dict[int, ChildWorkflowHandle[ReplicaWorkflow, ReplicaView]] = {}
-        self.replacements: list[ReplaceReplicas] = []
-        self.ready_replicas: set[str] = set()
-        # Replicas this run told to stop; removal waits for them to release what they hold.
-        self.stopping: list[ChildWorkflowHandle[ReplicaWorkflow, ReplicaView]] = []
-        self.published_idle: bool | None = None
+        self.stopping_children: list[ChildWorkflowHandle[ReplicaWorkflow, ReplicaView]] = []
         self.dirty = True
+        # When the autoscaler looks next, and when the replica workflows are checked next.
+        self.look_at: datetime | None = None
+        self.check_at: datetime | None = None
 
     @workflow.run
     async def run(self, state: ModelState) -> ModelView:
+        if not workflow.patched(CARRIED_STATE_PATCH):
+            return await self._run_before_carried_state()
+        self.check_at = workflow.now() + options.REPLICA_CHECK_EVERY
+        while True:
+            wait = self._until_next_wake()
+            if wait is None or wait > timedelta(0):
+                # A timeout only wakes the loop: what is due is decided from the clock below.
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(lambda: self.dirty, timeout=wait)
+            await self._due_checks()
+            self.dirty = False
+            await self._replace()
+            await self._retire_replaced()
+            await self._reconcile()
+            await self._roll()
+            await self._publish_idle()
+            await self._publish_external()
+            if self.state.removing and not self.state.stopping:
+                # Every replica told to stop has closed: what they held is released, so the
+                # name can be reused.
+                return self._view()
+            if history_budget.time_to_continue():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self.state)
+
+    async def _run_before_carried_state(self) -> ModelView:
+        """The loop as it was before CARRIED_STATE_PATCH, for runs (and histories) from then."""
         while True:
             try:
                 await workflow.wait_condition(lambda: self.dirty, timeout=self._next_look())
@@ -90,12 +156,40 @@ class ModelWorkflow:
             await self._publish_external()
             if self.state.removing:
                 # Wait for the replicas to release what they hold, so the name can be reused.
-                for handle in self.stopping:
+                for handle in self.stopping_children:
                     await handle
                 return self._view()
             if workflow.info().is_continue_as_new_suggested():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self.state)
+
+    def _until_next_wake(self) -> timedelta | None:
+        """How long the loop may sleep: until the autoscaler's next look, the next check of the
+        replica workflows (only while there are some), or the next poll of a removal waiting
+        for its stopping replicas. None: until something happens."""
+        now = workflow.now()
+        wakes: list[datetime] = []
+        if self._next_look() is not None:
+            if self.look_at is None:
+                self.look_at = now + (self._next_look() or timedelta(0))
+            wakes.append(self.look_at)
+        if self._watched() and self.check_at is not None:
+            wakes.append(self.check_at)
+        if self.state.removing and self.state.stopping:
+            wakes.append(now + options.STOPPING_POLL)
+        if not wakes:
+            return None
+        return max(min(wakes) - now, timedelta(0))
+
+    async def _due_checks(self) -> None:
+        now = workflow.now()
+        if self.look_at is not None and now >= self.look_at:
+            self.look_at = None
+            await self._autoscale()
+        removal_waits = self.state.removing and bool(self.state.stopping)
+        if removal_waits or (self.check_at is not None and now >= self.check_at):
+            self.check_at = now + options.REPLICA_CHECK_EVERY
+            await self._check_replicas()
 
     @workflow.update(name="apply")
     def apply(self, spec: ModelSpec) -> ModelView:
@@ -146,7 +240,7 @@ class ModelWorkflow:
     @workflow.signal(name="replace")
     def replace(self, req: ReplaceReplicas) -> None:
         """Signalled by node workflows (drain, lost, removed): a fact about where replicas run."""
-        self.replacements.append(req)
+        self.state.replacements.append(req)
         self.dirty = True
 
     @workflow.signal(name="wake")
@@ -167,7 +261,8 @@ class ModelWorkflow:
             self.state.fingerprints[index] = ready.fingerprint
             self.dirty = True
         if any(replica_id(name, s) == ready.replica_id for s in self.state.retiring.values()):
-            self.ready_replicas.add(ready.replica_id)
+            if ready.replica_id not in self.state.ready_replicas:
+                self.state.ready_replicas.append(ready.replica_id)
             self.dirty = True
 
     @workflow.query(name="describe")
@@ -187,6 +282,7 @@ class ModelWorkflow:
             removing=self.state.removing,
             retiring=[replica_id(name, i) for i in self.state.retiring],
             stale=[replica_id(name, i) for i in self._stale()],
+            external_routes=self.state.external_routes,
         )
 
     def _next_look(self) -> timedelta | None:
@@ -252,7 +348,7 @@ class ModelWorkflow:
         """Tell the ledger (and so every gateway) whether a request should wake this model."""
         spec = self.state.spec
         idle = spec.autoscale is not None and spec.replicas == 0 and not self.state.removing
-        if idle == self.published_idle:
+        if idle == self.state.published_idle:
             return
         await workflow.execute_activity(
             ControlActivity.LEDGER_SET_IDLE,
@@ -262,7 +358,7 @@ class ModelWorkflow:
             retry_policy=options.LEDGER_RETRY,
             result_type=LedgerAck,
         )
-        self.published_idle = idle
+        self.state.published_idle = idle
 
     def _index_of(self, rid: str) -> int | None:
         name = self.state.spec.name
@@ -281,36 +377,166 @@ class ModelWorkflow:
         if stale:
             name = self.state.spec.name
             req = ReplaceReplicas(replica_ids=[replica_id(name, stale[0])], reason="rolling update")
-            self.replacements.append(req)
+            self.state.replacements.append(req)
             await self._replace()
 
     async def _start_replica(self) -> int:
         spec = self.state.spec
-        index = self.state.next_index
-        self.state.next_index += 1
-        self.children[index] = await workflow.start_child_workflow(
-            ReplicaWorkflow.run,
-            ReplicaInput(replica_id=replica_id(spec.name, index), model=spec),
-            id=replica_workflow_id(spec.name, index),
-            task_queue=CONTROL_TASK_QUEUE,
-            parent_close_policy=ParentClosePolicy.ABANDON,
-        )
-        self.state.indices.append(index)
-        return index
+        while True:
+            index = self.state.next_index
+            self.state.next_index += 1
+            try:
+                handle = await workflow.start_child_workflow(
+                    ReplicaWorkflow.run,
+                    ReplicaInput(replica_id=replica_id(spec.name, index), model=spec),
+                    id=replica_workflow_id(spec.name, index),
+                    task_queue=CONTROL_TASK_QUEUE,
+                    parent_close_policy=ParentClosePolicy.ABANDON,
+                )
+            except WorkflowAlreadyStartedError:
+                # A replica of an earlier model of this name still runs under this ID (it was
+                # removed and added again while that replica stopped): never share its ID, its
+                # engine key or its allocation; take the next index.
+                workflow.logger.info("%s: index %d is taken, skipping it", spec.name, index)
+                continue
+            self.children[index] = handle
+            self.state.indices.append(index)
+            return index
 
     async def _stop_replica(self, index: int, request: StopReplica) -> None:
         handle = workflow.get_external_workflow_handle(
             replica_workflow_id(self.state.spec.name, index)
         )
-        await handle.signal("stop", request)
+        try:
+            await handle.signal("stop", request)
+        except ApplicationError as err:
+            # The replica workflow is closed (an operator terminated it): nobody is left to
+            # release what it held, so do it here rather than fail the model.
+            workflow.logger.warning("%s: cannot tell it to stop (%s)", handle.id, err)
+            await self._free_dead_replicas([index])
+            return
+        self.state.stopping.append(index)
         if index in self.children:
-            self.stopping.append(self.children.pop(index))
+            self.stopping_children.append(self.children.pop(index))
+
+    def _watched(self) -> list[int]:
+        """Every replica whose workflow should be running: serving or starting, retiring, or
+        told to stop and not yet closed."""
+        return sorted(set(self.state.indices) | set(self.state.retiring) | set(self.state.stopping))
+
+    async def _check_replicas(self) -> None:
+        """Ask Temporal which of this model's replica workflows still run. A stopping one that
+        closed has released what it held; one that closed without being told to stop is dead."""
+        watched = self._watched()
+        if not watched:
+            return
+        name = self.state.spec.name
+        try:
+            statuses: WorkflowStatuses = await workflow.execute_activity(
+                ControlActivity.DESCRIBE_WORKFLOWS,
+                WorkflowIds(workflow_ids=[replica_workflow_id(name, i) for i in watched]),
+                task_queue=CONTROL_TASK_QUEUE,
+                start_to_close_timeout=options.DESCRIBE_WORKFLOWS_TIMEOUT,
+                schedule_to_close_timeout=options.DESCRIBE_WORKFLOWS_GIVE_UP,
+                retry_policy=options.LEDGER_RETRY,
+                result_type=WorkflowStatuses,
+            )
+        except ActivityError as err:
+            # No answer proves nothing: look again next time.
+            workflow.logger.warning("%s: could not check its replicas: %s", name, err.cause)
+            return
+        closed = [
+            i for i in watched if not statuses.running.get(replica_workflow_id(name, i), True)
+        ]
+        self.state.stopping = [i for i in self.state.stopping if i not in closed]
+        dead = [i for i in closed if i in self.state.indices or i in self.state.retiring]
+        if dead:
+            await self._free_dead_replicas(dead)
+            self._forget(dead)
+
+    def _forget(self, dead: list[int]) -> None:
+        """Drop dead replicas from the state; _reconcile starts replacements for the count, and
+        a retiring replica whose successor died gets a new successor (it keeps serving)."""
+        for index in dead:
+            self.state.retiring.pop(index, None)
+            if index in self.state.indices:
+                self.state.indices.remove(index)
+            self.state.fingerprints.pop(index, None)
+            for old, successor in list(self.state.retiring.items()):
+                if successor == index and not self.state.removing:
+                    del self.state.retiring[old]
+                    self.state.replacements.append(
+                        ReplaceReplicas(
+                            replica_ids=[replica_id(self.state.spec.name, old)],
+                            reason="its successor's workflow closed",
+                        )
+                    )
+                    # Back in the count until its new successor serves.
+                    self.state.indices.append(old)
+        self.dirty = True
+
+    async def _free_dead_replicas(self, indices: list[int]) -> None:
+        await asyncio.gather(*(self._free_dead_replica(i) for i in indices))
+
+    async def _free_dead_replica(self, index: int) -> None:
+        """What a replica workflow would have done on its way out, had it been let: withdraw
+        its route, stop its engine (if its node answers in time) and release its allocation."""
+        spec = self.state.spec
+        rid = replica_id(spec.name, index)
+        held: ReplicaAllocation = await workflow.execute_activity(
+            ControlActivity.LEDGER_ALLOCATION,
+            AllocationLookup(replica_id=rid),
+            task_queue=CONTROL_TASK_QUEUE,
+            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
+            retry_policy=options.LEDGER_RETRY,
+            result_type=ReplicaAllocation,
+        )
+        alloc = held.allocation
+        if alloc is not None:
+            workflow.logger.warning("%s: its workflow closed; stopping its engine", rid)
+            withdrawn = Route(
+                replica_id=rid,
+                model=spec.name,
+                node=alloc.node,
+                endpoint="",
+                engine="",
+                state=ReplicaState.STOPPED,
+            )
+            await self._ledger_call(ControlActivity.LEDGER_SET_ROUTE, withdrawn)
+            await workflow.sleep(options.ROUTE_PROPAGATION)
+            for shard in alloc.shards_or_leader():
+                drain = options.ORPHAN_DRAIN.total_seconds() if shard.rank == 0 else 0.0
+                try:
+                    await workflow.execute_activity(
+                        NodeActivity.STOP_ENGINE,
+                        ShardRef(replica_id=rid, drain_s=drain),
+                        task_queue=node_task_queue(shard.node),
+                        start_to_close_timeout=options.STOP_TIMEOUT,
+                        schedule_to_close_timeout=options.ORPHAN_STOP_GIVE_UP,
+                        retry_policy=options.STOP_RETRY,
+                        result_type=StopResult,
+                    )
+                except ActivityError as err:
+                    # Its agent does not answer: when it returns it stops engines that no
+                    # running workflow owns.
+                    workflow.logger.warning("%s: could not stop on %s: %s", rid, shard.node, err)
+        await self._ledger_call(ControlActivity.LEDGER_RELEASE, ReleaseRequest(replica_id=rid))
+
+    async def _ledger_call(self, name: str, arg: Route | ReleaseRequest) -> None:
+        await workflow.execute_activity(
+            name,
+            arg,
+            task_queue=CONTROL_TASK_QUEUE,
+            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
+            retry_policy=options.LEDGER_RETRY,
+            result_type=LedgerAck,
+        )
 
     async def _replace(self) -> None:
         """Start a successor for each replica asked to move; the old one stops now or later."""
         name = self.state.spec.name
-        while self.replacements:
-            req = self.replacements.pop(0)
+        while self.state.replacements:
+            req = self.state.replacements.pop(0)
             for rid in req.replica_ids:
                 old = self._index_of(rid)
                 if old is None:
@@ -338,9 +564,10 @@ class ModelWorkflow:
         for old, successor in list(self.state.retiring.items()):
             successor_id = replica_id(name, successor)
             gone = successor not in self.state.indices
-            if successor_id in self.ready_replicas or gone or self.state.removing:
+            if successor_id in self.state.ready_replicas or gone or self.state.removing:
                 del self.state.retiring[old]
-                self.ready_replicas.discard(successor_id)
+                if successor_id in self.state.ready_replicas:
+                    self.state.ready_replicas.remove(successor_id)
                 reason = f"moved to {successor_id}" if not gone else "replaced"
                 await self._stop_replica(old, StopReplica(reason=reason))
 
@@ -397,22 +624,6 @@ class ModelWorkflow:
     async def _set_route(
         self, rid: str, endpoint: str, state: ReplicaState, fingerprint: str
     ) -> None:
-        route = Route(
-            replica_id=rid,
-            model=self.state.spec.name,
-            node=EXTERNAL_NODE,
-            endpoint=endpoint,
-            engine=EXTERNAL,
-            state=state,
-            fingerprint=fingerprint,
-            detail="external endpoint",
-            upstream_model=self.state.spec.profiles[0].upstream_model,
-        )
-        await workflow.execute_activity(
-            ControlActivity.LEDGER_SET_ROUTE,
-            route,
-            task_queue=CONTROL_TASK_QUEUE,
-            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-            retry_policy=options.LEDGER_RETRY,
-            result_type=LedgerAck,
-        )
+        route = external_route(self.state.spec, rid, endpoint, state)
+        route.fingerprint = fingerprint
+        await self._ledger_call(ControlActivity.LEDGER_SET_ROUTE, route)

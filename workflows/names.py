@@ -65,6 +65,13 @@ class ControlActivity:
     LEDGER_NODE_NAMES = "ledger_node_names"
     LEDGER_MODEL_ROUTES = "ledger_model_routes"
     LEDGER_SET_IDLE = "ledger_set_idle"
+    # A node's state as the ledger has it (a replica whose stop was not delivered asks whether
+    # the node is gone before it frees the allocation).
+    LEDGER_NODE_STATE = "ledger_node_state"
+    # What the ledger holds for one replica (a model frees a dead replica's).
+    LEDGER_ALLOCATION = "ledger_allocation"
+    # Whether workflows, by ID, have an open run (a model watches its replicas by ID).
+    DESCRIBE_WORKFLOWS = "control_describe_workflows"
     # Which engines a node should have, from the cluster's `engines:` configuration.
     ENGINE_PLAN = "control_engine_plan"
     # The nodes an operator listed in a file, for scheduled onboarding.

@@ -6,8 +6,12 @@ signals, so `llmgw node ...` and `temporal workflow signal` do the same thing. T
 signal `refresh` to look at the machine again or re-verify its engines. Every change is copied
 to the ledger, which placement reads.
 
-A node silent for longer than its grace is lost: its replicas are re-placed elsewhere at once.
-A draining node keeps serving until each replica's successor is ready elsewhere.
+Liveness has two steps. A node silent past its grace is unreachable: the ledger withdraws its
+routes, and nothing else changes (its engines may well be serving; a partition that heals
+restarts nothing). Silent past the longer gone grace it is lost: its models start its replicas
+elsewhere. Silence the control plane caused is no evidence: a liveness timer that fires late
+(Temporal or the control worker was away, so heartbeats could not arrive) gives the node a fresh
+grace instead. A draining node keeps serving until each replica's successor is ready elsewhere.
 """
 
 import asyncio
@@ -16,10 +20,10 @@ from datetime import datetime, timedelta
 from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows import options
+    from workflows import history_budget, options
     from workflows.contracts import (
         DiscoverRequest,
         EngineInstallRequest,
@@ -57,6 +61,12 @@ with workflow.unsafe.imports_passed_through():
 
 # Histories from before agent calls were bounded by the node's grace replay without the watch.
 AGENT_CALLS_WATCH_LIVENESS = "agent-calls-watch-liveness"
+# Histories from before a silent node was first unreachable (and only later lost, with a fresh
+# grace after a control-plane outage) replay the old single step.
+UNREACHABLE_BEFORE_LOST = "unreachable-before-lost"
+# Histories from before an engine install was watched against the node's liveness replay
+# waiting on it unconditionally.
+INSTALL_WATCHES_LIVENESS = "install-watches-liveness"
 T = TypeVar("T")
 
 
@@ -79,23 +89,50 @@ class NodeWorkflow:
         self.changed_inventory: NodeInventory | None = None
         self.last_heard: datetime | None = None
         self.last_published = False
+        self.two_step_liveness = False
 
     @workflow.run
     async def run(self, view: NodeView | None = None) -> NodeView | None:
+        # A new run starts with a fresh grace: whatever ended the last one, this one has not yet
+        # had the chance to hear the agent.
         self.last_heard = workflow.now()
+        self.two_step_liveness = workflow.patched(UNREACHABLE_BEFORE_LOST)
         while True:
             await self._work()
             if self._state() == NodeState.REMOVED:
                 return self.view
             if self.view is not None and self.view.record.draining:
                 await self._follow_drain()
+            timeout = self._until_lost()
+            due = workflow.now() + timeout if timeout is not None else None
             try:
-                await workflow.wait_condition(self._has_work, timeout=self._until_lost())
+                await workflow.wait_condition(self._has_work, timeout=timeout)
             except TimeoutError:
+                if self.two_step_liveness:
+                    self._forgive_control_plane_outage(due)
                 await self._lose()
-            if workflow.info().is_continue_as_new_suggested() and not self._has_work():
+            if self._time_to_continue() and not self._has_work():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self.view)
+
+    def _time_to_continue(self) -> bool:
+        if self.two_step_liveness:
+            return history_budget.time_to_continue()
+        return workflow.info().is_continue_as_new_suggested()
+
+    def _forgive_control_plane_outage(self, due: datetime | None) -> None:
+        """A timer that fires well after it was due means this workflow could not run: the
+        Temporal server, its database or the control worker was away, and the agent's
+        heartbeats could not arrive either. Its silence is then the control plane's, not the
+        node's: start the grace again from now."""
+        late = workflow.now() - due if due is not None else timedelta(0)
+        if late > options.CONTROL_PLANE_AWAY:
+            workflow.logger.warning(
+                "control plane was away for about %ds: node %s gets a fresh grace",
+                int(late.total_seconds()),
+                self.view.record.inventory.name if self.view else "?",
+            )
+            self.last_heard = workflow.now()
 
     # --- messages -------------------------------------------------------------------------
 
@@ -184,8 +221,12 @@ class NodeWorkflow:
 
     def _has_work(self) -> bool:
         changed = self.changed_inventory is not None or self.refresh_asked is not None
-        back = self._state() == NodeState.LOST and self._silent_for() < self._grace()
-        return self.pending is not None or bool(self.commands) or changed or back
+        return self.pending is not None or bool(self.commands) or changed or self._back()
+
+    def _back(self) -> bool:
+        """Heard from again after it was counted unreachable or lost."""
+        silent = (NodeState.UNREACHABLE, NodeState.LOST)
+        return self._state() in silent and self._silent_for() < self._grace()
 
     def _state(self) -> NodeState | None:
         return self.view.record.state if self.view is not None else None
@@ -193,14 +234,24 @@ class NodeWorkflow:
     def _grace(self) -> timedelta:
         return timedelta(seconds=self.view.lost_after_s) if self.view else options.NODE_GRACE
 
+    def _gone_grace(self) -> timedelta:
+        if self.view is None:
+            return options.NODE_GONE_GRACE
+        return max(timedelta(seconds=self.view.gone_after_s), self._grace())
+
     def _silent_for(self) -> timedelta:
         return workflow.now() - (self.last_heard or workflow.now())
 
     def _until_lost(self) -> timedelta | None:
-        """How long the loop may sleep before the node counts as lost; None: no timer."""
-        if self._state() not in (NodeState.READY, NodeState.REGISTERING):
+        """How long the loop may sleep before the node's liveness changes (unreachable, then
+        lost); None: no timer."""
+        state = self._state()
+        if state in (NodeState.READY, NodeState.REGISTERING):
+            remaining = self._grace() - self._silent_for()
+        elif state == NodeState.UNREACHABLE:
+            remaining = self._gone_grace() - self._silent_for()
+        else:
             return None
-        remaining = self._grace() - self._silent_for()
         if self.view is not None and self.view.record.draining:
             remaining = min(remaining, options.DRAIN_POLL)
         return max(remaining, timedelta(seconds=1))
@@ -214,7 +265,7 @@ class NodeWorkflow:
             await self._command(name, cmd)
             if self._state() == NodeState.REMOVED:
                 return
-        if self._state() == NodeState.LOST and self._silent_for() < self._grace():
+        if self._back():
             await self._set_state(NodeState.READY)
         if self.changed_inventory is not None:
             inventory, self.changed_inventory = self.changed_inventory, None
@@ -245,6 +296,7 @@ class NodeWorkflow:
             operator_labels=operator_labels,
             engine_paths=reg.engine_paths,
             lost_after_s=reg.lost_after_s,
+            gone_after_s=reg.gone_after_s,
         )
 
     async def _converge_engines(self) -> None:
@@ -274,16 +326,38 @@ class NodeWorkflow:
             )
         await self._publish()
         for req in todo:
-            status = await workflow.execute_child_workflow(
-                EngineInstallWorkflow.run,
-                EngineInstallRequest(node=record.inventory.name, requirement=req),
-                id=engine_install_workflow_id(record.inventory.name, req.engine, req.version),
-                task_queue=CONTROL_TASK_QUEUE,
-            )
+            try:
+                status = await self._install(req)
+            except AgentSilent as err:
+                # The machine died mid-install: say so, and leave liveness to the main loop,
+                # which now counts the node unreachable, then lost.
+                for left in todo[todo.index(req) :]:
+                    record.engines[left.engine] = EngineStatus(
+                        engine=left.engine,
+                        version=left.version,
+                        state=EngineState.FAILED,
+                        detail=f"install abandoned: the node stopped answering ({err})",
+                    )
+                await self._publish()
+                return
             if status.state == EngineState.INSTALLED:
                 status.verified_at = status.verified_at or self._now()
             record.engines[req.engine] = status
             await self._publish()
+
+    async def _install(self, req: EngineRequirement) -> EngineStatus:
+        """One engine's install, as a child workflow watched against this node's liveness: a
+        machine that dies mid-build never answers, and must still be seen lost."""
+        node = self._name()
+        install = workflow.execute_child_workflow(
+            EngineInstallWorkflow.run,
+            EngineInstallRequest(node=node, requirement=req),
+            id=engine_install_workflow_id(node, req.engine, req.version),
+            task_queue=CONTROL_TASK_QUEUE,
+        )
+        if not workflow.patched(INSTALL_WATCHES_LIVENESS):
+            return await install
+        return await self._while_heard(asyncio.ensure_future(install))
 
     def _have(self, req: EngineRequirement) -> bool:
         """Installed at this version and path already: an agent restart does not reinstall.
@@ -313,7 +387,7 @@ class NodeWorkflow:
 
     async def _refresh(self, asked: NodeRefresh) -> None:
         if self._state() not in (NodeState.READY, NodeState.REGISTERING):
-            await self._publish()  # AWAITING and LOST nodes have no agent to ask
+            await self._publish()  # awaiting, unreachable and lost nodes have no agent to ask
             return
         assert self.view is not None
         queue = node_task_queue(self.view.record.inventory.name)
@@ -339,20 +413,27 @@ class NodeWorkflow:
         if not (asked.inventory or asked.engines):
             await self._publish()
 
-    async def _while_heard(self, call: workflow.ActivityHandle[T]) -> T:
-        """The result of an activity on this node's agent, unless the node falls silent past
-        its grace first: then the activity is cancelled and AgentSilent raised. A dead agent
-        never answers, and the node cannot be seen lost while this workflow waits on it: an
-        agent killed during a scheduled re-verification kept its node ready for minutes."""
+    async def _while_heard(self, call: asyncio.Future[T]) -> T:
+        """The result of work on this node's agent (an activity, or an install's child
+        workflow), unless the node falls silent past its grace first: then the work is
+        cancelled and AgentSilent raised. A dead agent never answers, and the node cannot be
+        seen lost while this workflow waits on it: an agent killed during a scheduled
+        re-verification kept its node ready for minutes."""
         if not workflow.patched(AGENT_CALLS_WATCH_LIVENESS):
             return await call
         while not call.done():
+            timeout = self._until_lost()
+            due = workflow.now() + timeout if timeout is not None else None
             try:
-                await workflow.wait_condition(call.done, timeout=self._until_lost())
+                await workflow.wait_condition(call.done, timeout=timeout)
             except TimeoutError:
+                if self.two_step_liveness:
+                    self._forgive_control_plane_outage(due)
                 if self._silent_for() >= self._grace():
                     call.cancel()
-                    with contextlib.suppress(ActivityError, asyncio.CancelledError):
+                    with contextlib.suppress(
+                        ActivityError, ChildWorkflowError, asyncio.CancelledError
+                    ):
                         await call  # the cancellation answered at once (TRY_CANCEL)
                     silent = int(self._silent_for().total_seconds())
                     raise AgentSilent(f"no heartbeat for {silent}s") from None
@@ -422,13 +503,26 @@ class NodeWorkflow:
             await self._publish()
 
     async def _lose(self) -> None:
+        """Count the node unreachable, or lost, once it has been silent long enough (the timer
+        may also have been a drain poll, or have fired after a heartbeat arrived)."""
         live = self._state() in (NodeState.READY, NodeState.REGISTERING)
-        if not live or self._silent_for() < self._grace():
-            return  # the timer was a drain poll, not the grace running out
         silent = int(self._silent_for().total_seconds())
-        await self._set_state(NodeState.LOST, f"no heartbeat for {silent}s")
+        if not self.two_step_liveness:
+            if live and self._silent_for() >= self._grace():
+                await self._set_state(NodeState.LOST, f"no heartbeat for {silent}s")
+                await self._move_replicas(f"node {self._name()} lost", False)
+            return
+        if live and self._silent_for() >= self._grace():
+            # Routes withdrawn (the ledger serves none on an unreachable node); engines and
+            # allocations kept: the node may only be cut off, and come back with all of it.
+            await self._set_state(NodeState.UNREACHABLE, f"no heartbeat for {silent}s")
+        if self._state() == NodeState.UNREACHABLE and self._silent_for() >= self._gone_grace():
+            await self._set_state(NodeState.LOST, f"no heartbeat for {silent}s")
+            await self._move_replicas(f"node {self._name()} lost", False)
+
+    def _name(self) -> str:
         assert self.view is not None
-        await self._move_replicas(f"node {self.view.record.inventory.name} lost", False)
+        return self.view.record.inventory.name
 
     async def _move_replicas(self, reason: str, wait_for_successor: bool) -> None:
         """Ask each model with a replica here to start it elsewhere."""

@@ -1,5 +1,6 @@
 """Activity timeouts and retry policies, named, with the reasoning beside them."""
 
+import os
 from datetime import timedelta
 
 from temporalio.common import RetryPolicy
@@ -15,6 +16,9 @@ LEDGER_RETRY = RetryPolicy(
 INSTALL_TIMEOUT = timedelta(hours=1)
 INSTALL_HEARTBEAT = timedelta(minutes=2)
 INSTALL_RETRY = RetryPolicy(maximum_attempts=3, initial_interval=timedelta(seconds=5))
+# All attempts together, waits in the node's queue included: an install on a machine that died
+# ends (and says so) instead of waiting for an agent that never comes back.
+INSTALL_GIVE_UP = INSTALL_TIMEOUT * INSTALL_RETRY.maximum_attempts + timedelta(minutes=30)
 
 # Launching is idempotent on the agent (it adopts a process it already started), so a retry
 # after a lost worker or agent never starts a second engine.
@@ -24,12 +28,19 @@ START_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     non_retryable_error_types=["EngineNotRunnable"],
 )
+# Every attempt together, waits in the node's queue included. START_TIMEOUT alone counts only
+# once an agent has taken the launch: on a machine that died nobody ever takes it, and the
+# replica would hold its allocation forever. Past this the launch is a failed start (backoff,
+# then re-placement after CRASH_LOOP_LIMIT of them); a stop does not wait for it at all.
+START_GIVE_UP = START_TIMEOUT * (START_RETRY.maximum_attempts or 1) + timedelta(minutes=1)
 
 # Loading weights legitimately takes minutes for large models.
 READY_TIMEOUT = timedelta(minutes=15)
 READY_HEARTBEAT = timedelta(seconds=30)
 # A few tries cover an agent restart mid-load; after that the replica restarts with backoff.
 READY_RETRY = RetryPolicy(maximum_attempts=3)
+# All attempts and queue waits together, for the same reason as START_GIVE_UP.
+READY_GIVE_UP = READY_TIMEOUT * (READY_RETRY.maximum_attempts or 1) + timedelta(minutes=5)
 
 # Supervision lasts as long as the engine. A missed heartbeat means the agent died: the retry
 # lands on the restarted agent, which adopts the engine (or reports it gone).
@@ -44,21 +55,57 @@ SUPERVISE_RETRY = RetryPolicy(
 ROUTE_PROPAGATION = timedelta(seconds=3)
 DRAIN_TIMEOUT = timedelta(minutes=2)
 STOP_TIMEOUT = timedelta(minutes=1) + DRAIN_TIMEOUT
-# A stop waits this long for the node's agent to take it at all; then the replica releases its
-# resources anyway (a returning agent stops engines no running workflow owns).
+# One stop attempt waits this long for the node's agent to take it at all. Then the replica
+# asks the ledger whether the node is gone (lost or removed): only then is the allocation freed
+# without the engine known stopped. Otherwise it tries again on the STOP_RETRY_WAIT ladder,
+# holding the allocation (the engine may still hold its GPUs) with its route not routable.
 STOP_GIVE_UP = timedelta(minutes=5)
 STOP_RETRY = RetryPolicy(maximum_attempts=10, maximum_interval=timedelta(seconds=10))
+STOP_RETRY_WAIT_FIRST = timedelta(seconds=5)
+STOP_RETRY_WAIT_MAX = timedelta(minutes=1)
+# A replica whose node is gone frees its allocation at once, after one stop this short: an
+# agent that is in fact back stops the engine now rather than when it notices the orphan.
+STOP_ON_GONE_NODE = timedelta(seconds=15)
 
 # Engine restart backoff: 1, 2, 4 ... seconds, capped; reset after a run this long.
 RESTART_BACKOFF_MAX = timedelta(seconds=60)
 RESTART_BACKOFF_RESET_AFTER = timedelta(minutes=5)
+# This many failures in a row on one node (none after a run of RESTART_BACKOFF_RESET_AFTER)
+# and the replica stops its engine, releases, and places itself on another node: a bad GPU or
+# a broken engine install there should not hold the replica down. With no other node to take
+# it, it goes back to the same one.
+CRASH_LOOP_LIMIT = 5
+
+# A model looks this often whether its replica workflows still run (one an operator terminated
+# left its engine, allocation and route behind), and this often while a removal waits for its
+# stopping replicas to close. Describing workflows by ID is cheap and bounded.
+# LLMGW_TEST_REPLICA_CHECK_EVERY_S (tests only) shortens the look, read when a run starts.
+REPLICA_CHECK_EVERY = timedelta(
+    seconds=float(os.environ.get("LLMGW_TEST_REPLICA_CHECK_EVERY_S", "") or 60)
+)
+STOPPING_POLL = timedelta(seconds=5)
+DESCRIBE_WORKFLOWS_TIMEOUT = timedelta(seconds=30)
+DESCRIBE_WORKFLOWS_GIVE_UP = timedelta(minutes=2)
+# A dead replica's engine: its route is withdrawn, in-flight requests get ORPHAN_DRAIN to
+# finish, and its node's agent is asked to stop it for at most ORPHAN_STOP_GIVE_UP (a node that
+# does not answer stops engines no running workflow owns when its agent returns).
+ORPHAN_DRAIN = timedelta(seconds=30)
+ORPHAN_STOP_GIVE_UP = timedelta(minutes=2)
 
 # A replica nobody can take yet retries placement on this ladder.
 PLACEMENT_RETRY_MAX = timedelta(seconds=30)
 
-# Node liveness: agents heartbeat every NODE_HEARTBEAT; a node silent for NODE_GRACE is lost.
+# Node liveness: agents heartbeat every NODE_HEARTBEAT. A node silent for NODE_GRACE is
+# unreachable: gateways stop sending it requests, but its engines keep their allocations, so a
+# partition that heals costs no restart. Silent for NODE_GONE_GRACE it is lost: its replicas
+# start elsewhere (a model reload costs minutes; five of silence is a machine that is gone).
 NODE_HEARTBEAT = timedelta(seconds=10)
 NODE_GRACE = timedelta(seconds=45)
+NODE_GONE_GRACE = timedelta(minutes=5)
+# A liveness timer that fires this much later than it was due means the control plane itself
+# (Temporal, its database, the control worker) was away: the agents' heartbeats could not
+# arrive, so their silence says nothing about the nodes, and every node gets a fresh grace.
+CONTROL_PLANE_AWAY = timedelta(seconds=5)
 # Node workflow steps on the control queue and the node's own queue.
 ENGINE_PLAN_TIMEOUT = timedelta(seconds=30)
 DISCOVER_TIMEOUT = timedelta(minutes=2)

@@ -7,11 +7,21 @@ stop the engine, drop the route, release the resources.
 Every step is idempotent on its far side (placement per replica id, launch adopts a process it
 already started), so a control worker killed mid-step resumes without a second engine or a
 second reservation.
+
+A replica lives as long as its model wants it, so its history must stay bounded: its whole
+state is one model (ReplicaCarried) and it continues as new at its safe points, between engine
+restarts, while it waits for room, and while it waits for a node to take a stop. A continued
+run resumes where the last one was: an allocated replica starts (or, on the agent, adopts) its
+engine and never places a second time; a stop asked for is honoured.
+
+Nothing waits forever on a dead node: a launch and a readiness check give up after a bound, and
+a stop never waits for a launch. An allocation is freed only once its engine is known stopped,
+or the ledger says its node is gone. A replica that keeps failing on one node moves to another.
 """
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +30,9 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ActivityHandle
 
 with workflow.unsafe.imports_passed_through():
+    # Imported by its full name: `from workflows import history_budget` would hand the sandbox
+    # its own copy (the package is loaded inside it), which tests could not set.
+    import workflows.history_budget as history_budget
     from workflows import options, search_attributes
     from workflows.contracts import (
         Allocation,
@@ -27,12 +40,19 @@ with workflow.unsafe.imports_passed_through():
         LaunchRequest,
         LaunchResult,
         LedgerAck,
+        NodeName,
+        NodeState,
+        NodeStatus,
+        PlacementRefusal,
         PlacementRequest,
+        PortsInUse,
         Profile,
         ReadyRequest,
         ReadyResult,
         ReleaseRequest,
+        ReplicaCarried,
         ReplicaInput,
+        ReplicaPhase,
         ReplicaReady,
         ReplicaState,
         ReplicaView,
@@ -45,10 +65,51 @@ with workflow.unsafe.imports_passed_through():
     from workflows.ledger import NO_PLACEMENT
     from workflows.names import CONTROL_TASK_QUEUE, ControlActivity, NodeActivity, node_task_queue
 
+# What the ledger's `place` answers (PlacementRefusal requires its summary, so neither parses as
+# the other).
+PLACEMENT_ANSWER: Any = Allocation | PlacementRefusal
+
+# Each guards a change to the command sequence that histories recorded before it would hit.
+# patched() is asked only where the new code would first differ, so a run replayed from an old
+# history keeps its old behaviour only where that history needs it.
+PATCH_START_RACES_STOP = "replica-start-races-stop"
+PATCH_STOP_UNTIL_STOPPED = "replica-stop-until-stopped-or-node-gone"
+PATCH_TRY_STOP_ON_GONE_NODE = "replica-try-stop-on-gone-node"
+PATCH_MOVE_OFF_CRASH_LOOP = "replica-move-off-crash-looping-node"
+PATCH_CONTINUE_AS_NEW = "replica-continue-as-new"
+PATCH_SKIP_TAKEN_PORTS = "replica-skips-ports-taken-by-others"
+# The agent's refusal to launch on a port a program outside llmgw holds (activities/node_agent).
+PORT_IN_USE = "PortInUse"
+
+# An exit reason as views and routes show it: one line, short (the agent already redacts it;
+# this bounds what a route, read by every gateway, can carry whatever an agent sends).
+MAX_REASON = 200
+
 
 def restart_backoff(consecutive_failures: int) -> timedelta:
-    seconds = 2 ** max(consecutive_failures - 1, 0)
+    # The exponent is capped before it reaches timedelta: 2**47 seconds overflows it, and a
+    # workflow task failing on that would leave a day-long crash loop stuck for good.
+    seconds = 2 ** min(max(consecutive_failures - 1, 0), 20)
     return min(timedelta(seconds=seconds), options.RESTART_BACKOFF_MAX)
+
+
+def _taken_ports(err: ActivityError) -> PortsInUse | None:
+    """The ports a launch was refused on because another program holds them, if that was why."""
+    cause = err.cause
+    if not (isinstance(cause, ApplicationError) and cause.type == PORT_IN_USE and cause.details):
+        return None
+    try:
+        return PortsInUse.model_validate(cause.details[0])
+    except ValueError:
+        return None
+
+
+def short_reason(exit_info: EngineExit) -> str:
+    """One line, at most MAX_REASON characters: the exit's reason, else its code."""
+    text = " ".join(exit_info.reason.split())
+    if not text:
+        text = f"exit code {exit_info.exit_code}" if exit_info.exit_code is not None else "exited"
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
 
 
 @workflow.defn(name="Replica")
@@ -56,87 +117,208 @@ class ReplicaWorkflow:
     @workflow.init
     def __init__(self, inp: ReplicaInput) -> None:
         self.inp = inp
-        self.view = ReplicaView(
-            replica_id=inp.replica_id, model=inp.model.name, state=ReplicaState.PENDING
-        )
-        self.alloc: Allocation | None = None
-        self.stop_request: StopReplica | None = None
-        self.exit_report: EngineExit | None = None
+        carried = inp.carried
+        if carried is None:
+            parent = workflow.info().parent
+            carried = ReplicaCarried(
+                parent_workflow_id=parent.workflow_id if parent is not None else "",
+                view=ReplicaView(
+                    replica_id=inp.replica_id, model=inp.model.name, state=ReplicaState.PENDING
+                ),
+            )
+        self.s = carried
+
+    @property
+    def view(self) -> ReplicaView:
+        return self.s.view
 
     @workflow.run
     async def run(self, inp: ReplicaInput) -> ReplicaView:
-        self.alloc = await self._place()
-        failures = 0
-        while self.alloc is not None and self.stop_request is None:
-            started = workflow.now()
-            exit_info = await self._run_engine_once(self.alloc)
-            if self.stop_request is not None:
-                break
-            ran_for = workflow.now() - started
-            failures = 1 if ran_for >= options.RESTART_BACKOFF_RESET_AFTER else failures + 1
-            self.view.restarts += 1
-            delay = restart_backoff(failures)
-            await self._set_state(
-                ReplicaState.RESTARTING,
-                f"{exit_info.reason}; restarting in {delay.total_seconds():.0f}s",
-            )
-            await self._sleep_unless_stopped(delay)
-        await self._stop()
-        return self.view
+        if inp.carried is not None:
+            self._label()
+        while True:
+            if self.s.stop is not None or self.s.phase == ReplicaPhase.STOPPING:
+                await self._stop()
+                return self.view
+            if self.s.phase == ReplicaPhase.PLACING:
+                await self._place()
+            elif self.s.phase == ReplicaPhase.MOVING:
+                await self._move_off()
+            else:
+                await self._run_and_back_off()
 
     @workflow.signal(name="stop")
     def stop(self, req: StopReplica) -> None:
-        self.stop_request = req
+        self.s.stop = req
 
     @workflow.signal(name="engine_exited")
     def engine_exited(self, report: EngineExit) -> None:
         """An agent found this replica's engine gone (e.g. after its own restart)."""
-        self.exit_report = report
+        # Only the exit and its short reason are kept: whatever else an older agent sends (its
+        # engine's log) is dropped here, so it is never carried into another run.
+        self.s.exit_report = EngineExit(
+            replica_id=report.replica_id, exit_code=report.exit_code, reason=short_reason(report)
+        )
 
     @workflow.query(name="describe")
     def describe(self) -> ReplicaView:
         return self.view
 
-    async def _sleep_unless_stopped(self, delay: timedelta) -> None:
-        with contextlib.suppress(TimeoutError):
-            await workflow.wait_condition(lambda: self.stop_request is not None, timeout=delay)
+    # --- life ----------------------------------------------------------------------------
 
-    async def _place(self) -> Allocation | None:
+    async def _continue_as_new_if_due(self) -> None:
+        """At a safe point: everything this run knows is in self.s, nothing is in flight."""
+        if not history_budget.time_to_continue() or not workflow.patched(PATCH_CONTINUE_AS_NEW):
+            return
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        workflow.continue_as_new(
+            ReplicaInput(replica_id=self.inp.replica_id, model=self.inp.model, carried=self.s)
+        )
+
+    async def _sleep_unless(self, interrupt: Callable[[], bool], delay: timedelta) -> bool:
+        """Sleep, unless `interrupt` turns true first; True when it did."""
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(interrupt, timeout=delay)
+        return interrupt()
+
+    async def _sleep_unless_stopped(self, delay: timedelta) -> None:
+        await self._sleep_unless(lambda: self.s.stop is not None, delay)
+
+    async def _place(self) -> None:
+        """Ask the ledger for room until it has some or a stop is asked for."""
+        while self.s.stop is None:
+            alloc = await self._ask_for_room()
+            if alloc is not None:
+                self.s.allocation = alloc
+                self.s.phase = ReplicaPhase.RUNNING
+                self.s.placement_wait_s = 1.0
+                self.s.exclude_nodes = []
+                self.view.node = alloc.node
+                return
+            wait = timedelta(seconds=self.s.placement_wait_s)
+            await self._sleep_unless_stopped(wait)
+            self.s.placement_wait_s = min(wait * 2, options.PLACEMENT_RETRY_MAX).total_seconds()
+            await self._continue_as_new_if_due()
+
+    async def _ask_for_room(self) -> Allocation | None:
         m = self.inp.model
         req = PlacementRequest(
             replica_id=self.inp.replica_id,
             workflow_id=workflow.info().workflow_id,
             model=m.name,
             profiles=m.profiles,
+            exclude_nodes=self.s.exclude_nodes,
+            exclude_ports=self.s.taken_ports,
         )
-        wait = timedelta(seconds=1)
-        while self.stop_request is None:
-            try:
-                alloc: Allocation = await workflow.execute_activity(
-                    ControlActivity.LEDGER_PLACE,
-                    req,
-                    task_queue=CONTROL_TASK_QUEUE,
-                    start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-                    retry_policy=options.LEDGER_RETRY,
-                    result_type=Allocation,
-                )
-            except ActivityError as err:
-                cause = err.cause
-                if not (isinstance(cause, ApplicationError) and cause.type == NO_PLACEMENT):
-                    raise
-                if self.view.detail != cause.message:
-                    self.view.state = ReplicaState.PENDING
-                    self.view.detail = cause.message
-                    self._label()
-                    # Listed with its reason, so `llmgw status` and the gateway (503, not 404)
-                    # know the replica exists before it has a node.
-                    await self._ledger(ControlActivity.LEDGER_SET_ROUTE, self._route("", ""))
-                await self._sleep_unless_stopped(wait)
-                wait = min(wait * 2, options.PLACEMENT_RETRY_MAX)
-                continue
-            self.view.node = alloc.node
-            return alloc
+        answer = await self._request_placement(req)
+        if isinstance(answer, str) and self.s.exclude_nodes:
+            # Nothing else fits: back where it failed, rather than nowhere.
+            anywhere = await self._request_placement(req.model_copy(update={"exclude_nodes": []}))
+            if isinstance(anywhere, Allocation):
+                self.view.moved += f"; no other node can take it: back on {anywhere.node}"
+                return anywhere
+        if isinstance(answer, Allocation):
+            return answer
+        if self.view.detail != answer:
+            self.view.state = ReplicaState.PENDING
+            self.view.detail = answer
+            self._label()
+            # Listed with its reason, so `llmgw status` and the gateway (503, not 404) know
+            # the replica exists before it has a node.
+            await self._ledger(ControlActivity.LEDGER_SET_ROUTE, self._route("", ""))
         return None
+
+    async def _request_placement(self, req: PlacementRequest) -> Allocation | str:
+        """The allocation, or why there is none (the ledger's summary)."""
+        try:
+            answer = await workflow.execute_activity(
+                ControlActivity.LEDGER_PLACE,
+                req,
+                task_queue=CONTROL_TASK_QUEUE,
+                start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
+                retry_policy=options.LEDGER_RETRY,
+                result_type=PLACEMENT_ANSWER,
+            )
+        except ActivityError as err:
+            # A ledger from before refusals were answers failed the call instead.
+            cause = err.cause
+            if not (isinstance(cause, ApplicationError) and cause.type == NO_PLACEMENT):
+                raise
+            return cause.message
+        if isinstance(answer, PlacementRefusal):
+            return f"no node can take it: {answer.summary}"
+        assert isinstance(answer, Allocation)
+        return answer
+
+    async def _run_and_back_off(self) -> None:
+        """One life of the engine; after it ends, count the failure and wait out the backoff,
+        or move off a node it keeps failing on."""
+        alloc = self.s.allocation
+        assert alloc is not None
+        started = workflow.now()
+        exit_info = await self._run_engine_once(alloc)
+        if self.s.stop is not None or self.s.phase == ReplicaPhase.PLACING:
+            return
+        long_run = workflow.now() - started >= options.RESTART_BACKOFF_RESET_AFTER
+        self.s.failures = 1 if long_run else self.s.failures + 1
+        self.s.failures_on_node = 1 if long_run else self.s.failures_on_node + 1
+        self.s.last_failure = short_reason(exit_info)
+        self.view.restarts += 1
+        if self.s.failures_on_node >= options.CRASH_LOOP_LIMIT and workflow.patched(
+            PATCH_MOVE_OFF_CRASH_LOOP
+        ):
+            self.s.phase = ReplicaPhase.MOVING
+            return
+        delay = restart_backoff(self.s.failures)
+        await self._set_state(
+            ReplicaState.RESTARTING,
+            f"{self.s.last_failure}; restarting in {delay.total_seconds():.0f}s",
+        )
+        await self._sleep_unless_stopped(delay)
+        await self._continue_as_new_if_due()
+
+    async def _move_off(self) -> None:
+        """Stop the engine on the node it keeps failing on, release, and place again without
+        that node (placement falls back to it if no other node can take the replica)."""
+        alloc = self.s.allocation
+        assert alloc is not None
+        self.view.moved = (
+            f"re-placed after {self.s.failures_on_node} failures on {alloc.node}: "
+            f"{self.s.last_failure}"
+        )
+        await self._set_state(ReplicaState.RESTARTING, self.view.moved)
+        stopped = await self._stop_for_good(alloc, timedelta(0), lambda: self.s.stop is not None)
+        if not stopped:
+            return  # a stop was asked for: run() goes on to stop, which frees what is held
+        await self._ledger(
+            ControlActivity.LEDGER_RELEASE, ReleaseRequest(replica_id=self.inp.replica_id)
+        )
+        self.s.allocation = None
+        self.s.exclude_nodes = [alloc.node]
+        self.s.failures_on_node = 0
+        self.s.phase = ReplicaPhase.PLACING
+        self.view.node = None
+        self.view.detail = ""
+
+    async def _leave_taken_ports(self, alloc: Allocation, err: ActivityError) -> EngineExit:
+        """Another program holds a port this replica was given: nothing started, so this is no
+        crash to back off from. Release, and place again without those ports."""
+        taken = _taken_ports(err)
+        assert taken is not None
+        held = self.s.taken_ports.setdefault(taken.node, [])
+        held.extend(p for p in taken.ports if p not in held)
+        ports = ", ".join(str(p) for p in taken.ports)
+        reason = f"port {ports} on {taken.node} is held by another program; placing again"
+        self.view.detail = reason
+        await self._ledger(
+            ControlActivity.LEDGER_RELEASE, ReleaseRequest(replica_id=self.inp.replica_id)
+        )
+        self.s.allocation = None
+        self.s.phase = ReplicaPhase.PLACING
+        self.view.node = None
+        return self._exit(reason)
+
+    # --- one engine run -------------------------------------------------------------------
 
     async def _run_engine_once(self, alloc: Allocation) -> EngineExit:
         """Start (or adopt) the engine's shards, wait for the leader to serve, route to it, and
@@ -147,29 +329,20 @@ class ReplicaWorkflow:
         leader's readiness timeout. One shard ending ends the replica; all restart together."""
         shards = alloc.shards_or_leader()
         leader = shards[0]
-        self.exit_report = None
+        self.s.exit_report = None
         await self._set_state(ReplicaState.STARTING)
         pids = []
         for shard in shards:
-            try:
-                launch: LaunchResult = await workflow.execute_activity(
-                    NodeActivity.START_ENGINE,
-                    LaunchRequest(
-                        replica_id=self.inp.replica_id,
-                        workflow_id=workflow.info().workflow_id,
-                        model=self.inp.model,
-                        allocation=alloc,
-                    ),
-                    task_queue=node_task_queue(shard.node),
-                    start_to_close_timeout=options.START_TIMEOUT,
-                    retry_policy=options.START_RETRY,
-                    result_type=LaunchResult,
-                )
-            except ActivityError as err:
+            launch = await self._launch(alloc, shard)
+            if launch is None:
+                return self._exit("stop requested")
+            if isinstance(launch, ActivityError):
                 if len(shards) > 1:
                     await self._stop_engine(alloc)
+                if _taken_ports(launch) is not None and workflow.patched(PATCH_SKIP_TAKEN_PORTS):
+                    return await self._leave_taken_ports(alloc, launch)
                 where = f" on {shard.node}" if len(shards) > 1 else ""
-                return self._exit(f"start failed{where}: {err.cause}")
+                return self._exit(f"start failed{where}: {launch.cause}")
             pids.append(f"{shard.node}:{launch.pid}" if len(shards) > 1 else f"{launch.pid}")
         await self._set_state(ReplicaState.LOADING, f"pid {', '.join(pids)}")
 
@@ -179,6 +352,7 @@ class ReplicaWorkflow:
             ReadyRequest(replica_id=self.inp.replica_id, port=leader.port),
             task_queue=node_task_queue(leader.node),
             start_to_close_timeout=options.READY_TIMEOUT,
+            schedule_to_close_timeout=options.READY_GIVE_UP,
             heartbeat_timeout=options.READY_HEARTBEAT,
             retry_policy=options.READY_RETRY,
             result_type=ReadyResult,
@@ -205,8 +379,39 @@ class ReplicaWorkflow:
             return ended
         return await self._end_all(alloc, watched, ended)
 
+    async def _launch(
+        self, alloc: Allocation, shard: ShardAllocation
+    ) -> LaunchResult | ActivityError | None:
+        """Start (or adopt) one shard's engine: its launch result, the launch's failure, or None
+        when a stop was asked for first (a stop never waits for a node that does not answer)."""
+        handle = workflow.start_activity(
+            NodeActivity.START_ENGINE,
+            LaunchRequest(
+                replica_id=self.inp.replica_id,
+                workflow_id=workflow.info().workflow_id,
+                model=self.inp.model,
+                allocation=alloc,
+            ),
+            task_queue=node_task_queue(shard.node),
+            start_to_close_timeout=options.START_TIMEOUT,
+            schedule_to_close_timeout=options.START_GIVE_UP,
+            retry_policy=options.START_RETRY,
+            result_type=LaunchResult,
+        )
+        await workflow.wait_condition(lambda: handle.done() or self.s.stop is not None)
+        if not handle.done() and workflow.patched(PATCH_START_RACES_STOP):
+            await self._cancel([handle])
+            return None
+        try:
+            launched: LaunchResult = await handle
+        except ActivityError as err:
+            return err
+        return launched
+
     def _watch(self, shard: ShardAllocation) -> ActivityHandle[EngineExit]:
-        """Supervise one shard: a long heartbeating activity that returns when it exits."""
+        """Supervise one shard: a long heartbeating activity that returns when it exits. Not
+        bounded in time (an engine may serve for a year): it races the stop signal, which a
+        model sends when the node is gone."""
         return workflow.start_activity(
             NodeActivity.SUPERVISE_ENGINE,
             ShardRef(replica_id=self.inp.replica_id),
@@ -223,14 +428,14 @@ class ReplicaWorkflow:
         """The first activity to finish, unless a stop is asked for or an agent reports the
         engine gone first: then every activity is cancelled and the interruption returned."""
         await workflow.wait_condition(
-            lambda: any(h.done() for h in handles) or bool(self.stop_request or self.exit_report)
+            lambda: any(h.done() for h in handles) or bool(self.s.stop or self.s.exit_report)
         )
         done = next((h for h in handles if h.done()), None)
         if done is not None:
             return done
         await self._cancel(handles)
-        if self.exit_report is not None:
-            return self.exit_report
+        if self.s.exit_report is not None:
+            return self.s.exit_report
         return self._exit("stop requested")
 
     async def _cancel(self, handles: Sequence[ActivityHandle[Any]]) -> None:
@@ -267,56 +472,129 @@ class ReplicaWorkflow:
 
     async def _tell_model_ready(self) -> None:
         """A replica started to replace another lets its model stop the old one now."""
-        parent = workflow.info().parent
-        if parent is None:
+        if not self.s.parent_workflow_id:
             return
         # Addressed by ID without a run, so it reaches the model after a continue-as-new too.
-        model = workflow.get_external_workflow_handle(parent.workflow_id)
+        model = workflow.get_external_workflow_handle(self.s.parent_workflow_id)
         with contextlib.suppress(ApplicationError):
             ready = ReplicaReady(replica_id=self.inp.replica_id, fingerprint=self._fingerprint())
             await model.signal("replica_ready", ready)
 
-    async def _stop_engine(self, alloc: Allocation, drain: timedelta = timedelta(0)) -> None:
-        """Stop every shard, the leader first (it alone takes requests, so it alone drains)."""
-        for shard in alloc.shards_or_leader():
+    # --- stopping ---------------------------------------------------------------------------
+
+    async def _stop_engine(
+        self,
+        alloc: Allocation,
+        drain: timedelta = timedelta(0),
+        shards: Sequence[ShardAllocation] | None = None,
+        give_up: timedelta = options.STOP_GIVE_UP,
+        interrupt: Callable[[], bool] = lambda: False,
+    ) -> list[ShardAllocation]:
+        """Stop every shard (or those given), the leader first (it alone takes requests, so it
+        alone drains). Returns the shards whose node's agent could not be reached, or that
+        `interrupt` (the node declared gone meanwhile) stopped waiting for."""
+        missed = []
+        for shard in alloc.shards_or_leader() if shards is None else shards:
             seconds = drain.total_seconds() if shard.rank == 0 else 0.0
+            handle = workflow.start_activity(
+                NodeActivity.STOP_ENGINE,
+                ShardRef(replica_id=self.inp.replica_id, drain_s=seconds),
+                task_queue=node_task_queue(shard.node),
+                start_to_close_timeout=options.STOP_TIMEOUT,
+                schedule_to_close_timeout=give_up,
+                retry_policy=options.STOP_RETRY,
+                result_type=StopResult,
+            )
+            await workflow.wait_condition(lambda h=handle: h.done() or interrupt())  # type: ignore[misc]
+            if not handle.done() and workflow.patched(PATCH_STOP_UNTIL_STOPPED):
+                await self._cancel([handle])
+                missed.append(shard)
+                continue
             try:
-                await workflow.execute_activity(
-                    NodeActivity.STOP_ENGINE,
-                    ShardRef(replica_id=self.inp.replica_id, drain_s=seconds),
-                    task_queue=node_task_queue(shard.node),
-                    start_to_close_timeout=options.STOP_TIMEOUT,
-                    schedule_to_close_timeout=options.STOP_GIVE_UP,
-                    retry_policy=options.STOP_RETRY,
-                    result_type=StopResult,
-                )
+                await handle
             except ActivityError as err:
-                # The node's agent is gone. Release anyway: a returning agent stops any engine
-                # that no running workflow owns, so nothing keeps serving unseen.
                 workflow.logger.warning(
                     "could not stop %s on %s: %s", self.inp.replica_id, shard.node, err.cause
                 )
+                missed.append(shard)
+        return missed
+
+    async def _stop_for_good(
+        self, alloc: Allocation, drain: timedelta, interrupt: Callable[[], bool]
+    ) -> bool:
+        """Stop every shard. A shard whose node's agent cannot be reached is tried again, with
+        backoff, until it stops or the ledger says its node is gone (lost or removed, or no
+        longer known): until then the engine may still hold its devices, so the allocation is
+        kept. False when `interrupt` turned true first."""
+        missed = await self._stop_engine(alloc, drain, interrupt=interrupt)
+        if not missed or not workflow.patched(PATCH_STOP_UNTIL_STOPPED):
+            return True  # histories from before this: released anyway
+        while True:
+            if interrupt():
+                return False
+            missed = [shard for shard in missed if not await self._node_gone(shard.node)]
+            if not missed:
+                return True
+            nodes = ", ".join(sorted({shard.node for shard in missed}))
+            detail = (
+                f"{self.view.detail.split('; stop not delivered', 1)[0]}; stop not delivered to "
+                f"{nodes}: holding its resources until it stops the engine or is declared gone"
+            )
+            if detail != self.view.detail:
+                await self._set_state(self.view.state, detail)
+            wait = max(timedelta(seconds=self.s.stop_wait_s), options.STOP_RETRY_WAIT_FIRST)
+            if await self._sleep_unless(interrupt, wait):
+                return False
+            self.s.stop_wait_s = min(wait * 2, options.STOP_RETRY_WAIT_MAX).total_seconds()
+            await self._continue_as_new_if_due()
+            missed = await self._stop_engine(alloc, shards=missed, interrupt=interrupt)
+            if not missed:
+                return True
+
+    async def _node_gone(self, node: str) -> bool:
+        status: NodeStatus = await workflow.execute_activity(
+            ControlActivity.LEDGER_NODE_STATE,
+            NodeName(name=node),
+            task_queue=CONTROL_TASK_QUEUE,
+            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
+            retry_policy=options.LEDGER_RETRY,
+            result_type=NodeStatus,
+        )
+        return status.state is None or status.state in NodeState.gone()
 
     async def _stop(self) -> None:
-        request = self.stop_request or StopReplica(reason="")
-        if self.alloc is not None:
+        self.s.phase = ReplicaPhase.STOPPING
+        request = self.s.stop or StopReplica(reason="")
+        alloc = self.s.allocation
+        if alloc is not None:
             was_serving = self.view.state == ReplicaState.READY
             await self._set_state(ReplicaState.STOPPING, request.reason)
-            if not request.engine_gone:
+            if request.engine_gone:
+                # The node is gone by definition: one short try, then free what it held.
+                if workflow.patched(PATCH_TRY_STOP_ON_GONE_NODE):
+                    await self._stop_engine(alloc, give_up=options.STOP_ON_GONE_NODE)
+            else:
                 drain = timedelta(0)
                 if was_serving:
                     # Gateways refresh routes about once a second: after this, no new request
                     # arrives, and the agent waits for those in flight before it stops the engine.
                     await workflow.sleep(options.ROUTE_PROPAGATION)
                     drain = options.DRAIN_TIMEOUT
-                await self._stop_engine(self.alloc, drain)
-        reason = request.reason
+
+                def node_declared_gone() -> bool:
+                    return self.s.stop is not None and self.s.stop.engine_gone
+
+                await self._stop_for_good(alloc, drain, node_declared_gone)
+        reason = (self.s.stop or request).reason
         self.view.state = ReplicaState.STOPPED
         self.view.detail = reason
         self._label()
         await self._ledger(
             ControlActivity.LEDGER_RELEASE, ReleaseRequest(replica_id=self.inp.replica_id)
         )
+        self.s.allocation = None
+
+    # --- what the ledger and the Temporal UI show -----------------------------------------
 
     def _label(self) -> None:
         """Model, node and state as search attributes, for the Temporal UI's filters."""
@@ -334,9 +612,10 @@ class ReplicaWorkflow:
         self.view.state = state
         self.view.detail = detail
         self._label()
-        assert self.alloc is not None
-        endpoint = f"http://{self.alloc.address}:{self.alloc.port}"
-        await self._ledger(ControlActivity.LEDGER_SET_ROUTE, self._route(self.alloc.node, endpoint))
+        alloc = self.s.allocation
+        assert alloc is not None
+        endpoint = f"http://{alloc.address}:{alloc.port}"
+        await self._ledger(ControlActivity.LEDGER_SET_ROUTE, self._route(alloc.node, endpoint))
 
     def _route(self, node: str, endpoint: str) -> Route:
         return Route(
@@ -351,7 +630,8 @@ class ReplicaWorkflow:
         )
 
     def _profile_index(self) -> int:
-        return self.alloc.profile_index if self.alloc is not None else 0
+        alloc = self.s.allocation
+        return alloc.profile_index if alloc is not None else 0
 
     def _profile(self) -> Profile:
         return self.inp.model.profiles[self._profile_index()]
@@ -368,3 +648,8 @@ class ReplicaWorkflow:
             retry_policy=options.LEDGER_RETRY,
             result_type=LedgerAck,
         )
+
+    @workflow.query(name="allocation")
+    def allocation(self) -> Allocation | None:
+        """What this replica holds, for `llmgw ledger rebuild` (None: not placed, or released)."""
+        return self.s.allocation

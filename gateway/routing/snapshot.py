@@ -2,8 +2,11 @@
 
 A snapshot is built from the ledger's routing table each time it changes. Only READY routes are
 candidates; the rest are kept so an unknown model (404) can be told from a known model whose
-replicas are all starting, restarting or stopping (503). Choosing among the ready ones is
-`policy.Router`'s work (prefix affinity, sessions, breakers, engine load).
+replicas are all starting, restarting or stopping (503). A ready route on a node the control
+plane cannot hear (`node_unreachable`) is a last resort: used only while its model has no other
+ready route, since its engine may well serve (only the agent may be down) and the gateway's own
+retries and breakers judge it. Choosing among the candidates is `policy.Router`'s work (prefix
+affinity, sessions, breakers, engine load).
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ class RoutingSnapshot:
         routable = ReplicaState.routable()
         self._all: dict[str, list[Route]] = {}
         self._ready: dict[str, list[Route]] = {}
+        last_resort: dict[str, list[Route]] = {}
         # Sorted so every gateway walks replicas in the same order, whatever the ledger's order.
         for route in sorted(table.routes, key=lambda r: r.replica_id):
             self._all.setdefault(route.model, []).append(route)
             if route.state in routable:
-                self._ready.setdefault(route.model, []).append(route)
+                ready = last_resort if route.node_unreachable else self._ready
+                ready.setdefault(route.model, []).append(route)
+        for model, routes in last_resort.items():
+            self._ready.setdefault(model, routes)
         self._idle = frozenset(table.idle_models)
         # External models known upstream by another name; all of a model's routes share it.
         self._upstream_names = {r.model: r.upstream_model for r in table.routes if r.upstream_model}

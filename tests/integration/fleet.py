@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,9 +14,15 @@ from pathlib import Path
 import pytest
 
 from tests.system import REPO, STANDIN_ENGINE, System
-from workflows.contracts import LedgerState, NodeState, ReplicaState
 
+# The ledger's invariants live with `make chaos`, which checks them too; re-exported here.
+from workers.chaos.checks import ledger_violations as ledger_violations
+from workflows.contracts import NodeState, ReplicaState
+
+# Joined agents' liveness, short for tests: unreachable after LOST_AFTER_S of silence, lost
+# (replicas move) after GONE_AFTER_S.
 LOST_AFTER_S = 6
+GONE_AFTER_S = 12
 JOINED = (("n2", "127.0.0.2"), ("n3", "127.0.0.3"))
 
 
@@ -40,6 +45,7 @@ class Agent:
             "--state-dir", str(self.state_dir), "--address", self.address,
             "--engine-path", f"llamacpp={STANDIN_ENGINE}", "--label", f"rack={self.name}",
             "--heartbeat-every", "1", "--lost-after", str(LOST_AFTER_S),
+            "--gone-after", str(GONE_AFTER_S),
             "--stop-engines-on-exit",
         ]  # fmt: skip
         cmd += ["--join", self.token]
@@ -141,42 +147,3 @@ async def replicas_by_node(system: System, model: str) -> dict[str, list[str]]:
         if route.model == model and route.state == ReplicaState.READY:
             placed.setdefault(route.node, []).append(route.replica_id)
     return placed
-
-
-def ledger_violations(state: LedgerState) -> list[str]:
-    """What no ledger may ever hold: an engine port, a GPU (by index on its node) or more cores
-    or memory than a node has, handed to two shards. Every shard of every allocation counts, so
-    a multi-node replica is checked on each of its nodes."""
-    ports: Counter[tuple[str, int]] = Counter()
-    gpus: Counter[tuple[str, int]] = Counter()
-    cores: Counter[str] = Counter()
-    memory: Counter[str] = Counter()
-    holders: dict[tuple[str, str, int], list[str]] = {}
-    for alloc in state.allocations.values():
-        for shard in alloc.shards_or_leader():
-            ports[(shard.node, shard.port)] += 1
-            holders.setdefault(("port", shard.node, shard.port), []).append(alloc.replica_id)
-            for gpu in shard.gpus:
-                gpus[(shard.node, gpu)] += 1
-                holders.setdefault(("gpu", shard.node, gpu), []).append(alloc.replica_id)
-            cores[shard.node] += shard.cpu_cores
-            memory[shard.node] += shard.memory_mb
-    problems = []
-    for (node, port), n in ports.items():
-        if n > 1:
-            problems.append(f"port {port} on {node} held {n} times: {holders['port', node, port]}")
-    for (node, gpu), n in gpus.items():
-        if n > 1:
-            problems.append(f"GPU {gpu} on {node} held {n} times: {holders['gpu', node, gpu]}")
-    for node, used in cores.items():
-        record = state.nodes.get(node)
-        if record is None:
-            continue  # a removed node's last allocations are released by their workflows
-        if used > record.inventory.cpu_cores:
-            has = record.inventory.cpu_cores
-            problems.append(f"{used} CPU cores held on {node}, which has {has}")
-        if memory[node] > record.inventory.memory_mb:
-            problems.append(
-                f"{memory[node]} MB held on {node}, which has {record.inventory.memory_mb}"
-            )
-    return problems

@@ -18,7 +18,7 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 
 from tests.integration.fleet import (
-    LOST_AFTER_S,
+    GONE_AFTER_S,
     Agent,
     engine_pid_on,
     ledger_violations,
@@ -274,7 +274,7 @@ async def test_chaos_loses_nothing_and_duplicates_nothing(
                 held = any(a.node == "n2" for a in state.allocations.values())
                 return lost and not held and "n2" not in now.values() and await back()
 
-            await must(system, "n2 lost and its replica moved", moved, LOST_AFTER_S + RECOVERY_S)
+            await must(system, "n2 lost and its replica moved", moved, GONE_AFTER_S + RECOVERY_S)
             assert pid_alive(orphan), "nobody on n2 could stop its engine while its agent was dead"
 
             # ... and comes back with the same token: it stops the engine nobody owns any more.

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.integration.fleet import (
-    LOST_AFTER_S,
+    GONE_AFTER_S,
     Agent,
     nodes_ready,
     pid_alive,
@@ -84,7 +84,7 @@ async def test_killed_agent_node_is_lost_its_replicas_move_and_it_reconciles(fle
         lost = state.nodes["n2"].state == NodeState.LOST
         return lost and "n2" not in now and sum(len(v) for v in now.values()) == 3
 
-    await system.until(moved, LOST_AFTER_S + 60, "n2 lost and its replica moved")
+    await system.until(moved, GONE_AFTER_S + 60, "n2 lost and its replica moved")
     async with httpx.AsyncClient(timeout=10) as http:
         assert [await chat(http, system, "spread") for _ in range(6)] == [200] * 6
     assert pid_alive(orphan), "nobody on n2 could stop it while its agent was dead"

@@ -56,6 +56,16 @@ def test_only_ready_replicas_are_picked() -> None:
     assert {router.pick("m", {}).replica_id for _ in range(5)} == {"m-1"}  # type: ignore[union-attr]
 
 
+def test_a_replica_on_an_unreachable_node_is_a_last_resort() -> None:
+    """The control plane cannot hear its node, so another ready replica is preferred; but with
+    none other, its engine may well serve (only its agent may be down): better tried than a 503."""
+    cut_off = route("m-0").model_copy(update={"node_unreachable": True})
+    both = LeastLoad(RoutingSnapshot(table(cut_off, route("m-1"))))
+    assert {both.pick("m", {"m-1": 9}).replica_id for _ in range(5)} == {"m-1"}  # type: ignore[union-attr]
+    alone = LeastLoad(RoutingSnapshot(table(cut_off, route("m-1", state=ReplicaState.LOADING))))
+    assert alone.pick("m", {}).replica_id == "m-0"  # type: ignore[union-attr]
+
+
 def test_unknown_model_and_model_without_ready_replica_differ() -> None:
     snap = RoutingSnapshot(table(route("m-0", state=ReplicaState.STARTING)))
     router = LeastLoad(snap)

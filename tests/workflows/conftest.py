@@ -35,8 +35,9 @@ from workflows.contracts import (
 from workflows.names import CONTROL_TASK_QUEUE, node_task_queue
 
 HISTORIES = Path(__file__).parent / "histories"
-# Set to 1 to (re)write the replay tests' histories from this run: see test_replay.py.
-RECORD_HISTORIES = os.environ.get("LLMGW_RECORD_HISTORIES") == "1"
+# Set to a new era's name (e.g. 2027-01) to store this run's histories beside the older ones
+# for the replay tests: see test_replay.py.
+RECORD_ERA = os.environ.get("LLMGW_RECORD_HISTORIES", "")
 
 
 def binary(name: str) -> str:
@@ -121,6 +122,11 @@ class Cluster:
         handle = await self.client.start_workflow(
             workflow, *args, id=id, task_queue=CONTROL_TASK_QUEUE
         )
+        # Unpinned from the first run: queries, signals and the cleanup's terminate must reach
+        # the current run after a continue-as-new (LLMGW_TEST_CONTINUE_AS_NEW_EVERY forces
+        # them); result() follows the runs from the first. Kept otherwise as started, as only
+        # that handle lets the time-skipping server skip ahead while a test awaits result().
+        handle._run_id = None
         self.started.append(handle)
         return handle
 
@@ -151,14 +157,20 @@ def unique(prefix: str) -> str:
 
 
 async def record_history(handle: WorkflowHandle[Any, Any], name: str) -> None:
-    """With LLMGW_RECORD_HISTORIES=1, store this workflow's history for test_replay.py.
+    """With LLMGW_RECORD_HISTORIES=<era>, store this workflow's history as
+    histories/<era>/<name>.json for test_replay.py. Stored histories are append-only: the
+    executions they stand for may still be running in someone's cluster, so a file is never
+    rewritten, and a behaviour change gets a new era beside the old ones.
 
     The file is the history as `temporal workflow show --output json` gives it, plus the
     workflow ID (which the history itself does not carry) so the replay sees the same
     `workflow.info()`."""
-    if not RECORD_HISTORIES:
+    if not RECORD_ERA:
         return
+    path = HISTORIES / RECORD_ERA / f"{name}.json"
+    if path.exists():
+        raise FileExistsError(f"{path} is stored already: record into a new era")
     history = await handle.fetch_history()
-    HISTORIES.mkdir(exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     document = {"workflow_id": history.workflow_id, **history.to_json_dict()}
-    (HISTORIES / f"{name}.json").write_text(json.dumps(document, indent=1) + "\n")
+    path.write_text(json.dumps(document, indent=1) + "\n")

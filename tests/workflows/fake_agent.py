@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from workflows.contracts import (
     DiscoverRequest,
@@ -21,6 +22,7 @@ from workflows.contracts import (
     LaunchRequest,
     LaunchResult,
     NodeInventory,
+    PortsInUse,
     ReadyRequest,
     ReadyResult,
     ShardRef,
@@ -62,6 +64,13 @@ class FakeAgent:
         self.verification_hangs = False
         # replica id -> what its engine's metrics say (default: idle).
         self.loads: dict[str, EngineLoad] = {}
+        # True: every engine this agent starts exits at once (a crash loop), with this reason.
+        self.crash_on_start = False
+        self.crash_reason = "engine exited"
+        # Ports a program outside llmgw holds on this node: a launch there is refused.
+        self.foreign_ports: set[int] = set()
+        # Ports launches were asked for, in order.
+        self.launch_ports: list[int] = []
 
     def all(self) -> list:
         return [
@@ -133,6 +142,15 @@ class FakeAgent:
 
     @activity.defn(name=NodeActivity.START_ENGINE)
     async def start(self, req: LaunchRequest) -> LaunchResult:
+        port = next(s.port for s in req.allocation.shards_or_leader() if s.node == self.node)
+        self.launch_ports.append(port)
+        if port in self.foreign_ports:
+            raise ApplicationError(
+                f"port {port} on node {self.node} is in use by another process",
+                PortsInUse(node=self.node, ports=[port]).model_dump(),
+                type="PortInUse",
+                non_retryable=True,
+            )
         current = self.engines.get(req.replica_id)
         if current is not None and not current.exited.is_set():
             return LaunchResult(pid=current.pid, adopted=True, command=["llama-server"])
@@ -140,6 +158,9 @@ class FakeAgent:
         self.launch_times.append(time.monotonic())
         engine = FakeEngine(pid=next(_pids))
         self.engines[req.replica_id] = engine
+        if self.crash_on_start:
+            engine.exit_code = 1
+            engine.exited.set()
         return LaunchResult(pid=engine.pid, adopted=False, command=["llama-server"])
 
     @activity.defn(name=NodeActivity.WAIT_READY)
@@ -154,7 +175,7 @@ class FakeAgent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(engine.exited.wait(), 0.2)
         return EngineExit(
-            replica_id=ref.replica_id, exit_code=engine.exit_code, reason="engine exited"
+            replica_id=ref.replica_id, exit_code=engine.exit_code, reason=self.crash_reason
         )
 
     @activity.defn(name=NodeActivity.STOP_ENGINE)

@@ -81,13 +81,16 @@ async def test_concurrent_placements_never_oversubscribe_a_node(cluster):
     assert not [a for a in state.allocations.values() if a.node == cluster.node]
 
 
-async def test_a_cluster_without_a_ready_node_refuses_with_every_nodes_reason(cluster):
+async def test_a_cluster_without_a_ready_node_refuses_with_its_nodes_reasons_summarised(cluster):
     await cluster.add_node(cores=8)
     await cluster.close()  # the node is lost now
     err = await place(cluster, f"{unique('m')}-0")
     assert isinstance(err, ApplicationError)
     assert err.type == NO_PLACEMENT
-    assert f"{cluster.node}: node is lost" in err.message
+    # Grouped with the other tests' lost nodes ("node is lost: N nodes"), or alone with its
+    # name: either way the reason, never a line per node.
+    assert "node is lost" in err.message
+    assert len(err.message) <= 600
 
 
 @pytest.fixture(scope="module", autouse=True)

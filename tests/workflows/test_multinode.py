@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from temporalio.worker import Worker
 
 from activities.ledger_calls import update_ledger
-from tests.workflows.conftest import Cluster, eventually, unique
+from tests.workflows.conftest import Cluster, eventually, record_history, unique
 from tests.workflows.fake_agent import FakeAgent
 from workflows.contracts import (
     EngineState,
@@ -112,6 +112,7 @@ async def test_a_two_node_replica_starts_leader_first_and_restarts_whole(cluster
 
         await handle.signal("stop", StopReplica(reason="scaled down"))
         await asyncio.wait_for(handle.result(), 30)
+        await record_history(handle, "ReplicaMultiNode")
         assert all(a.running() == [] for a in agents)
         state = await cluster.ledger()
         assert rid not in state.allocations

@@ -116,10 +116,11 @@ async def test_a_node_cannot_register_under_another_nodes_name(cluster):
     assert impostor not in (await cluster.ledger()).nodes
 
 
-async def test_a_silent_node_is_lost_and_a_heartbeat_brings_it_back(cluster):
+async def test_a_silent_node_is_unreachable_then_lost_and_a_heartbeat_brings_it_back(cluster):
     # A short grace in real time: the time-skipping server proved unreliable at skipping here
     # once earlier tests had run replicas (the RPC timed out).
-    await register(cluster, cluster.node, registration(cluster.node, lost_after_s=3))
+    reg = registration(cluster.node, lost_after_s=3, gone_after_s=6)
+    await register(cluster, cluster.node, reg)
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     handle = node_handle(cluster)
 
@@ -129,6 +130,13 @@ async def test_a_silent_node_is_lost_and_a_heartbeat_brings_it_back(cluster):
         await asyncio.sleep(1)
     assert (await ledger_record(cluster)).state == NodeState.READY
 
+    # Silent past the grace: unreachable first, and a heartbeat then makes it ready again.
+    record = await wait_for_node(cluster, NodeState.UNREACHABLE, EngineState.INSTALLED)
+    assert record.note.startswith("no heartbeat for")
+    await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-1"))
+    await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
+
+    # Silent past the gone grace: lost.
     record = await wait_for_node(cluster, NodeState.LOST, EngineState.INSTALLED)
     assert record.engines["llamacpp"].state == EngineState.INSTALLED  # only liveness changed
     assert record.note.startswith("no heartbeat for")
@@ -140,11 +148,12 @@ async def test_a_silent_node_is_lost_and_a_heartbeat_brings_it_back(cluster):
 
     await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-1"))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
-    await record_history(handle, "Node")
+    await record_history(handle, "NodeUnreachableLostBack")
 
 
 async def test_an_agent_that_dies_during_reverification_still_loses_its_node(cluster):
-    await register(cluster, cluster.node, registration(cluster.node, lost_after_s=3))
+    reg = registration(cluster.node, lost_after_s=3, gone_after_s=5)
+    await register(cluster, cluster.node, reg)
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     # The scheduled re-verification reaches the agent, which then dies: no answer, no heartbeat.
     cluster.agent.verification_hangs = True
@@ -152,6 +161,7 @@ async def test_an_agent_that_dies_during_reverification_still_loses_its_node(clu
     record = await wait_for_node(cluster, NodeState.LOST, EngineState.INSTALLED)
     assert record.note.startswith("no heartbeat for")
     assert cluster.agent.verifications == 1, "it was asked and never answered"
+    await record_history(node_handle(cluster), "NodeSilentDuringVerification")
 
 
 async def test_a_failed_install_is_reported_and_placement_refuses_the_node(cluster):

@@ -29,6 +29,7 @@ from workflows.contracts import (
     ModelState,
     NodeAdd,
     NodeCommand,
+    NodeHeartbeat,
     NodeInventory,
     NodeRecord,
     NodeRefresh,
@@ -37,10 +38,13 @@ from workflows.contracts import (
     Profile,
     ReleaseRequest,
     ReplicaState,
+    Route,
+    RoutingTable,
+    RoutingTableRequest,
 )
 from workflows.fleet import FleetRefreshWorkflow, ScheduledOnboardingWorkflow
 from workflows.model import ModelWorkflow
-from workflows.names import model_workflow_id, node_task_queue, replica_id
+from workflows.names import LEDGER_WORKFLOW_ID, model_workflow_id, node_task_queue, replica_id
 
 
 async def upsert_ready_node(cluster: Cluster, name: str) -> None:
@@ -215,12 +219,57 @@ async def test_drain_moves_each_replica_after_its_successor_serves(cluster):
         await eventually(drained, timeout=30)
         record = await ledger_record(cluster)
         assert record.cordoned and record.state == NodeState.READY
-    await record_history(node_handle(cluster), "Node")
+    await record_history(node_handle(cluster), "NodeDrained")
 
 
-async def test_a_lost_nodes_replicas_are_placed_elsewhere_at_once(cluster):
+async def served_route(cluster: Cluster, rid: str) -> Route | None:
+    """The replica's route as gateways read it (the routing-table query), not as stored."""
+    table = await cluster.client.get_workflow_handle(LEDGER_WORKFLOW_ID).query(
+        "routing_table", RoutingTableRequest(), result_type=RoutingTable
+    )
+    return next((r for r in table.routes if r.replica_id == rid), None)
+
+
+async def test_an_unreachable_node_keeps_its_replicas_and_serves_again_when_heard(cluster):
+    await register(cluster, cluster.node, registration(cluster.node, lost_after_s=3))
+    await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
+    model = await serving_model(cluster)
+    rid = replica_id(model, 0)
+    launches = len(cluster.agent.launches)
+
+    async with second_node(cluster):
+        # No heartbeats: the node is cut off. Gateways send it requests only as a last resort
+        # from now on (tests/unit/test_gateway_routing.py)...
+        await wait_for_node(cluster, NodeState.UNREACHABLE, EngineState.INSTALLED)
+
+        async def withdrawn() -> bool:
+            route = await served_route(cluster, rid)
+            return route is not None and route.node_unreachable
+
+        await eventually(withdrawn)
+        # ...but nothing moves: its engine keeps its allocation, and no successor starts.
+        state = await cluster.ledger()
+        assert rid in state.allocations
+        assert replica_id(model, 1) not in state.allocations
+
+        # The partition heals: the same replica serves again, with nothing restarted.
+        await node_handle(cluster).signal("heartbeat", NodeHeartbeat(boot_id="boot-1"))
+        await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
+
+        async def serving() -> bool:
+            route = await served_route(cluster, rid)
+            return route is not None and not route.node_unreachable
+
+        await eventually(serving)
+        assert len(cluster.agent.launches) == launches
+        assert cluster.agent.stops == []
+        assert replica_id(model, 1) not in (await cluster.ledger()).allocations
+
+
+async def test_a_lost_nodes_replicas_are_placed_elsewhere(cluster):
     # A short grace: time cannot be skipped while the replica's supervise activity runs.
-    await register(cluster, cluster.node, registration(cluster.node, lost_after_s=4))
+    reg = registration(cluster.node, lost_after_s=3, gone_after_s=5)
+    await register(cluster, cluster.node, reg)
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     model = await serving_model(cluster)
     old, successor = replica_id(model, 0), replica_id(model, 1)
@@ -230,8 +279,7 @@ async def test_a_lost_nodes_replicas_are_placed_elsewhere_at_once(cluster):
         await wait_for_node(cluster, NodeState.LOST, EngineState.INSTALLED)
         await wait_route(cluster, successor, ReplicaState.READY, other.node)
         await released(cluster, old)
-        # Nobody could stop it there; a returning agent stops engines no workflow owns.
-        assert old not in cluster.agent.stops
+    await record_history(node_handle(cluster), "NodeLost")
 
 
 async def test_remove_takes_the_node_out_and_moves_its_replicas(cluster):

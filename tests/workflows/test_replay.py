@@ -2,11 +2,14 @@
 workflow cannot break the executions already running in a cluster.
 
 A failure here means a workflow change is not deterministic for histories recorded before it:
-guard the change with `workflow.patched(...)` rather than re-recording. Re-record (after a
-deliberate, compatible change, or to cover a new workflow) with
-`LLMGW_RECORD_HISTORIES=1 pytest tests/workflows` and commit the files it rewrites.
+guard the change with `workflow.patched(...)` rather than re-recording. Histories are stored by
+era (tests/workflows/histories/<era>/<name>.json) and never rewritten: after a change, record a
+new era beside the old ones with `LLMGW_RECORD_HISTORIES=<era> pytest tests/workflows` and
+commit the files it adds. Every era keeps replaying for as long as its executions may run.
 """
 
+import ast
+import base64
 import json
 from pathlib import Path
 
@@ -19,7 +22,8 @@ from temporalio.worker import Replayer
 from tests.workflows.conftest import HISTORIES
 from workers.registry import CONTROL_WORKFLOWS
 
-FILES = sorted(HISTORIES.glob("*.json"))
+FILES = sorted(HISTORIES.glob("*/*.json"))
+WORKFLOW_CODE = Path(__file__).parents[2] / "workflows"
 
 
 def load(path: Path) -> WorkflowHistory:
@@ -32,7 +36,7 @@ def workflow_type(history: WorkflowHistory) -> str:
     return started.workflow_type.name
 
 
-@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+@pytest.mark.parametrize("path", FILES, ids=[f"{p.parent.name}/{p.stem}" for p in FILES])
 async def test_history_replays_on_current_code(path):
     history = load(path)
     assert path.stat().st_size < 1_000_000, "keep stored histories small"
@@ -48,5 +52,57 @@ def test_every_control_workflow_has_a_stored_history():
     missing = registered - stored
     assert not missing, (
         f"no history in {HISTORIES} for {sorted(missing)}: record one in its test with "
-        "record_history(), then run LLMGW_RECORD_HISTORIES=1 pytest tests/workflows"
+        "record_history(), then run LLMGW_RECORD_HISTORIES=<era> pytest tests/workflows"
+    )
+
+
+def patch_ids_in_code() -> set[str]:
+    """Every id the workflow code passes to workflow.patched(), by literal or module constant."""
+    ids: set[str] = set()
+    for source in WORKFLOW_CODE.rglob("*.py"):
+        tree = ast.parse(source.read_text())
+        constants = {
+            target.id: node.value.value
+            for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+            for target in node.targets
+            if isinstance(target, ast.Name) and isinstance(node.value.value, str)
+        }
+        for node in ast.walk(tree):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "patched"
+                and node.args
+            ):
+                continue
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                ids.add(arg.value)
+            elif isinstance(arg, ast.Name):
+                assert arg.id in constants, f"{source}: patched({arg.id}) is not a constant"
+                ids.add(constants[arg.id])
+    return ids
+
+
+def patch_ids_in_histories() -> set[str]:
+    """The patch markers recorded in the stored histories."""
+    ids: set[str] = set()
+    for path in FILES:
+        for event in json.loads(path.read_text())["events"]:
+            marker = event.get("markerRecordedEventAttributes")
+            if marker is None or marker.get("markerName") != "core_patch":
+                continue
+            for payload in marker["details"]["patch-data"]["payloads"]:
+                ids.add(json.loads(base64.b64decode(payload["data"]))["id"])
+    return ids
+
+
+def test_every_patch_is_recorded_in_some_stored_history():
+    """A patched() branch no stored history takes is a branch no replay test guards: the next
+    change to it could break executions that took it without any test noticing."""
+    missing = patch_ids_in_code() - patch_ids_in_histories()
+    assert not missing, (
+        f"no stored history records the patches {sorted(missing)}: record a new era with "
+        "LLMGW_RECORD_HISTORIES=<era> pytest tests/workflows"
     )

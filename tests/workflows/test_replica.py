@@ -1,10 +1,29 @@
-"""The replica lifecycle on the time-skipping server, with a stand-in agent."""
+"""The replica lifecycle on the time-skipping server, with a stand-in agent.
 
+Also the helpers the other test_replica_*.py files share."""
+
+import asyncio
+import base64
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
+
+from activities.ledger_calls import update_ledger
 from tests.workflows.conftest import Cluster, eventually, unique
 from workflows.contracts import (
     EngineExit,
     EngineState,
+    EngineStatus,
+    LedgerAck,
     ModelSpec,
+    NodeInventory,
+    NodeRecord,
+    NodeState,
     ReplicaInput,
     ReplicaState,
     ReplicaView,
@@ -26,6 +45,76 @@ async def start_replica(cluster: Cluster, model: ModelSpec):
         id=replica_workflow_id(model.name, 0),
     )
     return rid, handle
+
+
+async def describe(handle: WorkflowHandle[Any, Any]) -> ReplicaView:
+    """The replica's view. A query that lands while a run continues as new can time out on the
+    time-skipping server (the new run's first task is not taken yet): ask again."""
+    for _ in range(5):
+        with contextlib.suppress(RPCError):
+            return await handle.query(
+                "describe", result_type=ReplicaView, rpc_timeout=timedelta(seconds=5)
+            )
+    view: ReplicaView = await handle.query("describe", result_type=ReplicaView)
+    return view
+
+
+@contextlib.asynccontextmanager
+async def skipping_time(handle: WorkflowHandle[Any, Any]) -> AsyncIterator[None]:
+    """The time-skipping server skips ahead only while someone waits on a workflow's result:
+    wait on this one's in the background, so its backoffs and timeouts pass at once."""
+    waiting = asyncio.create_task(handle.result())
+    try:
+        yield
+    finally:
+        if not waiting.done():
+            waiting.cancel()
+        with contextlib.suppress(BaseException):
+            await waiting
+
+
+async def run_histories(client: Client, workflow_id: str) -> list[list[Any]]:
+    """Each run's events, first run first, following continue-as-new back from the current."""
+    histories: list[list[Any]] = []
+    run_id: str | None = None
+    while True:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        histories.insert(0, list(history.events))
+        started = history.events[0].workflow_execution_started_event_attributes
+        run_id = started.continued_execution_run_id
+        if not run_id:
+            return histories
+
+
+def decoded(document: Any) -> str:
+    """A history (as JSON) with every payload's data decoded, so a test can search its text."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "metadata" in node and isinstance(node.get("data"), str):
+                return base64.b64decode(node["data"]).decode(errors="replace")
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return json.dumps(walk(document), ensure_ascii=False)
+
+
+async def put_node(
+    client: Client, name: str, cores: int = 8, state: NodeState = NodeState.READY
+) -> None:
+    """A node as the ledger sees it, whether or not any agent serves its queue."""
+    record = NodeRecord(
+        inventory=NodeInventory(name=name, cpu_cores=cores, memory_mb=16384),
+        state=state,
+        engines={
+            "llamacpp": EngineStatus(
+                engine="llamacpp", version="1", state=EngineState.INSTALLED, path="/x/llama"
+            )
+        },
+    )
+    await update_ledger(client, "upsert_node", record, LedgerAck)
 
 
 async def test_replica_becomes_routable_restarts_after_exit_and_releases_on_stop(cluster):
@@ -112,3 +201,5 @@ async def test_engine_exit_reported_by_a_restarted_agent_restarts_the_engine(clu
 def test_restart_backoff_doubles_and_caps():
     assert [restart_backoff(n).total_seconds() for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
     assert restart_backoff(30).total_seconds() == 60
+    # A crash loop that runs for days (the count only resets after a long run) stays capped.
+    assert restart_backoff(10_000).total_seconds() == 60

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from workflows.contracts import EngineState, GpuInfo, NodeRecord, NodeState, Profile
-from workflows.placement.usage import NodeUsage, free_port
+from workflows.placement.ports import free_ports, ports_per_shard
+from workflows.placement.usage import NodeUsage
 
 MIG_MARK = "-mig-"
 # fp8 tensor cores arrived with Ada and Hopper (8.9, 9.0); an A100 (8.0) has none, and engines
@@ -128,8 +129,10 @@ def why_not(
     profile: Profile,
     usage: NodeUsage,
     exclude: Collection[str] = (),
+    busy_ports: Collection[int] = (),
 ) -> str | None:
-    """The reason this node cannot take one shard of the profile, or None when it can."""
+    """The reason this node cannot take one shard of the profile, or None when it can.
+    `busy_ports`: ports here an agent found held by a process outside llmgw."""
     if node.state != NodeState.READY:
         return f"node is {node.state.value}"
     if node.cordoned or node.draining:
@@ -151,8 +154,11 @@ def why_not(
     free_memory = node.inventory.memory_mb - usage.memory_mb
     if free_memory < profile.memory_mb:
         return f"{free_memory} MB memory free, {profile.memory_mb} MB wanted"
-    if free_port(node, usage.ports) is None:
-        return "no free engine port"
+    wanted = ports_per_shard(profile)
+    if free_ports(node, usage.ports, wanted, busy_ports) is None:
+        what = "no free engine port" if wanted == 1 else f"no {wanted} free engine ports"
+        held = f" ({len(busy_ports)} held by other programs)" if busy_ports else ""
+        return what + held
     return None
 
 

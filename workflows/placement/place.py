@@ -15,7 +15,8 @@ from workflows.contracts import (
 )
 from workflows.placement.checks import choose_gpus, free_gpus, profile_label, why_not
 from workflows.placement.fabric import choose_group, node_fabrics
-from workflows.placement.usage import NodeUsage, cluster_usage, free_port
+from workflows.placement.ports import extra_port_names, free_ports
+from workflows.placement.usage import NodeUsage, cluster_usage
 
 CLUSTER = "(cluster)"
 NO_NODES = "no nodes have registered"
@@ -97,7 +98,8 @@ def _try(
     reasons: dict[str, str] = {}
     fits: list[str] = []
     for name, node in sorted(state.nodes.items()):
-        reason = why_not(node, profile, usage.get(name, empty), exclude)
+        busy = req.exclude_ports.get(name, ())
+        reason = why_not(node, profile, usage.get(name, empty), exclude, busy)
         if reason is None:
             fits.append(name)
         else:
@@ -155,8 +157,10 @@ def _allocate(
     for rank, name in enumerate(chosen):
         node = state.nodes[name]
         used = usage.get(name, NodeUsage())
-        port = free_port(node, used.ports)
-        assert port is not None, "why_not checked it"
+        names = extra_port_names(profile, rank)
+        ports = free_ports(node, used.ports, 1 + len(names), req.exclude_ports.get(name, ()))
+        assert ports is not None, "why_not checked it"
+        port, *extra = ports
         gpus = choose_gpus(node, profile, used.gpus) if profile.gpu_class is not None else []
         shards.append(
             ShardAllocation(
@@ -168,6 +172,7 @@ def _allocate(
                 gpu_uuids=[g.uuid for g in gpus],
                 cpu_cores=profile.cpu_cores,
                 memory_mb=profile.memory_mb,
+                extra_ports=dict(zip(names, extra, strict=True)),
             )
         )
     leader = shards[0]

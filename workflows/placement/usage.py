@@ -25,6 +25,7 @@ class NodeUsage:
             self.cpu_cores += shard.cpu_cores
             self.memory_mb += shard.memory_mb
             self.ports.add(shard.port)
+            self.ports.update(shard.extra_ports.values())
             self.gpus.update(shard.gpus)
             self.shards += 1
 

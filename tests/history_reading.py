@@ -1,0 +1,25 @@
+"""Reading what a workflow did from its history, for tests that must know it never happened,
+not merely that the end state looks right."""
+
+import base64
+import json
+
+from temporalio.client import Client
+
+from workflows.names import ControlActivity, node_workflow_id
+
+
+async def node_states_published(client: Client, node: str) -> list[str]:
+    """Every node state the node's workflow sent the ledger, in order (the inputs of its
+    ledger_upsert_node activities): a state it held only for a moment is here too."""
+    history = await client.get_workflow_handle(node_workflow_id(node)).fetch_history()
+    states = []
+    for event in history.to_json_dict()["events"]:
+        scheduled = event.get("activityTaskScheduledEventAttributes")
+        if scheduled is None:
+            continue
+        if scheduled["activityType"]["name"] != ControlActivity.LEDGER_UPSERT_NODE:
+            continue
+        for payload in scheduled["input"]["payloads"]:
+            states.append(json.loads(base64.b64decode(payload["data"]))["state"])
+    return states

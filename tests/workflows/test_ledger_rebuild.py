@@ -1,0 +1,144 @@
+"""A closed ledger is never replaced by an empty one: ledger calls fail loudly until `llmgw
+ledger rebuild` starts it again from the node and replica workflows.
+
+On a dev server of its own (the time-skipping test server cannot list workflows, which the
+rebuild does), so terminating the ledger here leaves the session's ledger alone."""
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities.ledger_calls import LEDGER_CLOSED, update_ledger
+from tests.workflows.conftest import binary, eventually, unique
+from tests.workflows.fake_agent import FakeAgent
+from workers.agent import register
+from workers.control import control_activities, ensure_ledger
+from workers.ledger_commands import LedgerRunning, ledger_problem, rebuild_ledger
+from workers.progress import ledger_snapshot
+from workers.registry import CONTROL_WORKFLOWS
+from workers.search_attributes import ensure_search_attributes
+from workflows.contracts import (
+    Allocation,
+    EngineState,
+    ModelSpec,
+    ModelState,
+    NodeInventory,
+    NodeRegistration,
+    NodeState,
+    PlacementRequest,
+    Profile,
+    ReplicaState,
+)
+from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
+from workflows.model import ModelWorkflow
+from workflows.names import (
+    CONTROL_TASK_QUEUE,
+    LEDGER_WORKFLOW_ID,
+    model_workflow_id,
+    node_task_queue,
+    replica_id,
+)
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[Client]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binary("temporal"), data_converter=pydantic_data_converter
+    )
+    config = tmp_path / "llmgw.yaml"
+    config.write_text("")
+    try:
+        await ensure_search_attributes(env.client)
+        async with Worker(
+            env.client,
+            task_queue=CONTROL_TASK_QUEUE,
+            workflows=CONTROL_WORKFLOWS,
+            activities=control_activities(env.client, config),
+        ):
+            await ensure_ledger(env.client)
+            yield env.client
+    finally:
+        await env.shutdown()
+
+
+async def ledger_status(client: Client) -> WorkflowExecutionStatus | None:
+    return (await client.get_workflow_handle(LEDGER_WORKFLOW_ID).describe()).status
+
+
+async def test_a_terminated_ledger_fails_loudly_and_is_rebuilt_from_nodes_and_replicas(client):
+    node = unique("n")
+    agent = FakeAgent(node)
+    async with Worker(client, task_queue=node_task_queue(node), activities=agent.all()):
+        reg = NodeRegistration(
+            inventory=NodeInventory(name=node, cpu_cores=8, memory_mb=16384), boot_id="b1"
+        )
+        await register(client, reg)
+
+        async def node_ready() -> bool:
+            record = (await ledger_snapshot(client)).nodes.get(node)
+            return (
+                record is not None
+                and record.state == NodeState.READY
+                and record.engines["llamacpp"].state == EngineState.INSTALLED
+            )
+
+        await eventually(node_ready, timeout=30)
+        model = ModelSpec(
+            name=unique("m"),
+            weights="/w/model.gguf",
+            replicas=1,
+            engine_version=LLAMACPP_DEFAULT_VERSION,
+        )
+        await client.start_workflow(
+            ModelWorkflow.run,
+            ModelState(spec=model),
+            id=model_workflow_id(model.name),
+            task_queue=CONTROL_TASK_QUEUE,
+        )
+        r0 = replica_id(model.name, 0)
+
+        async def serving() -> bool:
+            route = (await ledger_snapshot(client)).routes.get(r0)
+            return route is not None and route.state == ReplicaState.READY
+
+        await eventually(serving, timeout=30)
+        before = await ledger_snapshot(client)
+        assert await ledger_problem(client) is None
+
+        # An operator terminates the ledger in the Temporal UI.
+        await client.get_workflow_handle(LEDGER_WORKFLOW_ID).terminate("operator")
+        request = PlacementRequest(
+            replica_id=unique("other"), model="other", profiles=[Profile(cpu_cores=1)]
+        )
+        with pytest.raises(ApplicationError) as refused:
+            await update_ledger(client, "place", request, Allocation)
+        assert refused.value.type == LEDGER_CLOSED
+        assert "llmgw ledger rebuild" in refused.value.message
+        # Nor does a restarting control worker start an empty ledger in its place.
+        await ensure_ledger(client)
+        assert await ledger_status(client) == WorkflowExecutionStatus.TERMINATED
+        assert "llmgw ledger rebuild" in (await ledger_problem(client) or "")
+
+        await rebuild_ledger(client)
+        assert await ledger_status(client) == WorkflowExecutionStatus.RUNNING
+        rebuilt = await ledger_snapshot(client)
+        assert rebuilt.nodes[node].state == NodeState.READY
+        assert rebuilt.allocations[r0] == before.allocations[r0]
+        route = rebuilt.routes[r0]
+        assert (route.state, route.endpoint, route.node) == (
+            ReplicaState.READY,
+            before.routes[r0].endpoint,
+            node,
+        )
+        assert route.engine == before.routes[r0].engine
+        # Placement counts the rebuilt allocation: the replica's port is not handed out again.
+        placed = await update_ledger(client, "place", request, Allocation)
+        assert placed.node == node and placed.port != rebuilt.allocations[r0].port
+        with pytest.raises(LedgerRunning):
+            await rebuild_ledger(client)

@@ -1,0 +1,295 @@
+"""The model workflow survives its own continue-as-new and its replicas' deaths: pending work is
+carried, a removal still waits for its stopping replicas, a replica an operator terminated is
+cleaned up and replaced, and a re-added model never collides with a stopping replica's ID."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus
+from temporalio.worker import Worker
+
+from activities.ledger_calls import update_ledger
+from tests.workflows.conftest import Cluster, eventually, record_history, unique
+from tests.workflows.fake_agent import FakeAgent
+from tests.workflows.test_model import held_by, serving, spec, track_replicas
+from workflows.contracts import (
+    EngineState,
+    EngineStatus,
+    LedgerAck,
+    ModelSpec,
+    ModelState,
+    ModelView,
+    NodeInventory,
+    NodeRecord,
+    NodeState,
+    Profile,
+    RemoveModel,
+    ReplaceReplicas,
+    ReplicaInput,
+    ScaleRequest,
+    ShardRef,
+    StopReplica,
+    StopResult,
+)
+from workflows.model import ModelWorkflow
+from workflows.names import (
+    NodeActivity,
+    model_workflow_id,
+    node_task_queue,
+    replica_id,
+    replica_workflow_id,
+)
+from workflows.replica import ReplicaWorkflow
+
+# The test knob of workflows/history_budget.py, read (in the sandbox) when a run starts.
+CONTINUE_AS_NEW_EVERY = "LLMGW_TEST_CONTINUE_AS_NEW_EVERY"
+# How often a model looks at its replica workflows (options.REPLICA_CHECK_EVERY), in seconds.
+CHECK_EVERY = "LLMGW_TEST_REPLICA_CHECK_EVERY_S"
+
+
+class SlowStopAgent(FakeAgent):
+    """An agent whose engines take until the test says so to stop."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(node)
+        self.let_stop = asyncio.Event()
+
+    @activity.defn(name=NodeActivity.STOP_ENGINE)
+    async def stop(self, ref: ShardRef) -> StopResult:
+        await self.let_stop.wait()
+        return await super().stop(ref)
+
+
+@asynccontextmanager
+async def node_with(cluster: Cluster, agent: FakeAgent) -> AsyncIterator[None]:
+    """A ready node of this test served by `agent`, taken out of placement afterwards."""
+    record = NodeRecord(
+        inventory=NodeInventory(name=agent.node, cpu_cores=8, memory_mb=16384),
+        state=NodeState.READY,
+        engines={
+            "llamacpp": EngineStatus(
+                engine="llamacpp", version="1", state=EngineState.INSTALLED, path="/x/llama"
+            )
+        },
+    )
+    async with Worker(
+        cluster.client, task_queue=node_task_queue(agent.node), activities=agent.all()
+    ):
+        await update_ledger(cluster.client, "upsert_node", record, LedgerAck)
+        try:
+            yield
+        finally:
+            agent.let_stop.set() if isinstance(agent, SlowStopAgent) else None
+            record.state = NodeState.LOST
+            await update_ledger(cluster.client, "upsert_node", record, LedgerAck)
+
+
+async def run_id(cluster: Cluster, model: ModelSpec) -> str:
+    described = await cluster.client.get_workflow_handle(model_workflow_id(model.name)).describe()
+    assert described.run_id is not None
+    return described.run_id
+
+
+async def status(cluster: Cluster, workflow_id: str) -> WorkflowExecutionStatus | None:
+    return (await cluster.client.get_workflow_handle(workflow_id).describe()).status
+
+
+async def start_model(cluster: Cluster, state: ModelState):
+    return await cluster.start(ModelWorkflow.run, state, id=model_workflow_id(state.spec.name))
+
+
+async def test_a_removal_still_waits_for_stopping_replicas_after_continuing_as_new(
+    cluster, monkeypatch
+):
+    agent = SlowStopAgent(unique("slow"))
+    async with node_with(cluster, agent):
+        model = spec(replicas=1)
+        track_replicas(cluster, model)
+        # Continue as new at every safe point past a few events, as a long-lived model does
+        # (read when a run starts).
+        monkeypatch.setenv(CONTINUE_AS_NEW_EVERY, "20")
+        handle = await start_model(cluster, ModelState(spec=model))
+        r0 = replica_id(model.name, 0)
+
+        async def ready() -> bool:
+            return await serving(cluster, model) == [r0]
+
+        await eventually(ready)
+        first_run = await run_id(cluster, model)
+        await handle.execute_update("remove", RemoveModel(), result_type=ModelView)
+
+        async def continued() -> bool:
+            return await run_id(cluster, model) != first_run
+
+        # The replica cannot stop yet: the model waits for it through a new run.
+        await eventually(continued, timeout=30)
+        assert await status(cluster, model_workflow_id(model.name)) == (
+            WorkflowExecutionStatus.RUNNING
+        )
+        assert (await held_by(cluster, model))[0] == [r0]
+
+        agent.let_stop.set()
+        result = await handle.result()
+        assert result.removing
+        # It returned only once its replica had stopped its engine and released.
+        assert await held_by(cluster, model) == ([], [])
+        assert agent.stops == [r0]
+
+
+async def test_a_run_started_from_carried_state_carries_out_a_pending_move(cluster):
+    """What a continue-as-new carries: a replacement signalled but not yet carried out."""
+    await cluster.add_node(cores=8)
+    model = spec(replicas=1)
+    track_replicas(cluster, model)
+    r0, r1 = replica_id(model.name, 0), replica_id(model.name, 1)
+    # Replica 0 as the previous run left it: running, serving.
+    await cluster.start(
+        ReplicaWorkflow.run,
+        ReplicaInput(replica_id=r0, model=model),
+        id=replica_workflow_id(model.name, 0),
+    )
+
+    async def r0_ready() -> bool:
+        return await serving(cluster, model) == [r0]
+
+    await eventually(r0_ready)
+    move = ReplaceReplicas(replica_ids=[r0], reason="node drained", wait_for_successor=False)
+    carried = ModelState(spec=model, next_index=1, indices=[0], replacements=[move])
+    await start_model(cluster, carried)
+
+    async def moved() -> bool:
+        held = await held_by(cluster, model)
+        return held == ([r1], [r1]) and await serving(cluster, model) == [r1]
+
+    await eventually(moved)
+    assert sorted(cluster.agent.stops) == [r0]
+
+
+async def test_a_run_started_from_carried_state_waits_for_its_stopping_replicas(cluster):
+    agent = SlowStopAgent(unique("slow"))
+    async with node_with(cluster, agent):
+        model = spec(replicas=1)
+        track_replicas(cluster, model)
+        r0 = replica_id(model.name, 0)
+        replica = await cluster.start(
+            ReplicaWorkflow.run,
+            ReplicaInput(replica_id=r0, model=model),
+            id=replica_workflow_id(model.name, 0),
+        )
+
+        async def r0_ready() -> bool:
+            return await serving(cluster, model) == [r0]
+
+        await eventually(r0_ready)
+        await replica.signal("stop", StopReplica(reason="model removed"))
+        # The previous run was removing the model and had told replica 0 to stop.
+        removing = model.model_copy(update={"replicas": 0})
+        carried = ModelState(spec=removing, removing=True, next_index=1, stopping=[0])
+        handle = await start_model(cluster, carried)
+
+        async def polled_twice() -> bool:
+            events = [e async for e in handle.fetch_history_events()]
+            scheduled = [
+                e for e in events if e.HasField("activity_task_scheduled_event_attributes")
+            ]
+            return len(scheduled) >= 2
+
+        await eventually(polled_twice, timeout=30)
+        assert await status(cluster, model_workflow_id(model.name)) == (
+            WorkflowExecutionStatus.RUNNING
+        )
+        agent.let_stop.set()
+        await handle.result()
+        assert await held_by(cluster, model) == ([], [])
+
+
+async def test_a_terminated_replica_is_cleaned_up_and_replaced_after_continue_as_new(
+    cluster, monkeypatch
+):
+    await cluster.add_node(cores=8)
+    model = spec(replicas=1)
+    track_replicas(cluster, model)
+    monkeypatch.setenv(CONTINUE_AS_NEW_EVERY, "12")
+    monkeypatch.setenv(CHECK_EVERY, "1")
+    handle = await start_model(cluster, ModelState(spec=model))
+    r0, r1 = replica_id(model.name, 0), replica_id(model.name, 1)
+
+    async def r0_ready() -> bool:
+        return await serving(cluster, model) == [r0]
+
+    await eventually(r0_ready)
+    first_run = await run_id(cluster, model)
+
+    async def continued() -> bool:
+        return await run_id(cluster, model) != first_run
+
+    await eventually(continued)  # no child handle from here on
+
+    # An operator terminates the replica in the Temporal UI: its engine, allocation and route
+    # are left behind.
+    await cluster.client.get_workflow_handle(replica_workflow_id(model.name, 0)).terminate(
+        "operator"
+    )
+
+    async def replaced() -> bool:
+        return await held_by(cluster, model) == ([r1], [r1]) and await serving(cluster, model) == [
+            r1
+        ]
+
+    await eventually(replaced)
+    assert cluster.agent.stops == [r0]
+    assert cluster.agent.running() == [r1]
+    view = await handle.query("describe", result_type=ModelView)
+    assert view.replica_ids == [r1]
+    await record_history(handle, "ModelDeadReplicaContinued")
+
+
+async def test_scaling_down_onto_a_terminated_replica_cleans_it_up(cluster):
+    await cluster.add_node(cores=8)
+    model = spec(replicas=2)
+    track_replicas(cluster, model)
+    handle = await start_model(cluster, ModelState(spec=model))
+    r0, r1 = replica_id(model.name, 0), replica_id(model.name, 1)
+
+    async def both_ready() -> bool:
+        return await serving(cluster, model) == [r0, r1]
+
+    await eventually(both_ready)
+    await cluster.client.get_workflow_handle(replica_workflow_id(model.name, 1)).terminate(
+        "operator"
+    )
+    # Before the model's periodic look notices: the scale-down signals a closed workflow.
+    await handle.execute_update("scale", ScaleRequest(replicas=1), result_type=ModelView)
+
+    async def cleaned() -> bool:
+        return await held_by(cluster, model) == ([r0], [r0])
+
+    await eventually(cleaned)
+    assert await status(cluster, model_workflow_id(model.name)) == WorkflowExecutionStatus.RUNNING
+    assert cluster.agent.stops == [r1]
+    assert cluster.agent.running() == [r0]
+
+
+async def test_a_re_added_model_skips_the_id_of_a_replica_still_stopping(cluster):
+    await cluster.add_node(cores=8)
+    model = spec(replicas=1)
+    track_replicas(cluster, model)
+    # replica:<model>:0 of the model's earlier life still runs (it waits for room to stop in).
+    earlier = model.model_copy(update={"profiles": [Profile(cpu_cores=10_000)]})
+    await cluster.start(
+        ReplicaWorkflow.run,
+        ReplicaInput(replica_id=replica_id(model.name, 0), model=earlier),
+        id=replica_workflow_id(model.name, 0),
+    )
+    handle = await start_model(cluster, ModelState(spec=model))
+    r1 = replica_id(model.name, 1)
+
+    async def r1_ready() -> bool:
+        return await serving(cluster, model) == [r1]
+
+    await eventually(r1_ready)
+    assert await status(cluster, model_workflow_id(model.name)) == WorkflowExecutionStatus.RUNNING
+    assert (await handle.query("describe", result_type=ModelView)).replica_ids == [r1]
+    assert cluster.agent.launches == [r1]

@@ -1,0 +1,146 @@
+"""Silence the control plane caused is no evidence against a node.
+
+A real dev server, frozen with SIGSTOP as a stalled database or a long pause would freeze it,
+while an agent keeps trying to heartbeat: when it thaws, every liveness timer is overdue and no
+heartbeat arrived in the meantime. The node must not be counted unreachable (its routes
+withdrawn) or lost (its replicas replaced) for that; it gets a fresh grace, and the agent's
+next heartbeat lands inside it."""
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from tests.history_reading import node_states_published
+from tests.workflows.conftest import binary, eventually, record_history, unique
+from tests.workflows.fake_agent import FakeAgent
+from workers.agent import register
+from workers.control import control_activities, ensure_ledger
+from workers.progress import ledger_snapshot
+from workers.registry import CONTROL_WORKFLOWS
+from workers.search_attributes import ensure_search_attributes
+from workflows.contracts import NodeHeartbeat, NodeInventory, NodeRegistration, NodeState
+from workflows.names import CONTROL_TASK_QUEUE, node_task_queue, node_workflow_id
+
+GRACE_S = 3.0
+GONE_S = 6.0
+FREEZE_S = 12.0  # four graces, two gone graces: without a fresh grace the node would be lost
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+async def dev_server(tmp_path: Path) -> AsyncIterator[tuple[subprocess.Popen[bytes], Client]]:
+    port = free_port()
+    db = tmp_path / "temporal.db"
+    command = [binary("temporal"), "server", "start-dev", "--headless", "--log-level", "error"]
+    command += ["--port", str(port), "--ui-port", str(free_port()), "--db-filename", str(db)]
+    server = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        client = None
+        for _ in range(100):
+            try:
+                client = await Client.connect(
+                    f"127.0.0.1:{port}", data_converter=pydantic_data_converter
+                )
+                break
+            except Exception:
+                await asyncio.sleep(0.2)
+        assert client is not None, "the dev server did not start"
+        yield server, client
+    finally:
+        server.send_signal(signal.SIGCONT)
+        server.terminate()
+        server.wait(30)
+
+
+async def heartbeat_like_the_agent(client: Client, node: str, boot_id: str) -> None:
+    """What workers/agent.py does: a short RPC deadline, and after a failure the next try soon."""
+    handle = client.get_workflow_handle(node_workflow_id(node))
+    while True:
+        try:
+            await handle.signal(
+                "heartbeat", NodeHeartbeat(boot_id=boot_id), rpc_timeout=timedelta(seconds=1)
+            )
+            await asyncio.sleep(1.0)
+        except Exception:
+            await asyncio.sleep(0.5)
+
+
+async def node_state(client: Client, node: str) -> NodeState | None:
+    record = (await ledger_snapshot(client)).nodes.get(node)
+    return record.state if record is not None else None
+
+
+async def test_a_frozen_control_plane_costs_no_node_its_routes_or_replicas(dev_server, tmp_path):
+    server, client = dev_server
+    config = tmp_path / "llmgw.yaml"
+    config.write_text("")
+    node = unique("frozen")
+    agent = FakeAgent(node)
+    control = Worker(
+        client,
+        task_queue=CONTROL_TASK_QUEUE,
+        workflows=CONTROL_WORKFLOWS,
+        activities=control_activities(client, config),
+    )
+    on_node = Worker(client, task_queue=node_task_queue(node), activities=agent.all())
+    async with control, on_node:
+        await ensure_search_attributes(client)
+        await ensure_ledger(client)
+        reg = NodeRegistration(
+            inventory=NodeInventory(name=node, cpu_cores=8, memory_mb=16384),
+            boot_id="boot-1",
+            lost_after_s=GRACE_S,
+            gone_after_s=GONE_S,
+        )
+        await register(client, reg)
+
+        async def ready() -> bool:
+            return await node_state(client, node) == NodeState.READY
+
+        await eventually(ready, timeout=30)
+        beating = asyncio.create_task(heartbeat_like_the_agent(client, node, "boot-1"))
+        try:
+            await asyncio.sleep(GRACE_S)  # a few heartbeats land first
+            os.kill(server.pid, signal.SIGSTOP)
+            await asyncio.sleep(FREEZE_S)
+            os.kill(server.pid, signal.SIGCONT)
+            # Long enough for every overdue timer to fire and a grace to pass again.
+            await asyncio.sleep(GONE_S + 2)
+            assert await node_state(client, node) == NodeState.READY
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+
+        # Not even for a moment: every state the node workflow ever published to the ledger.
+        published = await node_states_published(client, node)
+        assert published and set(published) == {NodeState.READY.value}, published
+
+        # Silence while the control plane is up still counts: the node goes unreachable, then
+        # lost.
+        async def lost() -> bool:
+            return await node_state(client, node) == NodeState.LOST
+
+        await eventually(lost, timeout=GONE_S + 10)
+        await record_history(client.get_workflow_handle(node_workflow_id(node)), "NodeOutage")
+        await client.get_workflow_handle(node_workflow_id(node)).terminate("test over")

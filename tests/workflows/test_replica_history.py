@@ -1,0 +1,191 @@
+"""A replica's history stays bounded however long it lives: it continues as new between engine
+restarts and while it waits for room, carrying everything it knows, and records neither every
+node's refusal nor engine output."""
+
+import asyncio
+import json
+
+from activities.ledger_calls import update_ledger
+from tests.workflows.conftest import eventually, record_history, unique
+from tests.workflows.test_replica import (
+    decoded,
+    describe,
+    put_node,
+    run_histories,
+    skipping_time,
+    spec,
+    start_replica,
+)
+from workflows import history_budget
+from workflows.contracts import (
+    EngineState,
+    LedgerAck,
+    NodeInventory,
+    NodeRecord,
+    NodeState,
+    ReplicaState,
+    StopReplica,
+)
+from workflows.names import LEDGER_WORKFLOW_ID
+
+# A run's events: the forced limit, plus what the engine cycles (about 50 events each) and a
+# move off the node (about 35) between two safe points add.
+FORCED = 40
+RUN_BOUND = FORCED + 160
+
+
+def activities_named(history: list, name: str) -> int:
+    return sum(
+        1
+        for event in history
+        if event.HasField("activity_task_scheduled_event_attributes")
+        and event.activity_task_scheduled_event_attributes.activity_type.name == name
+    )
+
+
+async def test_a_crash_looping_replica_continues_as_new_keeps_counting_and_still_stops(
+    cluster, monkeypatch
+):
+    monkeypatch.setattr(history_budget, "FORCE_EVERY_EVENTS", FORCED)
+    await cluster.add_node()
+    cluster.agent.crash_on_start = True
+    # What a careless engine might print on its way out: long, several lines.
+    cluster.agent.crash_reason = "engine exited: " + "prompt text\n" * 400
+    rid, handle = await start_replica(cluster, spec())
+
+    async with skipping_time(handle):
+
+        async def looped() -> bool:
+            return (await describe(handle)).restarts >= 7
+
+        await eventually(looped, timeout=60)
+        mid_loop = await describe(handle)
+        await handle.signal("stop", StopReplica(reason="scaled down"))
+        view = await asyncio.wait_for(handle.result(), 60)
+    await record_history(handle, "ReplicaCrashLoopContinued")
+
+    # A crash loop shows one short line, and moved off (back onto) its only node.
+    assert len(mid_loop.detail) < 300 and "\n" not in mid_loop.detail
+    assert view.moved.startswith(f"re-placed after 5 failures on {cluster.node}: engine exited")
+    assert view.moved.endswith(f"no other node can take it: back on {cluster.node}")
+    # Restarts were counted across runs, and each run stayed small.
+    assert view.state == ReplicaState.STOPPED and view.restarts >= 7
+    histories = await run_histories(cluster.client, handle.id)
+    assert len(histories) >= 3, "the loop never continued as new"
+    assert sum(len(events) for events in histories) > 2 * RUN_BOUND
+    assert all(len(events) <= RUN_BOUND for events in histories), [len(h) for h in histories]
+    assert len(cluster.agent.launches) in (view.restarts, view.restarts + 1)
+    # The stop still reached the engine and released everything.
+    assert cluster.agent.running() == []
+    state = await cluster.ledger()
+    assert rid not in state.allocations and rid not in state.routes
+
+
+async def test_a_restarted_replica_continues_as_new_on_its_allocation_without_placing_again(
+    cluster, monkeypatch
+):
+    monkeypatch.setattr(history_budget, "FORCE_EVERY_EVENTS", 30)
+    await cluster.add_node()
+    rid, handle = await start_replica(cluster, spec())
+    async with skipping_time(handle):
+        for restarts in range(4):
+
+            async def serving(restarts: int = restarts) -> bool:
+                view = await describe(handle)
+                return view.state == ReplicaState.READY and view.restarts == restarts
+
+            await eventually(serving)
+            if restarts == 0:
+                port = (await cluster.ledger()).allocations[rid].port
+            if restarts < 3:
+                cluster.agent.kill(rid)
+
+    histories = await run_histories(cluster.client, handle.id)
+    assert len(histories) >= 2, "never continued as new"
+    # Placed once, in the first run; every later run started (or adopted) its engine there.
+    assert [activities_named(h, "ledger_place") for h in histories] == [1] + [0] * (
+        len(histories) - 1
+    )
+    assert (await cluster.ledger()).allocations[rid].port == port
+    assert cluster.agent.launches == [rid] * 4
+
+    async with skipping_time(handle):
+        await handle.signal("stop", StopReplica())
+        view = await handle.result()
+    assert view.state == ReplicaState.STOPPED and view.restarts == 3
+    await record_history(handle, "ReplicaRestartedContinued")
+    assert cluster.agent.running() == []
+    state = await cluster.ledger()
+    assert rid not in state.allocations and rid not in state.routes
+
+
+async def test_a_replica_waiting_for_room_continues_as_new_and_is_placed_once_there_is_room(
+    cluster, monkeypatch
+):
+    monkeypatch.setattr(history_budget, "FORCE_EVERY_EVENTS", 30)
+    await cluster.add_node(engine_state=EngineState.INSTALLING)
+    rid, handle = await start_replica(cluster, spec())
+
+    async with skipping_time(handle):
+
+        async def continued_twice() -> bool:
+            return len(await run_histories(cluster.client, handle.id)) >= 3
+
+        await eventually(continued_twice, timeout=60)
+    route = await cluster.route(rid)
+    assert route is not None and route.state == ReplicaState.PENDING
+    assert route.detail.startswith("no node can take it: ")
+    assert f"{cluster.node}: llamacpp installing" in route.detail
+    assert cluster.agent.launches == []
+
+    await cluster.add_node(engine_state=EngineState.INSTALLED)
+    async with skipping_time(handle):
+
+        async def ready() -> bool:
+            view = await describe(handle)
+            return view.state == ReplicaState.READY
+
+        await eventually(ready, timeout=60)
+        await handle.signal("stop", StopReplica())
+        await handle.result()
+    await record_history(handle, "ReplicaWaitedContinued")
+    assert cluster.agent.launches == [rid]
+    state = await cluster.ledger()
+    assert rid not in state.allocations and rid not in state.routes
+
+
+async def test_a_refused_placement_records_a_summary_not_every_nodes_reason(cluster):
+    full = [unique("full") for _ in range(30)]
+    for name in full:
+        await put_node(cluster.client, name, cores=1)
+    try:
+        rid, handle = await start_replica(cluster, spec(cores=2))
+
+        async def pending() -> bool:
+            view = await describe(handle)
+            return "1 of 1 CPU cores free, 2 wanted: 30 nodes" in view.detail
+
+        await eventually(pending)
+        route = await cluster.route(rid)
+        assert route is not None and route.detail == (await describe(handle)).detail
+        assert len(route.detail) <= 600
+
+        replica_text = decoded((await handle.fetch_history()).to_json_dict())
+        assert "30 nodes" in replica_text
+        assert not [name for name in full if name in replica_text]
+        # Nor in the ledger's answers to it (its history holds the nodes' own records).
+        ledger = await cluster.client.get_workflow_handle(LEDGER_WORKFLOW_ID).fetch_history()
+        answers = [
+            decoded(json.loads(json.dumps(event)))
+            for event in ledger.to_json_dict()["events"]
+            if "workflowExecutionUpdateCompletedEventAttributes" in event
+        ]
+        about_it = [text for text in answers if rid in text]
+        assert about_it, "the ledger answered no placement of this replica"
+        assert not [name for name in full for text in about_it if name in text]
+        await handle.signal("stop", StopReplica())
+        await handle.result()
+    finally:
+        for name in full:
+            record = NodeRecord(inventory=NodeInventory(name=name), state=NodeState.REMOVED)
+            await update_ledger(cluster.client, "upsert_node", record, LedgerAck)

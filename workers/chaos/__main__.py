@@ -1,0 +1,4 @@
+from workers.chaos.campaign import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""`llmgw ledger rebuild`: a new cluster ledger from what the node and replica workflows hold.
+
+The ledger (`cluster`) is the one record of which node holds which GPU, core and port, and
+of the routes gateways read. Ledger calls never start it over a closed run (an operator's
+terminate): an empty ledger would hand every device out again. While it is closed, placements,
+releases and route changes wait (their activities retry, saying why), and this command rebuilds
+it: every node from its Node workflow, every allocation and route from its running Replica
+workflow, idle models and external routes from the Model workflows. The calls that waited then
+go through on the rebuilt ledger.
+"""
+
+import argparse
+from typing import Any
+
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+
+from activities.ledger_calls import ledger_status
+from workers.connect import connect_with_retry
+from workers.paths import Locations
+from workflows.contracts import (
+    Allocation,
+    LedgerState,
+    ModelView,
+    NodeState,
+    NodeView,
+    ReplicaState,
+    ReplicaView,
+    Route,
+)
+from workflows.ledger import ClusterLedgerWorkflow
+from workflows.ledger_compact import compact_record, pack_state
+from workflows.model import external_route
+from workflows.model_client import list_models
+from workflows.names import CONTROL_TASK_QUEUE, LEDGER_WORKFLOW_ID
+
+RUNNING_NODES = "WorkflowType = 'Node' AND ExecutionStatus = 'Running'"
+RUNNING_REPLICAS = "WorkflowType = 'Replica' AND ExecutionStatus = 'Running'"
+
+
+class LedgerRunning(Exception):
+    """The ledger runs: there is nothing to rebuild, and rebuilding would drop its state."""
+
+
+async def ledger_problem(client: Client) -> str | None:
+    """A line for `llmgw status` when the ledger is closed; None when it runs."""
+    status = await ledger_status(client)
+    if status == WorkflowExecutionStatus.RUNNING:
+        return None
+    what = "does not exist" if status is None else f"is {status.name.lower()}"
+    return f"the cluster ledger workflow {what}; run `llmgw ledger rebuild`"
+
+
+async def _running_ids(client: Client, query: str) -> list[str]:
+    return sorted({execution.id async for execution in client.list_workflows(query)})
+
+
+async def _nodes(client: Client, state: LedgerState) -> None:
+    for workflow_id in await _running_ids(client, RUNNING_NODES):
+        handle = client.get_workflow_handle(workflow_id)
+        view: NodeView | None = await handle.query("describe", result_type=NodeView)
+        if view is None or view.record.state == NodeState.REMOVED:
+            continue  # not registered yet, or on its way out: not placeable either way
+        state.nodes[view.record.inventory.name] = compact_record(view.record)
+
+
+def _replica_route(view: ReplicaView, alloc: Allocation | None, model: ModelView | None) -> Route:
+    """The route the replica last published, as far as its workflow and model tell it."""
+    index = alloc.profile_index if alloc is not None else 0
+    engine, fingerprint = "", ""
+    if model is not None and index < len(model.spec.profiles):
+        engine = model.spec.profiles[index].engine
+        # A replica its model calls stale runs an older profile, whose fingerprint is gone.
+        if view.replica_id not in model.stale:
+            fingerprint = model.spec.profile_fingerprint(index)
+    return Route(
+        replica_id=view.replica_id,
+        model=view.model,
+        node=alloc.node if alloc is not None else "",
+        endpoint=f"http://{alloc.address}:{alloc.port}" if alloc is not None else "",
+        engine=engine,
+        state=view.state,
+        fingerprint=fingerprint,
+        detail=view.detail,
+    )
+
+
+async def _replicas(client: Client, state: LedgerState, models: dict[str, ModelView]) -> None:
+    for workflow_id in await _running_ids(client, RUNNING_REPLICAS):
+        handle = client.get_workflow_handle(workflow_id)
+        view: ReplicaView = await handle.query("describe", result_type=ReplicaView)
+        if view.state == ReplicaState.STOPPED:
+            continue  # released, or releasing (that call waits for the rebuilt ledger)
+        found: Any = await handle.query("allocation", result_type=Allocation)
+        alloc: Allocation | None = found
+        if alloc is not None:
+            state.allocations[alloc.replica_id] = alloc
+        state.routes[view.replica_id] = _replica_route(view, alloc, models.get(view.model))
+
+
+def _models(state: LedgerState, models: dict[str, ModelView]) -> None:
+    for view in models.values():
+        spec = view.spec
+        if spec.autoscale is not None and spec.replicas == 0 and not view.removing:
+            state.idle_models.append(spec.name)
+        for rid, endpoint in view.external_routes.items():
+            state.routes[rid] = external_route(spec, rid, endpoint, ReplicaState.READY)
+    state.idle_models.sort()
+
+
+async def rebuilt_state(client: Client) -> LedgerState:
+    """The ledger's state from the workflows that own each part of it."""
+    state = LedgerState()
+    models = {view.spec.name: view for view in await list_models(client)}
+    await _nodes(client, state)
+    await _replicas(client, state, models)
+    _models(state, models)
+    return state
+
+
+async def rebuild_ledger(client: Client) -> LedgerState:
+    """Start a new `cluster` run from the rebuilt state; refused while one runs."""
+    if await ledger_status(client) == WorkflowExecutionStatus.RUNNING:
+        raise LedgerRunning(f"the cluster ledger ({LEDGER_WORKFLOW_ID!r}) is running")
+    state = await rebuilt_state(client)
+    # The one place a `cluster` run may start where one existed; FAIL keeps it from ever
+    # replacing a running one (someone else rebuilt first).
+    await client.start_workflow(
+        ClusterLedgerWorkflow.run,
+        pack_state(state),
+        id=LEDGER_WORKFLOW_ID,
+        task_queue=CONTROL_TASK_QUEUE,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+    )
+    return state
+
+
+def add_ledger_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    ledger = sub.add_parser("ledger", parents=[common], help="the cluster ledger")
+    commands = ledger.add_subparsers(dest="ledger_command", required=True)
+    commands.add_parser(
+        "rebuild",
+        parents=[common],
+        help="start a closed ledger again from the node and replica workflows",
+    )
+
+
+async def ledger_command(args: argparse.Namespace, client: Client) -> None:
+    if args.ledger_command == "rebuild":
+        try:
+            state = await rebuild_ledger(client)
+        except LedgerRunning as err:
+            raise SystemExit(f"{err}: nothing to rebuild") from None
+        print(
+            f"rebuilt the cluster ledger: {len(state.nodes)} nodes, "
+            f"{len(state.allocations)} allocations, {len(state.routes)} routes"
+        )
+
+
+async def run_ledger_command(args: argparse.Namespace, where: Locations) -> None:
+    try:
+        client = await connect_with_retry(where, attempts=3)
+    except RuntimeError as err:
+        raise SystemExit(f"cannot reach Temporal at {where.temporal}: {err}") from None
+    await ledger_command(args, client)
