@@ -339,6 +339,9 @@ class NodeRefresh(BaseModel):
 
     inventory: bool = False
     engines: bool = False
+    # FleetRefresh only: the nodes still to be told, carried through continue-as-new at fleet
+    # size; None: every node the ledger knows.
+    nodes: list[str] | None = None
 
 
 # --- engine installs ---------------------------------------------------------------------

@@ -4,10 +4,13 @@ Re-verification and inventory refresh signal every node's workflow, which does t
 its own agent; scheduled onboarding expects every node listed in the operator's nodes file.
 """
 
+import asyncio
+
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.history_budget as history_budget
     from workflows import options
     from workflows.contracts import (
         NodeNames,
@@ -18,27 +21,50 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.names import CONTROL_TASK_QUEUE, ControlActivity, node_workflow_id
 
+# Histories from before signals went out in batches (and the run continued as new at fleet
+# size) replay one signal at a time.
+SIGNALS_IN_BATCHES = "fleet-refresh-signals-in-batches"
+SIGNAL_BATCH = 100
+
 
 @workflow.defn(name="FleetRefresh")
 class FleetRefreshWorkflow:
     @workflow.run
     async def run(self, req: NodeRefresh) -> NodeNames:
-        nodes: NodeNames = await workflow.execute_activity(
-            ControlActivity.LEDGER_NODE_NAMES,
-            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-            retry_policy=options.LEDGER_RETRY,
-            result_type=NodeNames,
-        )
-        told = []
-        for name in nodes.names:
-            try:
-                await workflow.get_external_workflow_handle(node_workflow_id(name)).signal(
-                    "refresh", req
-                )
-                told.append(name)
-            except ApplicationError as err:  # removed since the ledger was read
-                workflow.logger.warning("could not refresh %s: %s", name, err)
+        names = req.nodes
+        if names is None:
+            nodes: NodeNames = await workflow.execute_activity(
+                ControlActivity.LEDGER_NODE_NAMES,
+                start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
+                retry_policy=options.LEDGER_RETRY,
+                result_type=NodeNames,
+            )
+            names = nodes.names
+        if not workflow.patched(SIGNALS_IN_BATCHES):
+            return NodeNames(names=[n for n in names if await self._tell(n, req)])
+        told: list[str] = []
+        # A batch of signals costs one workflow task, not one each: at 10,000 nodes one at a
+        # time would be about 50,000 events, at Temporal's limit.
+        while names:
+            batch, names = names[:SIGNAL_BATCH], names[SIGNAL_BATCH:]
+            sent = await asyncio.gather(*(self._tell(n, req) for n in batch))
+            told += [n for n, ok in zip(batch, sent, strict=True) if ok]
+            if names and history_budget.time_to_continue():
+                refresh = NodeRefresh(inventory=req.inventory, engines=req.engines, nodes=names)
+                workflow.continue_as_new(refresh)
         return NodeNames(names=told)
+
+    @staticmethod
+    async def _tell(name: str, req: NodeRefresh) -> bool:
+        asked = NodeRefresh(inventory=req.inventory, engines=req.engines)
+        try:
+            await workflow.get_external_workflow_handle(node_workflow_id(name)).signal(
+                "refresh", asked
+            )
+            return True
+        except ApplicationError as err:  # removed since the ledger was read
+            workflow.logger.warning("could not refresh %s: %s", name, err)
+            return False
 
 
 @workflow.defn(name="ScheduledOnboarding")

@@ -64,7 +64,7 @@ class ClusterLedgerWorkflow:
 
     @workflow.run
     async def run(self, state: LedgerState | PackedLedgerState | None = None) -> None:
-        await workflow.wait_condition(history_budget.time_to_continue)
+        await workflow.wait_condition(lambda: history_budget.time_to_continue(forced=False))
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(pack_state(self.state))
 

@@ -22,6 +22,7 @@ from workers.control import control_activities, ensure_ledger
 from workers.progress import ledger_snapshot
 from workers.registry import CONTROL_WORKFLOWS
 from workers.search_attributes import ensure_search_attributes
+from workflows import history_budget
 from workflows.contracts import (
     EngineState,
     EngineStatus,
@@ -38,6 +39,7 @@ HISTORIES = Path(__file__).parent / "histories"
 # Set to a new era's name (e.g. 2027-01) to store this run's histories beside the older ones
 # for the replay tests: see test_replay.py.
 RECORD_ERA = os.environ.get("LLMGW_RECORD_HISTORIES", "")
+CONTINUE_AS_NEW_EVERY = "LLMGW_TEST_CONTINUE_AS_NEW_EVERY"
 
 
 def binary(name: str) -> str:
@@ -172,5 +174,11 @@ async def record_history(handle: WorkflowHandle[Any, Any], name: str) -> None:
         raise FileExistsError(f"{path} is stored already: record into a new era")
     history = await handle.fetch_history()
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"workflow_id": history.workflow_id, **history.to_json_dict()}
+    document = {
+        "workflow_id": history.workflow_id,
+        # A run recorded with continue-as-new forced replays only with the same knob.
+        "continue_as_new_every": history_budget.FORCE_EVERY_EVENTS
+        or int(os.environ.get(CONTINUE_AS_NEW_EVERY, "0") or 0),
+        **history.to_json_dict(),
+    }
     path.write_text(json.dumps(document, indent=1) + "\n")

@@ -19,8 +19,9 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from tests.workflows.conftest import HISTORIES
+from tests.workflows.conftest import CONTINUE_AS_NEW_EVERY, HISTORIES
 from workers.registry import CONTROL_WORKFLOWS
+from workflows import history_budget
 
 FILES = sorted(HISTORIES.glob("*/*.json"))
 WORKFLOW_CODE = Path(__file__).parents[2] / "workflows"
@@ -28,7 +29,13 @@ WORKFLOW_CODE = Path(__file__).parents[2] / "workflows"
 
 def load(path: Path) -> WorkflowHistory:
     document = json.loads(path.read_text())
+    document.pop("continue_as_new_every", None)
     return WorkflowHistory.from_json(document.pop("workflow_id"), document)
+
+
+def forced_every(path: Path) -> int:
+    """The continue-as-new knob the history was recorded with (0: none)."""
+    return int(json.loads(path.read_text()).get("continue_as_new_every", 0))
 
 
 def workflow_type(history: WorkflowHistory) -> str:
@@ -37,8 +44,13 @@ def workflow_type(history: WorkflowHistory) -> str:
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f"{p.parent.name}/{p.stem}" for p in FILES])
-async def test_history_replays_on_current_code(path):
+async def test_history_replays_on_current_code(path, monkeypatch):
     history = load(path)
+    # Replayed with the knob it ran under: the workflows that read it in the sandbox read the
+    # environment, the others the shared module.
+    every = forced_every(path)
+    monkeypatch.setattr(history_budget, "FORCE_EVERY_EVENTS", every)
+    monkeypatch.setenv(CONTINUE_AS_NEW_EVERY, str(every))
     assert path.stat().st_size < 1_000_000, "keep stored histories small"
     replayer = Replayer(workflows=CONTROL_WORKFLOWS, data_converter=pydantic_data_converter)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)

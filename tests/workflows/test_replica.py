@@ -73,6 +73,19 @@ async def skipping_time(handle: WorkflowHandle[Any, Any]) -> AsyncIterator[None]
             await waiting
 
 
+async def stop_and_wait(handle: WorkflowHandle[Any, Any]) -> ReplicaView:
+    """Stop the replica and wait until it has released, in real time: skipping time while the
+    stand-in agent drains let the time-skipping server jump years ahead, past every workflow's
+    default timeout."""
+    await handle.signal("stop", StopReplica())
+
+    async def stopped() -> bool:
+        return (await describe(handle)).state == ReplicaState.STOPPED
+
+    await eventually(stopped, timeout=30)
+    return await describe(handle)
+
+
 async def run_histories(client: Client, workflow_id: str) -> list[list[Any]]:
     """Each run's events, first run first, following continue-as-new back from the current."""
     histories: list[list[Any]] = []

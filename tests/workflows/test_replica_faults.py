@@ -14,6 +14,7 @@ from tests.workflows.test_replica import (
     skipping_time,
     spec,
     start_replica,
+    stop_and_wait,
 )
 from workflows.contracts import NodeState, ReplicaState, StopReplica
 from workflows.names import node_task_queue
@@ -103,9 +104,7 @@ async def test_a_replica_failing_on_one_node_moves_to_another_and_says_why(clust
             assert rid in cluster.agent.stops and cluster.agent.running() == []
             assert (await cluster.ledger()).allocations[rid].node == other
 
-            async with skipping_time(handle):
-                await handle.signal("stop", StopReplica())
-                await handle.result()
+            await stop_and_wait(handle)
             await record_history(handle, "ReplicaMovedAfterCrashes")
             assert healthy.running() == []
             state = await cluster.ledger()
@@ -131,13 +130,6 @@ async def test_a_port_another_program_holds_is_skipped_not_crash_looped(cluster)
     port = (await cluster.ledger()).allocations[rid].port
     assert port != 18000 and cluster.agent.launch_ports == [18000, port]
     assert cluster.agent.running() == [rid]
-    # In real time: skipping time past a refused launch made the test server time the
-    # workflow out.
-    await handle.signal("stop", StopReplica())
-
-    async def stopped() -> bool:
-        return (await describe(handle)).state == ReplicaState.STOPPED
-
-    await eventually(stopped, timeout=30)
+    await stop_and_wait(handle)
     assert cluster.agent.running() == []
     await record_history(handle, "ReplicaSkippedTakenPort")

@@ -15,6 +15,7 @@ from tests.workflows.test_replica import (
     skipping_time,
     spec,
     start_replica,
+    stop_and_wait,
 )
 from workflows import history_budget
 from workflows.contracts import (
@@ -109,11 +110,15 @@ async def test_a_restarted_replica_continues_as_new_on_its_allocation_without_pl
     assert (await cluster.ledger()).allocations[rid].port == port
     assert cluster.agent.launches == [rid] * 4
 
-    async with skipping_time(handle):
-        await handle.signal("stop", StopReplica())
-        view = await handle.result()
+    view = await stop_and_wait(handle)
     assert view.state == ReplicaState.STOPPED and view.restarts == 3
     await record_history(handle, "ReplicaRestartedContinued")
+    # And a run that continued as new (the one before the last), with its patch marker.
+    last = await handle.fetch_history()
+    before = last.events[0].workflow_execution_started_event_attributes.continued_execution_run_id
+    await record_history(
+        cluster.client.get_workflow_handle(handle.id, run_id=before), "ReplicaRunContinuedAsNew"
+    )
     assert cluster.agent.running() == []
     state = await cluster.ledger()
     assert rid not in state.allocations and rid not in state.routes
