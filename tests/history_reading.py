@@ -10,11 +10,21 @@ from workflows.names import ControlActivity, node_workflow_id
 
 
 async def node_states_published(client: Client, node: str) -> list[str]:
-    """Every node state the node's workflow sent the ledger, in order (the inputs of its
-    ledger_upsert_node activities): a state it held only for a moment is here too."""
-    history = await client.get_workflow_handle(node_workflow_id(node)).fetch_history()
+    """Every node state the node's workflow sent the ledger, in order, over all its runs (the
+    inputs of its ledger_upsert_node activities): a state it held only for a moment is here
+    too."""
+    events: list[dict] = []
+    run_id: str | None = None
+    while True:  # every run, oldest first, following continue-as-new back from the latest
+        handle = client.get_workflow_handle(node_workflow_id(node), run_id=run_id)
+        history = (await handle.fetch_history()).to_json_dict()
+        events = history["events"] + events
+        started = history["events"][0]["workflowExecutionStartedEventAttributes"]
+        run_id = started.get("continuedExecutionRunId")
+        if not run_id:
+            break
     states = []
-    for event in history.to_json_dict()["events"]:
+    for event in events:
         scheduled = event.get("activityTaskScheduledEventAttributes")
         if scheduled is None:
             continue

@@ -332,6 +332,9 @@ class NodeView(BaseModel):
     gone_after_s: float = NODE_GONE_GRACE.total_seconds()
     # Replicas on this node while it drains, by replica id.
     draining_replicas: list[str] = Field(default_factory=list)
+    # When the node's agent was last heard, carried through continue-as-new: a new run must not
+    # give a silent node a fresh grace (or bring a lost one back) just because it began.
+    last_heard: datetime | None = None
 
 
 class NodeRefresh(BaseModel):

@@ -93,10 +93,11 @@ class NodeWorkflow:
 
     @workflow.run
     async def run(self, view: NodeView | None = None) -> NodeView | None:
-        # A new run starts with a fresh grace: whatever ended the last one, this one has not yet
-        # had the chance to hear the agent.
-        self.last_heard = workflow.now()
         self.two_step_liveness = workflow.patched(UNREACHABLE_BEFORE_LOST)
+        # A new run goes on from when the agent was last heard (a silent node stays silent
+        # across continue-as-new); a node with no record of it starts with a fresh grace.
+        carried = view.last_heard if view is not None and self.two_step_liveness else None
+        self.last_heard = carried or workflow.now()
         while True:
             await self._work()
             if self._state() == NodeState.REMOVED:
@@ -113,6 +114,8 @@ class NodeWorkflow:
                 await self._lose()
             if self._time_to_continue() and not self._has_work():
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                if self.view is not None and self.two_step_liveness:
+                    self.view.last_heard = self.last_heard
                 workflow.continue_as_new(self.view)
 
     def _time_to_continue(self) -> bool:

@@ -81,7 +81,7 @@ async def test_a_changed_profile_replaces_replicas_one_at_a_time(cluster):
         names = await serving(cluster, model)
         return not view.stale and len(names) == 2 and not set(names) & set(first)
 
-    await eventually(rolled, timeout=30)
+    await eventually(rolled, timeout=90)
     # Each old replica was replaced once and stopped once its successor served.
     started = [r for r in cluster.agent.launches if r.startswith(model.name)]
     assert started[:2] == first and len(started) == 4
