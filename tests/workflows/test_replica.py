@@ -82,7 +82,8 @@ async def stop_and_wait(handle: WorkflowHandle[Any, Any]) -> ReplicaView:
     async def stopped() -> bool:
         return (await describe(handle)).state == ReplicaState.STOPPED
 
-    await eventually(stopped, timeout=30)
+    stopped.__doc__ = f"{handle.id} stopped"
+    await eventually(stopped, timeout=90)
     return await describe(handle)
 
 

@@ -2,7 +2,6 @@
 restarts and while it waits for room, carrying everything it knows, and records neither every
 node's refusal nor engine output."""
 
-import asyncio
 import json
 
 from activities.ledger_calls import update_ledger
@@ -61,8 +60,7 @@ async def test_a_crash_looping_replica_continues_as_new_keeps_counting_and_still
 
         await eventually(looped, timeout=60)
         mid_loop = await describe(handle)
-        await handle.signal("stop", StopReplica(reason="scaled down"))
-        view = await asyncio.wait_for(handle.result(), 60)
+    view = await stop_and_wait(handle)
     await record_history(handle, "ReplicaCrashLoopContinued")
 
     # A crash loop shows one short line, and moved off (back onto) its only node.
