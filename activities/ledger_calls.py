@@ -90,7 +90,7 @@ async def _update_ledger(client: Client, update: str, arg: BaseModel, result_typ
             raise
     status = await ledger_status(client)
     if status is None:
-        await _start_new_ledger(client)
+        await start_ledger(client)
     elif status != WorkflowExecutionStatus.RUNNING:
         raise ledger_closed()
     # Started just now, or it was between two runs (continue-as-new) when the update came.
@@ -121,7 +121,8 @@ async def ledger_status(client: Client) -> WorkflowExecutionStatus | None:
     return described.status
 
 
-async def _start_new_ledger(client: Client) -> None:
+async def start_ledger(client: Client) -> None:
+    """Start the ledger of a new cluster (a no-op while it runs); LedgerClosed where one ran."""
     try:
         await client.start_workflow(
             ClusterLedgerWorkflow.run,

@@ -7,12 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities.engine_planning import ControlConfigActivities
-from activities.ledger_calls import LEDGER_CLOSED_MESSAGE, LedgerActivities
+from activities.ledger_calls import LedgerActivities, start_ledger
 from activities.node_admin import NodeAdminActivities
 from activities.server_config import load_server_config
 from activities.workflow_status import WorkflowStatusActivities
@@ -22,9 +21,7 @@ from workers.registry import CONTROL_WORKFLOWS
 from workers.schedules import ScheduleSettings, ensure_schedules
 from workers.search_attributes import ensure_search_attributes
 from workers.signals import stop_event
-from workflows.contracts import LedgerState
-from workflows.ledger import ClusterLedgerWorkflow
-from workflows.names import CONTROL_TASK_QUEUE, LEDGER_WORKFLOW_ID
+from workflows.names import CONTROL_TASK_QUEUE
 
 log = logging.getLogger("llmgw.control")
 
@@ -34,16 +31,9 @@ async def ensure_ledger(client: Client) -> None:
     not replaced by an empty one (that would double-book every device): the worker runs on, and
     says what to do, until `llmgw ledger rebuild`."""
     try:
-        await client.start_workflow(
-            ClusterLedgerWorkflow.run,
-            LedgerState(),
-            id=LEDGER_WORKFLOW_ID,
-            task_queue=CONTROL_TASK_QUEUE,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-        )
-    except WorkflowAlreadyStartedError:
-        log.error(LEDGER_CLOSED_MESSAGE)
+        await start_ledger(client)
+    except ApplicationError as err:
+        log.error(err.message)
 
 
 def control_activities(client: Client, config_file: Path | None) -> list[Callable[..., Any]]:
