@@ -24,7 +24,7 @@ from workers.chaos.checks import Snapshot, double_booked, duplicates, not_conver
 from workers.chaos.inject import NoVictim, Signaller, child_pid, pick_engine
 from workers.chaos.load import Load
 from workers.chaos.observe import Observer
-from workers.chaos.plan import KILL, TARGETS, Fault, parse_targets, plan_rounds
+from workers.chaos.plan import FREEZE, KILL, TARGETS, Fault, parse_targets, plan_rounds
 from workers.chaos.report import Kill, RoundResult, Summary, count_requests, render, split_by_round
 from workers.chaos.system import NODE, UpProcess
 
@@ -38,6 +38,7 @@ class Options:
     freeze_min: float = 5.0
     freeze_max: float = 70.0
     only: tuple[str, ...] = TARGETS
+    actions: tuple[str, ...] = (KILL, FREEZE)
     replicas: int = 2
     clients: int = 3
     every_s: float = 1.0
@@ -184,7 +185,8 @@ class Campaign:
 
 
 async def run_campaign(opts: Options) -> int:
-    faults = plan_rounds(opts.rounds, opts.seed, opts.only, (opts.freeze_min, opts.freeze_max))
+    freeze_range = (opts.freeze_min, opts.freeze_max)
+    faults = plan_rounds(opts.rounds, opts.seed, opts.only, freeze_range, opts.actions)
     state_dir = opts.state_dir or Path(tempfile.mkdtemp(prefix="llmgw-chaos-"))
     say(f"plan: {', '.join(f.describe() for f in faults)}")
     say(f"starting llmgw up in {state_dir} (logs: {state_dir / 'logs'})")
@@ -219,6 +221,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--freeze-min", type=float, default=Options.freeze_min, metavar="S")
     parser.add_argument("--freeze-max", type=float, default=Options.freeze_max, metavar="S")
     parser.add_argument("--only", default=",".join(TARGETS), help="targets, comma-separated")
+    parser.add_argument("--actions", default=f"{KILL},{FREEZE}", help="kill, freeze or both")
     parser.add_argument("--replicas", type=int, default=Options.replicas)
     parser.add_argument("--clients", type=int, default=Options.clients)
     parser.add_argument("--every", type=float, default=Options.every_s, metavar="S",
@@ -233,13 +236,17 @@ def parse_args(argv: list[str] | None = None) -> Options:
         only = parse_targets(args.only)
     except ValueError as err:
         parser.error(str(err))
+    actions = tuple(a.strip() for a in args.actions.split(",") if a.strip())
+    if not actions or set(actions) - {KILL, FREEZE}:
+        parser.error(f"--actions wants {KILL}, {FREEZE} or both, comma-separated")
     if args.rounds < 1 or args.replicas < 1 or args.clients < 1:
         parser.error("--rounds, --replicas and --clients want at least 1")
     if not 0 < args.freeze_min <= args.freeze_max:
         parser.error("want 0 < --freeze-min <= --freeze-max")
     return Options(
         rounds=args.rounds, seed=args.seed, freeze_min=args.freeze_min,
-        freeze_max=args.freeze_max, only=only, replicas=args.replicas, clients=args.clients,
+        freeze_max=args.freeze_max, only=only, actions=actions, replicas=args.replicas,
+        clients=args.clients,
         every_s=args.every, settle_s=args.settle, converge_timeout_s=args.converge_timeout,
         state_dir=args.state_dir, markdown=args.markdown,
     )  # fmt: skip
