@@ -67,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
         WorkflowIds,
         WorkflowStatuses,
     )
+    from workflows.ledger_activity import call_ledger
     from workflows.names import (
         CONTROL_TASK_QUEUE,
         EXTERNAL_NODE,
@@ -523,14 +524,7 @@ class ModelWorkflow:
         await self._ledger_call(ControlActivity.LEDGER_RELEASE, ReleaseRequest(replica_id=rid))
 
     async def _ledger_call(self, name: str, arg: Route | ReleaseRequest) -> None:
-        await workflow.execute_activity(
-            name,
-            arg,
-            task_queue=CONTROL_TASK_QUEUE,
-            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-            retry_policy=options.LEDGER_RETRY,
-            result_type=LedgerAck,
-        )
+        await call_ledger(name, arg)
 
     async def _replace(self) -> None:
         """Start a successor for each replica asked to move; the old one stops now or later."""

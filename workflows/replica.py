@@ -39,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
         EngineExit,
         LaunchRequest,
         LaunchResult,
-        LedgerAck,
         NodeName,
         NodeState,
         NodeStatus,
@@ -63,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         StopResult,
     )
     from workflows.ledger import NO_PLACEMENT
+    from workflows.ledger_activity import call_ledger
     from workflows.names import CONTROL_TASK_QUEUE, ControlActivity, NodeActivity, node_task_queue
 
 # What the ledger's `place` answers (PlacementRefusal requires its summary, so neither parses as
@@ -640,14 +640,7 @@ class ReplicaWorkflow:
         return self.inp.model.profile_fingerprint(self._profile_index())
 
     async def _ledger(self, activity_name: str, arg: Route | ReleaseRequest) -> None:
-        await workflow.execute_activity(
-            activity_name,
-            arg,
-            task_queue=CONTROL_TASK_QUEUE,
-            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-            retry_policy=options.LEDGER_RETRY,
-            result_type=LedgerAck,
-        )
+        await call_ledger(activity_name, arg)
 
     @workflow.query(name="allocation")
     def allocation(self) -> Allocation | None:

@@ -14,24 +14,10 @@ import pytest
 
 from activities import procfs
 from activities.supervisor import LAUNCH_ID_ENV, ShardSupervisor
+from tests.processes import pids_with_token
 from workflows.contracts import LaunchResult
 
 SLEEPER = "import time; time.sleep(300)"
-
-
-def pids_with_token(token: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        stat = procfs.read_stat(int(entry.name))
-        if token.encode() in cmdline and stat is not None and stat.running:
-            found.append(int(entry.name))
-    return sorted(found)
 
 
 @pytest.fixture

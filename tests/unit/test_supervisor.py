@@ -14,24 +14,10 @@ import pytest
 
 from activities import procfs
 from activities.supervisor import ShardSupervisor
+from tests.processes import pids_with_token
 from workflows.contracts import LaunchResult
 
 SLEEPER = "import time, sys; print('engine up', flush=True); time.sleep(300)"
-
-
-def pids_with_token(token: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        stat = procfs.read_stat(int(entry.name))
-        if token.encode() in cmdline and stat is not None and stat.running:
-            found.append(int(entry.name))
-    return found
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
