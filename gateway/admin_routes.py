@@ -1,4 +1,6 @@
-"""A small read-only admin API for the operator on the gateway's own machine.
+"""The admin API's gate, its view of the routing table (GET /admin/v1/routes) and of the KV
+feeds (GET /admin/v1/kv); keys, models and usage have routers of their own (admin_keys.py,
+admin_models.py, admin_usage.py).
 
 Every admin router depends on `require_local`, which applies all of gateway/admin_guard.py's
 rules: loopback clients only, Host an address or localhost (DNS rebinding), nothing a browser
@@ -36,3 +38,10 @@ async def routes(state: State) -> dict[str, Any]:
         "inflight": dict(state.inflight.counts),
         "routes": [route.model_dump(mode="json") for route in table.routes],
     }
+
+
+@router.get("/kv")
+async def kv(state: State) -> dict[str, Any]:
+    """Each node agent's KV feed as this gateway reads it (connected, epoch, last seq, counts)
+    and the blocks it holds per replica (gateway/kv_feeds.py)."""
+    return state.kv_feeds.describe()

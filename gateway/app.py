@@ -10,17 +10,23 @@ from functools import partial
 from typing import Any
 
 import aiohttp
-from fastapi import FastAPI
-from fastapi.responses import Response
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from engines.kv_index import KvBlockIndex
 from gateway import admin_keys, admin_models, admin_routes, admin_usage, openai_routes
-from gateway.auth import KeyCache
+from gateway.admin_routes import require_local
+from gateway.auth import AuthFailed, KeyCache
+from gateway.body_parse import BodyParser
+from gateway.cache_salt import CacheSalts
 from gateway.deps import GatewayState, State
 from gateway.engine_scrape import EngineScraper
 from gateway.errors import install_error_handlers
 from gateway.front_door import FrontDoor
 from gateway.inflight import InFlight
+from gateway.key_inflight import KeyInFlight
+from gateway.kv_feeds import KvFeeds
 from gateway.lockout import FailedAuthLimiter
 from gateway.loops import PeriodicTask
 from gateway.metrics import GatewayMetrics
@@ -51,6 +57,15 @@ def _upstream_session(settings: GatewaySettings) -> aiohttp.ClientSession:
     )
 
 
+async def _auth_failed(request: Request, exc: Exception) -> JSONResponse:
+    """A refused key on a FastAPI route (/v1/models): counted by its reason, answered with the
+    one 401 every refusal gets. (The proxied routes count theirs in gateway/proxy.py.)"""
+    assert isinstance(exc, AuthFailed)
+    state: GatewayState = request.app.state.gateway
+    state.metrics.auth_failed(exc.reason)
+    return exc.response()
+
+
 def create_app(
     settings: GatewaySettings,
     store: Store,
@@ -70,8 +85,15 @@ def create_app(
         # failure here is not fatal, the loop keeps trying.
         await routes.refresh()
         usage = UsageRecorder(store)
-        engine_keys = EngineKeys(await store.master_secret())
+        master_secret = await store.master_secret()
+        engine_keys = EngineKeys(master_secret)
         session = _upstream_session(settings)
+        kv_index = KvBlockIndex(settings.kv_index_max_blocks)
+        # Readers start with the first routing table the engine-scrape loop hands it.
+        kv_feeds = KvFeeds(kv_index, master_secret, session)
+        body_parser = BodyParser(
+            settings.inline_parse_bytes, settings.body_parse_workers, settings.body_parse_wait_s
+        )
         # Closed however start-up ends: a store that fails here must not leave the session's
         # connector open (aiohttp warns about it at exit, and it holds sockets).
         try:
@@ -83,6 +105,7 @@ def create_app(
                 inflight=InFlight(),
                 usage=usage,
                 engine_keys=engine_keys,
+                cache_salts=CacheSalts(master_secret),
                 session=session,
                 metrics=GatewayMetrics(),
                 quota=QuotaBook(),
@@ -90,8 +113,13 @@ def create_app(
                     max_failures=settings.auth_failures_before_lockout,
                     lockout_s=settings.auth_lockout_s,
                 ),
-                router=Router(policy=settings.routing_policy),
+                router=Router(policy=settings.routing_policy, kv_index=kv_index),
+                key_inflight=KeyInFlight(),
+                body_parser=body_parser,
+                kv_index=kv_index,
+                kv_feeds=kv_feeds,
             )
+            state.metrics.watch_kv(kv_feeds)
             key_refresh = KeyRefresh(state)
             await key_refresh.run()
             app.state.gateway = state
@@ -117,7 +145,11 @@ def create_app(
                 except Exception:
                     log.exception("usage could not be written at shutdown: %s", usage.pending())
         finally:
-            await session.close()
+            try:
+                await kv_feeds.close()  # its readers use the session
+            finally:
+                await session.close()
+                body_parser.close()
 
     app = FastAPI(
         title="llmgw gateway",
@@ -131,13 +163,17 @@ def create_app(
         openapi_url=None,
     )
     install_error_handlers(app)
+    app.add_exception_handler(AuthFailed, _auth_failed)
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
     app.include_router(admin_models.router)
     app.include_router(admin_keys.router)
     app.include_router(admin_usage.router)
 
-    @app.get("/metrics")
+    # Served on the admin listener only (gateway/front_door.py): it names every model. Behind
+    # the admin API's gate as well, so a browser page on that machine (DNS rebinding) cannot
+    # read it either; Prometheus sends neither Origin nor Sec-Fetch-Site, and an IP as Host.
+    @app.get("/metrics", dependencies=[Depends(require_local)])
     async def metrics(state: State) -> Response:
         return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

@@ -1,8 +1,15 @@
 """Client authentication: who is calling, and may they use this model.
 
 Keys are checked against an in-memory copy of the key table that a background loop refreshes
-every second, so a request costs no store round trip; a key_id the copy does not know yet (just
-created by the CLI) gets one store lookup. Key hashes are compared in constant time.
+(every `key_refresh_interval_s`, a second by default). The request path never waits on the
+store: a key id the copy does not hold is refused like any other bad key, so a key made a
+moment ago by `llmgw key create` (another process, writing the store) works from the next
+refresh on. What this buys: an unknown key id and a real one cost the same work (a sha256 and a
+constant-time compare against a hash), so the time an answer takes does not tell a prober which
+key ids exist, and a store outage does not stop keys the gateway already knows.
+
+Every refusal is the same 401 (same message, code and headers); which check failed is logged
+and kept on the error as `reason` for the metrics, never shown to the client.
 """
 
 from __future__ import annotations
@@ -19,35 +26,54 @@ from gateway.store.keyformat import parse_key_id
 
 log = logging.getLogger(__name__)
 
-# Lookups of unknown key_ids are remembered until the next refresh, so a client spraying random
-# keys costs at most one store query per distinct key_id per refresh, and never unbounded memory.
-MAX_REMEMBERED_MISSES = 10_000
+UNAUTHORIZED_MESSAGE = (
+    "Invalid or missing API key. Send a valid key as 'Authorization: Bearer llmgw-...'."
+)
+# Compared against when the key id is unknown, so that path does the compare a known id does.
+# The same length as a real hash (64 hex digits) and never equal to one (not hex).
+_NO_HASH = b"-" * 64
+
+# Why a key was refused: a bounded set, used as a metric label.
+MISSING_KEY = "missing_key"
+MALFORMED_KEY = "malformed_key"
+UNKNOWN_KEY = "unknown_key"
+WRONG_SECRET = "wrong_secret"  # noqa: S105 - a metric label, not a secret
+REVOKED = "revoked"
+EXPIRED = "expired"
 
 
-def _unauthorized(message: str) -> ApiError:
-    return ApiError(
-        401,
-        message,
-        code="invalid_api_key",
-        headers={"WWW-Authenticate": "Bearer"},
-    )
+class AuthFailed(ApiError):
+    """A refused API key. The client sees one 401 whatever the reason; `reason` is for the
+    server's log and metrics."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(
+            401,
+            UNAUTHORIZED_MESSAGE,
+            code="invalid_api_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+        self.reason = reason
+
+
+def _refused(reason: str, key_id: str | None = None) -> AuthFailed:
+    # Info, not warning: a mistyped key is routine. The lockout (gateway/lockout.py) bounds how
+    # many of these lines one address can cause.
+    log.info("refused an API key: %s%s", reason, f" (key id {key_id})" if key_id else "")
+    return AuthFailed(reason)
 
 
 def bearer_token(authorization: str | None) -> str:
     if not authorization:
-        raise _unauthorized(
-            "You didn't provide an API key. Send it as 'Authorization: Bearer llmgw-...'."
-        )
+        raise _refused(MISSING_KEY)
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise _unauthorized("Expected 'Authorization: Bearer <API key>'.")
+        raise _refused(MALFORMED_KEY)
     return token.strip()
 
 
 class KeySource(Protocol):
-    """The part of the store authentication reads."""
-
-    async def get_key(self, key_id: str) -> ApiKey | None: ...
+    """The part of the store authentication reads: the whole key table, off the request path."""
 
     async def list_keys(self) -> list[ApiKey]: ...
 
@@ -56,54 +82,34 @@ class KeyCache:
     def __init__(self, store: KeySource) -> None:
         self._store = store
         self._keys: dict[str, ApiKey] = {}
-        self._misses: set[str] = set()
 
     async def refresh(self) -> None:
+        """Replace the copy with the store's key table (the background loop's step)."""
         keys = await self._store.list_keys()
         self._keys = {key.key_id: key for key in keys}
-        self._misses = set()
 
     def known(self) -> list[ApiKey]:
         return list(self._keys.values())
 
-    async def lookup(self, key_id: str) -> ApiKey | None:
-        key = self._keys.get(key_id)
-        if key is not None or key_id in self._misses:
-            return key
-        if len(self._misses) >= MAX_REMEMBERED_MISSES:
-            return None
-        try:
-            key = await self._store.get_key(key_id)
-        except Exception as exc:
-            log.warning("key lookup failed: %s", exc)
-            raise ApiError(
-                503,
-                "The key store is unavailable; try again shortly.",
-                type_="server_error",
-                code="store_unavailable",
-                headers={"Retry-After": "2"},
-            ) from exc
-        if key is None:
-            self._misses.add(key_id)
-        else:
-            self._keys[key_id] = key
-        return key
-
     async def authenticate(self, authorization: str | None) -> ApiKey:
-        """The key behind an Authorization header, or a 401 ApiError."""
+        """The key behind an Authorization header, or AuthFailed (a 401). Reads the in-memory
+        copy only; async so callers need not change should a check ever need to await."""
         token = bearer_token(authorization)
         key_id = parse_key_id(token)
-        key = await self.lookup(key_id) if key_id else None
+        if key_id is None:
+            raise _refused(MALFORMED_KEY)
+        key = self._keys.get(key_id)
         presented = hashlib.sha256(token.encode()).hexdigest().encode()
-        # The hash of a real record, or of nothing: compare either way so a wrong secret and an
-        # unknown key_id take the same path.
-        expected = key.key_hash.encode() if key else b"0" * len(presented)
-        if not hmac.compare_digest(presented, expected) or key is None:
-            raise _unauthorized("Incorrect API key provided.")
+        # Known or not, the same hash and compare: see the module docstring.
+        matches = hmac.compare_digest(presented, key.key_hash.encode() if key else _NO_HASH)
+        if key is None:
+            raise _refused(UNKNOWN_KEY, key_id)
+        if not matches:
+            raise _refused(WRONG_SECRET, key_id)
         if key.revoked_at is not None:
-            raise _unauthorized("This API key has been revoked.")
+            raise _refused(REVOKED, key_id)
         if key.is_expired(datetime.now(UTC)):
-            raise _unauthorized("This API key has expired.")
+            raise _refused(EXPIRED, key_id)
         return key
 
 

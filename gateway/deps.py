@@ -8,8 +8,13 @@ from typing import Annotated
 import aiohttp
 from fastapi import Depends, Request
 
+from engines.kv_index import KvBlockIndex
 from gateway.auth import KeyCache
+from gateway.body_parse import BodyParser
+from gateway.cache_salt import CacheSalts
 from gateway.inflight import InFlight
+from gateway.key_inflight import KeyInFlight
+from gateway.kv_feeds import KvFeeds
 from gateway.lockout import FailedAuthLimiter
 from gateway.metrics import GatewayMetrics
 from gateway.quota import QuotaBook
@@ -35,11 +40,21 @@ class GatewayState:
     inflight: InFlight
     usage: UsageRecorder
     engine_keys: EngineKeys
+    # Each key's prefix-cache salt, for keys with isolate_cache (gateway/cache_salt.py).
+    cache_salts: CacheSalts
     session: aiohttp.ClientSession
     metrics: GatewayMetrics
     quota: QuotaBook
     lockout: FailedAuthLimiter
     router: Router
+    # Estimated prompt tokens each key has in flight (settings.max_inflight_prompt_tokens).
+    key_inflight: KeyInFlight
+    # Parses request bodies, large ones in worker processes off the event loop.
+    body_parser: BodyParser
+    # What the engines that publish KV events hold (the router reads it), and the readers of
+    # the node agents' feeds that fill it (gateway/kv_feeds.py).
+    kv_index: KvBlockIndex
+    kv_feeds: KvFeeds
     # model -> the key its external endpoints want (refreshed from the store); gateway-only.
     upstream_keys: dict[str, str] = field(default_factory=dict)
 

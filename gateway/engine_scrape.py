@@ -13,7 +13,7 @@ import time
 
 import aiohttp
 
-from activities.engine_metrics import metrics_path
+from engines.metrics import metrics_path
 from gateway.deps import EXTERNAL_ENGINE, GatewayState
 from gateway.proxy import upstream_url
 from gateway.routing import scrape_all
@@ -46,8 +46,10 @@ class EngineScraper:
         snapshot = state.routes.snapshot
         router = state.router
         if snapshot.version != self._version:
-            # Replicas that left the table take their prefixes, breakers and samples along.
+            # Replicas that left the table take their prefixes, breakers and samples along;
+            # KV feeds follow the nodes of the replicas that publish KV events.
             router.retain(snapshot)
+            state.kv_feeds.retain(snapshot)
             self._version = snapshot.version
         routes = [
             route

@@ -7,16 +7,27 @@ should not pay on every request.
 
 from __future__ import annotations
 
+from collections import Counter as Tally
+from collections.abc import Iterable
+from dataclasses import asdict
 from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import Metric as Family
 from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+from gateway.kv_feeds import KvFeeds
 
 # Seconds: a gateway hop is sub-millisecond, a long completion is minutes.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 Metric = TypeVar("Metric", Counter, Histogram)
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# Tokens, predicted minus reported: negative when the engine found more than predicted.
+CACHE_ERROR_BUCKETS = (-4096, -1024, -256, -64, -16, -1, 0, 16, 64, 256, 1024, 4096)
+TOKENIZE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 
 
 class GatewayMetrics:
@@ -76,6 +87,36 @@ class GatewayMetrics:
         self.in_flight = Gauge(
             "llmgw_requests_in_flight", "Requests being proxied now.", registry=r
         )
+        self._tokenized = Counter(
+            "llmgw_kv_tokenize",
+            "Prompts sent to an engine's /tokenize for KV routing, by outcome "
+            "(ok, skipped, timeout, failed).",
+            ["outcome"],
+            registry=r,
+        )
+        self._tokenize_latency = Histogram(
+            "llmgw_kv_tokenize_duration_seconds",
+            "How long asking an engine for a prompt's token ids took.",
+            buckets=TOKENIZE_BUCKETS,
+            registry=r,
+        )
+        self._cache_error = Histogram(
+            "llmgw_kv_predicted_cached_tokens_error",
+            "Per request routed by KV events: predicted cached prompt tokens minus those the "
+            "engine reported (usage.prompt_tokens_details.cached_tokens).",
+            ["model"],
+            buckets=CACHE_ERROR_BUCKETS,
+            registry=r,
+        )
+        # prometheus-client leaves out a histogram's _sum when it has negative buckets: the
+        # totals, for the overall ratio of reported to predicted.
+        self._cached_tokens = Counter(
+            "llmgw_kv_cached_tokens",
+            "Cached prompt tokens of requests routed by KV events, by model and kind "
+            "(predicted by the gateway, reported by the engine).",
+            ["model", "kind"],
+            registry=r,
+        )
         self._children: dict[tuple[object, ...], Counter | Histogram] = {}
 
     def _child(self, metric: Metric, *labels: str) -> Metric:
@@ -113,5 +154,76 @@ class GatewayMetrics:
     def auth_failed(self, reason: str) -> None:
         self._child(self._auth, reason).inc()
 
+    def kv_tokenized(self, outcome: str, seconds: float) -> None:
+        self._child(self._tokenized, outcome).inc()
+        if outcome != "skipped":
+            self._tokenize_latency.observe(seconds)
+
+    def kv_cache_error(self, model: str, predicted: int, reported: int) -> None:
+        self._child(self._cache_error, model).observe(predicted - reported)
+        self._child(self._cached_tokens, model, "predicted").inc(predicted)
+        self._child(self._cached_tokens, model, "reported").inc(reported)
+
+    def watch_kv(self, feeds: KvFeeds) -> None:
+        """Expose the KV feeds' counters and the index's size, read at each scrape."""
+        self.registry.register(_KvCollector(feeds))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+# FeedCounters field -> (metric name, help): counters by node, read from the readers' own
+# counts when scraped, so the hot path keeps plain integers.
+_FEED_COUNTERS = {
+    "lines": ("llmgw_kv_feed_lines", "KV feed lines received, by node."),
+    "malformed": ("llmgw_kv_feed_malformed", "KV feed lines that were not feed messages."),
+    "gaps": ("llmgw_kv_feed_gaps", "KV feed sequence gaps (then a reset and a new snapshot)."),
+    "snapshots": ("llmgw_kv_feed_snapshots", "KV feed snapshots begun."),
+    "resets": ("llmgw_kv_feed_resets", "Times a KV feed's replicas were dropped (feed trouble)."),
+    "replica_resets": ("llmgw_kv_feed_replica_resets", "KV feed lines resetting a replica."),
+    "reconnects": ("llmgw_kv_feed_reconnects", "KV feed connections after the first."),
+    "refused": ("llmgw_kv_feed_refused", "KV feed connections refused (401/403)."),
+    "failures": ("llmgw_kv_feed_failures", "KV feed connections that failed or ended."),
+    "quiet": ("llmgw_kv_feed_quiet", "KV feed connections dropped for silence."),
+    "foreign": ("llmgw_kv_feed_foreign", "KV feed lines about another node's replica."),
+}
+
+
+class _KvCollector(Collector):
+    def __init__(self, feeds: KvFeeds) -> None:
+        self._feeds = feeds
+
+    def describe(self) -> Iterable[Family]:
+        return self._families(with_samples=False)
+
+    def collect(self) -> Iterable[Family]:
+        return self._families(with_samples=True)
+
+    def _families(self, with_samples: bool) -> list[Family]:
+        counters = {
+            name: CounterMetricFamily(metric, text, labels=["node"])
+            for name, (metric, text) in _FEED_COUNTERS.items()
+        }
+        connected = GaugeMetricFamily(
+            "llmgw_kv_feed_connected", "1 while a KV feed is live, by node.", labels=["node"]
+        )
+        blocks = GaugeMetricFamily(
+            "llmgw_kv_index_blocks", "Blocks the gateway holds per replica.", labels=["replica"]
+        )
+        if with_samples:
+            feeds = self._feeds
+            # By node: a node whose feed moved to another address has counts under both.
+            by_node: dict[str, Tally[str]] = {}
+            for (_, node), counts in feeds.counters().items():
+                by_node.setdefault(node, Tally()).update(asdict(counts))
+            for node, tally in sorted(by_node.items()):
+                for name, family in counters.items():
+                    family.add_metric([node], tally[name])
+            live: dict[str, bool] = {}
+            for reader in feeds.readers():
+                live[reader.node] = live.get(reader.node, False) or reader.live
+            for node, is_live in sorted(live.items()):
+                connected.add_metric([node], 1.0 if is_live else 0.0)
+            for replica_id in feeds.index.replicas():
+                blocks.add_metric([replica_id], feeds.index.size(replica_id))
+        return [*counters.values(), connected, blocks]

@@ -84,24 +84,35 @@ def _content_part_tokens(part: object) -> int:
 def _prompt_tokens(value: object) -> int:
     """A completions prompt or an embeddings input: a string, strings, token ids, or lists of
     token ids (which count exactly)."""
-    if isinstance(value, str):
-        return _utf8_length(value)
-    if isinstance(value, int):
-        return 1
-    if isinstance(value, list):
-        return sum(_prompt_tokens(item) for item in value)
-    return 0
+    # Iterative, like _string_bytes: json.loads nests as deep as the recursion limit.
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += _utf8_length(item)
+        elif isinstance(item, int):
+            total += 1
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
 
 
 def _string_bytes(value: object) -> int:
-    """The UTF-8 bytes of every string inside `value`, keys included."""
-    if isinstance(value, str):
-        return _utf8_length(value)
-    if isinstance(value, dict):
-        return sum(_utf8_length(str(k)) + _string_bytes(v) for k, v in value.items())
-    if isinstance(value, list):
-        return sum(_string_bytes(item) for item in value)
-    return 0
+    """The UTF-8 bytes of every string inside `value`, keys included. Iterative: a recursive
+    walk of a body json.loads nested near the recursion limit would raise RecursionError."""
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += _utf8_length(item)
+        elif isinstance(item, dict):
+            total += sum(_utf8_length(str(k)) for k in item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return total
 
 
 def _utf8_length(text: str) -> int:

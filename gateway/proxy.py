@@ -1,8 +1,11 @@
 """The proxied OpenAI routes, end to end: who is calling, what they ask, which replica answers.
 
-One request goes: lockout check, key, body, validation, allowlists, quota reservation, routing,
-the upstream hop (retried on another replica while no byte has come back and the deadline
-allows), the relay, then accounting (usage, quota settlement, metrics) exactly once.
+One request goes: lockout check, key, body, model and adapter allowlists, the body's fields and
+request limits, the key's prompt tokens in flight, the model's routes (404, 503, or held while a
+model at zero replicas wakes), the key's prefix-cache salt (gateway/cache_salt.py), quota
+reservation, routing, the upstream hop (retried on another replica while no byte has come back
+and the deadline allows), the relay, then accounting (usage, quota settlement, metrics) exactly
+once.
 
 The client's own headers never travel upstream: the gateway builds the engine request from the
 validated body and the replica's key only.
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import functools
 import logging
 import math
 import time
@@ -22,21 +25,24 @@ import aiohttp
 from starlette.types import Receive, Scope, Send
 
 from gateway.asgi import headers_of, read_body, send_error
-from gateway.auth import ensure_adapter_allowed, ensure_model_allowed
+from gateway.auth import AuthFailed, ensure_adapter_allowed, ensure_model_allowed
+from gateway.billing import choices_requested, completion_length
+from gateway.body_parse import upstream_payload
+from gateway.cache_salt import salt_body, salted_prompt
 from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError
-from gateway.prompt_estimate import estimate_prompt_tokens
+from gateway.lora import UpstreamBodies, ensure_adapter_served, unserved
 from gateway.quota import Denied, Reservation
 from gateway.relay import Accounting, ClientWatch, Relay
 from gateway.request_body import (
     EMBEDDINGS,
     ProxiedRequest,
-    parse_json_object,
-    parse_proxied_request,
-    requested_model,
 )
+from gateway.request_limits import RequestLimits, check_request
 from gateway.routing import RequestKey, RoutingSnapshot, prompt_bytes
+from gateway.routing.queue_bound import full_replicas
 from gateway.store import ApiKey
+from gateway.tokenize import cache_salt, request_token_ids
 from workflows.contracts import Route
 
 log = logging.getLogger(__name__)
@@ -95,12 +101,14 @@ async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, se
 
 @dataclass(frozen=True)
 class Admitted:
-    """A request that passed the door: who sent it, what it asks, and the bytes it came as."""
+    """A request that passed the door: who sent it, what it asks, the bytes it came as, and
+    the request limits that apply to its key."""
 
     key: ApiKey
     request: ProxiedRequest
     raw: bytes
     headers: dict[bytes, bytes]
+    limits: RequestLimits
 
 
 async def _admit(state: GatewayState, scope: Scope, receive: Receive) -> Admitted:
@@ -123,17 +131,29 @@ async def _admit(state: GatewayState, scope: Scope, receive: Receive) -> Admitte
         key = await state.keys.authenticate(
             authorization.decode("latin-1") if authorization else None
         )
-    except ApiError as err:
-        if err.status == 401:
-            state.lockout.failed(client, now)
-            state.metrics.auth_failed("invalid_key")
+    except AuthFailed as err:
+        state.lockout.failed(client, now)
+        state.metrics.auth_failed(err.reason)
         raise
     raw = await read_body(receive, state.settings.max_body_bytes, headers.get(b"content-length"))
-    body = parse_json_object(raw)
-    model, adapter = requested_model(body)
+    limits = RequestLimits.effective(state.settings, key.limits)
+    # Large bodies are parsed in a worker process (gateway/body_parse.py); the allowlists still
+    # answer before any other field is judged.
+    request = await state.body_parser.parse(
+        scope["path"], raw, functools.partial(_allowed, key), functools.partial(_limited, limits)
+    )
+    return Admitted(key, request, raw, headers, limits)
+
+
+def _allowed(key: ApiKey, model: str, adapter: str | None) -> None:
     ensure_model_allowed(key, model)
     ensure_adapter_allowed(key, adapter)
-    return Admitted(key, parse_proxied_request(scope["path"], body), raw, headers)
+
+
+def _limited(limits: RequestLimits, request: ProxiedRequest) -> None:
+    # Module level: for a large body it runs in a body-parsing worker, so it must pickle.
+    assert request.prompt_estimate is not None  # body_parse.prepare sets it before checks
+    check_request(request.path, request.body, request.prompt_estimate, limits)
 
 
 async def _serve(
@@ -145,47 +165,93 @@ async def _serve(
     outcome: Outcome,
 ) -> int:
     admitted = await _admit(state, scope, receive)
+    key, request, limits = admitted.key, admitted.request, admitted.limits
+    assert request.prompt_estimate is not None  # set by the body's preparation
+    # Held from before the routing table is read (a request waiting on a cold start counts) to
+    # the relay's last byte or the client's leaving; a 429 here costs no quota.
+    with state.key_inflight.held(
+        key.key_id, request.prompt_estimate, limits.max_inflight_prompt_tokens
+    ):
+        return await _serve_admitted(state, admitted, receive, send, started, outcome)
+
+
+async def _serve_admitted(
+    state: GatewayState,
+    admitted: Admitted,
+    receive: Receive,
+    send: Send,
+    started: float,
+    outcome: Outcome,
+) -> int:
     key, request, raw, headers = admitted.key, admitted.request, admitted.raw, admitted.headers
     snapshot = await _routable_snapshot(state, request.model)
     outcome.model = request.model
+    # A llama.cpp replica serves only the adapters it loaded (gateway/lora.py).
+    ensure_adapter_served(request.model, request.adapter, snapshot.ready(request.model))
     deadline = started + _deadline_s(state, headers.get(CLIENT_TIMEOUT_HEADER))
 
     body = request.body
-    prompt_estimate = estimate_prompt_tokens(body)
-    reservation, clamped = _reserve(state, key, request, prompt_estimate)
-    upstream_model = snapshot.upstream_model(request.model)
-    changed = clamped or request.adapter is not None or request.stream or bool(upstream_model)
-    if request.adapter is not None:
-        # Engines serve a LoRA adapter under its own name.
-        body["model"] = request.adapter
-    elif upstream_model:
-        # An external endpoint that knows the model by another name (catalog: upstream_model).
-        body["model"] = upstream_model
-    if request.stream:
-        # Always ask for usage, so a streamed request is accounted like any other.
-        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-    accounting = Accounting(state, key, request.model, reservation, prompt_estimate)
+    prompt_estimate = request.prompt_estimate
+    assert prompt_estimate is not None  # set by the body's preparation
+    # The key's own prefix-cache salt (isolate_cache, vLLM replicas only), before anything is
+    # reserved: a client's salt too long to take it is a 400. The routing key below uses it.
+    salt = salt_body(state.cache_salts, key, body, snapshot.ready(request.model))
     watch = ClientWatch(receive)
     try:
-        # An unchanged body goes upstream as the client's own bytes: no second serialisation.
-        payload = json.dumps(body, separators=(",", ":")).encode() if changed else raw
-        session = headers.get(SESSION_HEADER)
-        routing_key = RequestKey(
-            model=request.model,
-            prompt=prompt_bytes(body),
-            session=session.decode("latin-1") if session else request.user,
-        )
+        reservation, clamped = _reserve(state, key, request, prompt_estimate)
+        accounting = Accounting(state, key, request.model, reservation, prompt_estimate)
+        routing_key: RequestKey | None = None  # built once no engine can have the prompt yet
         try:
+            # From here to the relay's end, whatever raises, this request's reservation is
+            # settled: a reservation left open holds a key's budget until the process restarts.
+            # Accounting settles once, so after the relay has settled this does nothing.
+            upstream_model = snapshot.upstream_model(request.model)
+            changed = (
+                clamped
+                or salt is not None
+                or request.adapter is not None
+                or request.stream
+                or bool(upstream_model)
+            )
+            if request.adapter is not None:
+                # vLLM and SGLang serve a LoRA adapter under its own name (--lora-modules,
+                # --lora-paths NAME=PATH); a llama.cpp replica gets its own variant of this
+                # body, naming the adapter by index (UpstreamBodies, gateway/lora.py).
+                body["model"] = request.adapter
+            elif upstream_model:
+                # An external endpoint that knows the model by another name (catalog:
+                # upstream_model).
+                body["model"] = upstream_model
+            if request.stream:
+                # Always ask for usage, so a streamed request is accounted like any other.
+                options = body.get("stream_options") or {}
+                body["stream_options"] = {**options, "include_usage": True}
+            payload = UpstreamBodies(request, raw, upstream_payload(request, raw, changed))
+            session = headers.get(SESSION_HEADER)
+            # For replicas that publish KV events: the prompt's tokens, from an engine.
+            token_ids = await request_token_ids(state, request, snapshot.ready(request.model))
+            routing_key = RequestKey(
+                model=request.model,
+                prompt=salted_prompt(
+                    request.routing_prompt
+                    if request.routing_prompt is not None
+                    else prompt_bytes(body),
+                    salt,
+                ),
+                session=session.decode("latin-1") if session else request.user,
+                token_ids=token_ids,
+                cache_salt=cache_salt(body),
+            )
             relay = await _first_answer(
                 state, request, snapshot, routing_key, payload, deadline, watch
             )
+            return await relay.run(send, accounting, started)
         except BaseException:
-            if watch.gone:
+            if watch.gone and routing_key is not None:
                 accounting.settle(None)  # the engine may have had the prompt
             else:
                 accounting.settle_failed()
             raise
-        return await relay.run(send, accounting, started)
     except asyncio.CancelledError:
         if not watch.gone:
             raise
@@ -210,27 +276,36 @@ def _reserve(
     state: GatewayState, key: ApiKey, request: ProxiedRequest, prompt_estimate: int
 ) -> tuple[Reservation, bool]:
     """Reserve this request's worst case against the key's limits, and clamp its max_tokens so
-    the worst case really is the worst case (an engine stops at max_tokens). True when the
-    body was changed."""
+    the worst case really is the worst case (an engine stops at max_tokens, per choice). True
+    when the body was changed.
+
+    The worst case counts every completion the request makes: n or best_of per prompt, times
+    the prompts of a /v1/completions array (llama.cpp runs each as a task of its own)."""
     clamped = False
     body = request.body
     now = time.time()
     if request.path == EMBEDDINGS:
         verdict = state.quota.reserve(key.key_id, key.limits, prompt_estimate, now)
     else:
-        field = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        requested = body.get(field)
+        # Every length field present bounds the completion and is clamped (llama.cpp reads its
+        # own n_predict first): one left unclamped would run past the reservation.
+        fields, requested = completion_length(body)
+        choices, prompts = choices_requested(request.path, body)
         verdict = state.quota.reserve_completion(
             key.key_id,
             key.limits,
             prompt_estimate,
-            requested if isinstance(requested, int) else None,
+            requested,
             now,
             context_tokens=state.settings.assumed_context_tokens,
+            choices=choices,
         )
-        if isinstance(verdict, Reservation) and verdict.max_tokens is not None:
-            clamped = body.get(field) != verdict.max_tokens
-            body[field] = verdict.max_tokens
+        if isinstance(verdict, Reservation):
+            verdict.prompts = prompts
+            if verdict.max_tokens is not None:
+                clamped = any(body.get(f) != verdict.max_tokens for f in fields)
+                for f in fields:
+                    body[f] = verdict.max_tokens
     if isinstance(verdict, Denied):
         state.metrics.quota_rejected(verdict.reason)
         raise _quota_error(verdict.reason, verdict.message, verdict.retry_after_s)
@@ -294,7 +369,7 @@ async def _first_answer(
     request: ProxiedRequest,
     snapshot: RoutingSnapshot,
     routing_key: RequestKey,
-    payload: bytes,
+    payload: UpstreamBodies,
     deadline: float,
     watch: ClientWatch,
 ) -> Relay:
@@ -304,8 +379,19 @@ async def _first_answer(
     model = request.model
     tried: list[str] = []
     failure: str | None = None
+    limit = state.settings.max_inflight_per_replica
+    busy: set[str] = set()
+    # Replicas that do not load the requested LoRA adapter (llama.cpp): never chosen.
+    excluded = unserved(snapshot.ready(model), request.adapter)
     while True:
-        decision = state.router.choose(snapshot, routing_key, state.inflight.counts, tried)
+        # A replica holding its bound of this gateway's requests is passed over like one
+        # already tried: the engine would only queue it. Nothing awaits between this count
+        # and the acquire below, so concurrent requests cannot all take the last place.
+        busy = full_replicas(snapshot.ready(model), state.inflight.counts, limit) - set(tried)
+        busy -= excluded
+        decision = state.router.choose(
+            snapshot, routing_key, state.inflight.counts, [*tried, *busy, *excluded]
+        )
         route = decision.route
         if route is None:
             break
@@ -318,7 +404,7 @@ async def _first_answer(
             break
         state.inflight.acquire(route.replica_id)
         try:
-            upstream = await _post(state, route, request, payload, remaining)
+            upstream = await _post(state, route, request, payload.for_route(route), remaining)
         except (aiohttp.ClientError, TimeoutError) as exc:
             state.inflight.release(route.replica_id)
             reason = "timeout" if isinstance(exc, TimeoutError) else "unreachable"
@@ -338,8 +424,23 @@ async def _first_answer(
             failure = "unavailable"
             continue
         state.router.breaker.succeeded(route.replica_id, time.monotonic())
-        return Relay(state, model, route, upstream, request.stream, request.wants_usage, watch)
+        # Checked against the engine's usage when it reports cached tokens.
+        predicted = decision.predicted_cached_tokens if routing_key.token_ids and route.kv else None
+        return Relay(
+            state, model, route, upstream, request.stream, request.wants_usage, watch, predicted
+        )
 
+    if route is None and busy:
+        # Every replica left to try is full: waiting helps, and no engine saw the request.
+        raise ApiError(
+            429,
+            f"Every ready replica of the model '{model}' already holds {limit} requests from "
+            "this gateway (max_inflight_per_replica); try again shortly.",
+            type_=SERVER_ERROR,
+            param="model",
+            code="replicas_busy",
+            headers={"Retry-After": RETRY_AFTER_S},
+        )
     if failure is None:
         raise ApiError(
             503,

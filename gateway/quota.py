@@ -65,8 +65,11 @@ class Reservation:
         "_settled",
         "_state",
         "_tpm_second",
+        "choices",
         "key_id",
         "max_tokens",
+        "per_choice_tokens",
+        "prompts",
         "tokens",
     )
 
@@ -83,6 +86,13 @@ class Reservation:
         # The max_tokens to forward upstream, set by reserve_completion; None leaves the body as
         # the client sent it.
         self.max_tokens: int | None = None
+        # What the request generates: `choices` completions in all (n, or best_of, times the
+        # prompts of a /v1/completions array), from `prompts` prompts, each at most
+        # `per_choice_tokens` long (None: not a completion). Settlement reads them to bill every
+        # choice when an engine reports fewer (gateway/relay.py).
+        self.choices = 1
+        self.prompts = 1
+        self.per_choice_tokens: int | None = None
         self._state = state
         self._tpm_second = tpm_second
         self._budget_epoch = budget_epoch
@@ -251,14 +261,19 @@ class QuotaBook:
         prompt_estimate: int,
         requested_max_tokens: int | None,
         now: float,
+        choices: int = 1,
     ) -> int | None:
         """The largest max_tokens that keeps prompt + completion within what is left of the
         budget (never more than the client asked for); None when the key has no budget.
-        0 means there is no room for a completion."""
+        0 means there is no room for a completion. With several `choices` the engine applies
+        max_tokens to each, so what is left is shared among them."""
         budget = limits.token_budget
         if budget is None:
             return None
-        cap = max(self._budget_left(key_id, budget, limits.budget_period, now) - prompt_estimate, 0)
+        left = max(
+            self._budget_left(key_id, budget, limits.budget_period, now) - prompt_estimate, 0
+        )
+        cap = left // max(choices, 1)
         if requested_max_tokens is not None:
             cap = min(cap, max(requested_max_tokens, 0))
         return cap
@@ -271,32 +286,42 @@ class QuotaBook:
         requested_max_tokens: int | None,
         now: float,
         context_tokens: int | None = None,
+        choices: int = 1,
     ) -> Reservation | Denied:
         """completion_cap and reserve in one step. The reservation's max_tokens is what the
         gateway must forward (None: leave the body as it is); with it, spend can never pass the
         budget. `context_tokens`, the model's context window, bounds any completion: without
         it a request that leaves max_tokens unset is sent the whole budget left as max_tokens,
-        which engines such as vLLM refuse when it exceeds the context."""
+        which engines such as vLLM refuse when it exceeds the context.
+
+        `choices` is how many completions the request makes (n, best_of, prompts of an array):
+        engines apply max_tokens to each one, so max_tokens stays a per-choice figure and the
+        reservation holds it `choices` times."""
         prompt = max(prompt_estimate, 0)
-        # The most the engine could generate if the budget were no object.
+        choices = max(choices, 1)
+        # The most the engine could generate per choice if the budget were no object.
         ceiling = requested_max_tokens
         if context_tokens is not None:
             ceiling = context_tokens if ceiling is None else min(ceiling, context_tokens)
-        cap = self.completion_cap(key_id, limits, prompt, ceiling, now)
+        cap = self.completion_cap(key_id, limits, prompt, ceiling, now, choices)
         if cap is None:
-            return self.reserve(key_id, limits, prompt + (ceiling or 0), now)
+            result = self.reserve(key_id, limits, prompt + (ceiling or 0) * choices, now)
+            if isinstance(result, Reservation):
+                result.choices, result.per_choice_tokens = choices, ceiling
+            return result
         # A budget cap can be far larger than a minute's tokens; without this a request that
         # leaves max_tokens unset would always be refused by tpm.
         tpm_room = self._tpm_room(key_id, limits.tpm, now)
-        if tpm_room is not None and tpm_room - prompt >= 1:
-            cap = min(cap, tpm_room - prompt)
-        # When the budget leaves no room for a completion, asking for one token is refused with
-        # the right reason and retry_after.
-        result = self.reserve(key_id, limits, prompt + max(cap, 1), now)
+        if tpm_room is not None and (tpm_room - prompt) // choices >= 1:
+            cap = min(cap, (tpm_room - prompt) // choices)
+        # When the budget leaves no room for a completion, asking for one token each is refused
+        # with the right reason and retry_after.
+        result = self.reserve(key_id, limits, prompt + max(cap, 1) * choices, now)
         if isinstance(result, Reservation):
             # The context already stops an engine short of the budget: nothing to clamp.
             unbounded = requested_max_tokens is None and cap == context_tokens
             result.max_tokens = None if unbounded else cap
+            result.choices, result.per_choice_tokens = choices, max(cap, 1)
         return result
 
     def balance(self, key_id: str, limits: LimitsLike, now: float) -> BudgetBalance | None:

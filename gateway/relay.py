@@ -4,19 +4,31 @@ A client that leaves cancels the upstream request: the engine sees its connectio
 stops generating (llama.cpp, vLLM and SGLang all abort a request whose client is gone). What it
 produced until then is billed. After the first byte reached the client nothing is retried: a
 stream that breaks ends with an error event and [DONE], never left hanging.
+
+A streaming client that stops reading is treated the same way: each write to it must complete
+within `stream_write_timeout_s`, or its connection is dropped, the upstream response closed (so
+the engine stops) and what was streamed billed. uvicorn's `send` waits while the connection's
+write buffer is above its high-water mark, so a write that does not complete is a client that
+does not read, and the gateway holds at most that buffer (plus one chunk) for it meanwhile.
+
+What is billed, every choice counted, is worked out in gateway/billing.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
+import socket
+import struct
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from starlette.types import Receive, Send
 
+from gateway.billing import stream_counts, whole_response_counts
 from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError, error_body
 from gateway.quota import Reservation
@@ -26,36 +38,14 @@ from workflows.contracts import Route
 
 log = logging.getLogger(__name__)
 
+# A whole response's cached prompt tokens (usage.prompt_tokens_details.cached_tokens).
+_CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
-# Usage read out of a whole response without parsing it all: engines put it at the end.
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-
-
-def usage_from_body(raw: bytes) -> tuple[int, int] | None:
-    """(prompt, completion) tokens of a whole JSON response, None when it reports none."""
-    at = raw.rfind(b'"usage"')
-    if at < 0:
-        return None
-    tail = raw[at:]
-    prompt = _PROMPT_TOKENS.search(tail)
-    completion = _COMPLETION_TOKENS.search(tail)
-    if prompt is None:
-        return None
-    return int(prompt.group(1)), int(completion.group(1)) if completion else 0
-
-
-def usage_counts(usage: Any) -> tuple[int, int] | None:
-    if not isinstance(usage, dict):
-        return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if not isinstance(prompt, int):
-        return None
-    return prompt, completion if isinstance(completion, int) else 0
 
 
 class Accounting:
@@ -77,6 +67,14 @@ class Accounting:
         self._reservation = reservation
         self._prompt_estimate = prompt_estimate
         self._done = False
+
+    @property
+    def reservation(self) -> Reservation:
+        return self._reservation
+
+    @property
+    def prompt_estimate(self) -> int:
+        return self._prompt_estimate
 
     def settle(self, counts: tuple[int, int] | None, chunks_seen: int = 0) -> None:
         if self._done:
@@ -118,6 +116,8 @@ class ClientWatch:
     def __init__(self, receive: Receive) -> None:
         self.gone = False
         self.finished = False
+        # The connection's transport, for a stream to drop a client that stopped reading.
+        self.transport = transport_of(receive)
         handler = asyncio.current_task()
         assert handler is not None
         self._watcher = asyncio.create_task(self._watch(receive, handler))
@@ -132,6 +132,53 @@ class ClientWatch:
         self._watcher.cancel()
 
 
+# What the request metrics record for a stream whose client was dropped for not reading:
+# nginx's "client closed request", as for a client that left (gateway/proxy.py).
+CLIENT_DROPPED = 499
+# The connection's write buffer while it streams: uvicorn's `send` waits while more than HIGH
+# bytes are queued, until fewer than LOW are. asyncio's and uvloop's defaults, stated here so
+# the bound on what a non-reading client costs the gateway is ours: HIGH plus the one chunk
+# being written (an upstream read, at most about aiohttp's 128 KiB read buffer). The kernel's
+# socket buffers come on top, sized by the OS.
+STREAM_BUFFER_HIGH = 64 * 1024
+STREAM_BUFFER_LOW = 16 * 1024
+# How long ending a dropped connection's response may wait for uvicorn to notice the drop.
+_DROP_SETTLE_S = 1.0
+
+
+class ClientTooSlow(Exception):
+    """A streaming client did not take a write within the stream write timeout."""
+
+
+class _Abortable(Protocol):
+    def abort(self) -> None: ...
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
+
+
+def transport_of(channel: object) -> _Abortable | None:
+    """The client connection's transport, or None when `channel` does not expose it. ASGI offers
+    no way to drop a connection, and a graceful close would keep it open until the client read
+    everything queued. uvicorn's `receive` and `send` are methods of the request's cycle, which
+    holds the transport; `receive` is taken, since middleware wraps `send` (front_door.py)."""
+    transport = getattr(getattr(channel, "__self__", None), "transport", None)
+    if callable(getattr(transport, "abort", None)) and callable(
+        getattr(transport, "set_write_buffer_limits", None)
+    ):
+        return transport
+    return None
+
+
+def reset(transport: _Abortable) -> None:
+    """Close the connection with a reset, discarding what is queued for it. A plain close, even
+    an abort, lets the kernel keep delivering its socket buffer (megabytes, at the client's pace)
+    after the gateway lets go; a zero linger time makes the close a reset."""
+    sock = transport.get_extra_info("socket")
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
 class Relay:
     def __init__(
         self,
@@ -142,8 +189,12 @@ class Relay:
         stream: bool,
         client_wants_usage: bool,
         watch: ClientWatch,
+        predicted_cached: int | None = None,
     ) -> None:
+        """`predicted_cached`: the prompt tokens the router expected the engine to find in its
+        cache (KV events), checked against what the engine reports; None: nothing to check."""
         self._watch = watch
+        self._predicted_cached = predicted_cached
         self._state = state
         self._model = model
         self._route = route
@@ -153,24 +204,38 @@ class Relay:
 
     async def run(self, send: Send, accounting: Accounting, started: float) -> int:
         """Relay the response; returns the upstream's status (a client that left surfaces as a
-        cancellation, which the caller records as 499). The upstream and the in-flight slot are
-        released however this ends."""
+        cancellation, which the caller records as 499; a client dropped for not reading returns
+        499 itself). The upstream and the in-flight slot are released however this ends."""
+        reservation = accounting.reservation
+        # Several choices: count them as they stream, since the engine may report fewer.
+        self._filter.usage_filter.count_choices = self._stream and reservation.choices > 1
+        dropped = False
         try:
             if self._stream:
-                await self._relay_stream(send, accounting, started)
+                try:
+                    await self._relay_stream(send, started)
+                except ClientTooSlow:
+                    dropped = True
             else:
                 await self._relay_whole(send, accounting)
         finally:
+            # Closing the upstream response closes its connection: the engine sees its client
+            # gone and stops generating, before the dropped client is dealt with below.
             self._upstream.close()
             self._state.inflight.release(self._route.replica_id)
             if self._stream:
                 counted = self._filter.usage_filter
-                usage = usage_counts(counted.usage)
-                accounting.settle(usage, chunks_seen=counted.chunks)
+                accounting.settle(stream_counts(counted, reservation), chunks_seen=counted.chunks)
+                details = (counted.usage or {}).get("prompt_tokens_details")
+                if isinstance(details, dict):
+                    self._cached(details.get("cached_tokens"))
             elif self._watch.gone:
                 accounting.settle(None)  # the engine had the prompt when the client left
             else:
                 accounting.settle_failed()  # a no-op once a good answer settled
+        if dropped:
+            await self._drop_client(send)
+            return CLIENT_DROPPED
         return self._upstream.status
 
     async def _relay_whole(self, send: Send, accounting: Accounting) -> None:
@@ -197,7 +262,15 @@ class Relay:
                 code="upstream_auth",
             )
         if 200 <= status < 300:
-            accounting.settle(usage_from_body(raw) or (0, 0))
+            accounting.settle(
+                whole_response_counts(
+                    raw, self._route.engine, accounting.reservation, accounting.prompt_estimate
+                )
+            )
+            if self._predicted_cached is not None:
+                usage_at = raw.rfind(b'"usage"')
+                found = _CACHED_TOKENS.search(raw, usage_at) if usage_at >= 0 else None
+                self._cached(int(found.group(1)) if found else None)
         content_type = upstream.headers.get("Content-Type", "application/json").encode()
         await send(
             {
@@ -212,8 +285,25 @@ class Relay:
         self._watch.finished = True
         await send({"type": "http.response.body", "body": raw})
 
-    async def _relay_stream(self, send: Send, accounting: Accounting, started: float) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    def _cached(self, reported: object) -> None:
+        """The engine reported `reported` cached prompt tokens (vLLM does with
+        --enable-prompt-tokens-details): how far the router's prediction was off."""
+        predicted = self._predicted_cached
+        if (
+            predicted is not None
+            and isinstance(reported, int)
+            and not isinstance(reported, bool)
+            and reported >= 0
+        ):
+            self._state.metrics.kv_cache_error(self._model, predicted, reported)
+
+    async def _relay_stream(self, send: Send, started: float) -> None:
+        transport = self._watch.transport
+        if transport is not None:
+            transport.set_write_buffer_limits(high=STREAM_BUFFER_HIGH, low=STREAM_BUFFER_LOW)
+        await self._send(
+            send, {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
+        )
         stream_filter = self._filter
         first = True
         try:
@@ -224,13 +314,17 @@ class Relay:
                 if first:
                     first = False
                     self._state.metrics.first_token(self._model, time.perf_counter() - started)
-                await send({"type": "http.response.body", "body": out, "more_body": True})
+                await self._send(
+                    send, {"type": "http.response.body", "body": out, "more_body": True}
+                )
             rest = stream_filter.finish()
             if rest:
-                await send({"type": "http.response.body", "body": rest, "more_body": True})
+                await self._send(
+                    send, {"type": "http.response.body", "body": rest, "more_body": True}
+                )
             if stream_filter.usage_filter.saw_done:
                 self._watch.finished = True
-                await send({"type": "http.response.body", "body": b""})
+                await self._send(send, {"type": "http.response.body", "body": b""})
                 return
             reason = "The model replica ended the stream early."
         except (TimeoutError, aiohttp.ClientError, EventTooLarge) as exc:
@@ -239,4 +333,35 @@ class Relay:
         self._state.metrics.upstream_error(self._model, "stream_broken")
         self._watch.finished = True
         ending = data_event(error_body(reason, SERVER_ERROR, None, "upstream_stream_error"))
-        await send({"type": "http.response.body", "body": ending + data_event(b"[DONE]")})
+        await self._send(
+            send, {"type": "http.response.body", "body": ending + data_event(b"[DONE]")}
+        )
+
+    async def _send(self, send: Send, message: dict[str, Any]) -> None:
+        """One write to a streaming client, which must complete within the write timeout:
+        uvicorn's send only waits while the connection's buffer is full, so a write that does
+        not complete is a client that has not read for that long."""
+        try:
+            async with asyncio.timeout(self._state.settings.stream_write_timeout_s):
+                await send(message)
+        except TimeoutError:
+            raise ClientTooSlow from None
+
+    async def _drop_client(self, send: Send) -> None:
+        """Cut the connection of a client that stopped reading, discarding what is queued."""
+        # The disconnect that follows is the gateway's doing: the watch must not cancel the
+        # handler for it.
+        self._watch.finished = True
+        timeout = self._state.settings.stream_write_timeout_s
+        log.warning(
+            "dropped a streaming client of %s that read nothing for %gs", self._model, timeout
+        )
+        transport = self._watch.transport
+        if transport is None:
+            return  # the server closes a connection whose response did not complete
+        reset(transport)
+        # uvicorn hears of the abort on the loop's next turn and from then on ignores sends;
+        # ending the response waits for that, so no incomplete response is reported.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(_DROP_SETTLE_S):
+                await send({"type": "http.response.body", "body": b""})

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +20,9 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 EMBEDDINGS = "/v1/embeddings"
 PROXIED_PATHS = (CHAT, COMPLETIONS, EMBEDDINGS)
+# The body fields that shape a chat or completion prompt's tokens: what gateway/tokenize.py
+# sends an engine's /tokenize, and what gateway/body_parse.py serialises first in a split body.
+PROMPT_FIELDS = ("messages", "prompt", "tools", "chat_template", "chat_template_kwargs")
 
 # Fields some OpenAI proxies honour to send a request elsewhere or with other credentials
 # (LiteLLM's api_base SSRF, CVE-2024-6587). Engines would ignore most of them, but a request
@@ -34,6 +39,11 @@ REDIRECTING_FIELDS = frozenset(
         "custom_llm_provider",
     }
 )
+# llama-server applies a loaded LoRA adapter to any request whose `lora` field lists its id: passed
+# on, it would apply adapters the key's allowlist does not grant. The adapter is chosen by name
+# through `model` instead, where the allowlist is checked.
+ADAPTER_SELECTING_FIELDS = frozenset({"lora"})
+
 # Media given by URL: an engine started with a local-media path would read `file:` URLs from
 # its own disk, so only data: and http(s): are passed on.
 MEDIA_PARTS = ("image_url", "audio_url", "video_url", "input_audio")
@@ -54,6 +64,19 @@ NUMERIC_RANGES: tuple[tuple[str, float, float, bool], ...] = (
     ("seed", -(2**63), 2**63 - 1, True),
 )
 MAX_MODEL_NAME = 256
+# vLLM's per-request prefix-cache salt: it takes a string of 1 to 1,024 characters, or null.
+# Checked for every key, so a salt the gateway rewrites (gateway/cache_salt.py) is a string.
+CACHE_SALT = "cache_salt"
+MAX_CACHE_SALT = 1024
+
+# Strict UTF-8 cannot carry a UTF-16 surrogate, so once the body has decoded, the only way a
+# lone one gets into the parsed text is a \uD800-\uDFFF escape, which json.loads accepts. Such
+# text cannot be encoded again (UTF-8 for routing, an engine's tokenizer), so it is refused
+# here, naming the field. The byte pattern is only a fast path: it also matches valid pairs
+# (an emoji written as two escapes) and escaped backslashes ("\\ud800" is not an escape), so a
+# match means "walk the body", never "refuse".
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -69,11 +92,43 @@ class ProxiedRequest:
     wants_usage: bool
     # The `user` field, for session affinity when no session header is sent.
     user: str | None
+    # Filled in when the body was parsed by gateway/body_parse.py, which does all of a body's
+    # O(size) work in one place (off the event loop for large bodies):
+    # the prompt's upper-bound estimate (gateway/prompt_estimate.py),
+    prompt_estimate: int | None = None
+    # the prompt's leading bytes for prefix routing (gateway/routing/request_key.py),
+    routing_prompt: bytes | None = None
+    # and, for a large body, its bulky fields (messages, prompt, tools...) serialised as
+    # `"name":value,...` with `body` holding only the small ones: the parsed tree of a 16 MB
+    # body is hundreds of MB of Python objects and is not kept past parsing.
+    bulk: bytes | None = None
+    # How many of the bulk's leading bytes are its PROMPT_FIELDS (`"messages":[...],...`).
+    bulk_prompt_bytes: int = 0
+
+
+def parse_request(
+    path: str, raw: bytes, admit_model: Callable[[str, str | None], None] | None = None
+) -> ProxiedRequest:
+    """The whole check of a proxied body: JSON, encodable text, then `admit_model(model,
+    adapter)` (a key's allowlists, so they answer before any other field is judged), then the
+    fields."""
+    body = parse_json_object(raw)
+    if admit_model is not None:
+        admit_model(*requested_model(body))
+    return parse_proxied_request(path, body)
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
+        # Strict UTF-8 (RFC 8259 for JSON on the wire): json.loads would decode bytes with
+        # "surrogatepass" and let an encoded lone surrogate through. A BOM is tolerated.
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise bad_request(
+            "The request body must be JSON encoded as UTF-8.", code="invalid_json"
+        ) from None
+    try:
+        body = json.loads(text)
     except (ValueError, RecursionError):
         # RecursionError: deeply nested arrays exhaust the parser's stack, not ours.
         raise bad_request(
@@ -81,7 +136,52 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.", code="invalid_json")
+    if _SURROGATE_ESCAPE.search(raw):
+        where = lone_surrogate_at(body)
+        if where is not None:
+            raise bad_request(
+                f"'{where}' contains a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
+                "escape), which is not text.",
+                param=where,
+                code="invalid_encoding",
+            )
     return body
+
+
+# A step down the parsed body: (the path to the parent, a key or an index), None at the top. A
+# linked path costs O(1) per value; the string is only built for the value at fault.
+_Path = tuple["_Path", str | int] | None
+
+
+def lone_surrogate_at(body: dict[str, Any]) -> str | None:
+    """The path ('messages[0].content', 'user') of the first string or key in `body` holding a
+    lone surrogate, or None. Iterative: json.loads nests as deep as the recursion limit, and a
+    recursive walk started a few frames down would not."""
+    stack: list[tuple[object, _Path]] = [(body, None)]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if not value.isascii() and _SURROGATE.search(value):
+                return _render(path)
+        elif isinstance(value, dict):
+            for key in value:
+                if not key.isascii() and _SURROGATE.search(key):
+                    return _render(path) or "(a field name)"
+            stack.extend(((v, (path, k)) for k, v in reversed(value.items())))
+        elif isinstance(value, list):
+            stack.extend((value[i], (path, i)) for i in range(len(value) - 1, -1, -1))
+    return None
+
+
+def _render(path: _Path) -> str:
+    steps: list[str | int] = []
+    while path is not None:
+        path, step = path
+        steps.append(step)
+    text = ""
+    for step in reversed(steps):
+        text += f"[{step}]" if isinstance(step, int) else (f".{step}" if text else step)
+    return text
 
 
 def too_large(max_bytes: int) -> ApiError:
@@ -99,8 +199,15 @@ def parse_proxied_request(path: str, body: dict[str, Any]) -> ProxiedRequest:
             param=field,
             code="unsupported_field",
         )
+    if ADAPTER_SELECTING_FIELDS & body.keys():
+        raise bad_request(
+            "The field 'lora' is not accepted: name an adapter as 'model': '<model>:<adapter>'.",
+            param="lora",
+            code="unsupported_field",
+        )
     model, adapter = requested_model(body)
     _check_numbers(body)
+    _check_cache_salt(body)
     if path == EMBEDDINGS:
         _check_embedding_input(body)
         return ProxiedRequest(path, body, model, adapter, False, False, _user(body))
@@ -153,6 +260,16 @@ def _check_numbers(body: dict[str, Any]) -> None:
             )
 
 
+def _check_cache_salt(body: dict[str, Any]) -> None:
+    salt = body.get(CACHE_SALT)
+    if salt is not None and (not isinstance(salt, str) or not 1 <= len(salt) <= MAX_CACHE_SALT):
+        raise bad_request(
+            f"'{CACHE_SALT}' must be a string of 1 to {MAX_CACHE_SALT:,} characters.",
+            param=CACHE_SALT,
+            code="invalid_type" if not isinstance(salt, str) else "invalid_value",
+        )
+
+
 def _check_logprobs(path: str, body: dict[str, Any]) -> None:
     logprobs = body.get("logprobs")
     if logprobs is None:
@@ -179,7 +296,15 @@ def _check_messages(body: dict[str, Any]) -> None:
         content = message.get("content")
         if isinstance(content, list):
             for j, part in enumerate(content):
+                _check_text_part(part, f"messages[{i}].content[{j}]")
                 _check_media_part(part, f"messages[{i}].content[{j}]")
+
+
+def _check_text_part(part: object, where: str) -> None:
+    # A text part without text (null, a number) is not something an engine is sure to refuse
+    # cleanly: some answer 500, which would read as the gateway's fault.
+    if isinstance(part, dict) and "text" in part and not isinstance(part["text"], str):
+        raise bad_request(f"'{where}.text' must be a string.", param=f"{where}.text")
 
 
 def _check_media_part(part: object, where: str) -> None:

@@ -13,7 +13,7 @@ import time
 from datetime import timedelta
 from typing import Protocol, runtime_checkable
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from gateway.routing import RoutingSnapshot
 from workflows import model_client
@@ -24,11 +24,11 @@ from workflows.contracts import (
     RoutingTable,
     RoutingTableRequest,
 )
-from workflows.names import LEDGER_WORKFLOW_ID, model_workflow_id
+from workflows.ledger import ClusterLedgerWorkflow
+from workflows.model import ModelWorkflow
+from workflows.names import LEDGER_WORKFLOW_ID
 
 log = logging.getLogger(__name__)
-
-ROUTING_TABLE_QUERY = "routing_table"
 
 
 class RouteSource(Protocol):
@@ -62,12 +62,14 @@ class TemporalRouteSource:
         self._held: RoutingTable | None = None
 
     async def fetch(self) -> RoutingTable:
-        handle = self._client.get_workflow_handle(LEDGER_WORKFLOW_ID)
+        handle: WorkflowHandle[ClusterLedgerWorkflow, None] = self._client.get_workflow_handle(
+            LEDGER_WORKFLOW_ID
+        )
         held = self._held
         # The first ask sends nothing, as gateways did before the ledger took what they hold.
         args = [RoutingTableRequest(epoch=held.epoch, version=held.version)] if held else []
         table = await handle.query(
-            ROUTING_TABLE_QUERY, args=args, result_type=RoutingTable, rpc_timeout=self._rpc_timeout
+            ClusterLedgerWorkflow.routing_table, args=args, rpc_timeout=self._rpc_timeout
         )
         if not isinstance(table, RoutingTable):
             raise TypeError(f"ledger answered {type(table).__name__}, not RoutingTable")
@@ -85,8 +87,8 @@ class TemporalRouteSource:
         return await model_client.list_models(self._client)
 
     async def wake(self, model: str) -> None:
-        handle = self._client.get_workflow_handle(model_workflow_id(model))
-        await handle.signal("wake", ModelWake(), rpc_timeout=self._rpc_timeout)
+        handle = model_client.model_handle(self._client, model)
+        await handle.signal(ModelWorkflow.wake, ModelWake(), rpc_timeout=self._rpc_timeout)
 
 
 class RouteRefresher:
@@ -108,7 +110,7 @@ class RouteRefresher:
             # cancellation that lands as the fetch completes, and the loop would never stop.
             async with asyncio.timeout(self._timeout_s):
                 table = await self._source.fetch()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failed fetch keeps the last table
             reason = f"{type(exc).__name__}: {exc}"
             if self.last_error is None:
                 # Logged on the change only: an outage would otherwise log twice a second.
@@ -135,7 +137,7 @@ class RouteRefresher:
         if isinstance(self._source, ModelWaker):
             try:
                 await self._source.wake(model)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - best effort, the next request asks again
                 log.warning("could not wake model %s: %s", model, exc)
 
     def warming(self, model: str, within_s: float) -> bool:

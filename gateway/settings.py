@@ -21,6 +21,10 @@ class GatewaySettings(BaseModel):
     upstream_connect_timeout_s: float = Field(default=5.0, gt=0)
     # Between two reads from an engine: long enough for a slow first token on a busy replica.
     upstream_read_timeout_s: float = Field(default=600.0, gt=0)
+    # A streaming client must take each write within this long, or it is dropped and the
+    # engine's request cancelled: a client that stops reading cannot keep a replica generating
+    # (gateway/relay.py). Token streams need a few KB/s; a stalled write means no reading at all.
+    stream_write_timeout_s: float = Field(default=30.0, gt=0)
     # A request for a model scaled to zero waits this long for a replica to serve, then 503.
     cold_start_timeout_s: float = Field(default=180.0, ge=0)
     # A request's deadline for finding a replica that answers: a failure before the first byte
@@ -41,3 +45,43 @@ class GatewaySettings(BaseModel):
     assumed_context_tokens: int = Field(default=32768, ge=1)
     # Largest request body accepted; bigger is refused before it is buffered.
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    # Bodies larger than this are parsed and checked in worker processes (gateway/body_parse.py),
+    # not on the event loop: a 16 MB body of small JSON values takes seconds to parse.
+    inline_parse_bytes: int = Field(default=64 * 1024, ge=0)
+    # Worker processes parsing large bodies, hence large bodies parsed at once; each peaks at
+    # about 30 times the body's bytes for the worst shapes (docs/gateway.md).
+    body_parse_workers: int = Field(default=2, ge=1, le=64)
+    # How long a large body waits for a free worker before 503 with Retry-After.
+    body_parse_wait_s: float = Field(default=2.0, ge=0)
+    # Per request, before anything reaches an engine (gateway/request_limits.py); a key's own
+    # limits (KeyLimits) replace these. Observed without them: 20,000 one-token prompts in one
+    # /v1/completions body kept a CPU llama-server busy 3.5 minutes, and 4.2 million prompts
+    # in a 16 MB body grew it to 23 GB until the kernel killed it.
+    # Array items in `prompt` (completions) or `input` (embeddings): 2,048 is OpenAI's own cap
+    # for embeddings inputs, the batch size SDKs and LangChain split into, so they keep working.
+    max_prompts_per_request: int = Field(default=2048, ge=1)
+    # Sequences one request makes the engine generate: `n`, `best_of`, and for completions
+    # prompts x max(n, best_of). 128 is OpenAI's cap on `n`; a completions request may batch
+    # 128 prompts, not 2,048, because each one is a whole generation, not one forward pass.
+    max_choices_per_request: int = Field(default=128, ge=1)
+    # The prompt's upper-bound estimate (gateway/prompt_estimate.py, about one token per byte):
+    # about 1 MB of text, above any model's context window even at four bytes a token, and far
+    # below what the 16 MiB body cap would let through.
+    max_prompt_tokens_per_request: int = Field(default=1_048_576, ge=1)
+    # Per key: the estimated prompt tokens of all its requests in flight together (429 past
+    # it, gateway/key_inflight.py). Four requests at the per-request ceiling, or hundreds of
+    # ordinary ones; one client cannot fill every engine's queue with huge prompts.
+    max_inflight_prompt_tokens: int = Field(default=4 * 1_048_576, ge=1)
+    # Requests this gateway has in flight to one replica; when every ready replica of a model
+    # holds this many, a request gets 429 `replicas_busy` instead of waiting in an engine's
+    # queue. Counted per gateway (several gateways each send up to this much). 128 is above
+    # what `llmgw bench gateway` drives (64) and within vLLM's default batch (256 sequences);
+    # set it near an engine's slots (llama.cpp `--parallel`) to keep queues short.
+    max_inflight_per_replica: int = Field(default=128, ge=1)
+    # Replicas that publish KV events (vLLM with kv_events) are routed by the blocks their
+    # engines report (gateway/kv_feeds.py), which needs each prompt's token ids: the gateway asks
+    # an engine's /tokenize and waits this long for them before routing without (0: never ask).
+    kv_tokenize_timeout_s: float = Field(default=0.5, ge=0, le=10)
+    # The most block ids the gateway keeps per replica: about 78 bytes each, so ~20 MB per
+    # replica at the default (engines/kv_index.py). An engine's own cache is usually smaller.
+    kv_index_max_blocks: int = Field(default=262_144, ge=1)

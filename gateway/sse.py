@@ -3,6 +3,11 @@
 The gateway always asks the engine for the usage chunk (so every streamed request is accounted);
 this is where usage is read from the stream and where that chunk is removed again when the client
 did not ask for it. Events pass through byte for byte unless they have to change.
+
+A request that generates several choices (n, best_of, an array of prompts) is also counted per
+choice here: llama.cpp runs each choice as a task of its own and ends each with a usage chunk of
+its own, and an engine may report fewer tokens than it streamed, so the relay bills the larger
+of what the engine reported and what it saw (gateway/billing.py, `stream_counts`).
 """
 
 from __future__ import annotations
@@ -57,6 +62,11 @@ def data_event(payload: dict[str, Any] | bytes) -> bytes:
     return b"data: " + data + b"\n\n"
 
 
+# The fields of a streamed choice that carry generated text: a chunk with one of them non-empty
+# is (about) one token of that choice. Role-only and finish chunks carry none.
+_TOKEN_FIELDS = ("text", "content", "reasoning_content", "reasoning", "refusal", "tool_calls")
+
+
 @dataclass
 class UsageFilter:
     """Reads usage out of chunks and decides what the client sees."""
@@ -65,6 +75,14 @@ class UsageFilter:
     usage: dict[str, Any] | None = None
     saw_done: bool = False
     chunks: int = field(default=0)
+    # Set for requests with several choices: every chunk is then parsed, to count the chunks
+    # that carry text per choice index, and every final usage chunk is added up.
+    count_choices: bool = False
+    per_choice: dict[int, int] = field(default_factory=dict)
+    final_usages: int = 0
+    usage_prompt_sum: int = 0
+    usage_prompt_max: int = 0
+    usage_completion_sum: int = 0
 
     def process(self, event: bytes) -> bytes | None:
         """The event to send on (with its blank line), or None to drop it."""
@@ -75,17 +93,21 @@ class UsageFilter:
             self.saw_done = True
             return event + b"\n\n"
         self.chunks += 1
-        # Parsing every token's chunk would cost more than the relay itself: only chunks that
-        # mention usage are looked into.
-        if b'"usage"' not in data:
+        if self.count_choices:
+            chunk = _json_object(data)
+            if chunk is not None:
+                self._count_choices(chunk)
+        elif b'"usage"' in data:
+            chunk = _json_object(data)
+        else:
+            # Parsing every token's chunk would cost more than the relay itself: for a single
+            # choice only chunks that mention usage are looked into.
             return event + b"\n\n"
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            return event + b"\n\n"
-        if not isinstance(chunk, dict) or not isinstance(chunk.get("usage"), dict):
+        if chunk is None or not isinstance(chunk.get("usage"), dict):
             return event + b"\n\n"
         self.usage = chunk["usage"]
+        if self.count_choices:
+            self._add_usage(chunk)
         if self.client_wants_usage:
             return event + b"\n\n"
         if not chunk.get("choices"):
@@ -93,6 +115,48 @@ class UsageFilter:
         # Some engines put usage on the last content chunk: keep the content, drop the usage.
         del chunk["usage"]
         return data_event(chunk)
+
+    def _count_choices(self, chunk: dict[str, Any]) -> None:
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            return
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            index = choice.get("index", 0)
+            if not isinstance(index, int):
+                continue
+            delta = choice.get("delta")
+            carrier = delta if isinstance(delta, dict) else choice
+            if any(carrier.get(name) for name in _TOKEN_FIELDS):
+                self.per_choice[index] = self.per_choice.get(index, 0) + 1
+
+    def _add_usage(self, chunk: dict[str, Any]) -> None:
+        """Adds up the usage that ends a choice: llama.cpp sends one such chunk per choice (a
+        usage-only chunk in chat, usage on the finishing chunk in completions), vLLM and SGLang
+        one for the whole request. Usage on a chunk that ends nothing is a running figure
+        (vLLM's continuous_usage_stats) and is not added."""
+        choices = chunk.get("choices")
+        ends = not choices or (
+            isinstance(choices, list)
+            and all(isinstance(c, dict) and c.get("finish_reason") is not None for c in choices)
+        )
+        usage = chunk["usage"]
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if not ends or not isinstance(prompt, int):
+            return
+        self.final_usages += 1
+        self.usage_prompt_sum += prompt
+        self.usage_prompt_max = max(self.usage_prompt_max, prompt)
+        self.usage_completion_sum += completion if isinstance(completion, int) else 0
+
+
+def _json_object(data: bytes) -> dict[str, Any] | None:
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return None
+    return chunk if isinstance(chunk, dict) else None
 
 
 class StreamFilter:
@@ -105,6 +169,8 @@ class StreamFilter:
 
     def feed(self, chunk: bytes) -> bytes:
         """What to send on for this upstream chunk (possibly nothing)."""
+        if self.usage_filter.count_choices:
+            return self._carefully(chunk)  # every event is looked into
         if self.splitter._buffer or not chunk.endswith(b"\n\n") or b"\r" in chunk:
             return self._carefully(chunk)  # an event spans chunks, or CRLF framing
         at = chunk.find(b'"usage"')

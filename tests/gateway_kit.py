@@ -31,7 +31,7 @@ import httpx
 import uvicorn
 from aiohttp import web
 
-from activities.local_port import free_port
+from engines.local_port import free_port
 from gateway.http_limits import limited_protocol
 from gateway.server import http_limits, uvicorn_config
 from gateway.settings import GatewaySettings

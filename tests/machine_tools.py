@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import workers.doctor
-from activities.doctor.facts import DoctorFacts
-from activities.doctor.findings import Finding
+from activities.agent.doctor.facts import DoctorFacts
+from activities.agent.doctor.findings import Finding
 
 MACHINES = Path(__file__).resolve().parent / "fixtures" / "machines"
 
@@ -40,7 +40,7 @@ def run_doctor(
     *argv: str,
 ) -> tuple[int, str]:
     """`llmgw doctor` as the operator runs it, on these facts: its exit status and output."""
-    monkeypatch.setattr(workers.doctor, "gather_facts", lambda *args, **kw: facts)
+    monkeypatch.setattr(workers.doctor, "gather_facts", lambda *_args, **_kw: facts)
     parser = argparse.ArgumentParser()
     workers.doctor.add_arguments(parser)
     code = workers.doctor.run(parser.parse_args(list(argv)))

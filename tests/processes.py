@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from activities import procfs
+from activities.agent import procfs
 
 
 def pids_with_token(token: str) -> list[int]:

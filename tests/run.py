@@ -1,25 +1,43 @@
-"""The test run `make test` (and so CI) performs: every layer of the suite, in one pytest.
+"""The test run `make test` (and so CI) performs: every layer of the suite in one pytest, then
+the workflow suite again with continue-as-new forced every few events (LLMGW_TEST_FORCED_PASS=0
+skips that second pass).
 
 PostgreSQL is required here: the store tests would otherwise skip on a machine without it, and
 CI would pass having tested one backend of two.
+
+The second pass is the proof that no workflow loses state or pending work to continue-as-new:
+with LLMGW_TEST_CONTINUE_AS_NEW_EVERY every long-lived workflow continues at each safe point
+past that many events, so each test crosses many runs. It runs in a process of its own, since
+the knob is read when a workflow run starts. The time-skipping test server holds a query, or a
+wait for a result, to a workflow between two runs until its own deadline: the workflow tests
+ask again (tests/workflows/conftest.py: ask, eventually, finished) rather than wait on one.
 """
 
 import os
+import subprocess
 import sys
 
 import pytest
 
 NO_TESTS_COLLECTED = pytest.ExitCode.NO_TESTS_COLLECTED  # 5
+FORCED_CONTINUE_AS_NEW_EVERY = "40"
 
 
 def main() -> int:
     os.environ.setdefault("LLMGW_REQUIRE_POSTGRES", "1")
-    code = pytest.main(["-p", "no:cacheprovider", "--durations=10", "tests", *sys.argv[1:]])
+    args = sys.argv[1:]
+    code = pytest.main(["-p", "no:cacheprovider", "--durations=10", "tests", *args])
     if code == NO_TESTS_COLLECTED:
         # A run that tested nothing must not read as a pass (pytest's status 5).
         print("pytest collected no tests: check the paths and -k/-m filters", file=sys.stderr)
         return 1
-    return int(code)
+    if code != 0 or args or os.environ.get("LLMGW_TEST_FORCED_PASS") == "0":
+        # A filtered run (make test ARGS=...) is someone looking at a few tests: one pass.
+        return int(code)
+    print("\nThe workflow suite again, continuing as new every few events:", flush=True)
+    env = {**os.environ, "LLMGW_TEST_CONTINUE_AS_NEW_EVERY": FORCED_CONTINUE_AS_NEW_EVERY}
+    forced = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/workflows"]
+    return subprocess.run(forced, env=env, check=False).returncode
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-async def health(request: web.Request) -> web.Response:
+async def health(_request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 

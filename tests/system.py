@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 from temporalio.client import Client
 
-from activities.local_port import free_port
+from engines.local_port import free_port
 from workers.progress import ledger_snapshot
 from workflows.client import connect
 from workflows.contracts import LedgerState, ReplicaState
@@ -40,6 +40,7 @@ class System:
         self.port = free_port()
         self.admin_port = free_port()
         self.temporal_port = free_port()
+        self.kv_feed_port = free_port()
         self.process: subprocess.Popen[str] | None = None
         self.output: list[str] = []
 
@@ -56,7 +57,7 @@ class System:
         cmd = [
             sys.executable, "-m", "workers.cli", "up", "--node", self.node, "--headless",
             "--port", str(self.port), "--temporal-port", str(self.temporal_port),
-            "--admin-port", str(self.admin_port),
+            "--admin-port", str(self.admin_port), "--kv-feed-port", str(self.kv_feed_port),
         ]  # fmt: skip
         if not self.demo:
             cmd.append("--no-demo")
@@ -83,7 +84,8 @@ class System:
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _drain(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
+        assert self.process is not None
+        assert self.process.stdout is not None
         for line in self.process.stdout:
             self.output.append(line.rstrip())
 

@@ -1,5 +1,6 @@
 """`llmgw agent`: one per machine. Registers the node, heartbeats, and runs the node's
-activities (installs, engine processes) on its own task queue.
+activities (installs, engine processes) on its own task queue. With a KV feed port, it also
+serves its engines' KV-cache events to gateways (activities/agent/kv_service.py).
 
 Engines outlive the agent: a restarted agent adopts what is still running, tells replica
 workflows about engines that died while it was away, and stops engines no workflow owns.
@@ -11,7 +12,6 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum
-from typing import Any
 
 from temporalio.client import (
     Client,
@@ -24,8 +24,10 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from activities.discovery import discover_inventory
-from activities.node_agent import AgentConfig, NodeAgentActivities
+from activities.agent.discovery import discover_inventory
+from activities.agent.kv_service import KvService
+from activities.agent.node_agent import AgentConfig, NodeAgentActivities
+from activities.control.node_admin import node_handle
 from workers.connect import connect_with_retry
 from workers.paths import Locations
 from workers.signals import stop_event, wait_or_stop
@@ -36,6 +38,7 @@ from workflows.contracts import (
     NodeInventory,
     NodeRegistration,
     NodeView,
+    ReplicaView,
 )
 from workflows.engine_keys import node_identity
 from workflows.names import (
@@ -45,6 +48,7 @@ from workflows.names import (
     reserved_node_name,
 )
 from workflows.node import NodeWorkflow
+from workflows.replica import ReplicaWorkflow
 
 log = logging.getLogger("llmgw.agent")
 # One call to Temporal from the agent's own loop: long enough for a busy server, short enough
@@ -70,23 +74,36 @@ class AgentOptions:
     # `llmgw up` owns the whole machine and leaves nothing behind; a standalone agent leaves its
     # engines serving across its own restarts.
     stop_engines_on_exit: bool = False
+    # The KV feed's port on `address` (activities/agent/kv_service.py); 0: no feed.
+    kv_feed_port: int = 0
 
 
 class NodeRemoved(Exception):
     """The node's workflow has ended: an operator removed this node from the cluster."""
 
 
-async def register(client: Client, reg: NodeRegistration) -> NodeView:
+async def register(
+    client: Client, reg: NodeRegistration, task_queue: str = CONTROL_TASK_QUEUE
+) -> NodeView:
+    """Start the node's workflow on the control workers' `task_queue` if it is new, then hand
+    it this registration."""
     start = WithStartWorkflowOperation(
         NodeWorkflow.run,
         id=node_workflow_id(reg.inventory.name),
-        task_queue=CONTROL_TASK_QUEUE,
+        task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
     )
-    view: NodeView = await client.execute_update_with_start_workflow(
-        "register", reg, start_workflow_operation=start, result_type=NodeView
+    return await client.execute_update_with_start_workflow(
+        NodeWorkflow.register, reg, start_workflow_operation=start
     )
-    return view
+
+
+def replica_handle(
+    client: Client, workflow_id: str
+) -> WorkflowHandle[ReplicaWorkflow, ReplicaView]:
+    """The replica workflow that owns an engine (the engine's spec names its workflow ID)."""
+    handle: WorkflowHandle[ReplicaWorkflow, ReplicaView] = client.get_workflow_handle(workflow_id)
+    return handle
 
 
 class Ownership(Enum):
@@ -104,7 +121,8 @@ async def ownership(client: Client, workflow_id: str) -> Ownership:
         )
     except RPCError as err:
         return Ownership.ORPHAN if err.status == RPCStatusCode.NOT_FOUND else Ownership.UNKNOWN
-    except Exception as err:  # a timeout or a broken connection: no answer either
+    except Exception as err:  # noqa: BLE001 - nothing but NOT_FOUND may read as ORPHAN
+        # A timeout, a broken connection, or anything else: no answer either.
         log.warning("could not ask about %s: %s", workflow_id, err)
         return Ownership.UNKNOWN
     running = described.status == WorkflowExecutionStatus.RUNNING
@@ -117,7 +135,9 @@ async def reconcile_shards(client: Client, agent: NodeAgentActivities) -> None:
     An engine whose owner cannot be asked right now is left alone until it can."""
     for dead in agent.dead_shards():
         try:
-            await client.get_workflow_handle(dead.workflow_id).signal("engine_exited", dead.exit)
+            await replica_handle(client, dead.workflow_id).signal(
+                ReplicaWorkflow.engine_exited, dead.exit
+            )
             log.info("told %s its engine had ended", dead.workflow_id)
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
@@ -151,8 +171,21 @@ async def run_agent(where: Locations, opts: AgentOptions) -> None:
         cache_dir=where.cache_dir,
         node_secret=bytes.fromhex(secret_file.read_text().strip()),
         engine_paths=opts.engine_paths,
+        kv_feed_port=opts.kv_feed_port,
     )
-    agent = NodeAgentActivities(config)
+    kv = KvService(config)
+    agent = NodeAgentActivities(config, on_launch=kv.poke, own_ports=kv.listening_ports)
+    # Before Temporal is reached: gateways keep reading what engines cache while it is away.
+    await kv.start(agent.supervisor)
+    try:
+        await serve_agent(where, opts, config, agent)
+    finally:
+        await kv.stop()
+
+
+async def serve_agent(
+    where: Locations, opts: AgentOptions, config: AgentConfig, agent: NodeAgentActivities
+) -> None:
     client = await connect_with_retry(where)
     stop = stop_event()
     worker = Worker(client, task_queue=node_task_queue(opts.node), activities=agent.all())
@@ -204,7 +237,7 @@ async def serve_node(
         inventory.memory_mb,
         len(inventory.gpus),
     )
-    handle = client.get_workflow_handle(node_workflow_id(opts.node))
+    handle = node_handle(client, opts.node)
     loop = asyncio.get_running_loop()
     next_look = loop.time() + opts.look_every_s
     changed: NodeInventory | None = None
@@ -216,7 +249,7 @@ async def serve_node(
         beat = NodeHeartbeat(boot_id=boot_id, inventory=changed)
         delivered = False
         try:
-            await handle.signal("heartbeat", beat, rpc_timeout=DESCRIBE_TIMEOUT)
+            await handle.signal(NodeWorkflow.heartbeat, beat, rpc_timeout=DESCRIBE_TIMEOUT)
             delivered = True
             if changed is not None:
                 inventory, changed = changed, None
@@ -224,7 +257,8 @@ async def serve_node(
             if await _workflow_ended(handle):
                 raise NodeRemoved from err
             log.warning("heartbeat failed: %s", err)
-        except Exception as err:  # a frozen server: the call timed out
+        except Exception as err:  # noqa: BLE001 - the loop must outlive any failed beat
+            # A frozen server (the call timed out), or anything else: beat again soon.
             log.warning("heartbeat failed: %s", err)
         await wait_or_stop(stop, opts.heartbeat_s if delivered else HEARTBEAT_RETRY_S)
 
@@ -233,18 +267,18 @@ async def look_again(opts: AgentOptions, before: NodeInventory) -> NodeInventory
     """The machine as it is now, when it differs from what the node workflow was last told."""
     try:
         now = await asyncio.to_thread(discover_inventory, opts.node, opts.address)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - unforeseen output must not end the loop
         log.warning("discovery failed: %s", err)
         return None
     return now if now.comparable() != before.comparable() else None
 
 
-async def _workflow_ended(handle: WorkflowHandle[Any, Any]) -> bool:
+async def _workflow_ended(handle: WorkflowHandle[NodeWorkflow, NodeView | None]) -> bool:
     """The node's workflow has closed (an operator removed the node). Not found, or no answer,
     is not that: the agent keeps heartbeating and its engines keep serving."""
     try:
         described = await handle.describe(rpc_timeout=DESCRIBE_TIMEOUT)
-    except Exception:
+    except Exception:  # noqa: BLE001 - no answer, of any kind, is not "ended"
         return False
     return described.status != WorkflowExecutionStatus.RUNNING
 
@@ -261,7 +295,7 @@ async def stop_engines_and_tell(client: Client, agent: NodeAgentActivities) -> N
             continue
         report = EngineExit(replica_id=result.replica_id, reason="stopped with its agent")
         try:
-            await client.get_workflow_handle(workflow_id).signal("engine_exited", report)
+            await replica_handle(client, workflow_id).signal(ReplicaWorkflow.engine_exited, report)
         except RPCError as err:
             log.warning("could not tell %s its engine stopped: %s", workflow_id, err)
     log.info("stopped %d engine(s)", len(stopped))

@@ -4,19 +4,22 @@ import argparse
 import asyncio
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from workers import bench_placement, doctor
-from workers.bench_gateway import main as bench_gateway
+from workers import doctor
 from workers.ledger_commands import add_ledger_parsers, run_ledger_command
 from workers.model_commands import add_model_parsers
 from workers.node_commands import add_node_parsers, parse_labels
 from workers.paths import Locations, default_node_name
 from workers.store_commands import STORE_COMMANDS, add_store_parsers, run_store_command
 from workflows import options
+
+# The modules under bench/ that `llmgw bench NAME` runs (`make bench-NAME` runs the same).
+BENCHMARKS = ("placement", "gateway", "abuse", "routing", "chaos")
 
 
 def parse_engine_paths(values: list[str]) -> dict[str, str]:
@@ -46,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=8000, help="gateway port")
     up.add_argument("--admin-port", type=int, default=8001, help="admin API port, on loopback")
     up.add_argument("--temporal-port", type=int, default=7233)
+    up.add_argument(
+        "--kv-feed-port",
+        type=int,
+        default=8003,
+        help="the agent's KV feed to the gateway, on loopback (0: none)",
+    )
     up.add_argument("--ui-port", type=int, default=8233, help="Temporal web UI port")
     up.add_argument("--headless", action="store_true", help="no Temporal web UI")
     up.add_argument("--no-demo", action="store_true", help="do not define the demo model")
@@ -60,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--address", default="127.0.0.1", help="address engines listen on")
     agent.add_argument("--engine-path", action="append", default=[], metavar="ENGINE=PATH")
     agent.add_argument("--stop-engines-on-exit", action="store_true")
+    agent.add_argument(
+        "--kv-feed-port",
+        type=int,
+        default=0,
+        help="serve the engines' KV-cache events to gateways on --address at this port "
+        "(default 0: not served)",
+    )
     agent.add_argument(
         "--join",
         metavar="TOKEN",
@@ -107,16 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", parents=[common], help="nodes and replicas")
     sub.add_parser("nodes", parents=[common], help="nodes, their hardware and engines")
     add_node_parsers(sub, common)
-    bench = sub.add_parser("bench", help="benchmarks (commands, not tests)")
-    benches = bench.add_subparsers(dest="bench", required=True)
-    bench_placement.add_arguments(
-        benches.add_parser(
-            "placement", help="the ledger at fleet scale, on an embedded Temporal server"
-        )
-    )
-    bench_gateway.add_arguments(
-        benches.add_parser("gateway", help="the gateway against a bare Python hop and LiteLLM")
-    )
+    # bench/ sits above workers/ (it drives these processes), so the CLI hands a benchmark to its
+    # module by name instead of importing it.
+    bench = sub.add_parser("bench", help="benchmarks (commands, not tests): bench/<name>.py")
+    bench.add_argument("bench", choices=BENCHMARKS, help="which benchmark")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="its own arguments (--help)")
     # The doctor reads this machine only: it brings its own --state-dir and needs no Temporal.
     doctor.add_arguments(
         sub.add_parser("doctor", help="check what this node's GPUs, fabric and engines need")
@@ -191,6 +202,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 port=args.port,
                 admin_port=args.admin_port,
                 temporal_port=args.temporal_port,
+                kv_feed_port=args.kv_feed_port,
                 ui_port=None if args.headless else args.ui_port,
                 demo=not args.no_demo,
                 engine_paths=parse_engine_paths(args.engine_path),
@@ -218,10 +230,12 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 address=args.address,
                 engine_paths=parse_engine_paths(args.engine_path),
                 stop_engines_on_exit=args.stop_engines_on_exit,
+                kv_feed_port=args.kv_feed_port,
             ),
         )
     elif args.command == "bench":
-        sys.exit(bench_gateway.run(args) if args.bench == "gateway" else bench_placement.run(args))
+        command = [sys.executable, "-m", f"bench.{args.bench}", *args.bench_args]
+        sys.exit(subprocess.call(command))
     elif args.command == "doctor":
         sys.exit(doctor.run(args))
     elif args.command == "gateway":
@@ -236,7 +250,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
         )
         gateway_main(where, settings)
     elif args.command == "secret":
-        from activities.node_secrets import main as secret_main
+        from activities.agent.node_secrets import main as secret_main
 
         words = [args.action, *([args.name] if args.name else [])]
         sys.exit(secret_main(words, where.state_dir / "agent" / args.node / "secrets"))

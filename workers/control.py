@@ -10,11 +10,11 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.engine_planning import ControlConfigActivities
-from activities.ledger_calls import LedgerActivities, start_ledger
-from activities.node_admin import NodeAdminActivities
-from activities.server_config import load_server_config
-from activities.workflow_status import WorkflowStatusActivities
+from activities.control.engine_planning import ControlConfigActivities
+from activities.control.ledger_calls import LedgerActivities, start_ledger
+from activities.control.node_admin import NodeAdminActivities
+from activities.control.server_config import load_server_config
+from activities.control.workflow_status import WorkflowStatusActivities
 from workers.connect import connect_with_retry
 from workers.paths import Locations
 from workers.registry import CONTROL_WORKFLOWS

@@ -4,7 +4,7 @@ llama.cpp on the CPU. Found without importing the package (its __init__ needs th
 import importlib.util
 from pathlib import Path
 
-from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION
+from engines.llamacpp import LLAMACPP_DEFAULT_VERSION
 from workflows.contracts import ModelSpec, Profile
 
 DEMO_MODEL = "smollm2-135m"

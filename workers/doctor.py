@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from activities.doctor.gather import gather_facts
+from activities.agent.doctor.gather import gather_facts
 from workers.paths import Locations, default_node_name
 
 
@@ -39,8 +39,8 @@ def _engine_paths(values: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from activities.doctor.checks import diagnose, failed
-    from activities.doctor.report import render_json, render_text
+    from activities.agent.doctor.checks import diagnose, failed
+    from activities.agent.doctor.report import render_json, render_text
 
     where = Locations.resolve(args.state_dir)
     facts = gather_facts(where.state_dir, args.node, args.address, _engine_paths(args.engine_path))

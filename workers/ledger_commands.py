@@ -10,12 +10,11 @@ go through on the rebuilt ledger.
 """
 
 import argparse
-from typing import Any
 
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 
-from activities.ledger_calls import ledger_status
+from activities.control.ledger_calls import ledger_status
 from workers.connect import connect_with_retry
 from workers.paths import Locations
 from workflows.contracts import (
@@ -33,6 +32,8 @@ from workflows.ledger_compact import compact_record, pack_state
 from workflows.model import external_route
 from workflows.model_client import list_models
 from workflows.names import CONTROL_TASK_QUEUE, LEDGER_WORKFLOW_ID
+from workflows.node import NodeWorkflow
+from workflows.replica import ReplicaWorkflow
 
 RUNNING_NODES = "WorkflowType = 'Node' AND ExecutionStatus = 'Running'"
 RUNNING_REPLICAS = "WorkflowType = 'Replica' AND ExecutionStatus = 'Running'"
@@ -57,8 +58,10 @@ async def _running_ids(client: Client, query: str) -> list[str]:
 
 async def _nodes(client: Client, state: LedgerState) -> None:
     for workflow_id in await _running_ids(client, RUNNING_NODES):
-        handle = client.get_workflow_handle(workflow_id)
-        view: NodeView | None = await handle.query("describe", result_type=NodeView)
+        handle: WorkflowHandle[NodeWorkflow, NodeView | None] = client.get_workflow_handle(
+            workflow_id
+        )
+        view = await handle.query(NodeWorkflow.describe)
         if view is None or view.record.state == NodeState.REMOVED:
             continue  # not registered yet, or on its way out: not placeable either way
         state.nodes[view.record.inventory.name] = compact_record(view.record)
@@ -87,12 +90,13 @@ def _replica_route(view: ReplicaView, alloc: Allocation | None, model: ModelView
 
 async def _replicas(client: Client, state: LedgerState, models: dict[str, ModelView]) -> None:
     for workflow_id in await _running_ids(client, RUNNING_REPLICAS):
-        handle = client.get_workflow_handle(workflow_id)
-        view: ReplicaView = await handle.query("describe", result_type=ReplicaView)
+        handle: WorkflowHandle[ReplicaWorkflow, ReplicaView] = client.get_workflow_handle(
+            workflow_id
+        )
+        view = await handle.query(ReplicaWorkflow.describe)
         if view.state == ReplicaState.STOPPED:
             continue  # released, or releasing (that call waits for the rebuilt ledger)
-        found: Any = await handle.query("allocation", result_type=Allocation)
-        alloc: Allocation | None = found
+        alloc = await handle.query(ReplicaWorkflow.allocation)
         if alloc is not None:
             state.allocations[alloc.replica_id] = alloc
         state.routes[view.replica_id] = _replica_route(view, alloc, models.get(view.model))
@@ -136,7 +140,9 @@ async def rebuild_ledger(client: Client) -> LedgerState:
     return state
 
 
-def add_ledger_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_ledger_parsers(
+    sub: "argparse._SubParsersAction[argparse.ArgumentParser]", common: argparse.ArgumentParser
+) -> None:
     ledger = sub.add_parser("ledger", parents=[common], help="the cluster ledger")
     commands = ledger.add_subparsers(dest="ledger_command", required=True)
     commands.add_parser(

@@ -1,4 +1,5 @@
-"""`llmgw model add|apply|list|scale|rm|why`: the catalog from the command line and from YAML.
+"""`llmgw model add|apply|import-ollama|list|scale|rm|why`: the catalog from the command line
+and from YAML (import-ollama: workers/ollama_import.py).
 
 A definition is checked here first (workflows/catalog.py) so a typo fails before anything is
 sent, and again by the model workflow, which is what the admin API and other clients reach.
@@ -10,6 +11,7 @@ never the command line (shell history, `ps`), and kept in the gateway's store.
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ from pydantic import ValidationError
 from temporalio.client import Client, WorkflowUpdateFailedError
 
 from gateway.store import open_store
+from workers.ollama_import import fetch_blobs, plan_import
+from workers.ollama_store import STORE_ENV, OllamaStoreError
 from workers.paths import Locations
 from workers.progress import ledger_snapshot
 from workers.tables import table
@@ -238,6 +242,8 @@ async def model_command(
         elif args.action == "apply":
             for declared in models_from_file(Path(args.file)):
                 await apply_declared(client, where, declared)
+        elif args.action == "import-ollama":
+            await import_ollama(client, where, args)
         elif args.action == "scale":
             view = await scale_model(client, args.name, args.replicas)
             print(f"model {view.spec.name}: {view.spec.replicas} replica(s) wanted")
@@ -255,6 +261,26 @@ async def model_command(
             await why(client, args.name)
     except WorkflowUpdateFailedError as err:
         raise SystemExit(f"refused: {err.cause}") from None
+
+
+async def import_ollama(client: Client, where: Locations, args: argparse.Namespace) -> None:
+    """Copy a model Ollama has pulled into the state dir, verified, and define it as `add`
+    does. The definition is built and checked before anything is copied."""
+    try:
+        plan = plan_import(args, where.models_dir, pairs(args.env, "--env"))
+        checked(plan.spec)
+        print(f"ollama {plan.found.reference}: {plan.found.manifest}")
+        # Synchronous on purpose: Ctrl-C stops a copy of gigabytes between two chunks, and
+        # the temporary file goes with it.
+        for line in fetch_blobs(plan):
+            print(f"  {line}")
+    except (OllamaStoreError, OSError) as err:
+        raise SystemExit(f"import-ollama {args.reference}: {err}") from None
+    for note in plan.notes:
+        print(f"  {note}")
+    for warning in plan.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    await apply_declared(client, where, Declared(plan.spec))
 
 
 async def show_models(client: Client) -> None:
@@ -360,6 +386,7 @@ def add_model_parsers(
     )
     apply = msub.add_parser("apply", parents=[common], help="define the models in a YAML file")
     apply.add_argument("-f", "--file", required=True)
+    add_import_parser(msub, common)
     msub.add_parser("list", parents=[common], help="models and their replicas")
     scale = msub.add_parser("scale", parents=[common], help="set a model's replica count")
     scale.add_argument("name")
@@ -368,3 +395,50 @@ def add_model_parsers(
     rm.add_argument("name")
     why_cmd = msub.add_parser("why", parents=[common], help="where the model can go, and why not")
     why_cmd.add_argument("name")
+
+
+def add_import_parser(
+    msub: "argparse._SubParsersAction[argparse.ArgumentParser]",
+    common: argparse.ArgumentParser,
+) -> None:
+    imp = msub.add_parser(
+        "import-ollama",
+        parents=[common],
+        help="serve a model Ollama has pulled: its GGUF copied (verified) into the state dir "
+        "and defined on llama.cpp",
+    )
+    imp.add_argument("reference", metavar="NAME[:TAG]", help="as `ollama list` shows it")
+    imp.add_argument(
+        "--store",
+        metavar="DIR",
+        help=f"Ollama's models directory (default ${STORE_ENV} or ~/.ollama/models)",
+    )
+    imp.add_argument(
+        "--as",
+        dest="as_name",
+        metavar="MODEL",
+        help="the llmgw model's name (default: the Ollama name, ':' and '/' as '-')",
+    )
+    imp.add_argument("--replicas", type=int, default=1)
+    imp.add_argument("--min-replicas", type=int, default=0)
+    imp.add_argument("--max-replicas", type=int, default=64)
+    imp.add_argument("--engine-version", default="")
+    imp.add_argument("--gpu-class", help="e.g. h100-80g; omit for the CPU")
+    imp.add_argument("--gpus-per-node", type=int, default=0)
+    imp.add_argument("--cpu-cores", type=int, default=2)
+    imp.add_argument(
+        "--memory-mb",
+        type=int,
+        help="default: on the CPU the weights' size + 512, at least 1024; on GPUs 1024",
+    )
+    imp.add_argument("--context-size", type=int, help="default: Ollama's num_ctx, else 4096")
+    imp.add_argument("--parallel", type=int, default=2)
+    imp.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    imp.add_argument(
+        "--arg", action="append", default=[], help="extra llama-server argument (after Ollama's)"
+    )
+    imp.add_argument(
+        "--no-params",
+        action="store_true",
+        help="leave Ollama's parameters (stop words, temperature, ...) out of the profile",
+    )

@@ -12,7 +12,7 @@ from collections import Counter
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from activities.node_admin import add_node
+from activities.control.node_admin import add_node, node_handle
 from gateway.store import open_store
 from workers.join import JoinToken
 from workers.paths import Locations
@@ -28,11 +28,18 @@ from workflows.contracts import (
     NodeView,
 )
 from workflows.engine_keys import node_identity, node_secret
-from workflows.names import node_workflow_id, reserved_node_name
+from workflows.names import reserved_node_name
 from workflows.node import NodeWorkflow
 
 # How long a command waits to see the node take it before saying it was only sent.
 SEEN_WITHIN_S = 10.0
+# Each operator command's signal on the node workflow (`rm` is its `remove`).
+NODE_SIGNALS = {
+    "cordon": NodeWorkflow.cordon,
+    "uncordon": NodeWorkflow.uncordon,
+    "drain": NodeWorkflow.drain,
+    "rm": NodeWorkflow.remove,
+}
 
 
 def parse_labels(values: list[str]) -> dict[str, str]:
@@ -126,9 +133,8 @@ async def show_node(client: Client, name: str) -> None:
 
 
 async def describe(client: Client, name: str) -> NodeView | None:
-    handle = client.get_workflow_handle_for(NodeWorkflow.run, node_workflow_id(name))
     try:
-        return await handle.query(NodeWorkflow.describe)
+        return await node_handle(client, name).query(NodeWorkflow.describe)
     except RPCError:
         return None
 
@@ -169,9 +175,8 @@ async def node_signal(client: Client, args: argparse.Namespace) -> None:
             f"node {args.name} still runs {', '.join(sorted(here))}: `llmgw node drain "
             f"{args.name}` first, or rm --force to stop them now (requests to them fail)"
         )
-    signal = {"rm": "remove"}.get(args.action, args.action)
-    handle = client.get_workflow_handle(node_workflow_id(args.name))
-    await handle.signal(signal, NodeCommand(reason=args.reason or ""))
+    signal = NODE_SIGNALS[args.action]
+    await node_handle(client, args.name).signal(signal, NodeCommand(reason=args.reason or ""))
     seen = await _seen(client, args.name, args.action)
     status = "done" if seen else "sent (the control worker has not taken it yet)"
     print(f"node {args.name}: {args.action} {status}")

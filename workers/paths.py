@@ -71,5 +71,11 @@ class Locations:
         default = self.state_dir / "llmgw.yaml"
         return default if default.exists() else None
 
+    @property
+    def models_dir(self) -> Path:
+        """Weights llmgw keeps itself (`llmgw model import-ollama`), named by their sha256.
+        Absolute: the path goes into a model's spec, read by agents elsewhere."""
+        return self.state_dir.absolute() / "models"
+
     def node_secret_file(self, node: str) -> Path:
         return self.state_dir / "agent" / node / "node.secret"

@@ -3,23 +3,25 @@
 from typing import Any
 
 from temporalio.client import Client, WorkflowQueryFailedError
+from temporalio.service import RPCError
 
+from activities.control.ledger_calls import ledger_handle
 from workflows.contracts import EngineState, LedgerState, NodeRecord
-from workflows.ledger_compact import PackedLedgerState, unpack_state
-from workflows.names import LEDGER_WORKFLOW_ID, engine_install_workflow_id
+from workflows.ledger import ClusterLedgerWorkflow
+from workflows.ledger_compact import unpack_state
+from workflows.names import engine_install_workflow_id
 
 
 async def ledger_snapshot(client: Client) -> LedgerState:
     """The ledger's whole state, read compressed: the plain `snapshot` query's answer outgrows
     gRPC's 4 MB message limit at about 500 eight-GPU nodes running 2,000 replicas
     (`llmgw bench placement`)."""
-    handle = client.get_workflow_handle(LEDGER_WORKFLOW_ID)
+    handle = ledger_handle(client)
     try:
-        packed = await handle.query("packed_snapshot", result_type=PackedLedgerState)
+        packed = await handle.query(ClusterLedgerWorkflow.packed_snapshot)
     except WorkflowQueryFailedError:
         # A control worker from before the packed query: the plain one still answers there.
-        state: LedgerState = await handle.query("snapshot", result_type=LedgerState)
-        return state
+        return await handle.query(ClusterLedgerWorkflow.snapshot)
     return unpack_state(packed)
 
 
@@ -29,7 +31,7 @@ async def install_progress(client: Client, node: str, engine: str, version: str)
     handle = client.get_workflow_handle(engine_install_workflow_id(node, engine, version))
     try:
         described = await handle.describe()
-    except Exception:
+    except RPCError:  # not started yet (NOT_FOUND), or Temporal not answering: no progress
         return ""
     for pending in described.raw_description.pending_activities:
         if pending.heartbeat_details.payloads:

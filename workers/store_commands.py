@@ -21,6 +21,22 @@ from workers.tables import table
 
 STORE_COMMANDS = frozenset({"key", "usage", "store"})
 CLEAR = "none"  # `llmgw key limit NAME --rpm none` removes that limit
+# Request-size limits: (flag, KeyLimits field, help). Left unset, a key has the gateway's own
+# setting of the same name; `none` in `key limit` goes back to it.
+SIZE_LIMIT_FLAGS = (
+    ("--max-prompts", "max_prompts_per_request", "prompts in one request's prompt/input array"),
+    ("--max-choices", "max_choices_per_request", "n, best_of, and prompts x n (completions)"),
+    ("--max-prompt-tokens", "max_prompt_tokens_per_request", "estimated prompt tokens"),
+    (
+        "--max-inflight-prompt-tokens",
+        "max_inflight_prompt_tokens",
+        "estimated prompt tokens of the key's requests in flight together",
+    ),
+)
+
+
+# Prefix-cache isolation (gateway/cache_salt.py); `--no-isolate-cache` turns it off.
+ISOLATE_FLAG = "--isolate-cache"
 
 
 def positive_count(text: str) -> int:
@@ -63,11 +79,17 @@ def add_store_parsers(
         "--adapters", type=names_list, help="comma-separated LoRA adapters (default: any)"
     )
     create.add_argument("--expires-in-days", type=float)
-    _add_limit_flags(create, positive_count, "unlimited")
+    _add_limit_flags(create, positive_count, "unlimited", "the gateway's default", "shared")
 
     limit = ksub.add_parser("limit", parents=[common], help="change a key's limits")
     limit.add_argument("name_or_id")
-    _add_limit_flags(limit, count_or_clear, "unchanged; `none` removes the limit")
+    _add_limit_flags(
+        limit,
+        count_or_clear,
+        "unchanged; `none` removes the limit",
+        "unchanged; `none` goes back to the gateway's default",
+        "unchanged",
+    )
 
     ksub.add_parser("list", parents=[common], help="every key, its allowlists and limits")
     revoke = ksub.add_parser("revoke", parents=[common])
@@ -94,7 +116,11 @@ def add_store_parsers(
 
 
 def _add_limit_flags(
-    parser: argparse.ArgumentParser, count: Callable[[str], object], default_help: str
+    parser: argparse.ArgumentParser,
+    count: Callable[[str], object],
+    default_help: str,
+    size_default_help: str,
+    isolate_default_help: str,
 ) -> None:
     parser.add_argument("--rpm", type=count, help=f"requests per minute ({default_help})")
     parser.add_argument("--tpm", type=count, help=f"tokens per minute ({default_help})")
@@ -102,6 +128,15 @@ def _add_limit_flags(
         "--budget", type=count, metavar="TOKENS", help=f"tokens per period ({default_help})"
     )
     parser.add_argument("--budget-period", choices=["day", "month"], help="UTC day or month")
+    for flag, field, what in SIZE_LIMIT_FLAGS:
+        parser.add_argument(flag, dest=field, type=count, help=f"{what} ({size_default_help})")
+    parser.add_argument(
+        ISOLATE_FLAG,
+        dest="isolate_cache",
+        action=argparse.BooleanOptionalAction,
+        help="a prefix cache of the key's own on vLLM replicas: its prompts never hit blocks "
+        f"another key's left cached (--no-isolate-cache shares it; {isolate_default_help})",
+    )
 
 
 def limits_to_create(args: argparse.Namespace) -> KeyLimits:
@@ -112,19 +147,28 @@ def limits_to_create(args: argparse.Namespace) -> KeyLimits:
         tpm=args.tpm,
         token_budget=args.budget,
         budget_period=args.budget_period or "day",
+        **{field: getattr(args, field) for _, field, _ in SIZE_LIMIT_FLAGS},
+        isolate_cache=bool(args.isolate_cache),
     )
 
 
 def changed_limits(current: KeyLimits, args: argparse.Namespace) -> KeyLimits:
     """The key's limits with what the flags say applied; a flag left out keeps its value."""
     changes: dict[str, object] = {}
-    for field, value in (("rpm", args.rpm), ("tpm", args.tpm), ("token_budget", args.budget)):
+    counts = [("rpm", args.rpm), ("tpm", args.tpm), ("token_budget", args.budget)]
+    counts += [(field, getattr(args, field)) for _, field, _ in SIZE_LIMIT_FLAGS]
+    for field, value in counts:
         if value is not None:
             changes[field] = None if value == CLEAR else value
     if args.budget_period:
         changes["budget_period"] = args.budget_period
+    if args.isolate_cache is not None:
+        changes["isolate_cache"] = args.isolate_cache
     if not changes:
-        raise SystemExit("nothing to change: give --rpm, --tpm, --budget or --budget-period")
+        flags = ", ".join(
+            ["--rpm", "--tpm", "--budget", *(f for f, _, _ in SIZE_LIMIT_FLAGS), "--budget-period"]
+        )
+        raise SystemExit(f"nothing to change: give {flags} or --[no-]isolate-cache")
     return KeyLimits.model_validate(current.model_dump() | changes)
 
 
@@ -136,6 +180,12 @@ def describe_limits(limits: KeyLimits) -> str:
         parts.append(f"tpm {limits.tpm}")
     if limits.token_budget is not None:
         parts.append(f"budget {limits.token_budget}/{limits.budget_period}")
+    for flag, field, _ in SIZE_LIMIT_FLAGS:
+        value = getattr(limits, field)
+        if value is not None:
+            parts.append(f"{flag.removeprefix('--')} {value}")
+    if limits.isolate_cache:
+        parts.append(ISOLATE_FLAG.removeprefix("--"))
     return ", ".join(parts) or "none"
 
 

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from activities.local_port import free_port
+from engines.local_port import free_port
 
 
 def temporal_binary() -> str:

@@ -18,8 +18,8 @@ from typing import IO
 import httpx
 from temporalio.client import Client
 
-from activities.node_agent import AgentConfig, NodeAgentActivities
-from activities.server_config import ConfigError, load_server_config
+from activities.agent.node_agent import AgentConfig, NodeAgentActivities
+from activities.control.server_config import ConfigError, load_server_config
 from gateway.store import Store, open_store
 from workers.children import Child, Children
 from workers.connect import connect_with_retry
@@ -44,6 +44,8 @@ class UpOptions:
     admin_port: int = 8001
     temporal_port: int = 7233
     ui_port: int | None = 8233
+    # This machine's agent serves its engines' KV-cache events here, on loopback; 0: not at all.
+    kv_feed_port: int = 8003
     demo: bool = True
     engine_paths: dict[str, str] = field(default_factory=dict)
     config_file: Path | None = None
@@ -99,6 +101,7 @@ def start_children(where: Locations, opts: UpOptions) -> Children:
     run = where.state_dir / "run"
     children = Children(env=child_env(where))
     agent_args = ["agent", "--node", opts.node, "--stop-engines-on-exit"]
+    agent_args += ["--kv-feed-port", str(opts.kv_feed_port)]
     for engine, path in opts.engine_paths.items():
         agent_args += ["--engine-path", f"{engine}={path}"]
     gateway_args = ["gateway", "--host", opts.host, "--port", str(opts.port)]
@@ -125,7 +128,7 @@ async def wait_until_serving(
         await tick()
         try:
             state = await ledger_snapshot(client)
-        except Exception:
+        except Exception:  # noqa: BLE001 - unreadable for any reason is not ready yet; keep ticking
             state = None
         if state is not None:
             routes = [r for r in state.routes.values() if r.model == model]
@@ -145,12 +148,24 @@ async def wait_until_serving(
     return False
 
 
-async def answers_health(endpoint: str) -> bool:
+async def answers_health(endpoint: str, path: str = "/health") -> bool:
     try:
         async with httpx.AsyncClient(timeout=2) as http:
-            return (await http.get(f"{endpoint}/health")).status_code == 200
+            return (await http.get(f"{endpoint}{path}")).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+async def wait_until_gateway_answers(
+    opts: UpOptions, stop: asyncio.Event, tick: Callable[[], Awaitable[None]]
+) -> None:
+    """The banner promises an API that answers: wait for the gateway's listener, reviving a
+    gateway that died on the way (a port taken, a store not ready)."""
+    host = "127.0.0.1" if opts.host in ("0.0.0.0", "::", "") else opts.host
+    endpoint = f"http://{host}:{opts.port}"
+    while not stop.is_set() and not await answers_health(endpoint, "/healthz"):
+        await tick()
+        await wait_or_stop(stop, 0.2)
 
 
 def banner(opts: UpOptions, where: Locations, api_key: str) -> str:
@@ -248,6 +263,7 @@ async def run_up(where: Locations, opts: UpOptions) -> None:
                 say(f"defined the demo model {spec.name}")
             say(f"waiting for {DEMO_MODEL} to serve (the first run builds llama.cpp)")
             await wait_until_serving(client, DEMO_MODEL, stop, revive)
+        await wait_until_gateway_answers(opts, stop, revive)
         if not stop.is_set():
             say(banner(opts, where, api_key))
         while not stop.is_set():

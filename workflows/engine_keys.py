@@ -33,6 +33,20 @@ def engine_key_from_master(master: bytes, node: str, replica_id: str) -> str:
     return engine_key(node_secret(master, node), replica_id)
 
 
+def kv_feed_token(node_secret_value: bytes) -> str:
+    """What a gateway shows a node agent to read its KV feed (engines/kv_feed.py). The gateway
+    derives it from the master secret and the node's name, the agent from its node secret."""
+    mac = hmac.new(node_secret_value, b"kv-feed:v1", hashlib.sha256)
+    return mac.hexdigest()
+
+
+def cache_salt_from_master(master: bytes, key_id: str) -> str:
+    """The prefix-cache salt of one API key (gateway/cache_salt.py): never stored, the same on
+    every gateway and across restarts, and not computable without the master secret, so no
+    tenant can name another's salt and share its cached blocks."""
+    return hmac.new(master, b"cache-salt:" + key_id.encode(), hashlib.sha256).hexdigest()
+
+
 def node_identity(node_secret_value: bytes) -> str:
     """What a node proves it was joined with, safe to keep in workflow history: a one-way
     function of the node secret, so a node workflow can tell two tokens apart without holding

@@ -67,7 +67,7 @@ _FORBIDDEN: dict[str, str] = {
     "LLAMA_API_KEY": "llmgw sets it: the engine key only the gateway holds",
     "SGLANG_API_KEY": "llmgw sets it: the engine key only the gateway holds",
     "RAY_ADDRESS": "llmgw sets it: the replica's own Ray head",
-    "PYTHONHASHSEED": "llmgw sets it: the router hashes prompts with the same seed",
+    "PYTHONHASHSEED": "llmgw sets it: one seed, so every replica hashes prefix-cache blocks alike",
     "NCCL_SOCKET_IFNAME": "llmgw sets it per node: the interface holding the node's address",
     "GLOO_SOCKET_IFNAME": "llmgw sets it per node: the interface holding the node's address",
     "NCCL_IB_HCA": "llmgw sets it per node: exactly the chosen fabric's adapters",

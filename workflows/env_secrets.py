@@ -1,5 +1,5 @@
 """Secret values in a profile's env, referenced by name. Pure; used where a model is defined
-(workflows/catalog.py) and by the agent at launch (activities/node_secrets.py resolves them).
+(workflows/catalog.py) and by the agent at launch (activities/agent/node_secrets.py resolves them).
 
 A model definition travels in every replica's and model's workflow history, where anyone with
 the Temporal UI reads it. So a token (HF_TOKEN, WANDB_API_KEY) is never written there: the env

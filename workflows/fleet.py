@@ -13,18 +13,23 @@ with workflow.unsafe.imports_passed_through():
     import workflows.history_budget as history_budget
     from workflows import options
     from workflows.contracts import (
+        NodeAdd,
         NodeNames,
         NodeRefresh,
         NodesFile,
         NodesFileRequest,
         NodeView,
+        OnboardingProgress,
     )
-    from workflows.names import CONTROL_TASK_QUEUE, ControlActivity, node_workflow_id
+    from workflows.names import ControlActivity, node_workflow_id
+    from workflows.node import NodeWorkflow
 
 # Histories from before signals went out in batches (and the run continued as new at fleet
 # size) replay one signal at a time.
 SIGNALS_IN_BATCHES = "fleet-refresh-signals-in-batches"
 SIGNAL_BATCH = 100
+# Histories from before scheduled onboarding added nodes in batches add them one at a time.
+ONBOARDING_IN_BATCHES = "scheduled-onboarding-in-batches"
 
 
 @workflow.defn(name="FleetRefresh")
@@ -59,7 +64,7 @@ class FleetRefreshWorkflow:
         asked = NodeRefresh(inventory=req.inventory, engines=req.engines)
         try:
             await workflow.get_external_workflow_handle(node_workflow_id(name)).signal(
-                "refresh", asked
+                NodeWorkflow.refresh, asked
             )
             return True
         except ApplicationError as err:  # removed since the ledger was read
@@ -70,23 +75,38 @@ class FleetRefreshWorkflow:
 @workflow.defn(name="ScheduledOnboarding")
 class ScheduledOnboardingWorkflow:
     @workflow.run
-    async def run(self) -> NodeNames:
-        listed: NodesFile = await workflow.execute_activity(
-            ControlActivity.READ_NODES_FILE,
-            NodesFileRequest(),
-            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-            retry_policy=options.NODE_CHECK_RETRY,
-            result_type=NodesFile,
-        )
-        added = []
-        for node in listed.nodes:
-            await workflow.execute_activity(
-                ControlActivity.ADD_NODE,
-                node,
-                task_queue=CONTROL_TASK_QUEUE,
+    async def run(self, carried: OnboardingProgress | None = None) -> NodeNames:
+        """Started by its schedule with no argument; a continued run gets the nodes left."""
+        if carried is None:
+            listed: NodesFile = await workflow.execute_activity(
+                ControlActivity.READ_NODES_FILE,
+                NodesFileRequest(),
                 start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-                retry_policy=options.LEDGER_RETRY,
-                result_type=NodeView,
+                retry_policy=options.NODE_CHECK_RETRY,
+                result_type=NodesFile,
             )
-            added.append(node.name)
+            carried = OnboardingProgress(nodes=listed.nodes)
+        if not workflow.patched(ONBOARDING_IN_BATCHES):
+            for node in carried.nodes:
+                await self._add(node)
+            return NodeNames(names=[node.name for node in carried.nodes])
+        nodes, added = carried.nodes, carried.added
+        # As FleetRefresh: a batch costs a workflow task, not one per node, and a long list
+        # continues as new with the nodes still to add.
+        while nodes:
+            batch, nodes = nodes[:SIGNAL_BATCH], nodes[SIGNAL_BATCH:]
+            await asyncio.gather(*(self._add(node) for node in batch))
+            added += [node.name for node in batch]
+            if nodes and history_budget.time_to_continue():
+                workflow.continue_as_new(OnboardingProgress(nodes=nodes, added=added))
         return NodeNames(names=added)
+
+    @staticmethod
+    async def _add(node: NodeAdd) -> None:
+        await workflow.execute_activity(
+            ControlActivity.ADD_NODE,
+            node,
+            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
+            retry_policy=options.LEDGER_RETRY,
+            result_type=NodeView,
+        )

@@ -63,7 +63,7 @@ class ClusterLedgerWorkflow:
         self.state = carried_state(state)
 
     @workflow.run
-    async def run(self, state: LedgerState | PackedLedgerState | None = None) -> None:
+    async def run(self, state: LedgerState | PackedLedgerState | None = None) -> None:  # noqa: ARG002 - read by __init__ (@workflow.init), before any handler
         await workflow.wait_condition(lambda: history_budget.time_to_continue(forced=False))
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(pack_state(self.state))

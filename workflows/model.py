@@ -19,7 +19,8 @@ Replicas are reached by workflow ID, never by a child handle (none survives a co
 once a minute the model asks Temporal which of its replica workflows still run (a control
 activity, cheap and bounded). One that closed without being told to stop (an operator
 terminated it) left its engine, allocation and route behind: the model withdraws the route,
-asks the node's agent to stop the engine, frees the allocation and starts a replacement. A
+asks the node's agent to stop the engine and starts a replacement; it frees the allocation once
+the engine is stopped, or its node is gone, asking again at each check until then. A
 removal polls the same way until every stopping replica has closed, so it waits for them across
 any number of continue-as-new. Polling was chosen over replicas signalling their release: it
 also covers a replica that never gets to signal (terminated, failed), and needs no change to the
@@ -37,44 +38,36 @@ from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from workflows import history_budget, options
     from workflows.autoscale import decide
-    from workflows.catalog import EXTERNAL, CatalogError, endpoint_base, validate_model
+    from workflows.catalog import CatalogError, endpoint_base, validate_model
     from workflows.contracts import (
-        AllocationLookup,
-        EngineLoad,
-        EngineLoadReport,
-        EngineLoadRequest,
-        LedgerAck,
-        ModelIdle,
-        ModelName,
         ModelSpec,
         ModelState,
         ModelView,
         ModelWake,
-        ReleaseRequest,
         RemoveModel,
         ReplaceReplicas,
-        ReplicaAllocation,
         ReplicaInput,
         ReplicaReady,
         ReplicaState,
         ReplicaView,
-        Route,
-        RoutingTable,
         ScaleRequest,
-        ShardRef,
         StopReplica,
-        StopResult,
-        WorkflowIds,
         WorkflowStatuses,
     )
+    from workflows.dead_replicas import free_dead_replicas, retry_unstopped
     from workflows.ledger_activity import call_ledger
+    from workflows.messages import MODEL_REPLICA_READY
+    from workflows.model_calls import engine_loads, set_idle, workflow_statuses
+    from workflows.model_rules import (
+        check_scale,
+        model_view,
+        stale_indices,
+        watched_indices,
+    )
+    from workflows.model_rules import external_route as external_route  # re-exported
     from workflows.names import (
-        CONTROL_TASK_QUEUE,
-        EXTERNAL_NODE,
         ControlActivity,
-        NodeActivity,
         external_replica_id,
-        node_task_queue,
         replica_id,
         replica_workflow_id,
     )
@@ -83,22 +76,10 @@ with workflow.unsafe.imports_passed_through():
 # Runs that started before this kept pending work in memory and waited on child handles; their
 # histories replay on the unpatched loop below (_run_before_carried_state).
 CARRIED_STATE_PATCH = "model-carries-state-watches-replicas-by-id"
-
-
-def external_route(spec: ModelSpec, rid: str, endpoint: str, state: ReplicaState) -> Route:
-    """The route of one URL of an external model (the model publishes it; `llmgw ledger
-    rebuild` rebuilds it)."""
-    return Route(
-        replica_id=rid,
-        model=spec.name,
-        node=EXTERNAL_NODE,
-        endpoint=endpoint,
-        engine=EXTERNAL,
-        state=state,
-        fingerprint=spec.profile_fingerprint(0) if spec.external else "",
-        detail="external endpoint",
-        upstream_model=spec.profiles[0].upstream_model,
-    )
+# A removal that arrived while a pass was already past stopping replicas (during one of its
+# activities) used to end the model with a replica still running: now the loop goes round once
+# more to stop it. Runs from before keep their ending.
+REMOVAL_STOPS_LATE_REPLICAS_PATCH = "model-removal-stops-replicas-of-a-late-remove"
 
 
 @workflow.defn(name="Model")
@@ -111,14 +92,15 @@ class ModelWorkflow:
         self.stopping_children: list[ChildWorkflowHandle[ReplicaWorkflow, ReplicaView]] = []
         self.dirty = True
         # When the autoscaler looks next, and when the replica workflows are checked next.
-        self.look_at: datetime | None = None
-        self.check_at: datetime | None = None
+        self.look_at: datetime | None = state.look_at
+        self.check_at: datetime | None = state.check_at
 
     @workflow.run
-    async def run(self, state: ModelState) -> ModelView:
+    async def run(self, state: ModelState) -> ModelView:  # noqa: ARG002 - @workflow.init took it
         if not workflow.patched(CARRIED_STATE_PATCH):
             return await self._run_before_carried_state()
-        self.check_at = workflow.now() + options.REPLICA_CHECK_EVERY
+        if self.check_at is None:
+            self.check_at = workflow.now() + options.REPLICA_CHECK_EVERY
         while True:
             wait = self._until_next_wake()
             if wait is None or wait > timedelta(0):
@@ -126,20 +108,33 @@ class ModelWorkflow:
                 with contextlib.suppress(TimeoutError):
                     await workflow.wait_condition(lambda: self.dirty, timeout=wait)
             await self._due_checks()
-            self.dirty = False
-            await self._replace()
-            await self._retire_replaced()
-            await self._reconcile()
-            await self._roll()
-            await self._publish_idle()
-            await self._publish_external()
-            if self.state.removing and not self.state.stopping:
-                # Every replica told to stop has closed: what they held is released, so the
-                # name can be reused.
+            await self._act()
+            if self._removed():
+                # Every replica told to stop has closed and every engine is stopped: what they
+                # held is released, so the name can be reused.
                 return self._view()
             if history_budget.time_to_continue():
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                self.state.look_at, self.state.check_at = self.look_at, self.check_at
                 workflow.continue_as_new(self.state)
+
+    def _removed(self) -> bool:
+        state = self.state
+        if not state.removing or state.stopping or state.unstopped:
+            return False
+        # Replicas not yet told to stop: the removal came after this pass had stopped replicas.
+        return not state.indices or not workflow.patched(REMOVAL_STOPS_LATE_REPLICAS_PATCH)
+
+    async def _act(self) -> None:
+        """One pass over what the model must do: the same steps, in the same order, in both
+        loops (histories depend on the order)."""
+        self.dirty = False
+        await self._replace()
+        await self._retire_replaced()
+        await self._reconcile()
+        await self._roll()
+        await self._publish_idle()
+        await self._publish_external()
 
     async def _run_before_carried_state(self) -> ModelView:
         """The loop as it was before CARRIED_STATE_PATCH, for runs (and histories) from then."""
@@ -148,13 +143,7 @@ class ModelWorkflow:
                 await workflow.wait_condition(lambda: self.dirty, timeout=self._next_look())
             except TimeoutError:
                 await self._autoscale()
-            self.dirty = False
-            await self._replace()
-            await self._retire_replaced()
-            await self._reconcile()
-            await self._roll()
-            await self._publish_idle()
-            await self._publish_external()
+            await self._act()
             if self.state.removing:
                 # Wait for the replicas to release what they hold, so the name can be reused.
                 for handle in self.stopping_children:
@@ -174,9 +163,9 @@ class ModelWorkflow:
             if self.look_at is None:
                 self.look_at = now + (self._next_look() or timedelta(0))
             wakes.append(self.look_at)
-        if self._watched() and self.check_at is not None:
+        if (self._watched() or self.state.unstopped) and self.check_at is not None:
             wakes.append(self.check_at)
-        if self.state.removing and self.state.stopping:
+        if self.state.removing and (self.state.stopping or self.state.unstopped):
             wakes.append(now + options.STOPPING_POLL)
         if not wakes:
             return None
@@ -190,6 +179,7 @@ class ModelWorkflow:
         removal_waits = self.state.removing and bool(self.state.stopping)
         if removal_waits or (self.check_at is not None and now >= self.check_at):
             self.check_at = now + options.REPLICA_CHECK_EVERY
+            await retry_unstopped(self.state)
             await self._check_replicas()
 
     @workflow.update(name="apply")
@@ -217,22 +207,10 @@ class ModelWorkflow:
     @scale.validator
     def _check_scale(self, req: ScaleRequest) -> None:
         self._check_not_removing()
-        spec = self.state.spec
-        if spec.external:
-            raise ApplicationError(
-                f"model {spec.name}: an external model has one replica per URL; change its "
-                "URLs instead",
-                type="InvalidModel",
-            )
-        if not spec.min_replicas <= req.replicas <= spec.max_replicas:
-            raise ApplicationError(
-                f"model {spec.name}: {req.replicas} replicas is outside min_replicas.."
-                f"max_replicas ({spec.min_replicas}..{spec.max_replicas})",
-                type="InvalidModel",
-            )
+        check_scale(self.state.spec, req.replicas)
 
     @workflow.update(name="remove")
-    def remove(self, req: RemoveModel) -> ModelView:
+    def remove(self, req: RemoveModel) -> ModelView:  # noqa: ARG002 - the update's payload
         self.state.removing = True
         self.state.spec.replicas = 0
         self.dirty = True
@@ -245,7 +223,7 @@ class ModelWorkflow:
         self.dirty = True
 
     @workflow.signal(name="wake")
-    def wake(self, req: ModelWake) -> None:
+    def wake(self, req: ModelWake) -> None:  # noqa: ARG002 - the signal's payload
         """A gateway holds a request for this model at zero replicas (a fact, so a signal: the
         gateway does not wait on the workflow, it waits for a ready route)."""
         spec = self.state.spec
@@ -254,7 +232,7 @@ class ModelWorkflow:
             self.state.autoscale.last_active = workflow.now()
             self.dirty = True
 
-    @workflow.signal(name="replica_ready")
+    @workflow.signal(name=MODEL_REPLICA_READY)
     def replica_ready(self, ready: ReplicaReady) -> None:
         name = self.state.spec.name
         index = self._index_of(ready.replica_id)
@@ -275,16 +253,7 @@ class ModelWorkflow:
             raise ApplicationError(f"model {self.state.spec.name!r} is being removed")
 
     def _view(self) -> ModelView:
-        name = self.state.spec.name
-        return ModelView(
-            spec=self.state.spec,
-            replica_ids=[replica_id(name, i) for i in self.state.indices]
-            + list(self.state.external_routes),
-            removing=self.state.removing,
-            retiring=[replica_id(name, i) for i in self.state.retiring],
-            stale=[replica_id(name, i) for i in self._stale()],
-            external_routes=self.state.external_routes,
-        )
+        return model_view(self.state)
 
     def _next_look(self) -> timedelta | None:
         policy = self.state.spec.autoscale
@@ -302,7 +271,7 @@ class ModelWorkflow:
             spec.min_replicas,
             spec.max_replicas,
             self.state.autoscale,
-            await self._engine_loads(),
+            await engine_loads(spec.name),
             workflow.now(),
         )
         self.state.autoscale = decision.state
@@ -314,51 +283,13 @@ class ModelWorkflow:
             spec.replicas = decision.replicas
             self.dirty = True
 
-    async def _engine_loads(self) -> list[EngineLoad]:
-        """Each serving replica's load, asked of the agent on its node (which holds the keys
-        the engines' metrics want). A node that does not answer counts as unseen, not idle."""
-        table: RoutingTable = await workflow.execute_activity(
-            ControlActivity.LEDGER_MODEL_ROUTES,
-            ModelName(name=self.state.spec.name),
-            task_queue=CONTROL_TASK_QUEUE,
-            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-            retry_policy=options.LEDGER_RETRY,
-            result_type=RoutingTable,
-        )
-        by_node: dict[str, list[str]] = {}
-        for route in table.routes:
-            if route.state in ReplicaState.routable():
-                by_node.setdefault(route.node, []).append(route.replica_id)
-        loads: list[EngineLoad] = []
-        for node, replica_ids in sorted(by_node.items()):
-            try:
-                report: EngineLoadReport = await workflow.execute_activity(
-                    NodeActivity.ENGINE_LOAD,
-                    EngineLoadRequest(replica_ids=replica_ids),
-                    task_queue=node_task_queue(node),
-                    schedule_to_close_timeout=options.ENGINE_LOAD_TIMEOUT,
-                    retry_policy=options.ENGINE_LOAD_RETRY,
-                    result_type=EngineLoadReport,
-                )
-                loads.extend(report.engines)
-            except ActivityError:
-                loads.extend(EngineLoad(replica_id=r, seen=False) for r in replica_ids)
-        return loads
-
     async def _publish_idle(self) -> None:
         """Tell the ledger (and so every gateway) whether a request should wake this model."""
         spec = self.state.spec
         idle = spec.autoscale is not None and spec.replicas == 0 and not self.state.removing
         if idle == self.state.published_idle:
             return
-        await workflow.execute_activity(
-            ControlActivity.LEDGER_SET_IDLE,
-            ModelIdle(model=spec.name, idle=idle),
-            task_queue=CONTROL_TASK_QUEUE,
-            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-            retry_policy=options.LEDGER_RETRY,
-            result_type=LedgerAck,
-        )
+        await set_idle(spec.name, idle)
         self.state.published_idle = idle
 
     def _index_of(self, rid: str) -> int | None:
@@ -366,9 +297,7 @@ class ModelWorkflow:
         return next((i for i in self.state.indices if replica_id(name, i) == rid), None)
 
     def _stale(self) -> list[int]:
-        current = set(self.state.spec.fingerprints())
-        known = self.state.fingerprints
-        return [i for i in self.state.indices if i in known and known[i] not in current]
+        return stale_indices(self.state)
 
     async def _roll(self) -> None:
         """One stale replica at a time: wait until the last move is over before the next."""
@@ -391,7 +320,6 @@ class ModelWorkflow:
                     ReplicaWorkflow.run,
                     ReplicaInput(replica_id=replica_id(spec.name, index), model=spec),
                     id=replica_workflow_id(spec.name, index),
-                    task_queue=CONTROL_TASK_QUEUE,
                     parent_close_policy=ParentClosePolicy.ABANDON,
                 )
             except WorkflowAlreadyStartedError:
@@ -409,21 +337,19 @@ class ModelWorkflow:
             replica_workflow_id(self.state.spec.name, index)
         )
         try:
-            await handle.signal("stop", request)
+            await handle.signal(ReplicaWorkflow.stop, request)
         except ApplicationError as err:
             # The replica workflow is closed (an operator terminated it): nobody is left to
             # release what it held, so do it here rather than fail the model.
             workflow.logger.warning("%s: cannot tell it to stop (%s)", handle.id, err)
-            await self._free_dead_replicas([index])
+            await free_dead_replicas(self.state, [index])
             return
         self.state.stopping.append(index)
         if index in self.children:
             self.stopping_children.append(self.children.pop(index))
 
     def _watched(self) -> list[int]:
-        """Every replica whose workflow should be running: serving or starting, retiring, or
-        told to stop and not yet closed."""
-        return sorted(set(self.state.indices) | set(self.state.retiring) | set(self.state.stopping))
+        return watched_indices(self.state)
 
     async def _check_replicas(self) -> None:
         """Ask Temporal which of this model's replica workflows still run. A stopping one that
@@ -433,14 +359,8 @@ class ModelWorkflow:
             return
         name = self.state.spec.name
         try:
-            statuses: WorkflowStatuses = await workflow.execute_activity(
-                ControlActivity.DESCRIBE_WORKFLOWS,
-                WorkflowIds(workflow_ids=[replica_workflow_id(name, i) for i in watched]),
-                task_queue=CONTROL_TASK_QUEUE,
-                start_to_close_timeout=options.DESCRIBE_WORKFLOWS_TIMEOUT,
-                schedule_to_close_timeout=options.DESCRIBE_WORKFLOWS_GIVE_UP,
-                retry_policy=options.LEDGER_RETRY,
-                result_type=WorkflowStatuses,
+            statuses: WorkflowStatuses = await workflow_statuses(
+                [replica_workflow_id(name, i) for i in watched]
             )
         except ActivityError as err:
             # No answer proves nothing: look again next time.
@@ -452,7 +372,7 @@ class ModelWorkflow:
         self.state.stopping = [i for i in self.state.stopping if i not in closed]
         dead = [i for i in closed if i in self.state.indices or i in self.state.retiring]
         if dead:
-            await self._free_dead_replicas(dead)
+            await free_dead_replicas(self.state, dead)
             self._forget(dead)
 
     def _forget(self, dead: list[int]) -> None:
@@ -475,56 +395,6 @@ class ModelWorkflow:
                     # Back in the count until its new successor serves.
                     self.state.indices.append(old)
         self.dirty = True
-
-    async def _free_dead_replicas(self, indices: list[int]) -> None:
-        await asyncio.gather(*(self._free_dead_replica(i) for i in indices))
-
-    async def _free_dead_replica(self, index: int) -> None:
-        """What a replica workflow would have done on its way out, had it been let: withdraw
-        its route, stop its engine (if its node answers in time) and release its allocation."""
-        spec = self.state.spec
-        rid = replica_id(spec.name, index)
-        held: ReplicaAllocation = await workflow.execute_activity(
-            ControlActivity.LEDGER_ALLOCATION,
-            AllocationLookup(replica_id=rid),
-            task_queue=CONTROL_TASK_QUEUE,
-            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-            retry_policy=options.LEDGER_RETRY,
-            result_type=ReplicaAllocation,
-        )
-        alloc = held.allocation
-        if alloc is not None:
-            workflow.logger.warning("%s: its workflow closed; stopping its engine", rid)
-            withdrawn = Route(
-                replica_id=rid,
-                model=spec.name,
-                node=alloc.node,
-                endpoint="",
-                engine="",
-                state=ReplicaState.STOPPED,
-            )
-            await self._ledger_call(ControlActivity.LEDGER_SET_ROUTE, withdrawn)
-            await workflow.sleep(options.ROUTE_PROPAGATION)
-            for shard in alloc.shards_or_leader():
-                drain = options.ORPHAN_DRAIN.total_seconds() if shard.rank == 0 else 0.0
-                try:
-                    await workflow.execute_activity(
-                        NodeActivity.STOP_ENGINE,
-                        ShardRef(replica_id=rid, drain_s=drain),
-                        task_queue=node_task_queue(shard.node),
-                        start_to_close_timeout=options.STOP_TIMEOUT,
-                        schedule_to_close_timeout=options.ORPHAN_STOP_GIVE_UP,
-                        retry_policy=options.STOP_RETRY,
-                        result_type=StopResult,
-                    )
-                except ActivityError as err:
-                    # Its agent does not answer: when it returns it stops engines that no
-                    # running workflow owns.
-                    workflow.logger.warning("%s: could not stop on %s: %s", rid, shard.node, err)
-        await self._ledger_call(ControlActivity.LEDGER_RELEASE, ReleaseRequest(replica_id=rid))
-
-    async def _ledger_call(self, name: str, arg: Route | ReleaseRequest) -> None:
-        await call_ledger(name, arg)
 
     async def _replace(self) -> None:
         """Start a successor for each replica asked to move; the old one stops now or later."""
@@ -620,4 +490,4 @@ class ModelWorkflow:
     ) -> None:
         route = external_route(self.state.spec, rid, endpoint, state)
         route.fingerprint = fingerprint
-        await self._ledger_call(ControlActivity.LEDGER_SET_ROUTE, route)
+        await call_ledger(ControlActivity.LEDGER_SET_ROUTE, route)

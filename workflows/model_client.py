@@ -1,30 +1,52 @@
 """Model definitions through Temporal: create-or-update, scale, remove and list model workflows.
 Used by the CLI, `llmgw up` and the gateway's admin API alike."""
 
-from temporalio.client import Client, WithStartWorkflowOperation, WorkflowExecutionStatus
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+)
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.service import RPCError
 
 from workflows.contracts import ModelSpec, ModelState, ModelView, RemoveModel, ScaleRequest
 from workflows.model import ModelWorkflow
 from workflows.names import CONTROL_TASK_QUEUE, model_workflow_id
 
 
-def _start(spec: ModelSpec) -> WithStartWorkflowOperation[ModelWorkflow, ModelView]:
+def model_handle(client: Client, name: str) -> WorkflowHandle[ModelWorkflow, ModelView]:
+    """A model's workflow, typed: its signals, queries and updates go by method reference
+    (`ModelWorkflow.scale`), which also gives their result types.
+
+    Not get_workflow_handle_for(ModelWorkflow.run, ...): mypy 2.4 infers Never for it once a run
+    method with an optional parameter (NodeWorkflow.run) went through it first, in any module."""
+    handle: WorkflowHandle[ModelWorkflow, ModelView] = client.get_workflow_handle(
+        model_workflow_id(name)
+    )
+    return handle
+
+
+def _start(
+    spec: ModelSpec, task_queue: str
+) -> WithStartWorkflowOperation[ModelWorkflow, ModelView]:
     return WithStartWorkflowOperation(
         ModelWorkflow.run,
         ModelState(spec=spec),
         id=model_workflow_id(spec.name),
-        task_queue=CONTROL_TASK_QUEUE,
+        task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
     )
 
 
-async def apply_model(client: Client, spec: ModelSpec) -> ModelView:
-    """Create the model if missing, then make its spec this one."""
-    view: ModelView = await client.execute_update_with_start_workflow(
-        "apply", spec, start_workflow_operation=_start(spec), result_type=ModelView
+async def apply_model(
+    client: Client, spec: ModelSpec, task_queue: str = CONTROL_TASK_QUEUE
+) -> ModelView:
+    """Create the model if missing, then make its spec this one. `task_queue`: the control
+    workers' queue, where a new model's workflow (and so its replicas) runs."""
+    return await client.execute_update_with_start_workflow(
+        ModelWorkflow.apply, spec, start_workflow_operation=_start(spec, task_queue)
     )
-    return view
 
 
 async def define_if_missing(client: Client, spec: ModelSpec) -> bool:
@@ -36,28 +58,23 @@ async def define_if_missing(client: Client, spec: ModelSpec) -> bool:
 
 
 async def describe_model(client: Client, name: str) -> ModelView | None:
-    handle = client.get_workflow_handle(model_workflow_id(name))
+    handle = model_handle(client, name)
     try:
         if (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
             return None
-    except Exception:
+    except RPCError:  # no such workflow, or Temporal unreachable: no model to describe
         return None
-    view: ModelView = await handle.query("describe", result_type=ModelView)
-    return view
+    return await handle.query(ModelWorkflow.describe)
 
 
 async def scale_model(client: Client, name: str, replicas: int) -> ModelView:
-    handle = client.get_workflow_handle(model_workflow_id(name))
-    view: ModelView = await handle.execute_update(
-        "scale", ScaleRequest(replicas=replicas), result_type=ModelView
+    return await model_handle(client, name).execute_update(
+        ModelWorkflow.scale, ScaleRequest(replicas=replicas)
     )
-    return view
 
 
 async def remove_model(client: Client, name: str) -> ModelView:
-    handle = client.get_workflow_handle(model_workflow_id(name))
-    view: ModelView = await handle.execute_update("remove", RemoveModel(), result_type=ModelView)
-    return view
+    return await model_handle(client, name).execute_update(ModelWorkflow.remove, RemoveModel())
 
 
 async def list_models(client: Client) -> list[ModelView]:

@@ -4,6 +4,9 @@ IDs are deterministic so that "create if missing, then apply" calls are idempote
 operator can find any entity in the Temporal UI or CLI by its name.
 """
 
+# Every workflow runs here. Workflows send their control activities and child workflows to their
+# own task queue (this one, in llmgw) rather than naming it, so a control worker on another
+# queue (a test's own) serves a whole cluster of workflows by itself.
 CONTROL_TASK_QUEUE = "llmgw-control"
 LEDGER_WORKFLOW_ID = "cluster"
 
@@ -55,7 +58,7 @@ def external_replica_id(model: str, index: int) -> str:
 
 
 class ControlActivity:
-    """Activities the control worker runs (queue CONTROL_TASK_QUEUE)."""
+    """Activities the control worker runs (on the workflow's own queue: CONTROL_TASK_QUEUE)."""
 
     LEDGER_UPSERT_NODE = "ledger_upsert_node"
     LEDGER_PLACE = "ledger_place"

@@ -25,19 +25,15 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from workflows import history_budget, options
     from workflows.contracts import (
-        DiscoverRequest,
         EngineInstallRequest,
         EnginePlan,
-        EnginePlanRequest,
         EngineRequirement,
         EngineState,
         EngineStatus,
-        LedgerAck,
         NodeAdd,
         NodeCommand,
         NodeHeartbeat,
         NodeInventory,
-        NodeName,
         NodeRecord,
         NodeRefresh,
         NodeRegistration,
@@ -45,18 +41,28 @@ with workflow.unsafe.imports_passed_through():
         NodeView,
         ReplaceReplicas,
         ReplicaRefs,
-        VerifyEnginesRequest,
         VerifyEnginesResult,
     )
     from workflows.engine_install import EngineInstallWorkflow
+    from workflows.model import ModelWorkflow
     from workflows.names import (
-        CONTROL_TASK_QUEUE,
-        ControlActivity,
-        NodeActivity,
         engine_install_workflow_id,
         model_workflow_id,
         node_task_queue,
-        reserved_node_name,
+    )
+    from workflows.node_calls import (
+        plan_engines,
+        replicas_on,
+        start_discover,
+        start_verify,
+        upsert_node,
+    )
+    from workflows.node_rules import (
+        AgentSilent,
+        apply_plan,
+        check_registration,
+        take_verified,
+        view_of,
     )
 
 # Histories from before agent calls were bounded by the node's grace replay without the watch.
@@ -68,11 +74,6 @@ UNREACHABLE_BEFORE_LOST = "unreachable-before-lost"
 # waiting on it unconditionally.
 INSTALL_WATCHES_LIVENESS = "install-watches-liveness"
 T = TypeVar("T")
-
-
-class AgentSilent(Exception):
-    """The node's agent went silent past its grace while this workflow waited on it."""
-
 
 # The operator commands, by signal name.
 CORDON, UNCORDON, DRAIN, REMOVE = "cordon", "uncordon", "drain", "remove"
@@ -146,30 +147,9 @@ class NodeWorkflow:
 
     @register.validator
     def _check_registration(self, reg: NodeRegistration) -> None:
-        # A node cannot claim another node's workflow: its inventory must carry this node's name,
-        # the identity of the join token this node was given, and, while the node is live, the
-        # same machine.
         expected = workflow.info().workflow_id.removeprefix("node:")
-        reserved = reserved_node_name(expected)
-        if reserved is not None:
-            raise ValueError(reserved)
-        if reg.inventory.name != expected:
-            raise ValueError(f"node {reg.inventory.name!r} cannot register as {expected!r}")
-        if self.view is None:
-            return
-        if self.view.identity and reg.identity != self.view.identity:
-            raise ValueError(
-                f"node {expected!r} was joined with another token; give this machine that "
-                f"node's token, or `llmgw node rm {expected}` first"
-            )
-        record = self.view.record
-        live = record.state == NodeState.READY and self._silent_for() < self._grace()
-        ours, theirs = record.inventory.machine_id, reg.inventory.machine_id
-        if live and ours and theirs and ours != theirs:
-            raise ValueError(
-                f"node {expected!r} is live on another machine ({record.inventory.hostname}); "
-                "two agents cannot share a node name"
-            )
+        live = self._state() == NodeState.READY and self._silent_for() < self._grace()
+        check_registration(expected, reg, self.view, live)
 
     @workflow.update(name="add")
     def add(self, req: NodeAdd) -> NodeView:
@@ -282,51 +262,15 @@ class NodeWorkflow:
         await self._converge_engines()
 
     def _view_of(self, reg: NodeRegistration) -> NodeView:
-        record = NodeRecord(inventory=reg.inventory, state=NodeState.READY, labels=reg.labels)
-        identity = reg.identity
-        operator_labels: dict[str, str] = {}
-        if self.view is not None:
-            old = self.view.record
-            record.cordoned, record.draining, record.note = old.cordoned, old.draining, old.note
-            record.engines = dict(old.engines)
-            operator_labels = self.view.operator_labels
-            record.labels = {**reg.labels, **operator_labels}  # an operator's labels win
-            identity = self.view.identity or reg.identity
-        return NodeView(
-            record=record,
-            boot_id=reg.boot_id,
-            identity=identity,
-            operator_labels=operator_labels,
-            engine_paths=reg.engine_paths,
-            lost_after_s=reg.lost_after_s,
-            gone_after_s=reg.gone_after_s,
-        )
+        return view_of(self.view, reg)
 
     async def _converge_engines(self) -> None:
         """Ask the control plane which engines this node gets, then install them one by one
         (each is a build or a large download on the same machine)."""
         assert self.view is not None
         record = self.view.record
-        plan: EnginePlan = await workflow.execute_activity(
-            ControlActivity.ENGINE_PLAN,
-            EnginePlanRequest(
-                inventory=record.inventory,
-                labels=record.labels,
-                engine_paths=self.view.engine_paths,
-            ),
-            task_queue=CONTROL_TASK_QUEUE,
-            start_to_close_timeout=options.ENGINE_PLAN_TIMEOUT,
-            retry_policy=options.LEDGER_RETRY,
-            result_type=EnginePlan,
-        )
-        wanted = {req.engine for req in plan.install} | set(plan.unavailable)
-        record.engines = {e: s for e, s in record.engines.items() if e in wanted}
-        record.engines.update(plan.unavailable)
-        todo = [req for req in plan.install if not self._have(req)]
-        for req in todo:
-            record.engines[req.engine] = EngineStatus(
-                engine=req.engine, version=req.version, state=EngineState.INSTALLING
-            )
+        plan: EnginePlan = await plan_engines(self.view)
+        todo = apply_plan(record, plan)
         await self._publish()
         for req in todo:
             try:
@@ -356,23 +300,10 @@ class NodeWorkflow:
             EngineInstallWorkflow.run,
             EngineInstallRequest(node=node, requirement=req),
             id=engine_install_workflow_id(node, req.engine, req.version),
-            task_queue=CONTROL_TASK_QUEUE,
         )
         if not workflow.patched(INSTALL_WATCHES_LIVENESS):
             return await install
         return await self._while_heard(asyncio.ensure_future(install))
-
-    def _have(self, req: EngineRequirement) -> bool:
-        """Installed at this version and path already: an agent restart does not reinstall.
-        The install itself is idempotent too; this only saves the child workflow."""
-        assert self.view is not None
-        have = self.view.record.engines.get(req.engine)
-        return (
-            have is not None
-            and have.state == EngineState.INSTALLED
-            and have.version == req.version
-            and (req.path is None or have.path == req.path)
-        )
 
     async def _take_inventory(self, inventory: NodeInventory) -> None:
         assert self.view is not None
@@ -397,14 +328,7 @@ class NodeWorkflow:
         try:
             if asked.inventory:
                 inventory: NodeInventory = await self._while_heard(
-                    workflow.start_activity(
-                        NodeActivity.DISCOVER,
-                        DiscoverRequest(node=self.view.record.inventory.name),
-                        task_queue=queue,
-                        start_to_close_timeout=options.DISCOVER_TIMEOUT,
-                        retry_policy=options.NODE_CHECK_RETRY,
-                        result_type=NodeInventory,
-                    )
+                    start_discover(self.view.record.inventory.name, queue)
                 )
                 await self._take_inventory(inventory)
             if asked.engines:
@@ -452,24 +376,9 @@ class NodeWorkflow:
         if not checked:
             return
         result: VerifyEnginesResult = await self._while_heard(
-            workflow.start_activity(
-                NodeActivity.VERIFY_ENGINES,
-                VerifyEnginesRequest(node=self.view.record.inventory.name, engines=checked),
-                task_queue=queue,
-                start_to_close_timeout=options.VERIFY_ENGINES_TIMEOUT,
-                retry_policy=options.NODE_CHECK_RETRY,
-                result_type=VerifyEnginesResult,
-            )
+            start_verify(self.view.record.inventory.name, queue, checked)
         )
-        changed = False
-        for status in result.engines:
-            before = engines.get(status.engine)
-            if before is None or before.version != status.version:
-                continue
-            # verified_at too: `llmgw nodes` says when each engine was last seen to run.
-            changed = changed or before != status
-            engines[status.engine] = status
-        if changed:
+        if take_verified(engines, result):
             await self._publish()
 
     # --- operator commands ----------------------------------------------------------------
@@ -538,21 +447,13 @@ class NodeWorkflow:
                 replica_ids=replica_ids, reason=reason, wait_for_successor=wait_for_successor
             )
             try:
-                await handle.signal("replace", req)
+                await handle.signal(ModelWorkflow.replace, req)
             except ApplicationError as err:  # the model was removed meanwhile
                 workflow.logger.warning("could not move %s: %s", replica_ids, err)
 
     async def _replicas_here(self) -> ReplicaRefs:
         assert self.view is not None
-        refs: ReplicaRefs = await workflow.execute_activity(
-            ControlActivity.LEDGER_REPLICAS_ON_NODE,
-            NodeName(name=self.view.record.inventory.name),
-            task_queue=CONTROL_TASK_QUEUE,
-            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-            retry_policy=options.LEDGER_RETRY,
-            result_type=ReplicaRefs,
-        )
-        return refs
+        return await replicas_on(self.view.record.inventory.name)
 
     # --- state ------------------------------------------------------------------------------
 
@@ -570,11 +471,4 @@ class NodeWorkflow:
     async def _publish(self) -> None:
         assert self.view is not None
         self.last_published = True
-        await workflow.execute_activity(
-            ControlActivity.LEDGER_UPSERT_NODE,
-            self.view.record,
-            task_queue=CONTROL_TASK_QUEUE,
-            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-            retry_policy=options.LEDGER_RETRY,
-            result_type=LedgerAck,
-        )
+        await upsert_node(self.view.record)

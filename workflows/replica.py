@@ -19,7 +19,6 @@ a stop never waits for a launch. An allocation is freed only once its engine is 
 or the ledger says its node is gone. A replica that keeps failing on one node moves to another.
 """
 
-import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -33,23 +32,13 @@ with workflow.unsafe.imports_passed_through():
     # Imported by its full name: `from workflows import history_budget` would hand the sandbox
     # its own copy (the package is loaded inside it), which tests could not set.
     import workflows.history_budget as history_budget
-    from workflows import options, search_attributes
+    from workflows import options
     from workflows.contracts import (
         Allocation,
         EngineExit,
-        LaunchRequest,
         LaunchResult,
-        NodeName,
-        NodeState,
-        NodeStatus,
-        PlacementRefusal,
         PlacementRequest,
-        PortsInUse,
-        Profile,
-        ReadyRequest,
-        ReadyResult,
         ReleaseRequest,
-        ReplicaCarried,
         ReplicaInput,
         ReplicaPhase,
         ReplicaReady,
@@ -57,17 +46,28 @@ with workflow.unsafe.imports_passed_through():
         ReplicaView,
         Route,
         ShardAllocation,
-        ShardRef,
         StopReplica,
-        StopResult,
     )
-    from workflows.ledger import NO_PLACEMENT
-    from workflows.ledger_activity import call_ledger
-    from workflows.names import CONTROL_TASK_QUEUE, ControlActivity, NodeActivity, node_task_queue
-
-# What the ledger's `place` answers (PlacementRefusal requires its summary, so neither parses as
-# the other).
-PLACEMENT_ANSWER: Any = Allocation | PlacementRefusal
+    from workflows.ledger_activity import call_ledger, node_gone
+    from workflows.messages import MODEL_REPLICA_READY
+    from workflows.names import ControlActivity
+    from workflows.replica_calls import (
+        cancel_all,
+        label,
+        request_placement,
+        start_launch,
+        start_stop,
+        start_supervise,
+        start_wait_ready,
+    )
+    from workflows.replica_rules import (
+        new_replica_state,
+        profile_fingerprint,
+        replica_route,
+        short_reason,
+        taken_ports,
+    )
+    from workflows.replica_rules import restart_backoff as restart_backoff  # re-exported
 
 # Each guards a change to the command sequence that histories recorded before it would hit.
 # patched() is asked only where the new code would first differ, so a run replayed from an old
@@ -78,38 +78,6 @@ PATCH_TRY_STOP_ON_GONE_NODE = "replica-try-stop-on-gone-node"
 PATCH_MOVE_OFF_CRASH_LOOP = "replica-move-off-crash-looping-node"
 PATCH_CONTINUE_AS_NEW = "replica-continue-as-new"
 PATCH_SKIP_TAKEN_PORTS = "replica-skips-ports-taken-by-others"
-# The agent's refusal to launch on a port a program outside llmgw holds (activities/node_agent).
-PORT_IN_USE = "PortInUse"
-
-# An exit reason as views and routes show it: one line, short (the agent already redacts it;
-# this bounds what a route, read by every gateway, can carry whatever an agent sends).
-MAX_REASON = 200
-
-
-def restart_backoff(consecutive_failures: int) -> timedelta:
-    # The exponent is capped before it reaches timedelta: 2**47 seconds overflows it, and a
-    # workflow task failing on that would leave a day-long crash loop stuck for good.
-    seconds = 2 ** min(max(consecutive_failures - 1, 0), 20)
-    return min(timedelta(seconds=seconds), options.RESTART_BACKOFF_MAX)
-
-
-def _taken_ports(err: ActivityError) -> PortsInUse | None:
-    """The ports a launch was refused on because another program holds them, if that was why."""
-    cause = err.cause
-    if not (isinstance(cause, ApplicationError) and cause.type == PORT_IN_USE and cause.details):
-        return None
-    try:
-        return PortsInUse.model_validate(cause.details[0])
-    except ValueError:
-        return None
-
-
-def short_reason(exit_info: EngineExit) -> str:
-    """One line, at most MAX_REASON characters: the exit's reason, else its code."""
-    text = " ".join(exit_info.reason.split())
-    if not text:
-        text = f"exit code {exit_info.exit_code}" if exit_info.exit_code is not None else "exited"
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
 
 
 @workflow.defn(name="Replica")
@@ -120,12 +88,7 @@ class ReplicaWorkflow:
         carried = inp.carried
         if carried is None:
             parent = workflow.info().parent
-            carried = ReplicaCarried(
-                parent_workflow_id=parent.workflow_id if parent is not None else "",
-                view=ReplicaView(
-                    replica_id=inp.replica_id, model=inp.model.name, state=ReplicaState.PENDING
-                ),
-            )
+            carried = new_replica_state(inp, parent.workflow_id if parent is not None else "")
         self.s = carried
 
     @property
@@ -210,10 +173,10 @@ class ReplicaWorkflow:
             exclude_nodes=self.s.exclude_nodes,
             exclude_ports=self.s.taken_ports,
         )
-        answer = await self._request_placement(req)
+        answer = await request_placement(req)
         if isinstance(answer, str) and self.s.exclude_nodes:
             # Nothing else fits: back where it failed, rather than nowhere.
-            anywhere = await self._request_placement(req.model_copy(update={"exclude_nodes": []}))
+            anywhere = await request_placement(req.model_copy(update={"exclude_nodes": []}))
             if isinstance(anywhere, Allocation):
                 self.view.moved += f"; no other node can take it: back on {anywhere.node}"
                 return anywhere
@@ -225,30 +188,8 @@ class ReplicaWorkflow:
             self._label()
             # Listed with its reason, so `llmgw status` and the gateway (503, not 404) know
             # the replica exists before it has a node.
-            await self._ledger(ControlActivity.LEDGER_SET_ROUTE, self._route("", ""))
+            await call_ledger(ControlActivity.LEDGER_SET_ROUTE, self._route("", ""))
         return None
-
-    async def _request_placement(self, req: PlacementRequest) -> Allocation | str:
-        """The allocation, or why there is none (the ledger's summary)."""
-        try:
-            answer = await workflow.execute_activity(
-                ControlActivity.LEDGER_PLACE,
-                req,
-                task_queue=CONTROL_TASK_QUEUE,
-                start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-                retry_policy=options.LEDGER_RETRY,
-                result_type=PLACEMENT_ANSWER,
-            )
-        except ActivityError as err:
-            # A ledger from before refusals were answers failed the call instead.
-            cause = err.cause
-            if not (isinstance(cause, ApplicationError) and cause.type == NO_PLACEMENT):
-                raise
-            return cause.message
-        if isinstance(answer, PlacementRefusal):
-            return f"no node can take it: {answer.summary}"
-        assert isinstance(answer, Allocation)
-        return answer
 
     async def _run_and_back_off(self) -> None:
         """One life of the engine; after it ends, count the failure and wait out the backoff,
@@ -290,7 +231,7 @@ class ReplicaWorkflow:
         stopped = await self._stop_for_good(alloc, timedelta(0), lambda: self.s.stop is not None)
         if not stopped:
             return  # a stop was asked for: run() goes on to stop, which frees what is held
-        await self._ledger(
+        await call_ledger(
             ControlActivity.LEDGER_RELEASE, ReleaseRequest(replica_id=self.inp.replica_id)
         )
         self.s.allocation = None
@@ -300,17 +241,17 @@ class ReplicaWorkflow:
         self.view.node = None
         self.view.detail = ""
 
-    async def _leave_taken_ports(self, alloc: Allocation, err: ActivityError) -> EngineExit:
+    async def _leave_taken_ports(self, err: ActivityError) -> EngineExit:
         """Another program holds a port this replica was given: nothing started, so this is no
         crash to back off from. Release, and place again without those ports."""
-        taken = _taken_ports(err)
+        taken = taken_ports(err)
         assert taken is not None
         held = self.s.taken_ports.setdefault(taken.node, [])
         held.extend(p for p in taken.ports if p not in held)
         ports = ", ".join(str(p) for p in taken.ports)
         reason = f"port {ports} on {taken.node} is held by another program; placing again"
         self.view.detail = reason
-        await self._ledger(
+        await call_ledger(
             ControlActivity.LEDGER_RELEASE, ReleaseRequest(replica_id=self.inp.replica_id)
         )
         self.s.allocation = None
@@ -339,24 +280,17 @@ class ReplicaWorkflow:
             if isinstance(launch, ActivityError):
                 if len(shards) > 1:
                     await self._stop_engine(alloc)
-                if _taken_ports(launch) is not None and workflow.patched(PATCH_SKIP_TAKEN_PORTS):
-                    return await self._leave_taken_ports(alloc, launch)
+                if taken_ports(launch) is not None and workflow.patched(PATCH_SKIP_TAKEN_PORTS):
+                    return await self._leave_taken_ports(launch)
                 where = f" on {shard.node}" if len(shards) > 1 else ""
                 return self._exit(f"start failed{where}: {launch.cause}")
             pids.append(f"{shard.node}:{launch.pid}" if len(shards) > 1 else f"{launch.pid}")
+            if shard is leader:
+                self.s.kv = launch.kv
         await self._set_state(ReplicaState.LOADING, f"pid {', '.join(pids)}")
 
-        workers = [self._watch(shard) for shard in shards[1:]]
-        ready_handle = workflow.start_activity(
-            NodeActivity.WAIT_READY,
-            ReadyRequest(replica_id=self.inp.replica_id, port=leader.port),
-            task_queue=node_task_queue(leader.node),
-            start_to_close_timeout=options.READY_TIMEOUT,
-            schedule_to_close_timeout=options.READY_GIVE_UP,
-            heartbeat_timeout=options.READY_HEARTBEAT,
-            retry_policy=options.READY_RETRY,
-            result_type=ReadyResult,
-        )
+        workers = [start_supervise(self.inp.replica_id, shard) for shard in shards[1:]]
+        ready_handle = start_wait_ready(self.inp.replica_id, leader)
         first = await self._first([ready_handle, *workers])
         if isinstance(first, EngineExit):
             return first
@@ -368,12 +302,12 @@ class ReplicaWorkflow:
             # The agent stayed away through every attempt: a fault to restart from, like an exit.
             return await self._end_all(alloc, workers, None, f"readiness: {err.cause}")
         if not ready.ready:
-            await self._cancel(workers)
+            await cancel_all(workers)
             await self._stop_engine(alloc)
             return self._exit(f"never ready: {ready.detail}")
         await self._set_state(ReplicaState.READY)
         await self._tell_model_ready()
-        watched = [self._watch(leader), *workers]
+        watched = [start_supervise(self.inp.replica_id, leader), *workers]
         ended = await self._first(watched)
         if isinstance(ended, EngineExit):
             return ended
@@ -384,43 +318,16 @@ class ReplicaWorkflow:
     ) -> LaunchResult | ActivityError | None:
         """Start (or adopt) one shard's engine: its launch result, the launch's failure, or None
         when a stop was asked for first (a stop never waits for a node that does not answer)."""
-        handle = workflow.start_activity(
-            NodeActivity.START_ENGINE,
-            LaunchRequest(
-                replica_id=self.inp.replica_id,
-                workflow_id=workflow.info().workflow_id,
-                model=self.inp.model,
-                allocation=alloc,
-            ),
-            task_queue=node_task_queue(shard.node),
-            start_to_close_timeout=options.START_TIMEOUT,
-            schedule_to_close_timeout=options.START_GIVE_UP,
-            retry_policy=options.START_RETRY,
-            result_type=LaunchResult,
-        )
+        handle = start_launch(self.inp.replica_id, self.inp.model, alloc, shard)
         await workflow.wait_condition(lambda: handle.done() or self.s.stop is not None)
         if not handle.done() and workflow.patched(PATCH_START_RACES_STOP):
-            await self._cancel([handle])
+            await cancel_all([handle])
             return None
         try:
             launched: LaunchResult = await handle
         except ActivityError as err:
             return err
         return launched
-
-    def _watch(self, shard: ShardAllocation) -> ActivityHandle[EngineExit]:
-        """Supervise one shard: a long heartbeating activity that returns when it exits. Not
-        bounded in time (an engine may serve for a year): it races the stop signal, which a
-        model sends when the node is gone."""
-        return workflow.start_activity(
-            NodeActivity.SUPERVISE_ENGINE,
-            ShardRef(replica_id=self.inp.replica_id),
-            task_queue=node_task_queue(shard.node),
-            start_to_close_timeout=options.SUPERVISE_TIMEOUT,
-            heartbeat_timeout=options.SUPERVISE_HEARTBEAT,
-            retry_policy=options.SUPERVISE_RETRY,
-            result_type=EngineExit,
-        )
 
     async def _first(
         self, handles: Sequence[ActivityHandle[Any]]
@@ -433,19 +340,10 @@ class ReplicaWorkflow:
         done = next((h for h in handles if h.done()), None)
         if done is not None:
             return done
-        await self._cancel(handles)
+        await cancel_all(handles)
         if self.s.exit_report is not None:
             return self.s.exit_report
         return self._exit("stop requested")
-
-    async def _cancel(self, handles: Sequence[ActivityHandle[Any]]) -> None:
-        # TRY_CANCEL (the default) resolves at once even when the agent is gone.
-        for handle in handles:
-            if not handle.done():
-                handle.cancel()
-        for handle in handles:
-            with contextlib.suppress(ActivityError, asyncio.CancelledError):
-                await handle
 
     async def _end_all(
         self,
@@ -462,7 +360,7 @@ class ReplicaWorkflow:
                 exit_info = ended.result()
             except ActivityError as err:
                 exit_info = self._exit(f"supervision: {err.cause}")
-        await self._cancel([h for h in handles if h is not ended])
+        await cancel_all([h for h in handles if h is not ended])
         if len(alloc.shards_or_leader()) > 1:
             await self._stop_engine(alloc)
         return exit_info
@@ -478,7 +376,7 @@ class ReplicaWorkflow:
         model = workflow.get_external_workflow_handle(self.s.parent_workflow_id)
         with contextlib.suppress(ApplicationError):
             ready = ReplicaReady(replica_id=self.inp.replica_id, fingerprint=self._fingerprint())
-            await model.signal("replica_ready", ready)
+            await model.signal(MODEL_REPLICA_READY, ready)
 
     # --- stopping ---------------------------------------------------------------------------
 
@@ -496,18 +394,10 @@ class ReplicaWorkflow:
         missed = []
         for shard in alloc.shards_or_leader() if shards is None else shards:
             seconds = drain.total_seconds() if shard.rank == 0 else 0.0
-            handle = workflow.start_activity(
-                NodeActivity.STOP_ENGINE,
-                ShardRef(replica_id=self.inp.replica_id, drain_s=seconds),
-                task_queue=node_task_queue(shard.node),
-                start_to_close_timeout=options.STOP_TIMEOUT,
-                schedule_to_close_timeout=give_up,
-                retry_policy=options.STOP_RETRY,
-                result_type=StopResult,
-            )
+            handle = start_stop(self.inp.replica_id, shard, seconds, give_up)
             await workflow.wait_condition(lambda h=handle: h.done() or interrupt())  # type: ignore[misc]
             if not handle.done() and workflow.patched(PATCH_STOP_UNTIL_STOPPED):
-                await self._cancel([handle])
+                await cancel_all([handle])
                 missed.append(shard)
                 continue
             try:
@@ -532,7 +422,7 @@ class ReplicaWorkflow:
         while True:
             if interrupt():
                 return False
-            missed = [shard for shard in missed if not await self._node_gone(shard.node)]
+            missed = [shard for shard in missed if not await node_gone(shard.node)]
             if not missed:
                 return True
             nodes = ", ".join(sorted({shard.node for shard in missed}))
@@ -550,17 +440,6 @@ class ReplicaWorkflow:
             missed = await self._stop_engine(alloc, shards=missed, interrupt=interrupt)
             if not missed:
                 return True
-
-    async def _node_gone(self, node: str) -> bool:
-        status: NodeStatus = await workflow.execute_activity(
-            ControlActivity.LEDGER_NODE_STATE,
-            NodeName(name=node),
-            task_queue=CONTROL_TASK_QUEUE,
-            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
-            retry_policy=options.LEDGER_RETRY,
-            result_type=NodeStatus,
-        )
-        return status.state is None or status.state in NodeState.gone()
 
     async def _stop(self) -> None:
         self.s.phase = ReplicaPhase.STOPPING
@@ -589,7 +468,7 @@ class ReplicaWorkflow:
         self.view.state = ReplicaState.STOPPED
         self.view.detail = reason
         self._label()
-        await self._ledger(
+        await call_ledger(
             ControlActivity.LEDGER_RELEASE, ReleaseRequest(replica_id=self.inp.replica_id)
         )
         self.s.allocation = None
@@ -598,15 +477,7 @@ class ReplicaWorkflow:
 
     def _label(self) -> None:
         """Model, node and state as search attributes, for the Temporal UI's filters."""
-        workflow.upsert_search_attributes(
-            [
-                search_attributes.MODEL.value_set(self.inp.model.name),
-                search_attributes.NODE.value_set(self.view.node)
-                if self.view.node
-                else search_attributes.NODE.value_unset(),
-                search_attributes.REPLICA_STATE.value_set(self.view.state.value),
-            ]
-        )
+        label(self.inp.model.name, self.view)
 
     async def _set_state(self, state: ReplicaState, detail: str = "") -> None:
         self.view.state = state
@@ -615,32 +486,13 @@ class ReplicaWorkflow:
         alloc = self.s.allocation
         assert alloc is not None
         endpoint = f"http://{alloc.address}:{alloc.port}"
-        await self._ledger(ControlActivity.LEDGER_SET_ROUTE, self._route(alloc.node, endpoint))
+        await call_ledger(ControlActivity.LEDGER_SET_ROUTE, self._route(alloc.node, endpoint))
 
     def _route(self, node: str, endpoint: str) -> Route:
-        return Route(
-            replica_id=self.inp.replica_id,
-            model=self.inp.model.name,
-            node=node,
-            endpoint=endpoint,
-            engine=self._profile().engine,
-            state=self.view.state,
-            fingerprint=self._fingerprint(),
-            detail=self.view.detail,
-        )
-
-    def _profile_index(self) -> int:
-        alloc = self.s.allocation
-        return alloc.profile_index if alloc is not None else 0
-
-    def _profile(self) -> Profile:
-        return self.inp.model.profiles[self._profile_index()]
+        return replica_route(self.inp, self.s, node, endpoint)
 
     def _fingerprint(self) -> str:
-        return self.inp.model.profile_fingerprint(self._profile_index())
-
-    async def _ledger(self, activity_name: str, arg: Route | ReleaseRequest) -> None:
-        await call_ledger(activity_name, arg)
+        return profile_fingerprint(self.inp, self.s)
 
     @workflow.query(name="allocation")
     def allocation(self) -> Allocation | None:

@@ -16,9 +16,10 @@ from hashlib import blake2b
 
 
 def score(session: str, replica_id: str) -> int:
-    digest = blake2b(
-        session.encode() + b"\x00" + replica_id.encode(), digest_size=8, person=b"llmgw-rdv"
-    ).digest()
+    # surrogatepass: a session is client text, and text that is not valid Unicode must still
+    # route somewhere rather than raise after the request's quota was reserved.
+    data = session.encode("utf-8", "surrogatepass") + b"\x00" + replica_id.encode()
+    digest = blake2b(data, digest_size=8, person=b"llmgw-rdv").digest()
     return int.from_bytes(digest, "big")
 
 

@@ -6,9 +6,10 @@ the replica is ejected for `open_s`; then it is half-open: exactly one request g
 probe. The probe's success closes the breaker; its failure ejects the replica again for twice as
 long (up to `max_open_s`), so a replica that stays broken costs one request per minute at most.
 
-What counts as a failure (refused connection, timeout before the first byte, a 5xx) is the
-caller's choice; the breaker only counts. Times are the caller's clock (time.monotonic), so the
-breaker is pure and tests drive time by hand.
+What counts as a failure is the caller's choice; the breaker only counts. The gateway counts a
+refused connection, a timeout before the first byte, a 502, 503 or 504 (gateway/proxy.py), and
+metrics that do not answer (gateway/engine_scrape.py). Times are the caller's clock
+(time.monotonic), so the breaker is pure and tests drive time by hand.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class CircuitBreaker:
         if trouble is not None and self.state(replica_id, now) is BreakerState.HALF_OPEN:
             trouble.probe_sent_at = now
 
-    def succeeded(self, replica_id: str, now: float) -> None:
+    def succeeded(self, replica_id: str, now: float) -> None:  # noqa: ARG002 - takes the clock as every event does
         """Any success closes the breaker and resets the backoff: the replica answered."""
         self._trouble.pop(replica_id, None)
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from activities.engine_metrics import kv_usage, load
+from engines.metrics import kv_usage, load
 from workflows.contracts import Route
 
 # About five scrape periods: one slow or missed scrape does not blind the router.
@@ -108,7 +108,7 @@ async def scrape_all(
 ) -> ScrapeRound:
     """Scrape every route's engine at once, each bounded by `timeout_s`, so one hung engine
     delays nobody else's sample. `fetch_text` returns the metrics page's text (it knows the
-    URL, `activities.engine_metrics.metrics_path(route.engine)`, and the engine key) and raises
+    URL, `engines.metrics.metrics_path(route.engine)`, and the engine key) and raises
     on any failure."""
     ordered = list(routes)
 
@@ -118,7 +118,7 @@ async def scrape_all(
                 text = await fetch_text(route)
         except TimeoutError:
             return f"no answer within {timeout_s:g}s"
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - fetch_text raises on any failure: its reason
             return f"{type(exc).__name__}: {exc}"
         sample = sample_from_metrics(text, clock())
         return "no request gauges in its metrics" if sample is None else sample

@@ -7,9 +7,11 @@ assumes recent prompts are still cached. That is approximate by design: a wrong 
 cache miss, which is what any other choice would have cost.
 
 The prompt's bytes are cut into fixed blocks, and each block's key hashes its parent's key with
-the block's own bytes (as vLLM chains its block hashes), so one key stands for the whole prefix
-up to that block. A flat dict keyed that way is a radix tree whose node ids are paths: matching
-a prompt is one dict lookup per block, with no pointers to keep consistent.
+the block's own bytes (chained the way vLLM chains its block hashes, but over bytes rather than
+token ids and with another hash: these keys are not vLLM's and cannot be matched against its
+KV-cache events), so one key stands for the whole prefix up to that block. A flat dict keyed
+that way is a radix tree whose node ids are paths: matching a prompt is one dict lookup per
+block, with no pointers to keep consistent.
 
 Keys use Python's built-in `hash` of (parent key, block bytes). It is SipHash keyed by a secret
 drawn when the process starts, so keys mean nothing outside this process (the index never leaves

@@ -1,5 +1,6 @@
 """What the router needs to know about a request: its model, the bytes its prompt starts with,
-and the client's session if it named one."""
+the client's session if it named one, and for models whose replicas publish KV events the
+prompt's token ids and cache salt (gateway/tokenize.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.routing.prefix_index import BLOCK_BYTES, MAX_BLOCKS
+
 # ASCII unit and record separators between fields, so ("ab", "c") and ("a", "bc") differ. Text
 # could contain them, but a collision would only mislead one routing hint.
 _FIELD = b"\x1f"
 _RECORD = b"\x1e"
+# The prefix index hashes a prompt's first MAX_BLOCKS blocks only: bytes past those would cost
+# time and memory (up to the whole 16 MB of a large body) and change no decision.
+PROMPT_LIMIT = BLOCK_BYTES * MAX_BLOCKS
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,36 +25,57 @@ class RequestKey:
     model: str
     prompt: bytes
     session: str | None = None
+    # The prompt as the engine tokenizes it, when the gateway asked one (gateway/tokenize.py):
+    # the router then scores replicas by the blocks their engines report holding.
+    token_ids: tuple[int, ...] | None = None
+    # The body's `cache_salt` (vLLM): it changes the prompt's block hashes.
+    cache_salt: str | None = None
 
 
-def prompt_bytes(body: Mapping[str, Any]) -> bytes:
+def prompt_bytes(body: Mapping[str, Any], limit: int = PROMPT_LIMIT) -> bytes:
     """The text an engine turns into the prompt's tokens, in the order its chat template lays it
     out (tools, then each message), from an OpenAI chat or completions body.
 
     Not the request body's bytes: fields such as max_tokens, temperature or stream sit among the
     messages in client JSON and differ between requests that share a system prompt, so two
     requests with the same prefix of tokens would share no prefix of bytes.
+
+    Cut at `limit` bytes, stopping before later messages once it is reached.
     """
     parts: list[bytes] = []
+    size = 0
     tools = body.get("tools")
     if tools:
         parts.append(_dumps(tools))
+        size += len(parts[-1])
     messages = body.get("messages")
     if isinstance(messages, list):
         for message in messages:
             if not isinstance(message, Mapping):
                 continue
+            if size >= limit:
+                break  # the index never looks past `limit`: a huge conversation stops here
             content = message.get("content")
-            text = content if isinstance(content, str) else _dumps(content).decode()
-            parts.append(str(message.get("role", "")).encode() + _FIELD + text.encode())
+            text = _encode(content) if isinstance(content, str) else _dumps(content)
+            parts.append(_encode(str(message.get("role", ""))) + _FIELD + text)
+            size += len(parts[-1]) + 1
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            parts.append(prompt.encode())
+            parts.append(_encode(prompt))
         elif prompt is not None:
             parts.append(_dumps(prompt))
-    return _RECORD.join(parts)
+    return _RECORD.join(parts)[:limit]
+
+
+def _encode(text: str) -> bytes:
+    # surrogatepass: request_body refuses lone surrogates, but routing is only a hint and must
+    # never be what raises on a client's text.
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+    try:
+        return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+    except (RecursionError, ValueError, TypeError):
+        return b""  # nested deeper than the encoder goes: no prefix to route on

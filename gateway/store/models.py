@@ -15,8 +15,9 @@ BudgetPeriod = Literal["day", "month"]
 
 
 class KeyLimits(BaseModel):
-    """What one key may spend. None means unlimited; all None (the default) is a key without
-    limits. The budget counts prompt plus completion tokens per UTC day or calendar month."""
+    """What one key may spend, and whether it shares the engines' prefix cache. For the quotas
+    (rpm, tpm, token_budget) None means unlimited; the budget counts prompt plus completion
+    tokens per UTC day or calendar month."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -24,8 +25,18 @@ class KeyLimits(BaseModel):
     tpm: int | None = Field(default=None, ge=1, le=MAX_COUNT, description="tokens per minute")
     token_budget: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     budget_period: BudgetPeriod = "day"
+    # Request-size limits (gateway/request_limits.py). Here None means the gateway's setting of
+    # the same name, not unlimited: a key can be given more or less than the default.
+    max_prompts_per_request: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    max_choices_per_request: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    max_prompt_tokens_per_request: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    max_inflight_prompt_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    # Prefix-cache isolation (gateway/cache_salt.py): the key's requests to vLLM replicas carry
+    # a `cache_salt` of its own, so they never hit blocks another key's requests left cached.
+    isolate_cache: bool = False
 
     def is_unlimited(self) -> bool:
+        """No quota (rpm, tpm, budget): the request-size limits always apply."""
         return self.rpm is None and self.tpm is None and self.token_budget is None
 
     def budget_start(self, today: date) -> date:

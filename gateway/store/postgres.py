@@ -22,6 +22,7 @@ from gateway.store.records import (
     KeyDraft,
     key_from_row,
     key_values,
+    limit_values,
     upstream_secret_name,
     usage_values,
 )
@@ -148,10 +149,7 @@ class PostgresStore(Store):
                 return None
             await conn.execute(
                 sql.SET_LIMITS,
-                limits.rpm,
-                limits.tpm,
-                limits.token_budget,
-                limits.budget_period,
+                *limit_values(limits),
                 key_id,
             )
             return _key(await conn.fetchrow(sql.SELECT_KEY, key_id))

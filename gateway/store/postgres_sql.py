@@ -21,7 +21,12 @@ CREATE TABLE IF NOT EXISTS api_keys (
     rpm BIGINT,
     tpm BIGINT,
     token_budget BIGINT,
-    budget_period TEXT NOT NULL DEFAULT 'day'
+    budget_period TEXT NOT NULL DEFAULT 'day',
+    max_prompts_per_request BIGINT,
+    max_choices_per_request BIGINT,
+    max_prompt_tokens_per_request BIGINT,
+    max_inflight_prompt_tokens BIGINT,
+    isolate_cache BOOLEAN NOT NULL DEFAULT FALSE
 );
 CREATE UNIQUE INDEX IF NOT EXISTS api_keys_active_name
     ON api_keys (name) WHERE revoked_at IS NULL;
@@ -47,7 +52,8 @@ SECRETS_DELETE = "DELETE FROM secrets WHERE name = $1"
 
 SELECT_KEYS = """
 SELECT key_id, name, key_hash, models, adapters, rpm, tpm, token_budget, budget_period,
-       created_at, expires_at, revoked_at
+       max_prompts_per_request, max_choices_per_request, max_prompt_tokens_per_request,
+       max_inflight_prompt_tokens, isolate_cache, created_at, expires_at, revoked_at
 FROM api_keys
 """
 SELECT_KEYS_ORDERED = SELECT_KEYS + " ORDER BY created_at, key_id"
@@ -61,8 +67,10 @@ ACTIVE_KEY_ID_BY = (
 )
 INSERT_KEY = """
 INSERT INTO api_keys (key_id, name, key_hash, models, adapters, rpm, tpm, token_budget,
-                      budget_period, created_at, expires_at, revoked_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                      budget_period, max_prompts_per_request, max_choices_per_request,
+                      max_prompt_tokens_per_request, max_inflight_prompt_tokens, isolate_cache,
+                      created_at, expires_at, revoked_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
 """
 UPSERT_KEY = (
     INSERT_KEY
@@ -71,14 +79,22 @@ ON CONFLICT (key_id) DO UPDATE SET
     name = excluded.name, key_hash = excluded.key_hash, models = excluded.models,
     adapters = excluded.adapters, rpm = excluded.rpm, tpm = excluded.tpm,
     token_budget = excluded.token_budget, budget_period = excluded.budget_period,
+    max_prompts_per_request = excluded.max_prompts_per_request,
+    max_choices_per_request = excluded.max_choices_per_request,
+    max_prompt_tokens_per_request = excluded.max_prompt_tokens_per_request,
+    max_inflight_prompt_tokens = excluded.max_inflight_prompt_tokens,
+    isolate_cache = excluded.isolate_cache,
     created_at = excluded.created_at, expires_at = excluded.expires_at,
     revoked_at = excluded.revoked_at
 """
 )
 REVOKE = "UPDATE api_keys SET revoked_at = $1 WHERE key_id = $2"
+# Values in records.LIMIT_COLUMNS order, then the key_id.
 SET_LIMITS = """
-UPDATE api_keys SET rpm = $1, tpm = $2, token_budget = $3, budget_period = $4
-WHERE key_id = $5
+UPDATE api_keys SET rpm = $1, tpm = $2, token_budget = $3, budget_period = $4,
+    max_prompts_per_request = $5, max_choices_per_request = $6,
+    max_prompt_tokens_per_request = $7, max_inflight_prompt_tokens = $8, isolate_cache = $9
+WHERE key_id = $10
 """
 
 ADD_USAGE = """

@@ -26,16 +26,15 @@ MASTER_SECRET_NAME = "engine_master"  # noqa: S105 - a row name, not a secret
 # Upstream keys share the secrets table, so a migration copies them with the master secret.
 UPSTREAM_KEY_PREFIX = "upstream_key:"
 
+# KeyLimits' fields, each a column of the same name.
+LIMIT_COLUMNS = tuple(KeyLimits.model_fields)
 KEY_COLUMNS = (
     "key_id",
     "name",
     "key_hash",
     "models",
     "adapters",
-    "rpm",
-    "tpm",
-    "token_budget",
-    "budget_period",
+    *LIMIT_COLUMNS,
     "created_at",
     "expires_at",
     "revoked_at",
@@ -50,6 +49,13 @@ ADDED_KEY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("tpm", "BIGINT"),
     ("token_budget", "BIGINT"),
     ("budget_period", "TEXT NOT NULL DEFAULT 'day'"),
+    # NULL, the gateway's default, for every key made before them.
+    ("max_prompts_per_request", "BIGINT"),
+    ("max_choices_per_request", "BIGINT"),
+    ("max_prompt_tokens_per_request", "BIGINT"),
+    ("max_inflight_prompt_tokens", "BIGINT"),
+    # false for every key made before it: what they always had.
+    ("isolate_cache", "BOOLEAN NOT NULL DEFAULT FALSE"),
 )
 
 
@@ -65,6 +71,11 @@ def decode_names(text: str | None) -> list[str] | None:
     return None if text is None else list(json.loads(text))
 
 
+def limit_values(limits: KeyLimits) -> tuple[Any, ...]:
+    """The limits as column values, in LIMIT_COLUMNS order."""
+    return tuple(getattr(limits, column) for column in LIMIT_COLUMNS)
+
+
 def key_values(key: ApiKey, ts: Callable[[datetime | None], Any]) -> tuple[Any, ...]:
     """The record as a row, in KEY_COLUMNS order."""
     return (
@@ -73,10 +84,7 @@ def key_values(key: ApiKey, ts: Callable[[datetime | None], Any]) -> tuple[Any, 
         key.key_hash,
         encode_names(key.models),
         encode_names(key.adapters),
-        key.limits.rpm,
-        key.limits.tpm,
-        key.limits.token_budget,
-        key.limits.budget_period,
+        *limit_values(key.limits),
         # utc(): a hand-made record (an imported dump) may hold naive times; they mean UTC.
         ts(utc(key.created_at)),
         ts(utc(key.expires_at)),
@@ -93,12 +101,7 @@ def key_from_row(row: Any, parse_ts: Callable[[Any], datetime | None]) -> ApiKey
         key_hash=row["key_hash"],
         models=decode_names(row["models"]),
         adapters=decode_names(row["adapters"]),
-        limits=KeyLimits(
-            rpm=row["rpm"],
-            tpm=row["tpm"],
-            token_budget=row["token_budget"],
-            budget_period=row["budget_period"],
-        ),
+        limits=KeyLimits(**{column: row[column] for column in LIMIT_COLUMNS}),
         created_at=created,
         expires_at=parse_ts(row["expires_at"]),
         revoked_at=parse_ts(row["revoked_at"]),

@@ -27,6 +27,7 @@ from gateway.store.records import (
     KeyDraft,
     key_from_row,
     key_values,
+    limit_values,
     upstream_secret_name,
     usage_values,
 )
@@ -233,7 +234,7 @@ class SqliteStore(Store):
                 return None
             conn.execute(
                 sql.SET_LIMITS,
-                (limits.rpm, limits.tpm, limits.token_budget, limits.budget_period, key_id),
+                (*limit_values(limits), key_id),
             )
             row = conn.execute(sql.SELECT_KEY, (key_id,)).fetchone()
             return _key(row)

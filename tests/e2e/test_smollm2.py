@@ -40,7 +40,8 @@ def ask(client: openai.OpenAI, text: str, max_tokens: int = 24) -> str:
         model=DEMO_MODEL, messages=[{"role": "user", "content": text}], max_tokens=max_tokens
     )
     assert reply.model == DEMO_MODEL
-    assert reply.usage is not None and reply.usage.prompt_tokens > 0
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens > 0
     return reply.choices[0].message.content or ""
 
 
@@ -48,7 +49,8 @@ def test_the_banner_tells_a_new_user_what_to_type(system: System) -> None:
     text = "\n".join(system.output)
     assert f"{system.base_url}" in text
     assert system.api_key in text
-    assert "curl -s" in text and DEMO_MODEL in text
+    assert "curl -s" in text
+    assert DEMO_MODEL in text
 
 
 async def test_plain_and_streamed_chat_with_usage_recorded(system: System, client) -> None:
@@ -65,7 +67,8 @@ async def test_plain_and_streamed_chat_with_usage_recorded(system: System, clien
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip()
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens > 0
 
     completion = client.completions.create(model=DEMO_MODEL, prompt="Once upon a", max_tokens=8)
     assert completion.choices[0].text
@@ -86,7 +89,8 @@ async def test_no_key_or_a_wrong_key_is_refused(system: System) -> None:
             json=body,
             headers={"Authorization": "Bearer " + system.api_key[:-4] + "AAAA"},
         )
-    assert bare.status_code == 401 and wrong.status_code == 401
+    assert bare.status_code == 401
+    assert wrong.status_code == 401
     bad = openai.OpenAI(base_url=system.base_url, api_key="not-a-key", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()

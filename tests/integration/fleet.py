@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.system import REPO, STANDIN_ENGINE, System
-
 # The ledger's invariants live with `make chaos`, which checks them too; re-exported here.
-from workers.chaos.checks import ledger_violations as ledger_violations
+from bench.chaos.checks import ledger_violations as ledger_violations
+from tests.system import REPO, STANDIN_ENGINE, System
 from workflows.contracts import NodeState, ReplicaState
 
 # Joined agents' liveness, short for tests: unreachable after LOST_AFTER_S of silence, lost

@@ -103,7 +103,8 @@ class OpenAICompatible:
         return self
 
     def __exit__(self, *_: object) -> None:
-        assert self._loop is not None and self._stop is not None
+        assert self._loop is not None
+        assert self._stop is not None
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
@@ -148,7 +149,8 @@ def test_an_external_model_serves_the_openai_client_unchanged(
         response_format={"type": "json_object"},
     )
     assert json.loads(reply.choices[0].message.content or "") == {"answer": 42}
-    assert reply.usage is not None and reply.usage.total_tokens == 9
+    assert reply.usage is not None
+    assert reply.usage.total_tokens == 9
 
     chunks = list(
         client.chat.completions.create(
@@ -159,7 +161,8 @@ def test_an_external_model_serves_the_openai_client_unchanged(
         )
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "forty-two"
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 2
 
     embedding = client.embeddings.create(model="mock", input="otters")
     assert embedding.data[0].embedding == [0.5, 0.25]

@@ -38,7 +38,8 @@ async def test_killed_engine_is_restarted_and_serves_again(system, weights):
     await wait_ready(system, "phoenix", 1)
     assert chat(system, "phoenix")
     status = system.cli("status").stdout
-    assert "phoenix-0" in status and "ready" in status
+    assert "phoenix-0" in status
+    assert "ready" in status
     system.cli("model", "rm", "phoenix")
     wait_for(lambda: not system.engine_processes(str(weights) + ".phoenix"), 30, "cleanup")
 
@@ -90,7 +91,8 @@ async def test_no_secret_stands_in_workflow_history_or_the_temporal_database(sys
     history = await client.get_workflow_handle(replica_workflow_id("echo", 0)).fetch_history()
     payloads = decoded_payloads(history.to_json_dict())
     # The positive control: what the replica was told is readable here, so a secret would be.
-    assert b"echo-0" in payloads and str(weights).encode() in payloads
+    assert b"echo-0" in payloads
+    assert str(weights).encode() in payloads
     for what, secret in secrets.items():
         assert secret.encode() not in payloads, f"the {what} is in the replica's history"
     raw = (system.state_dir / "temporal.db").read_bytes()

@@ -51,6 +51,7 @@ def test_the_spec_names_every_operation_the_gateway_serves() -> None:
         "POST /v1/completions",
         "POST /v1/embeddings",
         "GET /admin/v1/routes",
+        "GET /admin/v1/kv",
         "GET /admin/v1/models",
         "PUT /admin/v1/models/{name}",
         "GET /admin/v1/usage",
@@ -76,6 +77,6 @@ def test_no_request_valid_or_not_is_a_server_error(
         and zlib.crc32(repr(sorted(body)).encode()) % 2 == 0
     ):
         body["model"] = MODEL
-    # Changes go as application/json, bodiless DELETEs too, as `llmgw ctl` sends them.
+    # Changes go as application/json, bodiless DELETEs too, as the `llmgw` CLI sends them.
     headers = {**gateway.auth, "Content-Type": "application/json"}
     case.call_and_validate(base_url=gateway.url, headers=headers, checks=[not_a_server_error])

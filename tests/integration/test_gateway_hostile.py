@@ -63,7 +63,10 @@ def gateway(state_dir: Path, upstream: Upstream) -> Iterator[GatewayProcess]:
 
 
 @pytest.fixture(scope="module")
-async def store(state_dir: Path, gateway: GatewayProcess) -> AsyncIterator[Store]:
+async def store(
+    state_dir: Path,
+    gateway: GatewayProcess,  # noqa: ARG001 - requested so the gateway starts first
+) -> AsyncIterator[Store]:
     """The gateway's own store, opened from here too: keys to add, tables to inspect."""
     store = open_store(None, state_dir)
     await store.init()
@@ -75,7 +78,7 @@ def chat_body(model: str = MODEL, content: str = "hello there") -> bytes:
     return json.dumps({"model": model, "messages": [{"role": "user", "content": content}]}).encode()
 
 
-def chat(gw: GatewayProcess, headers: dict[str, str] | None = None, body: bytes = b"") -> bytes:
+def chat(headers: dict[str, str] | None = None, body: bytes = b"") -> bytes:
     headers = {"Content-Type": "application/json", **(headers or {})}
     return http_request("POST", CHAT, headers=headers, body=body or chat_body())
 
@@ -137,7 +140,7 @@ async def test_every_kind_of_bad_key_gets_the_same_401_in_similar_time(
     }
     # The revocation reaches the gateway within its key refresh interval.
     for _ in range(100):
-        reply = await raw_exchange(gateway.url, chat(gateway, kinds["revoked"]()),
+        reply = await raw_exchange(gateway.url, chat(kinds["revoked"]()),
                                    local_host=fresh_client())  # fmt: skip
         if reply.status == 401:
             break
@@ -146,7 +149,7 @@ async def test_every_kind_of_bad_key_gets_the_same_401_in_similar_time(
     shapes: dict[str, set[tuple[Any, ...]]] = {kind: set() for kind in kinds}
     for _ in range(50):
         for kind, headers in kinds.items():
-            reply = await raw_exchange(gateway.url, chat(gateway, headers()),
+            reply = await raw_exchange(gateway.url, chat(headers()),
                                        local_host=fresh_client())  # fmt: skip
             error = assert_error_shape(reply, 401)
             shapes[kind].add((reply.status, error["type"], error["code"], error["param"]))
@@ -160,7 +163,7 @@ async def test_a_client_that_keeps_failing_is_locked_out_and_no_one_else_is(
     gateway: GatewayProcess,
 ) -> None:
     attacker, bystander = fresh_client(), fresh_client()
-    bad = chat(gateway, {"Authorization": f"Bearer llmgw-{'0' * 8}-{'C' * 43}"})
+    bad = chat({"Authorization": f"Bearer llmgw-{'0' * 8}-{'C' * 43}"})
     locked: RawReply | None = None
     for _ in range(50):
         reply = await raw_exchange(gateway.url, bad, local_host=attacker)
@@ -175,9 +178,11 @@ async def test_a_client_that_keeps_failing_is_locked_out_and_no_one_else_is(
         for line in locked.data.partition(b"\r\n\r\n")[0].split(b"\r\n")
         if line.lower().startswith(b"retry-after:")
     ]
-    assert retry_after and retry_after[0].isdigit() and int(retry_after[0]) > 0, locked.data
+    assert retry_after, locked.data
+    assert retry_after[0].isdigit(), locked.data
+    assert int(retry_after[0]) > 0, locked.data
     # Another client, right now: served with its good key, and a plain 401 for a bad one.
-    good = await raw_exchange(gateway.url, chat(gateway, gateway.auth), local_host=bystander)
+    good = await raw_exchange(gateway.url, chat(gateway.auth), local_host=bystander)
     assert good.status == 200, good.data[:300]
     assert (await raw_exchange(gateway.url, bad, local_host=bystander)).status == 401
 
@@ -235,7 +240,8 @@ def assert_refused_clearly(reply: RawReply) -> None:
         assert set(error) == {"message", "type", "param", "code"}
         if reply.status == 403:
             assert error["code"] == "admin_local_only", error
-    assert b'"routes"' not in reply.body and b"replica_id" not in reply.body
+    assert b'"routes"' not in reply.body
+    assert b"replica_id" not in reply.body
 
 
 # --- sizes --------------------------------------------------------------------------------
@@ -256,7 +262,7 @@ async def test_a_100_mib_body_is_refused_at_once_without_being_held(
         assert seconds < 5, (declared, seconds)
         assert grown < 48 * MIB, (declared, grown / MIB)
     # And the gateway is still itself.
-    ok = await raw_exchange(gateway.url, chat(gateway, gateway.auth), local_host=fresh_client())
+    ok = await raw_exchange(gateway.url, chat(gateway.auth), local_host=fresh_client())
     assert ok.status == 200, ok.data[:300]
 
 
@@ -298,7 +304,7 @@ async def test_deeply_nested_json_is_a_400(gateway: GatewayProcess) -> None:
         request = http_request("POST", path, headers=headers, body=body)
         reply = await raw_exchange(gateway.url, request, local_host=fresh_client())
         assert_error_shape(reply, 400)
-    ok = await raw_exchange(gateway.url, chat(gateway, gateway.auth), local_host=fresh_client())
+    ok = await raw_exchange(gateway.url, chat(gateway.auth), local_host=fresh_client())
     assert ok.status == 200, "the gateway did not survive"
 
 
@@ -314,7 +320,7 @@ async def test_huge_headers_are_431_or_a_closed_connection(
     gateway: GatewayProcess, name: str
 ) -> None:
     before = gateway.rss_bytes()
-    request = chat(gateway, {**gateway.auth, **HUGE_HEADERS[name]})
+    request = chat({**gateway.auth, **HUGE_HEADERS[name]})
     reply = await raw_exchange(gateway.url, request, local_host=fresh_client(), timeout=10)
     assert reply.status == 431 or (reply.status is None and reply.closed), reply.data[:300]
     assert reply.seconds < 5
@@ -456,7 +462,8 @@ async def test_a_body_that_never_finishes_is_cut_off(state_dir: Path, upstream: 
                                    timeout=30, read_until_close=True)  # fmt: skip
     finally:
         gateway.stop()
-    assert reply.closed and 2.5 < reply.seconds < 10, reply
+    assert reply.closed, reply
+    assert 2.5 < reply.seconds < 10, reply
     assert reply.status in (None, 408), reply.data[:300]
 
 
@@ -488,7 +495,7 @@ def url_quoted(name: str) -> str:
 async def test_hostile_names_find_nothing_and_leave_the_tables_intact(
     gateway: GatewayProcess, store: Store
 ) -> None:
-    ok = await raw_exchange(gateway.url, chat(gateway, gateway.auth), local_host=fresh_client())
+    ok = await raw_exchange(gateway.url, chat(gateway.auth), local_host=fresh_client())
     assert ok.status == 200, ok.data[:300]
     # The gateway is shared with earlier tests: wait until their usage is flushed too, so the
     # snapshot below is the settled state (two reads a flush interval apart agree).
@@ -538,5 +545,5 @@ async def test_hostile_names_find_nothing_and_leave_the_tables_intact(
 
     assert {k.key_id for k in await store.list_keys()} == keys_before
     assert await store.usage() == usage_before
-    still = await raw_exchange(gateway.url, chat(gateway, gateway.auth), local_host=fresh_client())
+    still = await raw_exchange(gateway.url, chat(gateway.auth), local_host=fresh_client())
     assert still.status == 200, still.data[:300]

@@ -50,7 +50,8 @@ async def test_joined_agents_register_with_their_labels(fleet):
     listing = system.cli("nodes").stdout
     for name in everyone:
         line = next(line for line in listing.splitlines() if line.startswith(name + " "))
-        assert " ready " in line and line.rstrip().endswith("yes"), listing
+        assert " ready " in line, listing
+        assert line.rstrip().endswith("yes"), listing
 
 
 async def test_a_token_for_another_node_is_refused(fleet, tmp_path):

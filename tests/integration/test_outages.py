@@ -12,10 +12,11 @@ from collections import Counter
 import httpx
 import pytest
 
+from activities.control.node_admin import node_handle
 from tests.history_reading import node_states_published
 from tests.system import System, wait_for, wait_ready
-from workflows.contracts import NodeState, NodeView
-from workflows.names import node_workflow_id
+from workflows.contracts import NodeState
+from workflows.node import NodeWorkflow
 from workflows.options import NODE_GRACE
 
 pytestmark = pytest.mark.integration
@@ -63,8 +64,8 @@ def restarted(system: System, child: str) -> bool:
 
 async def node_state(system: System) -> NodeState:
     client = await system.client()
-    handle = client.get_workflow_handle(node_workflow_id(system.node))
-    view = await handle.query("describe", result_type=NodeView)
+    view = await node_handle(client, system.node).query(NodeWorkflow.describe)
+    assert view is not None, f"node {system.node} never registered"
     return view.record.state
 
 

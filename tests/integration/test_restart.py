@@ -1,6 +1,7 @@
 """Ctrl-C stops everything, engines included; `llmgw up` again finds the same models, keys and
 usage, and serves again."""
 
+import httpx
 import openai
 import pytest
 
@@ -24,6 +25,9 @@ async def test_ctrl_c_leaves_nothing_and_up_again_finds_everything(system, weigh
 
     system.start(timeout=120)
     assert system.api_key == key
+    # The banner promises an API that answers: asked at once, with no wait (CI once saw the
+    # banner before the gateway listened, and a client's first call refused).
+    assert httpx.get(system.base_url.removesuffix("/v1") + "/healthz").status_code == 200
     await wait_ready(system, "keep", 1, timeout=90)
     reply = client.chat.completions.create(
         model="keep", messages=[{"role": "user", "content": "two"}]

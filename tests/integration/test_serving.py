@@ -19,7 +19,8 @@ async def test_model_defined_by_cli_serves_plain_and_streamed_chat_with_usage(sy
         model="echo", messages=[{"role": "user", "content": "hello there"}]
     )
     assert reply.choices[0].message.content
-    assert reply.usage is not None and reply.usage.completion_tokens > 0
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens > 0
 
     chunks = list(
         client.chat.completions.create(
@@ -43,7 +44,8 @@ async def test_model_defined_by_cli_serves_plain_and_streamed_chat_with_usage(sy
     wait_for(usage_recorded, 15, "two requests in llmgw usage")
 
 
-async def test_bad_requests_get_openai_shaped_errors(system, weights):
+@pytest.mark.usefixtures("weights")
+async def test_bad_requests_get_openai_shaped_errors(system):
     await wait_ready(system, "echo", 1)
     url = f"{system.base_url}/chat/completions"
     good = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}

@@ -126,7 +126,7 @@ def test_a_request_a_browser_marks_cross_site_is_refused(site: str) -> None:
 @pytest.mark.parametrize(
     "headers",
     [
-        {},  # curl, llmgw ctl: no browser headers at all
+        {},  # curl, the llmgw CLI: no browser headers at all
         {"Sec-Fetch-Site": "none"},  # the operator typed the URL
         {"Sec-Fetch-Site": "same-origin", "Origin": f"http://{HOST}"},
     ],

@@ -7,7 +7,6 @@ import csv
 import io
 from collections.abc import AsyncIterator
 from datetime import date
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,18 +17,10 @@ from fastapi import FastAPI
 from gateway import admin_keys, admin_usage
 from gateway.auth import KeyCache
 from gateway.errors import install_error_handlers
-from gateway.store import Store, UsageDelta, open_store
+from gateway.store import Store, UsageDelta
 
 JSON = {"Content-Type": "application/json"}
 DAY = date(2025, 5, 1)
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    store = open_store(None, tmp_path)
-    await store.init()
-    yield store
-    await store.close()
 
 
 def _client(
@@ -62,14 +53,29 @@ async def test_a_created_key_is_shown_once_and_works(
         "name": "ci",
         "models": ["llama"],
         "adapters": ["sql-lora"],
-        "limits": {"rpm": 60, "token_budget": 1000, "budget_period": "month"},
+        "limits": {
+            "rpm": 60,
+            "token_budget": 1000,
+            "budget_period": "month",
+            "max_prompts_per_request": 16,
+        },
     }
     created = await admin.post("/admin/v1/keys", json=body)
     assert created.status_code == 201
     assert created.headers["cache-control"] == "no-store"
     plaintext = created.json()["api_key"]
     key = created.json()["key"]
-    assert key["limits"] == {"rpm": 60, "tpm": None, "token_budget": 1000, "budget_period": "month"}
+    assert key["limits"] == {
+        "rpm": 60,
+        "tpm": None,
+        "token_budget": 1000,
+        "budget_period": "month",
+        "max_prompts_per_request": 16,
+        "max_choices_per_request": None,  # None: the gateway's default
+        "max_prompt_tokens_per_request": None,
+        "max_inflight_prompt_tokens": None,
+        "isolate_cache": False,  # the engines' prefix cache is shared unless asked otherwise
+    }
     assert "key_hash" not in key
 
     cache = KeyCache(store)
@@ -80,7 +86,8 @@ async def test_a_created_key_is_shown_once_and_works(
     assert [k["name"] for k in listed] == ["ci"]
     assert listed[0]["adapters"] == ["sql-lora"]
     text = str(listed)
-    assert plaintext not in text and "key_hash" not in text
+    assert plaintext not in text
+    assert "key_hash" not in text
 
 
 @pytest.mark.parametrize(
@@ -104,7 +111,8 @@ async def test_bad_keys_are_refused_with_the_reason(
 async def test_a_taken_name_is_a_conflict(admin: httpx.AsyncClient) -> None:
     assert (await admin.post("/admin/v1/keys", json={"name": "dup"})).status_code == 201
     again = await admin.post("/admin/v1/keys", json={"name": "dup"})
-    assert again.status_code == 409 and _error_code(again) == "key_name_taken"
+    assert again.status_code == 409
+    assert _error_code(again) == "key_name_taken"
 
 
 async def test_revoke_then_revoke_again(admin: httpx.AsyncClient, store: Store) -> None:
@@ -114,7 +122,8 @@ async def test_revoke_then_revoke_again(admin: httpx.AsyncClient, store: Store) 
     (key,) = await store.list_keys()
     assert key.revoked_at is not None
     second = await admin.delete("/admin/v1/keys/gone", headers=JSON)
-    assert second.status_code == 404 and _error_code(second) == "key_not_found"
+    assert second.status_code == 404
+    assert _error_code(second) == "key_not_found"
 
 
 async def test_limits_are_replaced_by_name_or_id(admin: httpx.AsyncClient, store: Store) -> None:
@@ -127,11 +136,34 @@ async def test_limits_are_replaced_by_name_or_id(admin: httpx.AsyncClient, store
     by_id = await admin.put(f"/admin/v1/keys/{key_id}/limits", json={"rpm": 9})
     assert by_id.json()["limits"]["rpm"] == 9
     stored = await store.get_key(key_id)
-    assert stored is not None and stored.limits.rpm == 9
+    assert stored is not None
+    assert stored.limits.rpm == 9
     missing = await admin.put("/admin/v1/keys/nobody/limits", json={"rpm": 9})
     assert missing.status_code == 404
     bad = await admin.put("/admin/v1/keys/svc/limits", json={"budget_period": "week"})
     assert bad.status_code == 400
+
+
+async def test_cache_isolation_is_created_shown_and_replaced_with_the_limits(
+    admin: httpx.AsyncClient, store: Store
+) -> None:
+    body = {"name": "tenant", "limits": {"rpm": 5, "isolate_cache": True}}
+    created = await admin.post("/admin/v1/keys", json=body)
+    assert created.status_code == 201
+    assert created.json()["key"]["limits"]["isolate_cache"] is True
+    (listed,) = (await admin.get("/admin/v1/keys")).json()["data"]
+    assert listed["limits"]["isolate_cache"] is True
+    (stored,) = await store.list_keys()
+    assert stored.limits.isolate_cache is True
+
+    # PUT replaces every limit: isolation left out is switched off, like any other.
+    put = await admin.put("/admin/v1/keys/tenant/limits", json={"rpm": 5})
+    assert put.json()["limits"]["isolate_cache"] is False
+    put = await admin.put("/admin/v1/keys/tenant/limits", json={"rpm": 5, "isolate_cache": True})
+    assert put.json()["limits"]["isolate_cache"] is True
+    bad = await admin.put("/admin/v1/keys/tenant/limits", json={"isolate_cache": "maybe"})
+    assert bad.status_code == 400
+    assert "isolate_cache" in bad.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -182,7 +214,8 @@ async def _upstream_key_round_trip(
     assert secret not in (await admin.get("/admin/v1/keys")).text
 
     spaced = await admin.put("/admin/v1/models/hosted/upstream-key", json={"key": "sk two"})
-    assert spaced.status_code == 400 and "sk two" not in spaced.text
+    assert spaced.status_code == 400
+    assert "sk two" not in spaced.text
     unknown = await admin.put("/admin/v1/models/hosted/upstream-key", json={"value": secret})
     assert unknown.status_code == 400
     cross_site = await admin.put(
@@ -195,9 +228,11 @@ async def _upstream_key_round_trip(
 
     deleted = await admin.delete("/admin/v1/models/hosted/upstream-key", headers=JSON)
     assert deleted.status_code == 200
-    assert await store.upstream_keys() == {} and gateway.upstream_keys == {}
+    assert await store.upstream_keys() == {}
+    assert gateway.upstream_keys == {}
     again = await admin.delete("/admin/v1/models/hosted/upstream-key", headers=JSON)
-    assert again.status_code == 404 and _error_code(again) == "upstream_key_not_found"
+    assert again.status_code == 404
+    assert _error_code(again) == "upstream_key_not_found"
 
 
 async def _usage(store: Store) -> str:

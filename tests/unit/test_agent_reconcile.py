@@ -19,17 +19,17 @@ from workflows.contracts import EngineExit
 class FakeHandle:
     def __init__(self, answer: Any) -> None:
         self.answer = answer
-        self.signals: list[str] = []
+        self.signals: list[object] = []
 
     async def describe(self, rpc_timeout: Any = None) -> Any:
         if isinstance(self.answer, BaseException):
             raise self.answer
         return SimpleNamespace(status=self.answer)
 
-    async def signal(self, name: str, arg: Any, rpc_timeout: Any = None) -> None:
+    async def signal(self, handler: object, arg: Any, rpc_timeout: Any = None) -> None:
         if isinstance(self.answer, BaseException):
             raise self.answer
-        self.signals.append(name)
+        self.signals.append(handler)
 
 
 class FakeClient:

@@ -9,16 +9,16 @@ import math
 
 import pytest
 
-from workers.bench_gateway import report
-from workers.bench_gateway.loadgen import ResponseReader, build_request, run_load
-from workers.bench_gateway.standin import (
+from bench.gateway import report
+from bench.gateway.loadgen import ResponseReader, build_request, run_load
+from bench.gateway.standin import (
     Answers,
     StandinProtocol,
     chunked_sse_response,
     split_request,
     sse_events,
 )
-from workers.bench_gateway.stats import ArmFigures, percentile, ratio
+from bench.gateway.stats import ArmFigures, percentile, ratio
 
 
 def _feed_in_pieces(reader: ResponseReader, raw: bytes, size: int) -> list[bool]:
@@ -44,7 +44,8 @@ def test_the_stand_in_answers_plain_or_streamed_by_the_body() -> None:
     head = b"post /v1/chat/completions http/1.1\r\nhost: h"
     plain = answers.for_request(head, b'{"model":"mock"}')
     streamed = answers.for_request(head, b'{"model":"mock", "stream": true}')
-    assert plain.startswith(b"HTTP/1.1 200 OK") and b"Content-Length:" in plain
+    assert plain.startswith(b"HTTP/1.1 200 OK")
+    assert b"Content-Length:" in plain
     completion = json.loads(plain.partition(b"\r\n\r\n")[2])
     assert completion["usage"]["completion_tokens"] == 4
     assert b"Transfer-Encoding: chunked" in streamed
@@ -58,7 +59,8 @@ def test_the_sse_stream_has_chunks_a_finish_a_usage_chunk_and_done() -> None:
     assert all(e.startswith(b"data: ") and e.endswith(b"\n\n") for e in events)
     assert events[-1] == b"data: [DONE]\n\n"
     usage = json.loads(events[-2][6:])
-    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 9 + 3
+    assert usage["choices"] == []
+    assert usage["usage"]["total_tokens"] == 9 + 3
     assert json.loads(events[-3][6:])["choices"][0]["finish_reason"] == "length"
 
 
@@ -97,8 +99,11 @@ def test_reader_ends_a_content_length_answer(piece: int) -> None:
     raw = Answers().plain
     reader = ResponseReader()
     done = _feed_in_pieces(reader, raw, piece)
-    assert done[-1] and not any(done[:-1])
-    assert reader.status == 200 and reader.keep_alive and reader.body_started
+    assert done[-1]
+    assert not any(done[:-1])
+    assert reader.status == 200
+    assert reader.keep_alive
+    assert reader.body_started
     assert not reader.saw_done
 
 
@@ -107,8 +112,10 @@ def test_reader_ends_a_chunked_sse_answer_and_sees_done(piece: int) -> None:
     raw = Answers(chunks=16).stream
     reader = ResponseReader()
     done = _feed_in_pieces(reader, raw, piece)
-    assert done[-1] and not any(done[:-1])
-    assert reader.status == 200 and reader.saw_done
+    assert done[-1]
+    assert not any(done[:-1])
+    assert reader.status == 200
+    assert reader.saw_done
 
 
 def test_reader_marks_the_first_body_bytes_before_the_end() -> None:
@@ -119,7 +126,8 @@ def test_reader_marks_the_first_body_bytes_before_the_end() -> None:
     assert not reader.feed(raw[:head_end])
     assert not reader.body_started
     assert not reader.feed(raw[head_end:first_chunk_end])
-    assert reader.body_started and not reader.saw_done
+    assert reader.body_started
+    assert not reader.saw_done
     assert reader.feed(raw[first_chunk_end:])
 
 
@@ -130,7 +138,8 @@ def test_reader_handles_chunk_extensions_trailers_and_a_missing_done() -> None:
     )
     reader = ResponseReader()
     assert reader.feed(raw)
-    assert reader.status == 200 and not reader.saw_done
+    assert reader.status == 200
+    assert not reader.saw_done
 
 
 def test_reader_keeps_the_start_of_an_error_body_and_connection_close() -> None:
@@ -143,7 +152,8 @@ def test_reader_keeps_the_start_of_an_error_body_and_connection_close() -> None:
     )
     reader = ResponseReader()
     assert reader.feed(raw)
-    assert reader.status == 401 and not reader.keep_alive
+    assert reader.status == 401
+    assert not reader.keep_alive
     assert reader.error_body == body
 
 
@@ -153,19 +163,22 @@ def test_reader_is_reusable_after_reset_on_a_keep_alive_connection() -> None:
     assert reader.feed(answers.stream)
     reader.reset()
     assert reader.feed(answers.plain)
-    assert reader.status == 200 and not reader.saw_done
+    assert reader.status == 200
+    assert not reader.saw_done
 
 
 def test_reader_without_a_length_ends_at_close() -> None:
     reader = ResponseReader()
     assert not reader.feed(b"HTTP/1.1 200 OK\r\n\r\npartial")
-    assert not reader.keep_alive and reader.finish_at_close()
+    assert not reader.keep_alive
+    assert reader.finish_at_close()
 
 
 def test_chunked_response_framing_is_what_the_reader_expects() -> None:
     raw = chunked_sse_response([b"data: a\n\n", b"data: [DONE]\n\n"])
     reader = ResponseReader()
-    assert reader.feed(raw) and reader.saw_done
+    assert reader.feed(raw)
+    assert reader.saw_done
 
 
 # --- the load generator, end to end against an in-process stand-in ------------------------
@@ -189,8 +202,10 @@ async def test_load_generator_counts_answers_from_the_stand_in() -> None:
                 warmup_s=0.05,
                 expect_done=stream,
             )
-            assert result.errors == 0 and result.first_error is None
-            assert result.completed > 0 and result.answered >= result.completed
+            assert result.errors == 0
+            assert result.first_error is None
+            assert result.completed > 0
+            assert result.answered >= result.completed
             assert len(result.latencies_s) == len(result.first_byte_s) == result.completed
     finally:
         server.close()
@@ -208,17 +223,19 @@ def test_percentile_interpolates_between_ranks() -> None:
     assert percentile([float(v) for v in range(1, 101)], 99) == pytest.approx(99.01)
     assert percentile([7.0], 99) == 7.0
     assert math.isnan(percentile([], 50))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"percentile 101 is outside 0\.\.100"):
         percentile(values, 101)
 
 
 def test_ratio_and_added_latency() -> None:
     assert ratio(1.0, 4.0) == 0.25
-    assert ratio(1.0, 0.0) is None and ratio(None, 1.0) is None
+    assert ratio(1.0, 0.0) is None
+    assert ratio(None, 1.0) is None
     direct = ArmFigures(name="direct", c1_p50_ms=0.1, c1_p99_ms=0.3)
     llmgw = ArmFigures(name="llmgw", c1_p50_ms=0.35, c1_p99_ms=1.5)
     p50, p99 = llmgw.added(direct)
-    assert p50 == pytest.approx(0.25) and p99 == pytest.approx(1.2)
+    assert p50 == pytest.approx(0.25)
+    assert p99 == pytest.approx(1.2)
     assert direct.added(direct) == (None, None)
 
 

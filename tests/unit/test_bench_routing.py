@@ -3,9 +3,9 @@ if that pinning were wrong, the arm would not be an oracle and every ratio to it
 
 from __future__ import annotations
 
+from bench.gateway.target import StaticRoutes
+from bench.routing import BenchConfig, pinning_sessions, workload
 from gateway.routing import RequestKey, Router, RoutingSnapshot
-from workers.bench_gateway.target import StaticRoutes
-from workers.bench_routing import BenchConfig, pinning_sessions, workload
 
 
 async def test_each_groups_session_lands_on_its_pinned_replica_through_the_router() -> None:
@@ -21,10 +21,12 @@ async def test_each_groups_session_lands_on_its_pinned_replica_through_the_route
         prompt = f"group {group} opening that nobody has sent before ".encode() * 20
         decision = router.choose(snapshot, RequestKey("m", prompt, session), {})
         assert decision.reason == "session"
-        assert decision.route is not None and decision.route.replica_id == ids[group % 3]
+        assert decision.route is not None
+        assert decision.route.replica_id == ids[group % 3]
         # Its later requests find the prefix on the same replica.
         again = router.choose(snapshot, RequestKey("m", prompt + b"next question", session), {})
-        assert again.reason == "prefix" and again.route == decision.route
+        assert again.reason == "prefix"
+        assert again.route == decision.route
 
 
 def test_the_workload_interleaves_groups_that_share_a_system_prompt() -> None:

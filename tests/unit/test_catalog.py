@@ -159,7 +159,8 @@ def test_other_engines_still_need_weights():
 )
 def test_an_external_url_must_be_a_plain_http_base(url, expected):
     found = check_model(external(url))
-    assert len(found) == 1 and found[0].startswith("profiles[0].urls[0]: "), found
+    assert len(found) == 1, found
+    assert found[0].startswith("profiles[0].urls[0]: "), found
     assert expected in found[0]
 
 

@@ -1,7 +1,7 @@
 """The invariants `make chaos` samples: devices booked twice (in the ledger, or by an engine the
 ledger does not know), replicas duplicated, and what "converged" demands."""
 
-from workers.chaos.checks import (
+from bench.chaos.checks import (
     AgentShard,
     EngineProcess,
     Snapshot,

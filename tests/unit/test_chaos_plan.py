@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from workers.chaos.checks import AgentShard, EngineProcess
-from workers.chaos.inject import NoVictim, pick_engine
-from workers.chaos.plan import FREEZE, KILL, TARGETS, parse_targets, plan_rounds
+from bench.chaos.checks import AgentShard, EngineProcess
+from bench.chaos.inject import NoVictim, pick_engine
+from bench.chaos.plan import FREEZE, KILL, TARGETS, parse_targets, plan_rounds
 
 
 def test_the_same_seed_gives_the_same_plan() -> None:
@@ -28,7 +28,7 @@ def test_freezes_last_within_the_range_and_kills_do_not_freeze() -> None:
     assert {f.action for f in faults} == {KILL, FREEZE}
     assert all(5.0 <= f.freeze_s <= 9.0 for f in faults if f.action == FREEZE)
     assert all(f.freeze_s == 0.0 for f in faults if f.action == KILL)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="want 0 < min <= max"):
         plan_rounds(1, seed=1, freeze_range=(9.0, 5.0))
 
 
@@ -38,7 +38,7 @@ def test_only_limits_the_targets() -> None:
     assert {f.target for f in plan_rounds(10, seed=2, targets=only)} == {"agent", "engine"}
     with pytest.raises(ValueError, match="kernel"):
         parse_targets("agent,kernel")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown target"):
         parse_targets(" , ")
 
 

@@ -3,9 +3,9 @@ round and in all, and which findings fail the run."""
 
 import httpx
 
-from workers.chaos.load import OK, UNREACHABLE, RequestRecord, outcome_of
-from workers.chaos.plan import FREEZE, KILL, Fault
-from workers.chaos.report import (
+from bench.chaos.load import OK, UNREACHABLE, RequestRecord, outcome_of
+from bench.chaos.plan import FREEZE, KILL, Fault
+from bench.chaos.report import (
     Kill,
     RoundResult,
     Summary,
@@ -89,7 +89,8 @@ def test_a_clean_run_passes_and_says_what_it_measured() -> None:
 
 def test_each_hard_invariant_fails_the_run() -> None:
     lost = round_result(replicas_after=["m-1", "m-2"], engines_after={"m-1": "2@2"})
-    assert lost.lost == ["m-0"] and lost.new == ["m-2"]
+    assert lost.lost == ["m-0"]
+    assert lost.new == ["m-2"]
     never = round_result(converged_s=None, waiting_on=["1 of 2 replicas ready"])
     booked = round_result(double_booked=["GPU 0 on n held 2 times: ['a', 'b']"])
     twice = round_result(duplicated=["3 engine processes for 2 replicas: [1, 2, 3]"])

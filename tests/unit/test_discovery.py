@@ -5,15 +5,15 @@ from pathlib import Path
 
 import pytest
 
-from activities.discovery import (
+from activities.agent.discovery import (
     MachinePaths,
     discover_inventory,
     parse_cpuinfo,
     parse_meminfo,
     parse_os_release,
 )
-from activities.gpu_parsing import NvidiaSmiReport, gpu_class, parse_nvidia_smi_xml
-from activities.nvml_source import GpuToolMissing
+from activities.agent.gpu_parsing import NvidiaSmiReport, gpu_class, parse_nvidia_smi_xml
+from activities.agent.nvml_source import GpuToolMissing
 from tests.machine_tools import recorded_nvidia_smi, write_tool
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"

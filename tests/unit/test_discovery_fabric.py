@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from activities.fabric_parsing import (
+from activities.agent.fabric_parsing import (
     interface_for_address,
     is_ipv4_mapped,
     parse_ip_addr,
@@ -11,7 +11,7 @@ from activities.fabric_parsing import (
     read_rdma_ports,
     roce_v2_ipv4_gid_index,
 )
-from activities.imex import discover_imex, imex_channels, imex_running
+from activities.agent.imex import discover_imex, imex_channels, imex_running
 
 MACHINES = Path(__file__).resolve().parent.parent / "fixtures" / "machines"
 
@@ -103,7 +103,8 @@ def test_imex_installed_but_stopped_says_so(tmp_path: Path) -> None:
         which=lambda name: f"/usr/bin/{name}",
     )
     assert imex is not None
-    assert imex.installed and not imex.running
+    assert imex.installed
+    assert not imex.running
     assert "not running" in imex.detail
     assert "no IMEX channel" in imex.detail
 

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from activities.gpu_parsing import (
+from activities.agent.gpu_parsing import (
     NO_INSTANCES_CARVED,
     NvidiaSmiReport,
     parse_compute_caps,

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from activities.discovery import discover_gpus
-from activities.gpu_parsing import NO_INSTANCES_CARVED, NvidiaSmiReport, parse_nvidia_smi_xml
-from activities.nvml_source import (
+from activities.agent.discovery import discover_gpus
+from activities.agent.gpu_parsing import NO_INSTANCES_CARVED, NvidiaSmiReport, parse_nvidia_smi_xml
+from activities.agent.nvml_source import (
     CommandResult,
     GpuToolFailed,
     GpuToolMissing,
@@ -173,7 +173,8 @@ def test_nvml_reports_mig_instances_like_nvidia_smi() -> None:
     assert first.gpu_class == "a100-80g-mig-3g.40gb"
     assert first.memory_mb == 40192
     assert first.compute_capability == "8.0"
-    assert first.mig is not None and first.mig.gpu_instance_id == 1
+    assert first.mig is not None
+    assert first.mig.gpu_instance_id == 1
     assert [(p.pid, p.used_memory_mb) for p in first.processes] == [(220417, 11878)]
     assert uncarved.unusable == NO_INSTANCES_CARVED
     assert report.driver_version == "535.183.01"
@@ -251,7 +252,8 @@ def test_discover_gpus_prefers_nvidia_smi_and_reports_failure_as_a_problem() -> 
 
     # nvidia-smi absent but NVML present (a container with only the library): NVML's GPUs.
     report, problems = discover_gpus(missing, NvmlSource(a100_mig_machine()))
-    assert len(report.gpus) == 3 and problems == []
+    assert len(report.gpus) == 3
+    assert problems == []
 
 
 def test_failing_source_raises_the_failure_type() -> None:

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from activities.topology_parsing import (
+from activities.agent.topology_parsing import (
     Topology,
     attach_topology,
     has_nvswitch,

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from activities.engines.engine_dir import write_marker
+from engines.engine_dir import write_marker
 
 RUN = "import sys; from workers.doctor import main; sys.exit(main(sys.argv[1:]))"
 ROOT = Path(__file__).resolve().parents[2]

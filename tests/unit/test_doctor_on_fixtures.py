@@ -13,28 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from activities.discovery import MachinePaths, discover_inventory
-from activities.doctor.checks import diagnose
-from activities.doctor.facts import CommandProbe, DoctorFacts, EngineCheck, MemlockLimit
-from activities.doctor.findings import Finding, Severity
-from activities.gpu_parsing import NvidiaSmiReport
-from activities.nvml_source import GpuToolMissing
+from activities.agent.discovery import MachinePaths, discover_inventory
+from activities.agent.doctor.checks import diagnose
+from activities.agent.doctor.facts import CommandProbe, DoctorFacts, EngineCheck, MemlockLimit
+from activities.agent.doctor.findings import Finding, Severity
+from activities.agent.gpu_parsing import NvidiaSmiReport
+from activities.agent.nvml_source import GpuToolMissing
 from tests.machine_tools import MACHINES, by_check, recorded_nvidia_smi, run_doctor, write_tool
+from tests.unit.doctor_machines import ALL_MODULES
 from workflows.contracts import NodeInventory
-
-# Every module the checks ask about for these machines: the doctor's own facts are set here,
-# so that each test shows the finding its machine's recordings lead to and nothing else.
-ALL_MODULES = [
-    "gdrdrv",
-    "ib_core",
-    "ib_uverbs",
-    "mlx5_core",
-    "mlx5_ib",
-    "nvidia",
-    "nvidia_peermem",
-    "nvidia_uvm",
-    "rdma_ucm",
-]
 
 
 class NoNvml:
@@ -119,7 +106,9 @@ def test_h100_hgx_with_fabric_manager_inactive_fails_first_about_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     inv = discovered("h100_sxm_x8", "10.0.0.6", tmp_path, monkeypatch)
-    assert inv.nvswitch and len(inv.gpus) == 8 and inv.problems == []
+    assert inv.nvswitch
+    assert len(inv.gpus) == 8
+    assert inv.problems == []
     facts = facts_for(inv, fabric_manager="inactive")
     findings = diagnose(facts)
 
@@ -221,7 +210,8 @@ def test_cpu_without_avx2_warns_and_otherwise_passes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     inv = discovered("cpu_no_avx2", "10.20.0.7", tmp_path, monkeypatch)
-    assert inv.gpus == [] and inv.management_interface == "ens3"
+    assert inv.gpus == []
+    assert inv.management_interface == "ens3"
     findings = diagnose(facts_for(inv))
 
     (avx2,) = by_check(findings, "avx2")
@@ -249,7 +239,9 @@ def test_gb200_tray_warns_of_degraded_nvlink_bandwidth_on_gpu_3(
     inv = discovered(
         "gb200_nvl72_tray", "10.1.0.21", tmp_path, monkeypatch, arch="aarch64", imex=True
     )
-    assert inv.imex is not None and inv.imex.running and inv.imex.channels == [0]
+    assert inv.imex is not None
+    assert inv.imex.running
+    assert inv.imex.channels == [0]
     findings = diagnose(facts_for(inv))
 
     (degraded,) = by_check(findings, "nvlink-bandwidth")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from activities.doctor import gather
-from activities.doctor.facts import DoctorFacts
-from activities.doctor.parsing import (
+from activities.agent.doctor import gather
+from activities.agent.doctor.facts import DoctorFacts
+from activities.agent.doctor.parsing import (
     is_agent_command,
     parse_cmdline,
     parse_is_active,
@@ -17,7 +17,7 @@ from activities.doctor.parsing import (
     parse_persistence_csv,
     parse_proc_modules,
 )
-from activities.engines.engine_dir import write_marker
+from engines.engine_dir import write_marker
 
 PROC_MODULES = """\
 nvidia_peermem 16384 0 - Live 0x0000000000000000 (POE)
@@ -44,7 +44,8 @@ LIMITS_8M = LIMITS_UNLIMITED.replace(
 def test_proc_modules_names_every_loaded_module() -> None:
     names = parse_proc_modules(PROC_MODULES)
     assert names[:2] == ["nvidia_peermem", "nvidia_uvm"]
-    assert "ib_uverbs" in names and len(names) == 7
+    assert "ib_uverbs" in names
+    assert len(names) == 7
 
 
 def test_memlock_from_proc_limits() -> None:
@@ -104,7 +105,8 @@ def test_gather_reads_engines_and_their_markers(tmp_path: Path) -> None:
     assert by_version["11500.0.0"].marker is False
     assert facts.inventory.name == "node-a"
     assert facts.state_dir == str(tmp_path)
-    assert facts.memlock is not None and facts.memlock.source.startswith("this shell")
+    assert facts.memlock is not None
+    assert facts.memlock.source.startswith("this shell")
 
 
 def test_gather_verifies_an_operator_named_binary(tmp_path: Path) -> None:
@@ -124,7 +126,7 @@ def test_gather_verifies_an_operator_named_binary(tmp_path: Path) -> None:
 def test_gather_survives_a_discovery_that_raises(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(name: str, address: str) -> None:
+    def broken(_name: str, _address: str) -> None:
         raise RuntimeError("nvidia-smi -q -x exited 9: NVIDIA-SMI has failed")
 
     monkeypatch.setattr(gather, "discover_inventory", broken)

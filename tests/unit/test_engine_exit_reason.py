@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.exit_reason import MAX_REASON_CHARS, error_line
-from activities.supervisor import ShardSupervisor
+from activities.agent.exit_reason import MAX_REASON_CHARS, error_line
+from activities.agent.supervisor import ShardSupervisor
 
 
 def test_the_last_error_line_is_kept_and_what_follows_a_prompt_or_quote_is_cut() -> None:
@@ -30,7 +30,8 @@ def test_the_last_error_line_is_kept_and_what_follows_a_prompt_or_quote_is_cut()
 def test_no_error_line_says_nothing_and_long_lines_are_capped() -> None:
     assert error_line("loading\nlistening on 18000\n") == ""
     line = error_line("CUDA error: " + "x" * 1000)
-    assert line.startswith("CUDA error: xxx") and len(line) <= MAX_REASON_CHARS
+    assert line.startswith("CUDA error: xxx")
+    assert len(line) <= MAX_REASON_CHARS
     assert error_line("\x1b[31mfatal: out of memory\x1b[0m\r") == "fatal: out of memory"
 
 

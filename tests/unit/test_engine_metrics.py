@@ -4,7 +4,7 @@ import asyncio
 
 from aiohttp import web
 
-from activities.engine_metrics import (
+from engines.metrics import (
     Load,
     in_flight,
     kv_usage,

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION as AGENT_DEFAULT
+from engines.llamacpp import LLAMACPP_DEFAULT_VERSION as AGENT_DEFAULT
 from workflows.contracts import (
     EnginePlanRequest,
     EngineSource,
@@ -161,7 +161,8 @@ def test_every_declared_engine_is_planned_exactly_once(
     assert set(installed) | set(result.unavailable) == {"llamacpp", "vllm", "trtllm"}
     assert not set(installed) & set(result.unavailable)
     for status in result.unavailable.values():
-        assert status.state is EngineState.UNAVAILABLE and status.detail
+        assert status.state is EngineState.UNAVAILABLE
+        assert status.detail
     # llama.cpp runs anywhere: only an override takes it away.
     if "llamacpp" in result.unavailable:
         assert result.unavailable["llamacpp"].detail.startswith("disabled for this node")

@@ -3,17 +3,21 @@ retried: the agent refuses the launch with the ports in its details, and placeme
 with them excluded hands out others. A shard's other ports (rendezvous, KV events) come from the
 range too."""
 
-import os
 import socket
-import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.node_agent import AgentConfig, NodeAgentActivities
+from activities.agent.node_agent import NodeAgentActivities
+from tests.unit.test_node_agent import (
+    STANDIN,
+    make_config,
+    venv_python_first,  # noqa: F401 - autouse, for the stand-in
+)
 from workflows.contracts import (
     Allocation,
     EngineState,
@@ -30,8 +34,6 @@ from workflows.contracts import (
     Profile,
 )
 from workflows.placement import node_usage, place
-
-STANDIN = Path(__file__).resolve().parent.parent / "standin_llama_server"
 
 
 def node(name: str, port_min: int = 18000, port_max: int = 18999) -> NodeRecord:
@@ -75,7 +77,8 @@ def test_a_port_held_by_another_program_is_skipped_when_placing_again() -> None:
         state,
         PlacementRequest(replica_id="m-1", model="m", profiles=[CPU], exclude_ports={"a": [18000]}),
     )
-    assert isinstance(elsewhere, Allocation) and elsewhere.node == "b"
+    assert isinstance(elsewhere, Allocation)
+    assert elsewhere.node == "b"
 
 
 def test_a_node_whose_only_free_ports_are_held_says_so() -> None:
@@ -100,25 +103,14 @@ def test_a_kv_events_leader_gets_its_other_ports_from_the_range_each_once() -> N
     assert node_usage(state, "a").ports == set(ports)
 
 
-@pytest.fixture(autouse=True)
-def venv_python_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-
-
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[NodeAgentActivities]:
-    acts = NodeAgentActivities(
-        AgentConfig(
-            node="node-a",
-            address="127.0.0.1",
-            state_dir=tmp_path / "state",
-            cache_dir=tmp_path / "cache",
-            node_secret=b"node-secret-for-tests-0123456789",
-            engine_paths={"llamacpp": str(STANDIN), "vllm": str(STANDIN)},
-            stop_grace_s=2.0,
-            nvidia=False,
-        )
+    config = replace(
+        make_config(tmp_path),
+        engine_paths={"llamacpp": str(STANDIN), "vllm": str(STANDIN)},
+        nvidia=False,
     )
+    acts = NodeAgentActivities(config)
     yield acts
     acts.stop_all_engines()
 
@@ -147,6 +139,7 @@ async def test_the_agent_refuses_a_held_kv_port_naming_it_for_placement(
         with pytest.raises(ApplicationError) as raised:
             await ActivityEnvironment().run(agent.start_engine, req)
     err = raised.value
-    assert err.type == "PortInUse" and err.non_retryable
+    assert err.type == "PortInUse"
+    assert err.non_retryable
     assert PortsInUse.model_validate(err.details[0]) == PortsInUse(node="node-a", ports=[held])
     assert agent.supervisor.shards() == []

@@ -3,23 +3,27 @@ model definition (so never in a workflow history), and a missing one fails the l
 
 import asyncio
 import io
-import os
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.local_port import free_port
-from activities.node_agent import AgentConfig, NodeAgentActivities
-from activities.node_secrets import main as secret_cli
-from activities.node_secrets import read_secret, set_secret
+from activities.agent.node_agent import NodeAgentActivities
+from activities.agent.node_secrets import main as secret_cli
+from activities.agent.node_secrets import read_secret, set_secret
+from engines.local_port import free_port
+from tests.unit.test_node_agent import (
+    STANDIN,
+    make_config,
+    venv_python_first,  # noqa: F401 - autouse, for the stand-in
+)
 from workflows.catalog import check_profile
 from workflows.contracts import Allocation, LaunchRequest, ModelSpec, Profile
 
-STANDIN = Path(__file__).resolve().parent.parent / "standin_llama_server"
 TOKEN = "hf_live_0123456789abcdef"
 
 
@@ -36,7 +40,8 @@ def test_a_plain_value_for_a_secret_looking_name_is_refused_with_how_to_referenc
 ) -> None:
     (problem,) = env_problems({name: TOKEN, "OMP_NUM_THREADS": "4"})
     assert problem.startswith(f"env.{name}: looks like a secret")
-    assert "llmgw secret set" in problem and f"{name}: secret:" in problem
+    assert "llmgw secret set" in problem
+    assert f"{name}: secret:" in problem
     assert TOKEN not in problem
 
 
@@ -46,24 +51,10 @@ def test_a_secret_reference_is_accepted_and_a_bad_name_is_not() -> None:
     assert problem.startswith("env.HF_TOKEN: secret name 'HF Token' must be")
 
 
-@pytest.fixture(autouse=True)
-def venv_python_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-
-
 @pytest.fixture
 def agent(tmp_path: Path) -> Iterator[NodeAgentActivities]:
-    acts = NodeAgentActivities(
-        AgentConfig(
-            node="node-a",
-            address="127.0.0.1",
-            state_dir=tmp_path / "state",
-            cache_dir=tmp_path / "cache",
-            node_secret=b"node-secret-for-tests-0123456789",
-            engine_paths={"llamacpp": str(STANDIN)},
-            stop_grace_s=2.0,
-        )
-    )
+    config = replace(make_config(tmp_path), engine_paths={"llamacpp": str(STANDIN)})
+    acts = NodeAgentActivities(config)
     yield acts
     acts.stop_all_engines()
 
@@ -134,7 +125,8 @@ async def test_a_secret_others_can_read_is_refused(
         await ActivityEnvironment().run(
             agent.start_engine, request(tmp_path, {"HF_TOKEN": "secret:hf-token"})
         )
-    assert raised.value.type == "SecretUnsafe" and raised.value.non_retryable
+    assert raised.value.type == "SecretUnsafe"
+    assert raised.value.non_retryable
     assert TOKEN not in str(raised.value)
 
 

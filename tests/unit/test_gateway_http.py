@@ -10,6 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 from aiohttp import web
 from starlette.requests import Request
 
-from activities.local_port import free_port
+from engines.local_port import free_port
 from gateway.admin_routes import require_local
 from gateway.errors import ApiError
 from gateway.server import serve
@@ -110,8 +111,56 @@ async def test_missing_wrong_and_revoked_keys_are_401(gateway: Gateway, store: S
     assert_openai_error(await gateway.client.get("/v1/models", headers=gateway.auth), 401)
 
 
+async def test_every_bad_key_gets_the_same_401_and_is_counted_by_reason(
+    gateway: Gateway, store: Store
+) -> None:
+    """Which check failed never shows in the answer: only in the log and the metrics."""
+    record, revoked = await store.create_key(f"revoked-{uuid.uuid4().hex[:6]}")
+    await store.revoke_key(record.key_id)
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    _, expired = await store.create_key(f"expired-{uuid.uuid4().hex[:6]}", expires_at=past)
+    await _until_refreshed(gateway, store)
+    secret_length = 43  # the key format's (gateway/store/keyformat.py)
+    kinds = {
+        "missing_key": {},
+        "malformed_key": {"Authorization": "Bearer not-a-key"},
+        "unknown_key": {"Authorization": f"Bearer llmgw-0badc0de-{'B' * secret_length}"},
+        "wrong_secret": {"Authorization": f"Bearer llmgw-{gateway.key_id}-{'A' * secret_length}"},
+        "revoked": {"Authorization": f"Bearer {revoked}"},
+        "expired": {"Authorization": f"Bearer {expired}"},
+    }
+    answers = set()
+    for headers in kinds.values():
+        for response in (
+            await gateway.client.get("/v1/models", headers=headers),
+            await gateway.client.post(
+                "/v1/chat/completions", json={"model": MODEL, "messages": HELLO}, headers=headers
+            ),
+        ):
+            assert_openai_error(response, 401, "invalid_api_key")
+            answers.add((json.dumps(response.json()), response.headers["www-authenticate"]))
+    assert len(answers) == 1, answers
+    metrics = (await gateway.client.get("/metrics")).text
+    for reason in kinds:
+        # The /v1/models refusals, at least: every reason shows on its own.
+        assert f'llmgw_auth_failures_total{{reason="{reason}"}}' in metrics, reason
+
+
+async def _until_refreshed(gateway: Gateway, store: Store) -> None:
+    """Until the gateway's key refresh (every 0.1 s here) has read every key made so far: a key
+    made in the store works from the next refresh, never by a lookup on the request path. A
+    copy that holds a key made now was read after it, so it holds every earlier key too."""
+    _, sentinel = await store.create_key(f"sentinel-{uuid.uuid4().hex[:6]}")
+    deadline = time.monotonic() + 5
+    headers = {"Authorization": f"Bearer {sentinel}"}
+    while (await gateway.client.get("/v1/models", headers=headers)).status_code == 401:
+        assert time.monotonic() < deadline, "the gateway never read the key table"
+        await asyncio.sleep(0.02)
+
+
 async def test_a_key_limited_to_other_models_gets_403(gateway: Gateway, store: Store) -> None:
     _, limited = await store.create_key(f"limited-{uuid.uuid4().hex[:6]}", models=["other"])
+    await _until_refreshed(gateway, store)
     response = await gateway.client.post(
         "/v1/chat/completions",
         json={"model": MODEL, "messages": HELLO},
@@ -259,7 +308,8 @@ async def test_upstream_sees_the_engine_key_never_the_clients(
     ((headers, body),) = upstream.seen
     assert headers["Authorization"] == f"Bearer {engine_keys['smol-0']}"
     assert all(client_key not in value for value in headers.values())
-    assert "X-Secret-Header" not in headers and "Cookie" not in headers
+    assert "X-Secret-Header" not in headers
+    assert "Cookie" not in headers
     assert body == {
         "model": MODEL,
         "messages": [{"role": "user", "content": "hi"}],
@@ -401,7 +451,8 @@ async def test_usage_is_written_at_shutdown(store: Store, standin: str) -> None:
         assert (await gw.chat()).status_code == 200
         assert await store.usage(key_id=gw.key_id) == []
     (row,) = await store.usage(key_id=gw.key_id)
-    assert row.requests == 1 and row.completion_tokens > 0
+    assert row.requests == 1
+    assert row.completion_tokens > 0
 
 
 class UnreachableStore:
@@ -432,6 +483,7 @@ async def test_an_internal_failure_is_a_plain_500(
     monkeypatch.setattr(store, "usage", broken)
     response = await gateway.client.get("/admin/v1/usage")
     assert_openai_error(response, 500, "internal_error")
+    assert response.headers["x-request-id"] in response.json()["error"]["message"]
     assert "hunter2" not in response.text
 
 
@@ -459,7 +511,7 @@ async def test_admin_answers_loopback_clients_naming_an_address(gateway: Gateway
 async def test_admin_refuses_a_host_name_even_from_loopback(gateway: Gateway) -> None:
     # A DNS-rebinding page reaches 127.0.0.1 but still sends its own name as Host.
     for host in ("evil.example.com", "evil.example.com:8080", "127.0.0.1.nip.io"):
-        for path in ("/admin/v1/routes", "/admin/v1/usage"):
+        for path in ("/admin/v1/routes", "/admin/v1/usage", "/metrics"):
             response = await gateway.client.get(path, headers={"Host": host})
             assert_openai_error(response, 403, "admin_local_only")
 

@@ -20,10 +20,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from activities.local_port import free_port
+from engines.local_port import free_port
 from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.server import serve
-from gateway.store import KeyLimits, Store, open_store
+from gateway.store import KeyLimits, Store
 from tests.gateway_kit import (
     MODEL,
     FakeRouteSource,
@@ -39,14 +39,6 @@ from tests.gateway_kit import (
 from workflows.contracts import ReplicaState, Route, RoutingTable
 
 MESSAGES = [{"role": "user", "content": "tell me about otters"}]
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    store = open_store(None, tmp_path)
-    await store.init()
-    yield store
-    await store.close()
 
 
 def completion(prompt: int = 4, completion_tokens: int = 2) -> dict[str, Any]:
@@ -337,11 +329,17 @@ async def test_an_external_endpoint_gets_its_own_key_and_no_engine_key(store: St
 # --- keys: adapters, quotas, lockout ---------------------------------------------------------
 
 
-async def test_adapters_are_allowlisted_and_sent_by_their_own_name(store: Store) -> None:
+def lora_route(replica_id: str, url: str, engine: str, adapters: list[str]) -> Route:
+    return route(replica_id, url).model_copy(update={"engine": engine, "adapters": adapters})
+
+
+async def test_adapters_are_allowlisted_and_sent_by_name_to_vllm(store: Store) -> None:
     _, plaintext = await store.create_key("lora-user", adapters=["sql"])
     async with (
         scripted() as upstream,
-        running_gateway(store, FakeRouteSource(route("smol-0", upstream.url))) as gw,
+        running_gateway(
+            store, FakeRouteSource(lora_route("smol-0", upstream.url, "vllm", ["sql"]))
+        ) as gw,
     ):
         headers = {"Authorization": f"Bearer {plaintext}"}
         body = {"model": f"{MODEL}:sql", "messages": MESSAGES}
@@ -350,8 +348,61 @@ async def test_adapters_are_allowlisted_and_sent_by_their_own_name(store: Store)
         refused = await gw.client.post("/v1/chat/completions", json=body, headers=headers)
     assert allowed.status_code == 200
     assert upstream.bodies[0]["model"] == "sql"
+    assert "lora" not in upstream.bodies[0]
     assert_openai_error(refused, 403, "adapter_not_allowed")
     assert upstream.calls == 1
+
+
+async def test_llamacpp_gets_the_adapter_by_its_launch_index(store: Store) -> None:
+    """llama-server applies an adapter only when the request's `lora` field lists its index
+    (the order of its --lora flags); a replica that did not load it is never chosen."""
+    async with (
+        scripted() as loaded,
+        scripted() as bare,
+        running_gateway(
+            store,
+            FakeRouteSource(
+                lora_route("smol-0", loaded.url, "llamacpp", ["sql", "chat"]),
+                lora_route("smol-1", bare.url, "llamacpp", []),
+            ),
+        ) as gw,
+    ):
+        for _ in range(4):
+            assert (await gw.chat(model=f"{MODEL}:chat")).status_code == 200
+        assert (await gw.chat(model=f"{MODEL}:sql")).status_code == 200
+        plain = await gw.chat()
+        unknown = await gw.chat(model=f"{MODEL}:nope")
+        own_lora = await gw.chat(lora=[{"id": 0, "scale": 1.0}])
+    assert plain.status_code == 200
+    assert loaded.calls + bare.calls == 6
+    adapted = [b for b in loaded.bodies if "lora" in b]
+    assert [b["lora"] for b in adapted] == [[{"id": 1, "scale": 1.0}]] * 4 + [
+        [{"id": 0, "scale": 1.0}]
+    ]
+    assert {b["model"] for b in adapted} == {f"{MODEL}:chat", f"{MODEL}:sql"}
+    assert all("lora" not in b for b in bare.bodies)
+    # The plain request: on the replica loading adapters, each one at scale 0.
+    base = [b for b in loaded.bodies if b["model"] == MODEL]
+    assert all(b["lora"] == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}] for b in base)
+    assert_openai_error(unknown, 404, "adapter_not_found")
+    assert "nope" in unknown.json()["error"]["message"]
+    assert_openai_error(own_lora, 400)  # a client's own `lora` would bypass the allowlist
+
+
+async def test_models_lists_each_adapter_the_key_may_use(store: Store) -> None:
+    _, plaintext = await store.create_key("lora-list", adapters=["sql"])
+    source = FakeRouteSource(
+        lora_route("smol-0", "http://127.0.0.1:1", "llamacpp", ["sql", "chat"]),
+        lora_route("smol-1", "http://127.0.0.1:1", "llamacpp", ["sql"]),
+    )
+    async with running_gateway(store, source) as gw:
+        every = (await gw.client.get("/v1/models", headers=gw.auth)).json()["data"]
+        limited = (
+            await gw.client.get("/v1/models", headers={"Authorization": f"Bearer {plaintext}"})
+        ).json()["data"]
+    ready = {m["id"]: m["ready_replicas"] for m in every}
+    assert ready == {MODEL: 2, f"{MODEL}:sql": 2, f"{MODEL}:chat": 1}
+    assert [m["id"] for m in limited] == [MODEL, f"{MODEL}:sql"]
 
 
 async def test_50_concurrent_requests_with_budget_for_5_admit_at_most_5(store: Store) -> None:
@@ -509,6 +560,9 @@ async def test_the_admin_api_answers_only_on_its_loopback_listener(
 ) -> None:
     port, admin_port = free_port(), free_port()
     settings = fast_settings(host="127.0.0.1", port=port, admin_port=admin_port)
+    # Made before the gateway starts, so its first read of the key table has it.
+    _, plaintext = await store.create_key("listener-test")
+    auth = {"Authorization": f"Bearer {plaintext}"}
     async with recording_standin(tmp_path) as upstream:
         task = asyncio.create_task(
             serve(settings, store, FakeRouteSource(route("smol-0", upstream.url)))
@@ -524,8 +578,6 @@ async def test_the_admin_api_answers_only_on_its_loopback_listener(
                     except httpx.ConnectError:
                         assert time.monotonic() < deadline
                         await asyncio.sleep(0.05)
-                _, plaintext = await store.create_key("listener-test")
-                auth = {"Authorization": f"Bearer {plaintext}"}
                 on_public = await http.get(public + "/admin/v1/routes")
                 on_admin = await http.get(admin + "/admin/v1/routes")
                 chat_on_admin = await http.post(
@@ -539,6 +591,8 @@ async def test_the_admin_api_answers_only_on_its_loopback_listener(
                     headers=auth,
                 )
                 metrics_on_admin = await http.get(admin + "/metrics")
+                metrics_on_public = await http.get(public + "/metrics")
+                health_on_admin = await http.get(admin + "/healthz")
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, RuntimeError):
@@ -555,6 +609,10 @@ async def test_the_admin_api_answers_only_on_its_loopback_listener(
     assert_openai_error(chat_on_admin, 404, "not_found")
     assert chat_on_public.status_code == 200
     assert metrics_on_admin.status_code == 200
+    assert "llmgw_requests_total" in metrics_on_admin.text
+    # The metrics name every model: no answer for them where the OpenAI API is served.
+    assert_openai_error(metrics_on_public, 404, "not_found")
+    assert health_on_admin.status_code == 200
 
 
 def test_the_admin_api_refuses_to_listen_off_loopback(store: Store) -> None:

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from gateway.route_source import ROUTING_TABLE_QUERY, RouteRefresher, TemporalRouteSource
+from gateway.route_source import RouteRefresher, TemporalRouteSource
 from gateway.routing import RequestKey, Router, RoutingSnapshot
 from workflows.contracts import ReplicaState, Route, RoutingTable
+from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import LEDGER_WORKFLOW_ID
 
 
@@ -69,8 +70,10 @@ def test_a_replica_on_an_unreachable_node_is_a_last_resort() -> None:
 def test_unknown_model_and_model_without_ready_replica_differ() -> None:
     snap = RoutingSnapshot(table(route("m-0", state=ReplicaState.STARTING)))
     router = LeastLoad(snap)
-    assert router.pick("m", {}) is None and snap.knows("m")
-    assert router.pick("other", {}) is None and not snap.knows("other")
+    assert router.pick("m", {}) is None
+    assert snap.knows("m")
+    assert router.pick("other", {}) is None
+    assert not snap.knows("other")
     assert snap.models() == ["m"]
 
 
@@ -78,7 +81,8 @@ def test_least_in_flight_wins() -> None:
     snap = RoutingSnapshot(table(route("m-0"), route("m-1"), route("m-2")))
     router = LeastLoad(snap)
     picked = router.pick("m", {"m-0": 3, "m-1": 1, "m-2": 2})
-    assert picked is not None and picked.replica_id == "m-1"
+    assert picked is not None
+    assert picked.replica_id == "m-1"
 
 
 def test_ties_rotate_round_robin() -> None:
@@ -95,7 +99,8 @@ def test_excluded_replicas_are_skipped() -> None:
     snap = RoutingSnapshot(table(route("m-0"), route("m-1")))
     router = LeastLoad(snap)
     picked = router.pick("m", {}, exclude=frozenset({"m-0"}))
-    assert picked is not None and picked.replica_id == "m-1"
+    assert picked is not None
+    assert picked.replica_id == "m-1"
     assert router.pick("m", {}, exclude=frozenset({"m-0", "m-1"})) is None
 
 
@@ -103,7 +108,8 @@ def test_models_are_kept_apart() -> None:
     snap = RoutingSnapshot(table(route("a-0", model="a"), route("b-0", model="b")))
     router = LeastLoad(snap)
     picked = router.pick("b", {})
-    assert picked is not None and picked.replica_id == "b-0"
+    assert picked is not None
+    assert picked.replica_id == "b-0"
     assert [r.replica_id for r in snap.ready("a")] == ["a-0"]
 
 
@@ -128,9 +134,11 @@ async def test_refresher_keeps_the_last_good_table_when_the_source_fails() -> No
     assert refresher.snapshot.version == 3
     assert not await refresher.refresh()
     assert refresher.snapshot.version == 3, "an outage keeps the last good table"
-    assert refresher.last_error is not None and "temporal down" in refresher.last_error
+    assert refresher.last_error is not None
+    assert "temporal down" in refresher.last_error
     assert await refresher.refresh()
-    assert refresher.snapshot.version == 4 and refresher.last_error is None
+    assert refresher.snapshot.version == 4
+    assert refresher.last_error is None
 
 
 async def test_ties_keep_rotating_across_routing_table_refreshes() -> None:
@@ -166,16 +174,17 @@ class HangingSource:
 async def test_a_hanging_source_times_out_instead_of_stalling_the_loop() -> None:
     refresher = RouteRefresher(HangingSource(), timeout_s=0.05)
     assert not await refresher.refresh()
-    assert refresher.last_error is not None and "TimeoutError" in refresher.last_error
+    assert refresher.last_error is not None
+    assert "TimeoutError" in refresher.last_error
 
 
 class FakeHandle:
     def __init__(self, answer: Any) -> None:
         self.answer = answer
-        self.calls: list[tuple[str, Any, Any, Any]] = []
+        self.calls: list[tuple[Any, Any, Any]] = []
 
-    async def query(self, name: str, *, args: Any, result_type: Any, rpc_timeout: Any) -> Any:
-        self.calls.append((name, args, result_type, rpc_timeout))
+    async def query(self, query: Any, *, args: Any, rpc_timeout: Any) -> Any:
+        self.calls.append((query, args, rpc_timeout))
         return self.answer
 
 
@@ -195,8 +204,7 @@ async def test_temporal_source_queries_the_ledger_for_its_routing_table() -> Non
     source = TemporalRouteSource(client, rpc_timeout=timedelta(seconds=1))  # type: ignore[arg-type]
     assert await source.fetch() == expected
     assert client.workflow_ids == [LEDGER_WORKFLOW_ID]
-    assert client.handle.calls == [(ROUTING_TABLE_QUERY, [], RoutingTable, timedelta(seconds=1))]
-    assert ROUTING_TABLE_QUERY == "routing_table"
+    assert client.handle.calls == [(ClusterLedgerWorkflow.routing_table, [], timedelta(seconds=1))]
 
 
 async def test_temporal_source_refuses_a_wrongly_typed_answer() -> None:

@@ -52,7 +52,8 @@ def test_usage_only_chunk_is_read_and_dropped_unless_asked_for() -> None:
 def test_usage_on_a_content_chunk_keeps_the_content() -> None:
     chunk = {"choices": [{"index": 0, "delta": {"content": "end"}}], "usage": USAGE}
     out = UsageFilter(client_wants_usage=False).process(b"data: " + json.dumps(chunk).encode())
-    assert out is not None and out.endswith(b"\n\n")
+    assert out is not None
+    assert out.endswith(b"\n\n")
     relayed = json.loads(out.removeprefix(b"data: "))
     assert relayed == {"choices": [{"index": 0, "delta": {"content": "end"}}]}
 
@@ -62,7 +63,9 @@ def test_ordinary_chunks_pass_byte_for_byte_and_done_is_noticed() -> None:
     event = b'data: {"choices":[{"delta":{"content":"hi"}}],"usage":null}'
     assert usage_filter.process(event) == event + b"\n\n"
     assert usage_filter.process(b"data: [DONE]") == b"data: [DONE]\n\n"
-    assert usage_filter.saw_done and usage_filter.chunks == 1 and usage_filter.usage is None
+    assert usage_filter.saw_done
+    assert usage_filter.chunks == 1
+    assert usage_filter.usage is None
 
 
 # --- the relay's filter: whole usage-free chunks pass through without being split -----------

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import date
-from pathlib import Path
 
 import pytest
 
-from gateway.store import Store, UsageDelta, open_store
+from gateway.store import Store, UsageDelta
 from gateway.usage import UsageRecorder
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[Store]:
-    store = open_store(None, tmp_path)
-    await store.init()
-    yield store
-    await store.close()
 
 
 async def test_requests_accumulate_and_flush_as_one_row_per_key_model_day(store: Store) -> None:

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from activities.engines import build_llamacpp as build_module
-from activities.engines.install_llamacpp import (
+from engines import build_llamacpp as build_module
+from engines.install_llamacpp import (
     TransientInstallError,
     install_llamacpp,
     installed_binary,
 )
-from activities.engines.verify import missing_libraries, verify_binary, version_line
+from engines.verify import missing_libraries, verify_binary, version_line
 from workflows.contracts import EngineRequirement, EngineState
 
 FAKE_TREE = Path(__file__).resolve().parent.parent / "fixtures" / "fake_llamacpp"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.engines.python_env import (
+from engines.python_env import (
     add_distribution_record,
     env_is_cpu_build,
     install_python_engine,
@@ -42,7 +42,8 @@ def test_names_that_could_escape_are_refused(
 ) -> None:
     req = EngineRequirement(engine="sglang", version=version, package=package)
     status = install_python_engine(req, tmp_path, tmp_path, Lines(), nvidia=False)
-    assert status.state is EngineState.FAILED and why in status.detail
+    assert status.state is EngineState.FAILED
+    assert why in status.detail
 
 
 def test_cpu_build_is_recognised_by_its_distribution_record(tmp_path: Path) -> None:
@@ -56,4 +57,5 @@ def test_cpu_build_is_recognised_by_its_distribution_record(tmp_path: Path) -> N
 def test_operator_environment_that_does_not_run_is_reported(tmp_path: Path) -> None:
     req = EngineRequirement(engine="vllm", version="0.32.0", path=str(tmp_path / "nowhere"))
     status = install_python_engine(req, tmp_path, tmp_path, Lines(), nvidia=False)
-    assert status.state is EngineState.FAILED and "does not exist" in status.detail
+    assert status.state is EngineState.FAILED
+    assert "does not exist" in status.detail

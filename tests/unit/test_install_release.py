@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from activities.engines.install_llamacpp import (
+from engines.install_llamacpp import (
     TransientInstallError,
     install_llamacpp,
     installed_binary,
 )
-from activities.engines.release_llamacpp import asset_name, release_tag
-from activities.engines.verify import parse_devices
+from engines.release_llamacpp import asset_name, release_tag
+from engines.verify import parse_devices
 from workflows.contracts import EngineRequirement, EngineSource, EngineState
 
 TAG = "b4242"

@@ -7,8 +7,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.engines.verify import verify_llamacpp
-from activities.node_agent import AgentConfig, NodeAgentActivities
+from activities.agent.node_agent import AgentConfig, NodeAgentActivities
+from engines.verify import verify_llamacpp
 from workflows.contracts import (
     EngineInstallRequest,
     EngineRequirement,
@@ -51,7 +51,8 @@ def test_cuda_build_that_fell_back_to_the_cpu_is_not_installed(tmp_path: Path) -
 
 def test_cpu_build_is_not_asked_for_devices(tmp_path: Path) -> None:
     check = verify_llamacpp(fake_server(tmp_path, "  (none)\\n", cuda=False))
-    assert check.ok and not any("devices" in note for note in check.notes)
+    assert check.ok
+    assert not any("devices" in note for note in check.notes)
 
 
 def agent(tmp_path: Path, paths: dict[str, str] | None = None) -> NodeAgentActivities:
@@ -84,7 +85,8 @@ async def test_reverify_moves_verified_at_then_reports_a_later_failure(tmp_path:
         acts.verify_engines, VerifyEnginesRequest(node="n", engines=[installed, unavailable])
     )
     ok, untouched = first.engines
-    assert ok.state is EngineState.INSTALLED and ok.verified_at
+    assert ok.state is EngineState.INSTALLED
+    assert ok.verified_at
     assert untouched == unavailable
     assert beats
 
@@ -102,7 +104,8 @@ async def test_reverify_moves_verified_at_then_reports_a_later_failure(tmp_path:
     (fixed,) = (
         await env.run(acts.verify_engines, VerifyEnginesRequest(node="n", engines=[broken]))
     ).engines
-    assert fixed.state is EngineState.INSTALLED and fixed.verified_at
+    assert fixed.state is EngineState.INSTALLED
+    assert fixed.verified_at
 
 
 async def test_reverify_refuses_another_nodes_request(tmp_path: Path) -> None:
@@ -128,4 +131,5 @@ async def test_trtllm_is_checked_never_installed(tmp_path: Path) -> None:
         node="n", requirement=EngineRequirement(engine="trtllm", version="1.1.0")
     )
     none = await ActivityEnvironment().run(agent(tmp_path / "x").install_engine, missing)
-    assert none.state is EngineState.FAILED and "brought by the operator" in none.detail
+    assert none.state is EngineState.FAILED
+    assert "brought by the operator" in none.detail

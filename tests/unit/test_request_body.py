@@ -32,6 +32,14 @@ def test_fields_that_would_redirect_a_request_are_refused(field: str) -> None:
     assert error.code == "unsupported_field"
 
 
+def test_a_lora_field_is_refused_so_no_key_applies_an_adapter_it_is_not_granted() -> None:
+    # llama-server would apply any loaded adapter named by id in `lora`, past the allowlist.
+    error = refused(COMPLETIONS, {"model": "m", "prompt": "hi", "lora": [{"id": 0, "scale": 1}]})
+    assert error.param == "lora"
+    assert error.code == "unsupported_field"
+    assert "'model': '<model>:<adapter>'" in error.message
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -128,7 +136,8 @@ def test_stream_and_usage_options() -> None:
     parsed = parse_proxied_request(
         CHAT, {**CHAT_BODY, "stream": True, "stream_options": {"include_usage": True}}
     )
-    assert parsed.stream and parsed.wants_usage
+    assert parsed.stream
+    assert parsed.wants_usage
     assert refused(CHAT, {**CHAT_BODY, "stream": "yes"}).param == "stream"
     assert refused(CHAT, {**CHAT_BODY, "stream_options": 1}).param == "stream_options"
 
@@ -144,3 +153,29 @@ def test_bodies_that_are_not_a_json_object_are_400(raw: bytes) -> None:
         parse_json_object(raw)
     assert caught.value.status == 400
     assert caught.value.code == "invalid_json"
+
+
+def test_a_text_part_without_a_string_is_refused_naming_the_field() -> None:
+    body = {"model": "smol", "messages": [{"role": "user", "content": [{"text": None}]}]}
+    with pytest.raises(ApiError) as refused:
+        parse_proxied_request("/v1/chat/completions", body)
+    assert refused.value.status == 400
+    assert refused.value.param == "messages[0].content[0].text"
+
+
+@pytest.mark.parametrize("salt", [7, True, ["a"], {"k": "v"}, "", "s" * 1025])
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS, EMBEDDINGS])
+def test_a_cache_salt_that_is_not_a_short_string_is_refused_naming_it(
+    path: str, salt: object
+) -> None:
+    # vLLM takes 1 to 1,024 characters; the gateway may put a key's salt in front of it.
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}
+    error = refused(path, {**body, "input": "hi", "cache_salt": salt})
+    assert error.param == "cache_salt"
+    assert "'cache_salt' must be a string of 1 to 1,024 characters" in error.message
+
+
+@pytest.mark.parametrize("salt", [None, "tenant-a", "s" * 1024])
+def test_a_cache_salt_string_or_null_passes_untouched(salt: str | None) -> None:
+    request = parse_proxied_request(CHAT, {**CHAT_BODY, "cache_salt": salt})
+    assert request.body["cache_salt"] == salt

@@ -19,9 +19,11 @@ def test_three_consecutive_failures_eject_and_a_success_in_between_resets() -> N
     breaker.succeeded("r", 0.2)
     breaker.failed("r", 0.3)
     breaker.failed("r", 0.4)
-    assert breaker.allows("r", 0.5) and breaker.state("r", 0.5) is BreakerState.CLOSED
+    assert breaker.allows("r", 0.5)
+    assert breaker.state("r", 0.5) is BreakerState.CLOSED
     breaker.failed("r", 0.5)
-    assert breaker.state("r", 0.6) is BreakerState.OPEN and not breaker.allows("r", 0.6)
+    assert breaker.state("r", 0.6) is BreakerState.OPEN
+    assert not breaker.allows("r", 0.6)
     assert breaker.allows("other", 0.6)
 
 
@@ -31,11 +33,13 @@ def test_half_open_lets_exactly_one_probe_through_and_its_success_closes() -> No
     assert not breaker.allows("r", 14.9)
     assert breaker.state("r", 15.0) is BreakerState.HALF_OPEN
     # Asking is free: the router asks about every candidate and picks one.
-    assert breaker.allows("r", 15.0) and breaker.allows("r", 15.0)
+    assert breaker.allows("r", 15.0)
+    assert breaker.allows("r", 15.0)
     breaker.started("r", 15.0)
     assert not breaker.allows("r", 15.1), "the probe is out: nobody else goes"
     breaker.succeeded("r", 16.0)
-    assert breaker.state("r", 16.0) is BreakerState.CLOSED and breaker.allows("r", 16.0)
+    assert breaker.state("r", 16.0) is BreakerState.CLOSED
+    assert breaker.allows("r", 16.0)
 
 
 def test_failed_probes_double_the_open_period_up_to_the_cap() -> None:
@@ -85,7 +89,7 @@ def test_the_replica_ejected_longest_ago_is_named() -> None:
 
 
 def test_nonsense_settings_are_refused() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="need failures_to_open >= 1"):
         CircuitBreaker(failures_to_open=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="need failures_to_open >= 1"):
         CircuitBreaker(open_s=10.0, max_open_s=5.0)

@@ -76,10 +76,12 @@ def test_the_board_ignores_stale_samples_and_older_answers() -> None:
     assert board.in_flight("r", now=12.0) == 18
     board.update({"s": LoadSample(1, 0, None, 12.0)})
     board.retain(["s"])
-    assert board.latest("r", 12.0) is None and board.in_flight("s", 12.0) == 1
+    assert board.latest("r", 12.0) is None
+    assert board.in_flight("s", 12.0) == 1
     # A round's `now` also clears samples of replicas no longer scraped, once too old.
     board.update({"t": LoadSample(0, 0, None, 30.0)}, now=30.0)
-    assert board.age_s("s", 30.0) is None and board.in_flight("t", 30.0) == 0
+    assert board.age_s("s", 30.0) is None
+    assert board.in_flight("t", 30.0) == 0
 
 
 def route(replica_id: str, engine: str = "llamacpp") -> Route:

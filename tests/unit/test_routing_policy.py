@@ -53,7 +53,8 @@ def test_requests_sharing_a_system_prompt_follow_the_replica_that_served_it() ->
     router = Router()
     snap = snapshot("r-0", "r-1", "r-2")
     first = router.choose(snap, ask(SYSTEM_A + b"Q: my chain slips"), {}, now=0.0)
-    assert first.reason == "least_load" and first.matched_blocks == 0
+    assert first.reason == "least_load"
+    assert first.matched_blocks == 0
     other = router.choose(snap, ask(SYSTEM_B + b"Summarise trial 7"), {}, now=1.0)
     assert chosen(other) != chosen(first), "ties rotate: a new prefix goes elsewhere"
     # Busy or not (within the margin), the replica holding the prefix gets the follow-ups.
@@ -81,8 +82,10 @@ def test_an_overloaded_holder_is_passed_over_and_the_prefix_spreads() -> None:
 
 def test_the_margin_is_relative_under_heavy_load() -> None:
     margin = OverloadMargin(absolute=4, factor=2.0)
-    assert not margin.exceeded(20, 10) and margin.exceeded(21, 10)
-    assert not margin.exceeded(4, 0) and margin.exceeded(5, 0)
+    assert not margin.exceeded(20, 10)
+    assert margin.exceeded(21, 10)
+    assert not margin.exceeded(4, 0)
+    assert margin.exceeded(5, 0)
 
 
 def test_engine_reported_queues_count_but_stale_samples_do_not() -> None:
@@ -93,7 +96,8 @@ def test_engine_reported_queues_count_but_stale_samples_do_not() -> None:
     # Another gateway's requests fill the holder's queue: this gateway has none in flight there.
     board.record(holder, LoadSample(running=2, waiting=8, kv_usage=None, taken_at=10.0))
     busy = router.choose(snap, ask(SYSTEM_A + b"y"), {}, now=11.0)
-    assert busy.reason == "fallback_overloaded" and chosen(busy) != holder
+    assert busy.reason == "fallback_overloaded"
+    assert chosen(busy) != holder
     later = router.choose(snap, ask(SYSTEM_A + b"z"), {}, now=16.0)
     assert later.reason == "prefix", "a 6 s old sample is ignored"
 
@@ -116,7 +120,8 @@ def test_sessions_stick_and_a_departed_replica_moves_only_its_own() -> None:
     owners = {s: chosen(d) for s, d in before.items()}
     assert all(chosen(router.choose(four, ask(b"hey", s), {})) == owners[s] for s in sessions)
     spread = Counter(owners.values())
-    assert len(spread) == 4 and min(spread.values()) > 20
+    assert len(spread) == 4
+    assert min(spread.values()) > 20
 
     three = snapshot("r-0", "r-1", "r-3")
     after = {s: chosen(router.choose(three, ask(b"hi", s), {})) for s in sessions}
@@ -129,7 +134,8 @@ def test_an_overloaded_session_replica_falls_back() -> None:
     snap = snapshot("r-0", "r-1")
     home = chosen(router.choose(snap, ask(b"hi", "alice"), {}))
     moved = router.choose(snap, ask(b"hi", "alice"), {home: 9})
-    assert moved.reason == "fallback_overloaded" and chosen(moved) != home
+    assert moved.reason == "fallback_overloaded"
+    assert chosen(moved) != home
 
 
 def test_ejected_replicas_are_skipped_and_if_all_are_the_oldest_ejection_is_tried() -> None:
@@ -160,7 +166,8 @@ def test_excluded_and_missing_replicas() -> None:
     snap = snapshot("r-0", "r-1")
     assert chosen(router.choose(snap, ask(b"x"), {}, exclude={"r-0"})) == "r-1"
     nothing = router.choose(snap, ask(b"x"), {}, exclude={"r-0", "r-1"})
-    assert nothing.route is None and nothing.reason == "none"
+    assert nothing.route is None
+    assert nothing.reason == "none"
     starting = RoutingSnapshot(RoutingTable(routes=[route("r-0", ReplicaState.LOADING)]))
     assert router.choose(starting, ask(b"x"), {}).reason == "none"
 
@@ -173,7 +180,7 @@ def test_baseline_policies_ignore_prefixes() -> None:
     least = Router("least_load")
     picks = [chosen(least.choose(snap, ask(SYSTEM_A), {"r-1": 1})) for _ in range(4)]
     assert picks == ["r-0", "r-2", "r-0", "r-2"]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown routing policy 'random'"):
         Router("random")
 
 
@@ -188,11 +195,13 @@ def test_retain_forgets_replicas_that_left_or_restarted() -> None:
     survivor = "r-1" if holder == "r-0" else "r-0"
     router.retain(snapshot(survivor))
     assert router.index.longest_match(SYSTEM_A, [holder]) == {}
-    assert breaker.known() == set() and board.latest(holder, 0.0) is None
+    assert breaker.known() == set()
+    assert board.latest(holder, 0.0) is None
 
 
 def test_reasons_are_a_small_fixed_set() -> None:
     assert set(REASONS) == {
+        "kv_prefix",
         "prefix",
         "session",
         "least_load",
@@ -212,11 +221,13 @@ def test_prompt_bytes_keep_only_what_becomes_the_prompt() -> None:
     plain = prompt_bytes({"messages": messages, "temperature": 0.2, "model": "m"})
     assert streamed == plain
     longer = prompt_bytes({"messages": [*messages, {"role": "assistant", "content": "Hello"}]})
-    assert longer.startswith(plain) and longer != plain
+    assert longer.startswith(plain)
+    assert longer != plain
     swapped = prompt_bytes({"messages": [{"role": "system", "content": "You are terseHi"}]})
     assert swapped != plain
     with_tools = prompt_bytes({"messages": messages, "tools": [{"type": "function"}]})
-    assert with_tools.endswith(plain) and with_tools != plain
+    assert with_tools.endswith(plain)
+    assert with_tools != plain
     parts = [{"type": "text", "text": "look"}]
     assert b"look" in prompt_bytes({"messages": [{"role": "user", "content": parts}]})
     assert prompt_bytes({"prompt": "Once upon"}) == b"Once upon"

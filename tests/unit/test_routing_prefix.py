@@ -30,7 +30,8 @@ def test_only_full_blocks_count_and_each_key_covers_its_whole_prefix() -> None:
     shared = SYSTEM_A[: BLOCK_BYTES * 3]
     first = block_hashes(shared + b"first question" * 20)
     second = block_hashes(shared + b"other question" * 20)
-    assert first[:3] == second[:3] and first[3] != second[3]
+    assert first[:3] == second[:3]
+    assert first[3] != second[3]
 
 
 def test_a_huge_prompt_indexes_only_its_first_blocks() -> None:
@@ -102,7 +103,8 @@ def test_a_replica_shared_by_many_still_counts_every_claim() -> None:
     index = PrefixIndex(max_claims=40)
     for replica in range(8):
         index.insert(f"r-{replica}", SYSTEM_A[: BLOCK_BYTES * 4], now=float(replica))
-    assert len(index) <= 40 and index.node_count <= 4
+    assert len(index) <= 40
+    assert index.node_count <= 4
 
 
 def test_forget_drops_a_departed_replica_and_keeps_the_rest() -> None:
@@ -118,5 +120,5 @@ def test_forget_drops_a_departed_replica_and_keeps_the_rest() -> None:
 
 
 def test_bad_sizes_are_refused() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="block_bytes and max_blocks must be positive"):
         PrefixIndex(max_claims=0)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from activities.safe_extract import UnsafeArchiveError, safe_extract
+from engines.safe_extract import UnsafeArchiveError, safe_extract
 
 
 def make_tar(path: Path, members: list[tarfile.TarInfo], payloads: dict[str, bytes]) -> Path:

@@ -7,8 +7,8 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.engine_planning import ControlConfigActivities
-from activities.server_config import (
+from activities.control.engine_planning import ControlConfigActivities
+from activities.control.server_config import (
     ConfigError,
     load_nodes_file,
     load_server_config,
@@ -122,4 +122,5 @@ async def test_control_activities_reread_the_file_on_every_call(tmp_path: Path) 
 
 async def test_no_config_means_no_nodes_file() -> None:
     nodes = await ActivityEnvironment().run(ControlConfigActivities(None).read_nodes_file, None)
-    assert nodes.nodes == [] and nodes.source == ""
+    assert nodes.nodes == []
+    assert nodes.source == ""

@@ -7,15 +7,19 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from activities.engines import sglang, trtllm
-from activities.engines.commands import Command, ShardPlace
-from activities.engines.shard_env import shard_env
-from activities.nccl_env import FabricUnavailableError
-from activities.node_agent import LAUNCHER, launch_argv
-from activities.readiness import gpu_memory_problem, gpus_without_memory, parse_compute_apps
+from activities.agent.launch_plan import LAUNCHER, launch_argv
+from activities.agent.readiness import gpu_memory_problem, gpus_without_memory, parse_compute_apps
+from engines import sglang, trtllm
+from engines.adapter import ShardLaunch
+from engines.commands import Command, ShardPlace
+from engines.nccl_env import FabricUnavailableError
+from engines.registry import adapter
+from engines.shard_env import shard_env
 from workflows.contracts import (
     GpuFabric,
     GpuInfo,
@@ -58,9 +62,11 @@ def test_sglang_multi_node_and_key_off_the_command_line() -> None:
     assert argv[:3] == ["/e/venv/bin/python", "-I", "-c"]
     flags = pairs(argv[4:])
     assert flags["--model-path"] == "/models/big"
-    assert flags["--host"] == "10.0.0.2" and flags["--port"] == "18002"
+    assert flags["--host"] == "10.0.0.2"
+    assert flags["--port"] == "18002"
     assert flags["--tp"] == "16"
-    assert flags["--nnodes"] == "2" and flags["--node-rank"] == "1"
+    assert flags["--nnodes"] == "2"
+    assert flags["--node-rank"] == "1"
     assert flags["--dist-init-addr"] == "10.0.0.1:28001"
     assert flags["--lora-paths"] == "sql=/a/sql"
     assert "--api-key" not in argv
@@ -90,13 +96,14 @@ def test_sglang_launcher_hands_the_key_to_the_server_not_to_its_argv() -> None:
 def test_trtllm_single_node() -> None:
     p = Profile(engine="trtllm", gpu_class="h100-80g", gpus_per_node=2, tensor_parallel=2)
     argv = trtllm.command_line(
-        "/t/bin/trtllm-serve", MODEL, p, ShardPlace(address="10.0.0.1", port=18001)
+        "/t/bin/trtllm-serve", MODEL, p, ShardPlace(address="10.0.0.1", port=18001), 18002
     )
     assert argv[:2] == ["/t/bin/trtllm-serve", "/models/big"]
     flags = pairs(argv)
-    assert flags["--host"] == "10.0.0.1" and flags["--tp_size"] == "2"
+    assert (flags["--host"], flags["--port"]) == ("127.0.0.1", "18002")  # behind its key guard
+    assert flags["--tp_size"] == "2"
     with pytest.raises(ValueError, match="one node"):
-        trtllm.command_line("t", MODEL, p, ShardPlace(address="a", port=1, nodes=2))
+        trtllm.command_line("t", MODEL, p, ShardPlace(address="a", port=1, nodes=2), 2)
 
 
 # --- per-shard environment -----------------------------------------------------------------
@@ -119,42 +126,33 @@ def inventory(**kw: object) -> NodeInventory:
 
 
 def test_gpus_by_uuid_mig_included_and_cpu_shards_see_none() -> None:
-    gpu = shard_env(
-        engine="llamacpp", address="10.0.0.1", gpu_uuids=["GPU-aa", "GPU-bb"], profile_env={}
-    )
+    gpu = shard_env(gpu_uuids=["GPU-aa", "GPU-bb"], profile_env={})
     assert gpu.env["CUDA_VISIBLE_DEVICES"] == "GPU-aa,GPU-bb"
     assert gpu.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    mig = shard_env(engine="vllm", address="a", gpu_uuids=["MIG-4f1c-77"], profile_env={})
+    mig = shard_env(gpu_uuids=["MIG-4f1c-77"], profile_env={})
     assert mig.env["CUDA_VISIBLE_DEVICES"] == "MIG-4f1c-77"
-    cpu = shard_env(engine="llamacpp", address="a", gpu_uuids=[], profile_env={})
+    cpu = shard_env(gpu_uuids=[], profile_env={})
     assert cpu.env["CUDA_VISIBLE_DEVICES"] == ""
     # One node: NCCL finds NVLink and PCIe itself.
     assert not any(k.startswith("NCCL_") for k in gpu.env)
 
 
 def test_vllm_host_ip_is_each_nodes_own() -> None:
-    for own in ("10.0.0.1", "10.0.0.2"):
-        env = shard_env(
-            engine="vllm",
-            address=own,
-            gpu_uuids=["GPU-x"],
-            profile_env={},
-            nodes=2,
-            fabric="infiniband",
-            inventory=inventory(),
-        ).env
-        assert env["VLLM_HOST_IP"] == own
-    assert (
-        "VLLM_HOST_IP"
-        not in shard_env(engine="sglang", address="a", gpu_uuids=[], profile_env={}).env
-    )
+    p = Profile(engine="vllm", gpu_class="h100-80g", gpus_per_node=8, tensor_parallel=16, nodes=2)
+    for rank, own in enumerate(("10.0.0.1", "10.0.0.2")):
+        place = ShardPlace(address=own, port=18001, rank=rank, nodes=2, leader_address="10.0.0.1")
+        launch = ShardLaunch("big-0", MODEL, p, place, {}, Path("/e/venv/bin/vllm"), key="k")
+        assert adapter("vllm").environment(launch)["VLLM_HOST_IP"] == own
+        sgl = replace(launch, profile=p.model_copy(update={"engine": "sglang"}))
+        assert "VLLM_HOST_IP" not in adapter("sglang").environment(sgl)
+    # The adapter's, not shard_env's, which is the same for every engine.
+    shard = shard_env(gpu_uuids=["GPU-x"], profile_env={}, nodes=2, inventory=inventory())
+    assert "VLLM_HOST_IP" not in shard.env
 
 
 def test_nccl_by_fabric() -> None:
     def env(fabric: str, inv: NodeInventory) -> dict[str, str]:
         return shard_env(
-            engine="vllm",
-            address="10.0.0.2",
             gpu_uuids=["GPU-x"],
             profile_env={},
             nodes=2,
@@ -163,10 +161,13 @@ def test_nccl_by_fabric() -> None:
         ).env
 
     ib = env("infiniband", inventory())
-    assert ib["NCCL_IB_HCA"] == "=mlx5_0:1" and "NCCL_IB_GID_INDEX" not in ib
-    assert ib["NCCL_SOCKET_IFNAME"] == "=eth0" and ib["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert ib["NCCL_IB_HCA"] == "=mlx5_0:1"
+    assert "NCCL_IB_GID_INDEX" not in ib
+    assert ib["NCCL_SOCKET_IFNAME"] == "=eth0"
+    assert ib["GLOO_SOCKET_IFNAME"] == "eth0"
     roce = env("roce", inventory())
-    assert roce["NCCL_IB_HCA"] == "=mlx5_1:1" and roce["NCCL_IB_GID_INDEX"] == "3"
+    assert roce["NCCL_IB_HCA"] == "=mlx5_1:1"
+    assert roce["NCCL_IB_GID_INDEX"] == "3"
     joined = GpuFabric(state="Completed", status="Success", cluster_uuid="c0ffee00-1", clique_id=7)
     card = GpuInfo(
         index=0, uuid="GPU-x", name="GB200", gpu_class="gb200-186g", memory_mb=1, fabric=joined
@@ -176,7 +177,7 @@ def test_nccl_by_fabric() -> None:
     with pytest.raises(FabricUnavailableError):
         env("nvlink", inventory())
     with pytest.raises(ValueError, match="inventory"):
-        shard_env(engine="vllm", address="a", gpu_uuids=[], profile_env={}, nodes=2, fabric="roce")
+        shard_env(gpu_uuids=[], profile_env={}, nodes=2, fabric="roce")
 
 
 def test_profile_env_last_but_forbidden_dropped_with_reasons() -> None:
@@ -190,11 +191,11 @@ def test_profile_env_last_but_forbidden_dropped_with_reasons() -> None:
         "CUDA_VISIBLE_DEVICES": "0,1,2,3",
         "VLLM_HOST_IP": "10.0.0.1",
     }
-    shard = shard_env(engine="vllm", address="10.0.0.2", gpu_uuids=["GPU-x"], profile_env=given)
+    shard = shard_env(gpu_uuids=["GPU-x"], profile_env=given)
     assert shard.env["NCCL_DEBUG"] == "INFO"
     assert shard.env["VLLM_ATTENTION_BACKEND"] == "FLASHINFER"
     assert shard.env["CUDA_VISIBLE_DEVICES"] == "GPU-x"
-    assert shard.env["VLLM_HOST_IP"] == "10.0.0.2"
+    assert "VLLM_HOST_IP" not in shard.env  # llmgw's own comes from the vLLM adapter
     assert set(shard.dropped) == {
         "LD_PRELOAD",
         "PYTHONPATH",
@@ -284,7 +285,8 @@ def test_every_gpu_must_hold_memory_of_the_shards_group() -> None:
     assert gpus_without_memory(apps, [b], {6000}) == [b]
     assert gpu_memory_problem(["MIG-4f1c2d3e-aaaa-bbbb-cccc-0123456789ab"], {5000}, SMI) == ""
     problem = gpu_memory_problem([a], {1}, "")  # computing on the CPU, or nvidia-smi failing
-    assert a in problem and "CPU" in problem
+    assert a in problem
+    assert "CPU" in problem
 
 
 # --- the launcher: sidecars in the shard's group, waits, exit of the last ------------------
@@ -313,7 +315,7 @@ def run_launcher(commands: list[Command], wait_s: float = 10.0) -> subprocess.Co
     )
 
 
-def test_sidecar_waits_and_dies_with_the_engine(tmp_path: object) -> None:
+def test_sidecar_waits_and_dies_with_the_engine() -> None:
     with socket.socket() as head:
         head.bind(("127.0.0.1", 0))
         head.listen()
@@ -324,7 +326,8 @@ def test_sidecar_waits_and_dies_with_the_engine(tmp_path: object) -> None:
         done = run_launcher([Command(sidecar), Command(engine, wait_for=("127.0.0.1", port))])
     assert done.returncode == 7, done.stdout + done.stderr
     assert time.monotonic() - started < 30  # the sidecar was stopped, not waited out
-    assert "starting sidecar" in done.stdout and "engine exited with 7" in done.stdout
+    assert "starting sidecar" in done.stdout
+    assert "engine exited with 7" in done.stdout
 
 
 def test_rendezvous_that_never_listens_fails_the_shard() -> None:
@@ -353,3 +356,32 @@ def test_a_dead_sidecar_ends_the_shard() -> None:
     )
     assert done.returncode == 1
     assert "stopping the shard" in done.stdout
+
+
+def test_a_command_is_started_without_the_environment_it_drops() -> None:
+    # A TensorRT-LLM shard's key is its guard's alone: trtllm-serve is started without it.
+    assert json.loads(launch_argv([Command(["x"], env_drop=("K",))])[3])["commands"] == [
+        {"argv": ["x"], "wait_for": None, "env_drop": ["K"]}
+    ]
+    has_key = "import os, sys, time; print(os.environ.get('LLMGW_T_KEY'), flush=True); "
+    sidecar = has_key + "sys.exit(4) if 'LLMGW_T_KEY' not in os.environ else time.sleep(60)"
+    engine = has_key + "time.sleep(1); sys.exit(3 if 'LLMGW_T_KEY' in os.environ else 0)"
+    done = subprocess.run(
+        launch_argv(
+            [
+                Command([sys.executable, "-c", sidecar]),
+                Command([sys.executable, "-c", engine], env_drop=("LLMGW_T_KEY",)),
+            ],
+            10.0,
+        ),
+        env={"LLMGW_T_KEY": "sekrit", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr  # the engine had no key, the sidecar had
+    lines = done.stdout.splitlines()
+    assert "sekrit" in lines  # the sidecar's
+    assert "None" in lines  # the engine's

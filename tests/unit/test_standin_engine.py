@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from activities.local_port import free_port
+from engines.local_port import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "standin_engine.py"
@@ -182,20 +182,23 @@ def test_metrics_count_tokens(standin: str) -> None:
     assert values["llamacpp:requests_deferred"] == "0"
 
 
+def read_stream(url: str, body: object, into: list[str]) -> None:
+    """POST a streaming request and keep each chunk of text as it arrives, until it ends or
+    breaks (the chunks read before a break stay in `into`)."""
+    with httpx.stream("POST", url, json=body, headers=AUTH) as response:
+        for chunk in response.iter_text():
+            into.append(chunk)
+
+
 def test_die_after_chunks_cuts_the_stream_and_exits(tmp_path: Path) -> None:
     proc, base = run_standin(tmp_path, {"STANDIN_DIE_AFTER_CHUNKS": "2"})
     try:
         wait_healthy(base)
         body = {"stream": True, "messages": [{"role": "user", "content": "a b c d e f"}]}
-        received = ""
-        with (
-            pytest.raises(httpx.HTTPError),
-            httpx.stream(
-                "POST", f"{base}/v1/chat/completions", json=body, headers=AUTH
-            ) as response,
-        ):
-            for chunk in response.iter_text():
-                received += chunk
+        chunks: list[str] = []
+        with pytest.raises(httpx.HTTPError):
+            read_stream(f"{base}/v1/chat/completions", body, chunks)
+        received = "".join(chunks)
         assert len(sse_events(received)) == 2
         assert "[DONE]" not in received
         assert proc.wait(timeout=10) == 1

@@ -211,7 +211,8 @@ async def test_expiry_is_kept_in_utc(store: Store) -> None:
     soon = datetime.now(UTC) + timedelta(hours=1)
     record, _ = await store.create_key("temp", expires_at=soon)
     stored = await store.get_key(record.key_id)
-    assert stored is not None and stored.expires_at is not None
+    assert stored is not None
+    assert stored.expires_at is not None
     assert abs(stored.expires_at - soon) < timedelta(milliseconds=1)
     assert not stored.is_expired(datetime.now(UTC))
     assert stored.is_expired(soon + timedelta(seconds=1))

@@ -99,10 +99,13 @@ def test_create_with_everything_then_list_it(
     listing = llmgw(capsys, "key", "list", *state).splitlines()
     header, tuned, plain = listing
     assert header.split()[:5] == ["NAME", "ID", "MODELS", "ADAPTERS", "LIMITS"]
-    assert "llama,qwen" in tuned and "sql-lora" in tuned
+    assert "llama,qwen" in tuned
+    assert "sql-lora" in tuned
     assert "rpm 60, tpm 9000, budget 500000/month" in tuned
     assert tuned.rstrip().endswith("active")
-    assert "all" in plain and "any" in plain and " none " in plain
+    assert "all" in plain
+    assert "any" in plain
+    assert " none " in plain
     assert re.search(r"\s-\s+active$", plain), "no expiry shows as -"
 
 
@@ -115,6 +118,50 @@ def test_limit_changes_only_what_it_names(
     assert _limits_of(state[1], "svc") == KeyLimits(tpm=50, token_budget=100)
     llmgw(capsys, "key", "limit", "svc", *state, "--budget-period", "month")
     assert _limits_of(state[1], "svc").budget_period == "month"
+
+
+def test_size_limits_are_set_shown_and_given_back_to_the_gateway(
+    capsys: pytest.CaptureFixture[str], state: list[str]
+) -> None:
+    llmgw(capsys, "key", "create", "batch", *state, "--max-prompts", "512", "--max-choices", "4")
+    assert _limits_of(state[1], "batch") == KeyLimits(
+        max_prompts_per_request=512, max_choices_per_request=4
+    )
+    out = llmgw(
+        capsys, "key", "limit", "batch", *state,
+        "--max-prompts", "none", "--max-prompt-tokens", "2000",
+        "--max-inflight-prompt-tokens", "9000",
+    )  # fmt: skip
+    assert "max-choices 4, max-prompt-tokens 2000, max-inflight-prompt-tokens 9000" in out
+    # `none` is the gateway's default again, not unlimited.
+    assert _limits_of(state[1], "batch") == KeyLimits(
+        max_choices_per_request=4,
+        max_prompt_tokens_per_request=2000,
+        max_inflight_prompt_tokens=9000,
+    )
+    zero = refused(capsys, "key", "limit", "batch", *state, "--max-choices", "0")
+    assert "not at least 1" in zero
+
+
+def test_cache_isolation_is_set_shown_and_switched_off(
+    capsys: pytest.CaptureFixture[str], state: list[str]
+) -> None:
+    llmgw(capsys, "key", "create", "tenant", *state, "--rpm", "60", "--isolate-cache")
+    llmgw(capsys, "key", "create", "shared", *state)
+    assert _limits_of(state[1], "tenant") == KeyLimits(rpm=60, isolate_cache=True)
+    assert _limits_of(state[1], "shared").isolate_cache is False
+    _, tenant, shared = llmgw(capsys, "key", "list", *state).splitlines()
+    assert "rpm 60, isolate-cache" in tenant
+    assert "isolate-cache" not in shared
+
+    out = llmgw(capsys, "key", "limit", "tenant", *state, "--no-isolate-cache")
+    assert "limits: rpm 60\n" in out
+    assert _limits_of(state[1], "tenant") == KeyLimits(rpm=60)
+    out = llmgw(capsys, "key", "limit", "shared", *state, "--isolate-cache")
+    assert "limits: isolate-cache" in out
+    # Another limit's change leaves it as it is.
+    llmgw(capsys, "key", "limit", "shared", *state, "--tpm", "500")
+    assert _limits_of(state[1], "shared") == KeyLimits(tpm=500, isolate_cache=True)
 
 
 @pytest.mark.parametrize(
@@ -209,7 +256,8 @@ def test_migrate_to_postgres_and_back_copies_everything(
     source = _dump(None, tmp_path)
 
     out = llmgw(capsys, "store", "migrate", *state, "--to", postgres_url)
-    assert re.search(r"keys\s+2", out) and re.search(r"usage rows\s+1", out)
+    assert re.search(r"keys\s+2", out)
+    assert re.search(r"usage rows\s+1", out)
     assert "engine master secret included" in out
     assert "every row matches" in out
     copied = _dump(postgres_url, tmp_path)
@@ -217,7 +265,8 @@ def test_migrate_to_postgres_and_back_copies_everything(
     assert copied.secrets["engine_master"] == master
 
     again = refused(capsys, "store", "migrate", *state, "--to", postgres_url)
-    assert "already holds 2 key(s) and 1 usage row(s)" in again and "--force" in again
+    assert "already holds 2 key(s) and 1 usage row(s)" in again
+    assert "--force" in again
     assert "every row matches" in llmgw(
         capsys, "store", "migrate", *state, "--to", postgres_url, "--force"
     )

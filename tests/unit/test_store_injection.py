@@ -48,9 +48,11 @@ async def test_legal_but_hostile_names_round_trip_exactly(store: Store, name: st
 
     stored = await store.get_key(record.key_id)
     assert stored is not None
-    assert stored.models == [name] and stored.adapters == [name]
+    assert stored.models == [name]
+    assert stored.adapters == [name]
     (row,) = await store.usage(model=name)
-    assert row.model == name and row.key_id == record.key_id
+    assert row.model == name
+    assert row.key_id == record.key_id
     assert await store.upstream_keys() == {name: "sk-test"}
     # The tables are all still there and still hold exactly this.
     assert [k.key_id for k in await store.list_keys()] == [record.key_id]
@@ -103,4 +105,5 @@ async def test_lookups_with_hostile_text_find_nothing(store: Store, probe: str) 
     assert await store.revoke_key(probe) is False
     assert await store.set_key_limits(probe, record.limits) is None
     victim = await store.get_key(record.key_id)
-    assert victim is not None and victim.revoked_at is None
+    assert victim is not None
+    assert victim.revoked_at is None

@@ -33,8 +33,10 @@ async def test_a_key_without_lists_or_limits_allows_everything(store: Store) -> 
     record, _ = await store.create_key("open")
     reread = await store.get_key(record.key_id)
     assert reread is not None
-    assert reread.adapters is None and reread.allows_adapter("anything")
-    assert reread.limits == KeyLimits() and reread.limits.is_unlimited()
+    assert reread.adapters is None
+    assert reread.allows_adapter("anything")
+    assert reread.limits == KeyLimits()
+    assert reread.limits.is_unlimited()
 
 
 async def test_an_empty_adapter_list_is_refused(store: Store) -> None:
@@ -81,16 +83,45 @@ async def test_limits_change_on_the_active_key_by_name_or_id(
     current, _ = await store.create_key("ci", limits=KeyLimits(rpm=10))
 
     updated = await store.set_key_limits("ci", KeyLimits(tpm=500, token_budget=9, rpm=None))
-    assert updated is not None and updated.key_id == current.key_id
+    assert updated is not None
+    assert updated.key_id == current.key_id
     assert updated.limits == KeyLimits(tpm=500, token_budget=9)
     by_id = await store.set_key_limits(current.key_id, KeyLimits())
-    assert by_id is not None and by_id.limits.is_unlimited()
+    assert by_id is not None
+    assert by_id.limits.is_unlimited()
 
     other_process = await open_test_store()
     revoked = await other_process.get_key(old.key_id)
-    assert revoked is not None and revoked.limits == KeyLimits(rpm=10), "revoked key untouched"
+    assert revoked is not None, "revoked key untouched"
+    assert revoked.limits == KeyLimits(rpm=10), "revoked key untouched"
     assert await store.set_key_limits(old.key_id, KeyLimits(rpm=1)) is None
     assert await store.set_key_limits("nobody", KeyLimits(rpm=1)) is None
+
+
+async def test_cache_isolation_is_kept_with_the_key_and_changed_with_its_limits(
+    store: Store, open_test_store: StoreFactory
+) -> None:
+    limits = KeyLimits(rpm=5, isolate_cache=True)
+    isolated, _ = await store.create_key("tenant-a", limits=limits)
+    shared, _ = await store.create_key("tenant-b")
+    other_process = await open_test_store()
+    reread = await other_process.get_key(isolated.key_id)
+    assert reread is not None
+    assert reread.limits == limits
+    assert reread.limits.isolate_cache is True
+    plain = await other_process.get_key(shared.key_id)
+    assert plain is not None
+    assert plain.limits.isolate_cache is False, "a key shares the cache unless told otherwise"
+
+    updated = await store.set_key_limits("tenant-a", KeyLimits(rpm=5))
+    assert updated is not None
+    assert updated.limits.isolate_cache is False
+    updated = await store.set_key_limits("tenant-b", KeyLimits(isolate_cache=True))
+    assert updated is not None
+    assert updated.limits.isolate_cache is True
+    # A dump carries it (what `llmgw store migrate` copies).
+    dumped = {k.name: k.limits.isolate_cache for k in (await store.export_dump()).keys}
+    assert dumped == {"tenant-a": False, "tenant-b": True}
 
 
 async def test_upstream_keys_are_set_replaced_and_deleted(

@@ -48,7 +48,8 @@ async def _fill(store: Store) -> dict[str, str]:
 
 
 def _same(a: StoreDump, b: StoreDump) -> None:
-    assert dump_differences(a, b) == [] and dump_differences(b, a) == []
+    assert dump_differences(a, b) == []
+    assert dump_differences(b, a) == []
     assert a == b
 
 
@@ -61,7 +62,8 @@ async def test_sqlite_to_postgres_and_back_compares_equal(tmp_path: Path) -> Non
         source = await first.open()
         await _fill(source)
         original = await source.export_dump()
-        assert len(original.secrets) == 2 and len(original.keys) == 3
+        assert len(original.secrets) == 2
+        assert len(original.keys) == 3
         assert len(original.usage) == 40
 
         via_postgres = await pg.open()
@@ -163,7 +165,8 @@ async def test_an_import_whose_active_name_is_taken_writes_nothing(
         await target.import_dump(dump)
     after = await target.export_dump()
     assert [k.key_id for k in after.keys] == [theirs.key_id]
-    assert after.usage == [] and after.secrets == {}
+    assert after.usage == []
+    assert after.secrets == {}
 
 
 async def test_an_import_may_revoke_and_replace_an_active_key(
@@ -208,7 +211,8 @@ def test_differences_name_rows_but_never_secret_values() -> None:
     actual = StoreDump(secrets={"engine_master": b"\x02" * 32})
     (problem,) = dump_differences(expected, actual)
     assert "engine_master" in problem
-    assert "\x01" not in problem and "AQEB" not in problem
+    assert "\x01" not in problem
+    assert "AQEB" not in problem
 
 
 async def test_a_hand_edited_dump_that_renames_onto_a_name_is_a_clear_error(

@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 from datetime import UTC, date, datetime
 
-from gateway.store import KeyLimits
+from gateway.store import KeyLimits, postgres_sql, sqlite_sql
 from tests.unit.test_store import Backend, backend  # noqa: F401
 
 # Exactly what the first schema created, per backend, plus one key and one usage row in it.
@@ -71,6 +71,7 @@ async def test_an_old_database_keeps_its_keys_usage_and_secret(backend: Backend)
     # What the old schema could not say means what it always meant: no adapter list, no limits.
     assert key.adapters is None
     assert key.limits == KeyLimits()
+    assert key.limits.isolate_cache is False
     (row,) = await store.usage()
     assert (row.day, row.requests, row.prompt_tokens, row.completion_tokens) == (
         date(2025, 1, 2),
@@ -84,13 +85,18 @@ async def test_an_old_database_keeps_its_keys_usage_and_secret(backend: Backend)
 async def test_an_upgraded_database_takes_the_new_fields(backend: Backend) -> None:
     await _old_database(backend)
     store = await backend.open()
-    updated = await store.set_key_limits("legacy", KeyLimits(rpm=5, token_budget=100))
-    assert updated is not None and updated.limits == KeyLimits(rpm=5, token_budget=100)
-    record, _ = await store.create_key("fresh", adapters=["lora-a"], limits=KeyLimits(tpm=7))
+    legacy = KeyLimits(rpm=5, token_budget=100, max_prompts_per_request=8)
+    updated = await store.set_key_limits("legacy", legacy)
+    assert updated is not None
+    assert updated.limits == legacy
+    limits = KeyLimits(
+        tpm=7, max_choices_per_request=4, max_inflight_prompt_tokens=9_000, isolate_cache=True
+    )
+    record, _ = await store.create_key("fresh", adapters=["lora-a"], limits=limits)
     reopened = await backend.open()
     fresh = await reopened.get_key(record.key_id)
     assert fresh is not None
-    assert (fresh.adapters, fresh.limits) == (["lora-a"], KeyLimits(tpm=7))
+    assert (fresh.adapters, fresh.limits) == (["lora-a"], limits)
 
 
 async def test_starts_racing_on_an_old_database_upgrade_it_once(backend: Backend) -> None:
@@ -99,3 +105,35 @@ async def test_starts_racing_on_an_old_database_upgrade_it_once(backend: Backend
     await asyncio.gather(*(backend.open() for _ in range(4)))
     store = await backend.open()
     assert [k.name for k in await store.list_keys()] == ["legacy"]
+
+
+# The schema of the release before isolate_cache: today's, less that column.
+_ISOLATE_COLUMN = ",\n    isolate_cache BOOLEAN NOT NULL DEFAULT FALSE"
+_BEFORE_ISOLATION_ROW = """
+INSERT INTO api_keys (key_id, name, key_hash, models, created_at, rpm, budget_period,
+                      max_inflight_prompt_tokens)
+VALUES ('0a1b2c3d', 'tenant', '{hash}', NULL, '2025-01-02T03:04:05.000006+00:00', 60, 'month',
+        9000);
+"""
+
+
+async def test_a_database_from_before_cache_isolation_gains_it_switched_off(
+    backend: Backend,
+) -> None:
+    schema = (sqlite_sql if backend.name == "sqlite" else postgres_sql).SCHEMA
+    assert _ISOLATE_COLUMN in schema
+    row = _BEFORE_ISOLATION_ROW.replace("{hash}", "0" * 64)
+    await backend.execute_raw(schema.replace(_ISOLATE_COLUMN, "") + row)
+    store = await backend.open()  # init() adds the column
+    (key,) = await store.list_keys()
+    assert key.limits == KeyLimits(rpm=60, budget_period="month", max_inflight_prompt_tokens=9000)
+    assert key.limits.isolate_cache is False, "no key starts isolating on its own"
+    updated = await store.set_key_limits(
+        "tenant", key.limits.model_copy(update={"isolate_cache": True})
+    )
+    assert updated is not None
+    reopened = await backend.open()
+    again = await reopened.get_key("0a1b2c3d")
+    assert again is not None
+    assert again.limits.isolate_cache is True
+    assert again.limits.rpm == 60

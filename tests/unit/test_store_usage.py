@@ -73,7 +73,8 @@ async def test_spent_tokens_is_exact_for_large_totals(store: Store) -> None:
         ]
     )
     spent = await store.spent_tokens("k", MARCH[0])
-    assert spent == 2 * big + 1 and isinstance(spent, int)
+    assert spent == 2 * big + 1
+    assert isinstance(spent, int)
 
 
 def test_a_count_beyond_64_bits_is_refused_before_the_store() -> None:

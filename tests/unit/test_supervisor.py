@@ -7,13 +7,12 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
-from activities import procfs
-from activities.supervisor import ShardSupervisor
+from activities.agent import procfs
+from activities.agent.supervisor import ShardSupervisor
+from engines.adapter import KvPublisher
 from tests.processes import pids_with_token
 from workflows.contracts import LaunchResult
 
@@ -32,18 +31,6 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
 def gone(pid: int) -> bool:
     stat = procfs.read_stat(pid)
     return stat is None or not stat.running
-
-
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path]:
-    return tmp_path / "shards", tmp_path / "logs"
-
-
-@pytest.fixture
-def supervisor(dirs: tuple[Path, Path]) -> Iterator[ShardSupervisor]:
-    sup = ShardSupervisor(*dirs)
-    yield sup
-    sup.stop_all(grace_s=1.0)
 
 
 def sleeper(token: str) -> list[str]:
@@ -119,6 +106,32 @@ def test_restarted_agent_adopts_the_running_engine(dirs: tuple[Path, Path]) -> N
         after.stop_all(grace_s=1.0)
         before.stop_all(grace_s=1.0)
     assert pids_with_token(token) == []
+
+
+def test_the_spec_records_the_kv_publisher_an_adopted_engine_keeps_and_old_specs_lack(
+    supervisor: ShardSupervisor, dirs: tuple[Path, Path]
+) -> None:
+    token = uuid.uuid4().hex
+    started = KvPublisher("tcp://127.0.0.1:18500", "tcp://127.0.0.1:18501", "m-0", 16, "0")
+    supervisor.launch("m-0", "replica:m-0", sleeper(token), {}, "fp1", 18001, kv_publisher=started)
+    elsewhere = KvPublisher("tcp://127.0.0.1:18600", "tcp://127.0.0.1:18601", "m-0", 16, "0")
+    again = supervisor.launch(
+        "m-0", "replica:m-0", sleeper(token), {}, "fp1", 18001, kv_publisher=elsewhere
+    )
+    assert again.adopted
+    spec = supervisor.read_spec("m-0")
+    assert spec is not None
+    assert spec.publisher() == started  # what the running engine was started with
+
+    # A spec written before the publisher was recorded still loads, with none.
+    path = dirs[0] / "m-0.json"
+    record = json.loads(path.read_text())
+    del record["kv_publisher"]
+    path.write_text(json.dumps(record))
+    old = supervisor.read_spec("m-0")
+    assert old is not None
+    assert old.pid == spec.pid
+    assert old.publisher() is None
 
 
 def test_changed_profile_replaces_the_engine(supervisor: ShardSupervisor) -> None:

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from activities.engines.commands import Command, ShardPlace
-from activities.engines.vllm import command_line, engine_env, launch_commands
+from engines.commands import Command, ShardPlace
+from engines.vllm import block_size, command_line, engine_env, launch_commands
 from workflows.contracts import LoraAdapter, ModelSpec, Profile
 
 MODEL = ModelSpec(name="tiny", weights="/models/tiny", profiles=[Profile(engine="vllm")])
@@ -42,11 +42,14 @@ def test_cpu_command_line() -> None:
     )
     assert argv[:3] == ["/e/venv/bin/vllm", "serve", "/models/tiny"]
     flags = pairs(argv)
-    assert flags["--host"] == "10.0.0.1" and flags["--port"] == "18001"
+    assert flags["--host"] == "10.0.0.1"
+    assert flags["--port"] == "18001"
     assert flags["--served-model-name"] == "tiny"
-    assert flags["--max-model-len"] == "2048" and flags["--max-num-seqs"] == "4"
+    assert flags["--max-model-len"] == "2048"
+    assert flags["--max-num-seqs"] == "4"
     assert flags["--block-size"] == "32"
-    assert "--enforce-eager" in argv and "--enable-prefix-caching" in argv
+    assert "--enforce-eager" in argv
+    assert "--enable-prefix-caching" in argv
     # One node, one GPU or none: no parallelism flags, no multi-node flags.
     for absent in ("--tensor-parallel-size", "--nnodes", "--headless", "--kv-events-config"):
         assert absent not in argv
@@ -54,7 +57,8 @@ def test_cpu_command_line() -> None:
 
 def test_gpu_command_line_keeps_vllms_own_defaults() -> None:
     argv = command_line("vllm", MODEL, profile(), ONE, cpu=False)
-    assert "--block-size" not in argv and "--enforce-eager" not in argv
+    assert "--block-size" not in argv
+    assert "--enforce-eager" not in argv
 
 
 def test_parallelism_and_quantization() -> None:
@@ -128,7 +132,8 @@ def test_multi_node_ray_head_sidecar_then_server_and_join_alone() -> None:
     assert head.wait_for is None
     assert serve.argv[:2] == ["/e/venv/bin/vllm", "serve"]
     assert pairs(serve.argv)["--distributed-executor-backend"] == "ray"
-    assert "--nnodes" not in serve.argv and "--headless" not in serve.argv
+    assert "--nnodes" not in serve.argv
+    assert "--headless" not in serve.argv
     assert serve.wait_for == ("10.0.0.1", 28001)  # the server starts once its head listens
 
     (join,) = worker  # no vLLM process on a Ray worker
@@ -143,29 +148,37 @@ def test_multi_node_ray_head_sidecar_then_server_and_join_alone() -> None:
     )
 
 
-def test_kv_events_publish_on_the_nodes_own_address_never_a_wildcard() -> None:
+def test_kv_events_publish_on_loopback_only_with_the_block_size_the_router_hashes() -> None:
     p = profile(kv_events=True)
     argv = command_line(
         "vllm", MODEL, p, ONE, cpu=False, kv_ports=(29001, 30001), kv_topic="tiny-0"
     )
     config = json.loads(pairs(argv)["--kv-events-config"])
+    # Loopback, never the node's address or a wildcard: the node agent reads them and passes
+    # the blocks on; nothing beyond the node reaches an engine's sockets.
     assert config == {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": "tcp://10.0.0.1:29001",
-        "replay_endpoint": "tcp://10.0.0.1:30001",
+        "endpoint": "tcp://127.0.0.1:29001",
+        "replay_endpoint": "tcp://127.0.0.1:30001",
         "topic": "tiny-0",
     }
-    assert "*" not in json.dumps(config) and "0.0.0.0" not in json.dumps(config)
     assert pairs(argv)["--prefix-caching-hash-algo"] == "sha256_cbor"
+    assert "--enable-prompt-tokens-details" in argv
+    assert pairs(argv)["--block-size"] == "16"  # set, so the router knows it
     assert engine_env("k", p, cpu=False)["PYTHONHASHSEED"] == "0"
     assert "PYTHONHASHSEED" not in engine_env("k", profile(), cpu=False)
+    assert "--block-size" not in command_line("vllm", MODEL, profile(), ONE, cpu=False)
 
-    six = ShardPlace(address="fd00::5", port=18001)
-    config6 = json.loads(
-        pairs(command_line("vllm", MODEL, p, six, cpu=False, kv_ports=(1, 2)))["--kv-events-config"]
+    # The operator's block size wins on the command line (their args come last), and is the
+    # one the router is told.
+    own = profile(kv_events=True, args=["--block-size=64"])
+    assert (
+        command_line("vllm", MODEL, own, ONE, cpu=False, kv_ports=(1, 2))[-1] == "--block-size=64"
     )
-    assert config6["replay_endpoint"] == "tcp://[fd00::5]:2"
+    assert block_size(own, cpu=False) == 64
+    assert block_size(profile(args=["--block-size", "48"]), cpu=True) == 48
+    assert block_size(profile(), cpu=True) == 32
 
     # Only the leader's scheduler publishes: a headless worker gets no config.
     multi = profile(

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.api.enums.v1 import EventType as WorkflowEventType
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.ledger_calls import update_ledger
+from activities.control.ledger_calls import update_ledger
 from tests.workflows.fake_agent import FakeAgent
 from workers.control import control_activities, ensure_ledger
 from workers.progress import ledger_snapshot
@@ -27,18 +28,18 @@ from workflows import history_budget
 from workflows.contracts import (
     EngineState,
     EngineStatus,
-    LedgerAck,
     LedgerState,
     NodeInventory,
     NodeRecord,
     NodeState,
     Route,
 )
+from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import CONTROL_TASK_QUEUE, node_task_queue
 
 HISTORIES = Path(__file__).parent / "histories"
 # Set to a new era's name (e.g. 2027-01) to store this run's histories beside the older ones
-# for the replay tests: see test_replay.py.
+# for the replay tests: see tests/unit/test_replay.py.
 RECORD_ERA = os.environ.get("LLMGW_RECORD_HISTORIES", "")
 CONTINUE_AS_NEW_EVERY = "LLMGW_TEST_CONTINUE_AS_NEW_EVERY"
 
@@ -86,21 +87,40 @@ async def control_worker(env: WorkflowEnvironment, server_config: Path) -> Async
 
 
 @pytest.fixture
-async def cluster(env: WorkflowEnvironment, control_worker: Worker) -> AsyncIterator["Cluster"]:
-    """A stand-in agent for a node of this test's own, beside the session's control worker."""
+async def cluster(
+    env: WorkflowEnvironment,
+    control_worker: Worker,  # noqa: ARG001 - requested so the ledger runs first
+    server_config: Path,
+) -> AsyncIterator["Cluster"]:
+    """A control worker and a stand-in agent for a node, both on queues of this test's own.
+
+    Only the ledger is shared: it is one session-long workflow on the session's control queue,
+    as in production. Every workflow a test starts runs on the test's control queue (the
+    workflows send their activities and children to their own queue), and its node's
+    activities on `node:<unique name>`, so no other test's worker takes a task of this one
+    and a test that leaves a worker busy slows only itself."""
     node = unique("n1")
     agent = FakeAgent(node)
-    async with Worker(env.client, task_queue=node_task_queue(node), activities=agent.all()):
-        cluster = Cluster(env.client, node, agent)
+    queue = unique("control")
+    control = Worker(
+        env.client,
+        task_queue=queue,
+        workflows=CONTROL_WORKFLOWS,
+        activities=control_activities(env.client, server_config),
+    )
+    on_node = Worker(env.client, task_queue=node_task_queue(node), activities=agent.all())
+    async with control, on_node:
+        cluster = Cluster(env.client, node, agent, queue)
         yield cluster
         await cluster.close()
 
 
 class Cluster:
-    def __init__(self, client: Client, node: str, agent: FakeAgent) -> None:
+    def __init__(self, client: Client, node: str, agent: FakeAgent, task_queue: str) -> None:
         self.client = client
         self.node = node
         self.agent = agent
+        self.task_queue = task_queue  # this test's control queue
         self.started: list[WorkflowHandle[Any, Any]] = []
 
     async def add_node(self, cores: int = 8, engine_state: EngineState = EngineState.INSTALLED):
@@ -113,7 +133,7 @@ class Cluster:
                 )
             },
         )
-        await update_ledger(self.client, "upsert_node", record, LedgerAck)
+        await update_ledger(self.client, ClusterLedgerWorkflow.upsert_node, record)
 
     async def ledger(self) -> LedgerState:
         return await ledger_snapshot(self.client)
@@ -123,7 +143,7 @@ class Cluster:
 
     async def start(self, workflow: Any, *args: Any, id: str) -> WorkflowHandle[Any, Any]:
         handle = await self.client.start_workflow(
-            workflow, *args, id=id, task_queue=CONTROL_TASK_QUEUE
+            workflow, *args, id=id, task_queue=self.task_queue
         )
         # Unpinned from the first run: queries, signals and the cleanup's terminate must reach
         # the current run after a continue-as-new (LLMGW_TEST_CONTINUE_AS_NEW_EVERY forces
@@ -135,16 +155,27 @@ class Cluster:
 
     async def close(self) -> None:
         # The ledger outlives each test: take this test's node out of placement, and end what
-        # the test left running, so the next test starts from a quiet cluster.
-        # Newest first: a model goes before its replicas, so it cannot start one after them.
-        for handle in reversed(self.started):
+        # the test left running, so the next test starts from a quiet cluster. Children too:
+        # one left running on this test's queue, which no worker polls once the test is over,
+        # would hold a workflow task open for good, and the time-skipping server skips no
+        # time while any task is open: every later test's timers would run in real time.
+        # Newest first, parents before children: a model cannot start a replica after them.
+        pending = [handle.id for handle in reversed(self.started)]
+        ended: set[str] = set()
+        while pending:
+            workflow_id = pending.pop(0)
+            if workflow_id in ended:
+                continue
+            ended.add(workflow_id)
             with contextlib.suppress(Exception):
-                await handle.terminate("test over")
+                await self.client.get_workflow_handle(workflow_id).terminate("test over")
+            with contextlib.suppress(Exception):
+                pending += await started_children(self.client, workflow_id)
         state = await self.ledger()
         if self.node in state.nodes:
             record = state.nodes[self.node]
             record.state = NodeState.LOST
-            await update_ledger(self.client, "upsert_node", record, LedgerAck)
+            await update_ledger(self.client, ClusterLedgerWorkflow.upsert_node, record)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:
@@ -155,13 +186,131 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15.0
         await asyncio.sleep(0.05)
 
 
+# One try of a check. The time-skipping server holds a query to a workflow between two runs of a
+# continue-as-new until its own deadline; given up after this long and asked again, one held
+# query cannot use up a whole wait.
+CHECK_TRY_S = 5.0
+
+
 async def _answered(check: Callable[[], Awaitable[bool]]) -> bool:
-    """The check's answer; False while a query cannot be answered yet (the time-skipping server
-    times queries out while a workflow is between two runs of a continue-as-new)."""
+    """The check's answer; False while a query cannot be answered yet."""
     try:
-        return await check()
-    except RPCError:
+        return await asyncio.wait_for(check(), CHECK_TRY_S)
+    except (RPCError, TimeoutError):
         return False
+
+
+async def ask(
+    handle: WorkflowHandle[Any, Any], query: Any, *args: Any, timeout: float = 30.0
+) -> Any:
+    """A query's answer, asked again while it cannot be answered yet: the time-skipping server
+    holds a query to a workflow between two runs of a continue-as-new until its own deadline.
+    For queries a test makes directly; inside eventually() a check is retried anyway."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            return await asyncio.wait_for(handle.query(query, *args), CHECK_TRY_S)
+        except (RPCError, TimeoutError):
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+async def finished(
+    client: Client, workflow_id: str, result_type: type | None = None, timeout: float = 90.0
+) -> Any:
+    """The result of the workflow's last run once it has closed, following continue-as-new.
+    Polls and reads the closing event rather than relying on handle.result(): on the
+    time-skipping test server that long poll now and then never returns for a run that closed
+    just after a continue-as-new (seen with the knob forced), even when asked again."""
+    latest = client.get_workflow_handle(workflow_id)
+
+    async def closed() -> bool:
+        return (await latest.describe()).status != WorkflowExecutionStatus.RUNNING
+
+    # The time-skipping server skips ahead only while a client waits on a result: one waits in
+    # the background, so timers pass at once; the poll above decides when the workflow closed.
+    skipping = asyncio.ensure_future(latest.result())
+    try:
+        await eventually(closed, timeout)
+    except AssertionError as err:
+        raise AssertionError(f"{workflow_id} still running: {await _waiting_on(latest)}") from err
+    finally:
+        skipping.cancel()
+        await asyncio.gather(skipping, return_exceptions=True)
+    last = (await latest.fetch_history()).events[-1]
+    if not last.HasField("workflow_execution_completed_event_attributes"):
+        raise AssertionError(f"{workflow_id} did not complete: event type {last.event_type}")
+    if result_type is None:
+        return None
+    payloads = last.workflow_execution_completed_event_attributes.result.payloads
+    [value] = await client.data_converter.decode(payloads, [result_type])
+    return value
+
+
+async def _waiting_on(handle: WorkflowHandle[Any, Any]) -> str:
+    """What a running workflow waits on: its pending activities and children, and its last
+    events, for a test that timed out waiting for it to close."""
+    described = (await handle.describe()).raw_description
+    activities = [
+        f"{a.activity_type.name} (attempt {a.attempt}, state {a.state})"
+        for a in described.pending_activities
+    ]
+    children = [c.workflow_id for c in described.pending_children]
+    events = (await handle.fetch_history()).events[-8:]
+    last = [WorkflowEventType.Name(e.event_type) for e in events]
+    return f"pending activities {activities}, children {children}, last events {last}"
+
+
+async def started_children(client: Client, workflow_id: str) -> list[str]:
+    """The IDs of every child workflow the workflow started, over all its runs."""
+    children: list[str] = []
+    run_id: str | None = None
+    while True:  # every run, following continue-as-new back from the latest
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        for event in history.events:
+            if event.HasField("start_child_workflow_execution_initiated_event_attributes"):
+                attributes = event.start_child_workflow_execution_initiated_event_attributes
+                children.append(attributes.workflow_id)
+        started = history.events[0].workflow_execution_started_event_attributes
+        run_id = started.continued_execution_run_id
+        if not run_id:
+            return children
+
+
+async def signals_handled(client: Client, workflow_id: str, name: str) -> tuple[int, int]:
+    """How many `name` signals the workflow has received over all its runs, and how many of
+    those it has handled: a workflow task started after each and has completed. What a test
+    waits for before it asserts that a signal changed nothing."""
+    received = handled = 0
+    run_id: str | None = None
+    while True:  # every run, following continue-as-new back from the latest
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        events = list(history.events)
+        signals = [
+            i
+            for i, event in enumerate(events)
+            if event.HasField("workflow_execution_signaled_event_attributes")
+            and event.workflow_execution_signaled_event_attributes.signal_name == name
+        ]
+        completed = [
+            i
+            for i, event in enumerate(events)
+            if event.HasField("workflow_task_completed_event_attributes")
+        ]
+        seen_up_to = -1  # where the last completed workflow task started
+        if completed:
+            seen_up_to = max(
+                i
+                for i, event in enumerate(events[: completed[-1]])
+                if event.HasField("workflow_task_started_event_attributes")
+            )
+        received += len(signals)
+        handled += sum(1 for i in signals if i < seen_up_to)
+        started = events[0].workflow_execution_started_event_attributes
+        run_id = started.continued_execution_run_id
+        if not run_id:
+            return received, handled
 
 
 def unique(prefix: str) -> str:
@@ -170,9 +319,9 @@ def unique(prefix: str) -> str:
 
 async def record_history(handle: WorkflowHandle[Any, Any], name: str) -> None:
     """With LLMGW_RECORD_HISTORIES=<era>, store this workflow's history as
-    histories/<era>/<name>.json for test_replay.py. Stored histories are append-only: the
-    executions they stand for may still be running in someone's cluster, so a file is never
-    rewritten, and a behaviour change gets a new era beside the old ones.
+    histories/<era>/<name>.json for tests/unit/test_replay.py. Stored histories are
+    append-only: the executions they stand for may still be running in someone's cluster, so a
+    file is never rewritten, and a behaviour change gets a new era beside the old ones.
 
     The file is the history as `temporal workflow show --output json` gives it, plus the
     workflow ID (which the history itself does not carry) so the replay sees the same
@@ -189,6 +338,13 @@ async def record_history(handle: WorkflowHandle[Any, Any], name: str) -> None:
         # A run recorded with continue-as-new forced replays only with the same knob.
         "continue_as_new_every": history_budget.FORCE_EVERY_EVENTS
         or int(os.environ.get(CONTINUE_AS_NEW_EVERY, "0") or 0),
+        # The other test knobs it ran under (a shorter check interval changes when timers and
+        # activities come), set again for its replay.
+        "test_knobs": {
+            name: value
+            for name, value in os.environ.items()
+            if name.startswith("LLMGW_TEST_") and name != CONTINUE_AS_NEW_EVERY
+        },
         **history.to_json_dict(),
     }
     path.write_text(json.dumps(document, indent=1) + "\n")

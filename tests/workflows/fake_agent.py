@@ -19,6 +19,7 @@ from workflows.contracts import (
     EngineLoadRequest,
     EngineState,
     EngineStatus,
+    KvSource,
     LaunchRequest,
     LaunchResult,
     NodeInventory,
@@ -66,6 +67,8 @@ class FakeAgent:
         self.loads: dict[str, EngineLoad] = {}
         # True: every engine this agent starts exits at once (a crash loop), with this reason.
         self.crash_on_start = False
+        # What each launch reports of the engine's KV-cache events (None: it publishes none).
+        self.kv: KvSource | None = None
         self.crash_reason = "engine exited"
         # Ports a program outside llmgw holds on this node: a launch there is refused.
         self.foreign_ports: set[int] = set()
@@ -153,7 +156,7 @@ class FakeAgent:
             )
         current = self.engines.get(req.replica_id)
         if current is not None and not current.exited.is_set():
-            return LaunchResult(pid=current.pid, adopted=True, command=["llama-server"])
+            return LaunchResult(pid=current.pid, adopted=True, command=["llama-server"], kv=self.kv)
         self.launches.append(req.replica_id)
         self.launch_times.append(time.monotonic())
         engine = FakeEngine(pid=next(_pids))
@@ -161,7 +164,7 @@ class FakeAgent:
         if self.crash_on_start:
             engine.exit_code = 1
             engine.exited.set()
-        return LaunchResult(pid=engine.pid, adopted=False, command=["llama-server"])
+        return LaunchResult(pid=engine.pid, adopted=False, command=["llama-server"], kv=self.kv)
 
     @activity.defn(name=NodeActivity.WAIT_READY)
     async def wait_ready(self, req: ReadyRequest) -> ReadyResult:

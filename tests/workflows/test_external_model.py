@@ -4,7 +4,7 @@ import pytest
 from temporalio.client import WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from tests.workflows.conftest import Cluster, eventually, record_history, unique
+from tests.workflows.conftest import Cluster, ask, eventually, finished, record_history, unique
 from tests.workflows.test_model import serving, track_replicas
 from workflows.contracts import (
     ModelSpec,
@@ -35,7 +35,8 @@ async def routes_of(cluster: Cluster, name: str) -> dict[str, Route]:
 
 
 async def apply(cluster: Cluster, spec: ModelSpec) -> ModelView:
-    view = await apply_model(cluster.client, spec)  # what the CLI and the admin API call
+    # What the CLI and the admin API call.
+    view = await apply_model(cluster.client, spec, cluster.task_queue)
     cluster.started.append(cluster.client.get_workflow_handle(model_workflow_id(spec.name)))
     return view
 
@@ -73,7 +74,7 @@ async def test_external_urls_become_ready_routes_that_follow_the_definition(clus
     assert not [a for a in state.allocations.values() if a.model == name]
     assert await no_workflow(cluster, replica_workflow_id(name, 0))
     handle = cluster.client.get_workflow_handle_for(ModelWorkflow.run, model_workflow_id(name))
-    described = await handle.query("describe", result_type=ModelView)
+    described = await ask(handle, ModelWorkflow.describe)
     assert described.replica_ids == [e0, e1]
 
     # A URL that stays keeps its replica id; one that goes is withdrawn; a new one is added.
@@ -94,11 +95,11 @@ async def test_external_urls_become_ready_routes_that_follow_the_definition(clus
     assert (await routes_of(cluster, name))[e2].endpoint == "https://upstream.example:8443"
 
     with pytest.raises(WorkflowUpdateFailedError) as refused:
-        await handle.execute_update("scale", ScaleRequest(replicas=5), result_type=ModelView)
+        await handle.execute_update(ModelWorkflow.scale, ScaleRequest(replicas=5))
     assert "one replica per URL" in str(refused.value.cause)
 
-    await handle.execute_update("remove", RemoveModel(), result_type=ModelView)
-    result = await handle.result()
+    await handle.execute_update(ModelWorkflow.remove, RemoveModel())
+    result = await finished(cluster.client, handle.id, ModelView)
     assert result.removing
     assert await routes_of(cluster, name) == {}
     assert await no_workflow(cluster, replica_workflow_id(name, 0))
@@ -134,8 +135,8 @@ async def test_a_model_turned_external_stops_its_replicas(cluster):
     assert cluster.agent.stops == [r0]
 
     handle = cluster.client.get_workflow_handle(model_workflow_id(name))
-    await handle.execute_update("remove", RemoveModel(), result_type=ModelView)
-    await handle.result()
+    await handle.execute_update(ModelWorkflow.remove, RemoveModel())
+    await finished(cluster.client, handle.id)
     assert await routes_of(cluster, name) == {}
 
 
@@ -144,10 +145,10 @@ async def test_an_invalid_external_definition_is_refused_by_the_workflow(cluster
     await apply(cluster, external(name, "http://127.0.0.1:9000"))
     bad = external(name, "http://user:secret@127.0.0.1:9000")
     with pytest.raises(WorkflowUpdateFailedError) as refused:
-        await apply_model(cluster.client, bad)
+        await apply_model(cluster.client, bad, cluster.task_queue)
     message = str(refused.value.cause)
     assert "profiles[0].urls[0]: credentials do not go in the URL" in message
     assert "secret" not in message
     handle = cluster.client.get_workflow_handle(model_workflow_id(name))
-    await handle.execute_update("remove", RemoveModel(), result_type=ModelView)
-    await handle.result()
+    await handle.execute_update(ModelWorkflow.remove, RemoveModel())
+    await finished(cluster.client, handle.id)

@@ -6,21 +6,19 @@ import asyncio
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.ledger_calls import update_ledger
+from activities.control.ledger_calls import allocate, update_ledger
 from gateway.route_source import TemporalRouteSource
 from tests.workflows.conftest import Cluster, record_history, unique
 from workflows.contracts import (
     Allocation,
-    LedgerAck,
     PlacementRequest,
     Profile,
     ReleaseRequest,
     ReplicaState,
     Route,
-    RoutingTable,
     RoutingTableRequest,
 )
-from workflows.ledger import NO_PLACEMENT
+from workflows.ledger import NO_PLACEMENT, ClusterLedgerWorkflow
 from workflows.names import LEDGER_WORKFLOW_ID
 
 
@@ -34,13 +32,15 @@ def one_core(replica: str) -> PlacementRequest:
 
 async def place(cluster: Cluster, replica: str) -> Allocation | ApplicationError:
     try:
-        return await update_ledger(cluster.client, "place", one_core(replica), Allocation)
+        return await allocate(cluster.client, one_core(replica))
     except ApplicationError as err:
         return err
 
 
 async def release(cluster: Cluster, replica: str) -> None:
-    await update_ledger(cluster.client, "release", ReleaseRequest(replica_id=replica), LedgerAck)
+    await update_ledger(
+        cluster.client, ClusterLedgerWorkflow.release, ReleaseRequest(replica_id=replica)
+    )
 
 
 async def test_concurrent_placements_never_oversubscribe_a_node(cluster):
@@ -52,7 +52,8 @@ async def test_concurrent_placements_never_oversubscribe_a_node(cluster):
 
     placed = [o for o in outcomes if isinstance(o, Allocation)]
     refused = [o for o in outcomes if isinstance(o, ApplicationError)]
-    assert len(placed) == 8 and len(refused) == 42
+    assert len(placed) == 8
+    assert len(refused) == 42
     assert {a.node for a in placed} == {cluster.node}
     assert len({a.port for a in placed}) == 8
     for err in refused:
@@ -94,7 +95,7 @@ async def test_a_cluster_without_a_ready_node_refuses_with_its_nodes_reasons_sum
 
 
 @pytest.fixture(scope="module", autouse=True)
-async def record_the_ledger(env, control_worker):
+async def record_the_ledger(env, control_worker):  # noqa: ARG001 - it must outlive the recording
     yield
     await record_history(env.client.get_workflow_handle(LEDGER_WORKFLOW_ID), "ClusterLedger")
 
@@ -103,7 +104,8 @@ async def test_a_gateway_is_sent_the_routes_only_when_its_table_is_out_of_date(c
     await cluster.add_node()
     source = TemporalRouteSource(cluster.client)
     first = await source.fetch()
-    assert first.epoch and not first.unchanged
+    assert first.epoch
+    assert not first.unchanged
     assert await source.fetch() is first, "nothing moved: the held table, no routes sent"
 
     replica = unique("rt") + "-0"
@@ -115,14 +117,16 @@ async def test_a_gateway_is_sent_the_routes_only_when_its_table_is_out_of_date(c
         engine="llamacpp",
         state=ReplicaState.READY,
     )
-    await update_ledger(cluster.client, "set_route", route, LedgerAck)
+    await update_ledger(cluster.client, ClusterLedgerWorkflow.set_route, route)
     second = await source.fetch()
-    assert second.version > first.version and replica in {r.replica_id for r in second.routes}
+    assert second.version > first.version
+    assert replica in {r.replica_id for r in second.routes}
 
     # A table from another ledger (one started afresh, versions counted again) is replaced
     # even at the same version number.
     handle = cluster.client.get_workflow_handle(LEDGER_WORKFLOW_ID)
     stranger = RoutingTableRequest(epoch="another-ledger", version=second.version)
-    answer = await handle.query("routing_table", stranger, result_type=RoutingTable)
-    assert not answer.unchanged and replica in {r.replica_id for r in answer.routes}
+    answer = await handle.query(ClusterLedgerWorkflow.routing_table, stranger)
+    assert not answer.unchanged
+    assert replica in {r.replica_id for r in answer.routes}
     await release(cluster, replica)

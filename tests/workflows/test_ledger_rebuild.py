@@ -14,7 +14,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.ledger_calls import LEDGER_CLOSED, update_ledger
+from activities.control.ledger_calls import LEDGER_CLOSED, allocate
 from tests.workflows.conftest import binary, eventually, unique
 from tests.workflows.fake_agent import FakeAgent
 from workers.agent import register
@@ -24,7 +24,6 @@ from workers.progress import ledger_snapshot
 from workers.registry import CONTROL_WORKFLOWS
 from workers.search_attributes import ensure_search_attributes
 from workflows.contracts import (
-    Allocation,
     EngineState,
     ModelSpec,
     ModelState,
@@ -117,7 +116,7 @@ async def test_a_terminated_ledger_fails_loudly_and_is_rebuilt_from_nodes_and_re
             replica_id=unique("other"), model="other", profiles=[Profile(cpu_cores=1)]
         )
         with pytest.raises(ApplicationError) as refused:
-            await update_ledger(client, "place", request, Allocation)
+            await allocate(client, request)
         assert refused.value.type == LEDGER_CLOSED
         assert "llmgw ledger rebuild" in refused.value.message
         # Nor does a restarting control worker start an empty ledger in its place.
@@ -138,7 +137,8 @@ async def test_a_terminated_ledger_fails_loudly_and_is_rebuilt_from_nodes_and_re
         )
         assert route.engine == before.routes[r0].engine
         # Placement counts the rebuilt allocation: the replica's port is not handed out again.
-        placed = await update_ledger(client, "place", request, Allocation)
-        assert placed.node == node and placed.port != rebuilt.allocations[r0].port
+        placed = await allocate(client, request)
+        assert placed.node == node
+        assert placed.port != rebuilt.allocations[r0].port
         with pytest.raises(LedgerRunning):
             await rebuild_ledger(client)

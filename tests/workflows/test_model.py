@@ -3,13 +3,14 @@
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
-from tests.workflows.conftest import Cluster, eventually, record_history, unique
+from tests.workflows.conftest import Cluster, ask, eventually, finished, record_history, unique
 from workflows.contracts import (
     ModelSpec,
     ModelState,
     ModelView,
     RemoveModel,
     ReplicaState,
+    ReplicaView,
     ScaleRequest,
 )
 from workflows.model import ModelWorkflow
@@ -62,38 +63,40 @@ async def test_model_scales_down_newest_first_and_removal_releases_everything(cl
         return await serving(cluster, model) == [r0, r1]
 
     await eventually(both_ready)
-    view = await handle.query("describe", result_type=ModelView)
+    view = await ask(handle, ModelWorkflow.describe)
     assert view.replica_ids == [r0, r1]
     allocations = (await cluster.ledger()).allocations
     assert allocations[r0].port != allocations[r1].port
 
     # The update answers once the new count is accepted; the replicas follow it.
-    view = await handle.execute_update("scale", ScaleRequest(replicas=1), result_type=ModelView)
+    view = await handle.execute_update(ModelWorkflow.scale, ScaleRequest(replicas=1))
     assert view.spec.replicas == 1
 
     async def newest_gone() -> bool:
         return await held_by(cluster, model) == ([r0], [r0])
 
     await eventually(newest_gone)
-    assert (await handle.query("describe", result_type=ModelView)).replica_ids == [r0]
+    assert (await ask(handle, ModelWorkflow.describe)).replica_ids == [r0]
     assert await serving(cluster, model) == [r0]
     assert cluster.agent.stops == [r1]
     assert cluster.agent.running() == [r0]
     replica1 = cluster.client.get_workflow_handle_for(
         ReplicaWorkflow.run, replica_workflow_id(model.name, 1)
     )
-    assert (await replica1.result()).state == ReplicaState.STOPPED
+    stopped = await finished(cluster.client, replica1.id, ReplicaView)
+    assert stopped.state == ReplicaState.STOPPED
 
     other = model.model_copy(update={"name": unique("other")})
     with pytest.raises(WorkflowUpdateFailedError) as refused:
-        await handle.execute_update("apply", other, result_type=ModelView)
+        await handle.execute_update(ModelWorkflow.apply, other)
     assert f"not {other.name!r}" in str(refused.value.cause)
-    assert (await handle.query("describe", result_type=ModelView)).spec.name == model.name
+    assert (await ask(handle, ModelWorkflow.describe)).spec.name == model.name
 
-    view = await handle.execute_update("remove", RemoveModel(), result_type=ModelView)
+    view = await handle.execute_update(ModelWorkflow.remove, RemoveModel())
     assert view.removing
-    result = await handle.result()
-    assert result.removing and result.spec.replicas == 0
+    result = await finished(cluster.client, handle.id, ModelView)
+    assert result.removing
+    assert result.spec.replicas == 0
     # The workflow ends only once its replicas have stopped their engines and released.
     assert await held_by(cluster, model) == ([], [])
     assert sorted(cluster.agent.stops) == [r0, r1]
@@ -111,7 +114,8 @@ async def test_apply_creates_a_missing_model_then_updates_it_as_the_cli_does(clu
     track_replicas(cluster, model)
 
     async def apply(declared: ModelSpec) -> ModelView:
-        view = await apply_model(cluster.client, declared)  # what `llmgw model add` calls
+        # What `llmgw model add` calls.
+        view = await apply_model(cluster.client, declared, cluster.task_queue)
         cluster.started.append(cluster.client.get_workflow_handle(model_workflow_id(declared.name)))
         return view
 
@@ -135,6 +139,6 @@ async def test_apply_creates_a_missing_model_then_updates_it_as_the_cli_does(clu
     assert sorted(cluster.agent.launches) == [r0, r1]  # replica 0 was not restarted
 
     handle = cluster.client.get_workflow_handle(model_workflow_id(model.name))
-    await handle.execute_update("remove", RemoveModel(), result_type=ModelView)
-    await handle.result()
+    await handle.execute_update(ModelWorkflow.remove, RemoveModel())
+    await finished(cluster.client, handle.id)
     assert await held_by(cluster, model) == ([], [])

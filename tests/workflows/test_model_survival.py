@@ -8,16 +8,17 @@ from contextlib import asynccontextmanager
 
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.ledger_calls import update_ledger
-from tests.workflows.conftest import Cluster, eventually, record_history, unique
+from activities.control import ledger_calls
+from activities.control.ledger_calls import update_ledger
+from tests.workflows.conftest import Cluster, ask, eventually, finished, record_history, unique
 from tests.workflows.fake_agent import FakeAgent
 from tests.workflows.test_model import held_by, serving, spec, track_replicas
 from workflows.contracts import (
     EngineState,
     EngineStatus,
-    LedgerAck,
     ModelSpec,
     ModelState,
     ModelView,
@@ -28,11 +29,14 @@ from workflows.contracts import (
     RemoveModel,
     ReplaceReplicas,
     ReplicaInput,
+    ReplicaState,
+    ReplicaView,
     ScaleRequest,
     ShardRef,
     StopReplica,
     StopResult,
 )
+from workflows.ledger import ClusterLedgerWorkflow
 from workflows.model import ModelWorkflow
 from workflows.names import (
     NodeActivity,
@@ -62,6 +66,24 @@ class SlowStopAgent(FakeAgent):
         return await super().stop(ref)
 
 
+class MuteStopAgent(FakeAgent):
+    """An agent that cannot be reached for stops (the activity fails at once, as a timeout
+    would after minutes) until the test lets it answer."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(node)
+        self.answers = False
+        # Stops it did not answer: one for each try (a model tries again at each check).
+        self.unanswered = 0
+
+    @activity.defn(name=NodeActivity.STOP_ENGINE)
+    async def stop(self, ref: ShardRef) -> StopResult:
+        if not self.answers:
+            self.unanswered += 1
+            raise ApplicationError("agent unreachable (test)", non_retryable=True)
+        return await super().stop(ref)
+
+
 @asynccontextmanager
 async def node_with(cluster: Cluster, agent: FakeAgent) -> AsyncIterator[None]:
     """A ready node of this test served by `agent`, taken out of placement afterwards."""
@@ -77,13 +99,13 @@ async def node_with(cluster: Cluster, agent: FakeAgent) -> AsyncIterator[None]:
     async with Worker(
         cluster.client, task_queue=node_task_queue(agent.node), activities=agent.all()
     ):
-        await update_ledger(cluster.client, "upsert_node", record, LedgerAck)
+        await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
         try:
             yield
         finally:
             agent.let_stop.set() if isinstance(agent, SlowStopAgent) else None
             record.state = NodeState.LOST
-            await update_ledger(cluster.client, "upsert_node", record, LedgerAck)
+            await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
 
 
 async def run_id(cluster: Cluster, model: ModelSpec) -> str:
@@ -98,6 +120,22 @@ async def status(cluster: Cluster, workflow_id: str) -> WorkflowExecutionStatus 
 
 async def start_model(cluster: Cluster, state: ModelState):
     return await cluster.start(ModelWorkflow.run, state, id=model_workflow_id(state.spec.name))
+
+
+async def replica_0_serving(cluster: Cluster, model: ModelSpec):
+    """Replica 0 started on its own, as an earlier run of the model left it, and serving."""
+    r0 = replica_id(model.name, 0)
+    handle = await cluster.start(
+        ReplicaWorkflow.run,
+        ReplicaInput(replica_id=r0, model=model),
+        id=replica_workflow_id(model.name, 0),
+    )
+
+    async def r0_ready() -> bool:
+        return await serving(cluster, model) == [r0]
+
+    await eventually(r0_ready)
+    return handle
 
 
 async def test_a_removal_still_waits_for_stopping_replicas_after_continuing_as_new(
@@ -118,7 +156,7 @@ async def test_a_removal_still_waits_for_stopping_replicas_after_continuing_as_n
 
         await eventually(ready)
         first_run = await run_id(cluster, model)
-        await handle.execute_update("remove", RemoveModel(), result_type=ModelView)
+        await handle.execute_update(ModelWorkflow.remove, RemoveModel())
 
         async def continued() -> bool:
             return await run_id(cluster, model) != first_run
@@ -131,7 +169,7 @@ async def test_a_removal_still_waits_for_stopping_replicas_after_continuing_as_n
         assert (await held_by(cluster, model))[0] == [r0]
 
         agent.let_stop.set()
-        result = await handle.result()
+        result = await finished(cluster.client, handle.id, ModelView)
         assert result.removing
         # It returned only once its replica had stopped its engine and released.
         assert await held_by(cluster, model) == ([], [])
@@ -145,16 +183,7 @@ async def test_a_run_started_from_carried_state_carries_out_a_pending_move(clust
     track_replicas(cluster, model)
     r0, r1 = replica_id(model.name, 0), replica_id(model.name, 1)
     # Replica 0 as the previous run left it: running, serving.
-    await cluster.start(
-        ReplicaWorkflow.run,
-        ReplicaInput(replica_id=r0, model=model),
-        id=replica_workflow_id(model.name, 0),
-    )
-
-    async def r0_ready() -> bool:
-        return await serving(cluster, model) == [r0]
-
-    await eventually(r0_ready)
+    await replica_0_serving(cluster, model)
     move = ReplaceReplicas(replica_ids=[r0], reason="node drained", wait_for_successor=False)
     carried = ModelState(spec=model, next_index=1, indices=[0], replacements=[move])
     await start_model(cluster, carried)
@@ -172,18 +201,8 @@ async def test_a_run_started_from_carried_state_waits_for_its_stopping_replicas(
     async with node_with(cluster, agent):
         model = spec(replicas=1)
         track_replicas(cluster, model)
-        r0 = replica_id(model.name, 0)
-        replica = await cluster.start(
-            ReplicaWorkflow.run,
-            ReplicaInput(replica_id=r0, model=model),
-            id=replica_workflow_id(model.name, 0),
-        )
-
-        async def r0_ready() -> bool:
-            return await serving(cluster, model) == [r0]
-
-        await eventually(r0_ready)
-        await replica.signal("stop", StopReplica(reason="model removed"))
+        replica = await replica_0_serving(cluster, model)
+        await replica.signal(ReplicaWorkflow.stop, StopReplica(reason="model removed"))
         # The previous run was removing the model and had told replica 0 to stop.
         removing = model.model_copy(update={"replicas": 0})
         carried = ModelState(spec=removing, removing=True, next_index=1, stopping=[0])
@@ -201,7 +220,7 @@ async def test_a_run_started_from_carried_state_waits_for_its_stopping_replicas(
             WorkflowExecutionStatus.RUNNING
         )
         agent.let_stop.set()
-        await handle.result()
+        await finished(cluster.client, handle.id)
         assert await held_by(cluster, model) == ([], [])
 
 
@@ -241,7 +260,7 @@ async def test_a_terminated_replica_is_cleaned_up_and_replaced_after_continue_as
     await eventually(replaced)
     assert cluster.agent.stops == [r0]
     assert cluster.agent.running() == [r1]
-    view = await handle.query("describe", result_type=ModelView)
+    view = await ask(handle, ModelWorkflow.describe)
     assert view.replica_ids == [r1]
     await record_history(handle, "ModelDeadReplicaContinued")
 
@@ -261,7 +280,7 @@ async def test_scaling_down_onto_a_terminated_replica_cleans_it_up(cluster):
         "operator"
     )
     # Before the model's periodic look notices: the scale-down signals a closed workflow.
-    await handle.execute_update("scale", ScaleRequest(replicas=1), result_type=ModelView)
+    await handle.execute_update(ModelWorkflow.scale, ScaleRequest(replicas=1))
 
     async def cleaned() -> bool:
         return await held_by(cluster, model) == ([r0], [r0])
@@ -291,5 +310,107 @@ async def test_a_re_added_model_skips_the_id_of_a_replica_still_stopping(cluster
 
     await eventually(r1_ready)
     assert await status(cluster, model_workflow_id(model.name)) == WorkflowExecutionStatus.RUNNING
-    assert (await handle.query("describe", result_type=ModelView)).replica_ids == [r1]
+    assert (await ask(handle, ModelWorkflow.describe)).replica_ids == [r1]
     assert cluster.agent.launches == [r1]
+
+
+async def terminated_on_a_mute_node(cluster: Cluster, agent: MuteStopAgent, model: ModelSpec):
+    """Replica 0 serves on the agent's node, its workflow is terminated, and replica 1 takes
+    over while the agent does not answer stops. Returns the model's handle."""
+    track_replicas(cluster, model)
+    handle = await start_model(cluster, ModelState(spec=model))
+    r0, r1 = replica_id(model.name, 0), replica_id(model.name, 1)
+
+    async def r0_ready() -> bool:
+        return await serving(cluster, model) == [r0]
+
+    await eventually(r0_ready)
+    await cluster.client.get_workflow_handle(replica_workflow_id(model.name, 0)).terminate(
+        "operator"
+    )
+
+    async def r1_ready() -> bool:
+        return await serving(cluster, model) == [r1]
+
+    await eventually(r1_ready)
+    # Several checks later the engine of replica 0 may still run: its allocation stays, so
+    # nothing else is placed on what it holds.
+
+    async def tried_to_stop_it_three_times() -> bool:
+        return agent.unanswered >= 3
+
+    await eventually(tried_to_stop_it_three_times)
+    allocations, _ = await held_by(cluster, model)
+    assert allocations == [r0, r1]
+    assert agent.running() == [r0, r1]
+    return handle
+
+
+async def test_a_dead_replicas_allocation_is_kept_until_its_engine_stops(cluster, monkeypatch):
+    agent = MuteStopAgent(unique("mute"))
+    async with node_with(cluster, agent):
+        model = spec(replicas=1)
+        monkeypatch.setenv(CHECK_EVERY, "1")
+        handle = await terminated_on_a_mute_node(cluster, agent, model)
+        r0, r1 = replica_id(model.name, 0), replica_id(model.name, 1)
+        agent.answers = True
+
+        async def freed() -> bool:
+            return await held_by(cluster, model) == ([r1], [r1])
+
+        await eventually(freed)
+        assert agent.running() == [r1]
+        assert r0 in agent.stops
+        await record_history(handle, "ModelDeadReplicaHeldUntilStopped")
+
+
+async def test_a_dead_replicas_allocation_is_freed_once_its_node_is_gone(cluster, monkeypatch):
+    agent = MuteStopAgent(unique("mute"))
+    async with node_with(cluster, agent):
+        model = spec(replicas=1)
+        monkeypatch.setenv(CHECK_EVERY, "1")
+        await terminated_on_a_mute_node(cluster, agent, model)
+        r0, r1 = replica_id(model.name, 0), replica_id(model.name, 1)
+        described = await cluster.ledger()
+        record = described.nodes[agent.node].model_copy(update={"state": NodeState.LOST})
+        await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
+
+        async def freed() -> bool:
+            allocations, _ = await held_by(cluster, model)
+            return allocations == [r1]
+
+        await eventually(freed)
+        assert r0 not in agent.stops  # never reached: freed because its node is gone
+
+
+async def test_a_removal_that_arrives_mid_pass_still_stops_every_replica(cluster, monkeypatch):
+    # The model's first pass starts replica 0, then tells the ledger the model is not idle (an
+    # activity). A removal accepted while that activity runs came after the pass had stopped
+    # what it would stop: the model used to end there, its replica left running (seen in
+    # `make test` after a control worker restart). Held here so the timing is certain.
+    await cluster.add_node(cores=8)
+    model = spec(replicas=1)
+    track_replicas(cluster, model)
+    r0 = replica_id(model.name, 0)
+    gate, reached = asyncio.Event(), asyncio.Event()
+    original = ledger_calls.update_ledger
+
+    async def held_set_idle(client, update, arg):
+        if update is ClusterLedgerWorkflow.set_idle and arg.model == model.name:
+            reached.set()
+            await gate.wait()
+        return await original(client, update, arg)
+
+    monkeypatch.setattr(ledger_calls, "update_ledger", held_set_idle)
+    handle = await start_model(cluster, ModelState(spec=model))
+    await asyncio.wait_for(reached.wait(), 30)
+    await handle.execute_update(ModelWorkflow.remove, RemoveModel())
+    gate.set()
+
+    await finished(cluster.client, handle.id)
+    stopped = await finished(cluster.client, replica_workflow_id(model.name, 0), ReplicaView)
+    assert stopped.state == ReplicaState.STOPPED
+    assert cluster.agent.running() == []
+    assert await held_by(cluster, model) == ([], [])
+    assert r0 not in (await cluster.ledger()).routes
+    await record_history(handle, "ModelRemovedMidPass")

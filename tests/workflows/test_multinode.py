@@ -1,20 +1,18 @@
 """A replica spanning two GPU nodes: placed on one fabric, leader started first, ready through
 its leader, and restarted whole when one shard ends."""
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
 from temporalio.worker import Worker
 
-from activities.ledger_calls import update_ledger
-from tests.workflows.conftest import Cluster, eventually, record_history, unique
+from activities.control.ledger_calls import update_ledger
+from tests.workflows.conftest import Cluster, eventually, finished, record_history, unique
 from tests.workflows.fake_agent import FakeAgent
 from workflows.contracts import (
     EngineState,
     EngineStatus,
     GpuInfo,
-    LedgerAck,
     ModelSpec,
     NetworkPort,
     NodeInventory,
@@ -23,9 +21,9 @@ from workflows.contracts import (
     Profile,
     ReplicaInput,
     ReplicaState,
-    ReplicaView,
     StopReplica,
 )
+from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import node_task_queue, replica_id, replica_workflow_id
 from workflows.replica import ReplicaWorkflow
 
@@ -57,7 +55,9 @@ async def gpu_nodes(cluster: Cluster, count: int) -> AsyncIterator[list[FakeAgen
                 Worker(cluster.client, task_queue=node_task_queue(agent.node),
                        activities=agent.all())
             )  # fmt: skip
-            await update_ledger(cluster.client, "upsert_node", gpu_node(agent.node), LedgerAck)
+            await update_ledger(
+                cluster.client, ClusterLedgerWorkflow.upsert_node, gpu_node(agent.node)
+            )
         try:
             yield agents
         finally:
@@ -65,7 +65,7 @@ async def gpu_nodes(cluster: Cluster, count: int) -> AsyncIterator[list[FakeAgen
             for agent in agents:
                 record = state.nodes[agent.node]
                 record.state = NodeState.LOST
-                await update_ledger(cluster.client, "upsert_node", record, LedgerAck)
+                await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
 
 
 async def test_a_two_node_replica_starts_leader_first_and_restarts_whole(cluster):
@@ -102,7 +102,7 @@ async def test_a_two_node_replica_starts_leader_first_and_restarts_whole(cluster
         by_node[worker.node].kill(rid)
 
         async def restarted() -> bool:
-            view = await handle.query("describe", result_type=ReplicaView)
+            view = await handle.query(ReplicaWorkflow.describe)
             return view.restarts == 1 and view.state == ReplicaState.READY
 
         await eventually(restarted, timeout=30)
@@ -110,8 +110,8 @@ async def test_a_two_node_replica_starts_leader_first_and_restarts_whole(cluster
         assert by_node[leader.node].launches == [rid, rid]
         assert by_node[worker.node].launches == [rid, rid]
 
-        await handle.signal("stop", StopReplica(reason="scaled down"))
-        await asyncio.wait_for(handle.result(), 30)
+        await handle.signal(ReplicaWorkflow.stop, StopReplica(reason="scaled down"))
+        await finished(cluster.client, handle.id, timeout=30)
         await record_history(handle, "ReplicaMultiNode")
         assert all(a.running() == [] for a in agents)
         state = await cluster.ledger()

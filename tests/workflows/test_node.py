@@ -7,11 +7,17 @@ import pytest
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
-from activities.ledger_calls import update_ledger
-from tests.workflows.conftest import Cluster, eventually, record_history, unique
+from activities.control.ledger_calls import allocate
+from tests.workflows.conftest import (
+    Cluster,
+    ask,
+    eventually,
+    record_history,
+    signals_handled,
+    unique,
+)
 from workers.agent import register as agent_register
 from workflows.contracts import (
-    Allocation,
     EngineState,
     EngineStatus,
     NodeHeartbeat,
@@ -89,7 +95,7 @@ async def test_registration_installs_engines_and_the_node_becomes_ready(cluster)
     assert [(i.node, i.requirement.engine) for i in cluster.agent.installs] == [
         (cluster.node, "llamacpp")
     ]
-    described = await node_handle(cluster).query("describe", result_type=NodeView)
+    described = await ask(node_handle(cluster), NodeWorkflow.describe)
     assert described.boot_id == "boot-1"
     assert described.record.engines["llamacpp"].state == EngineState.INSTALLED
 
@@ -107,10 +113,10 @@ async def test_a_node_cannot_register_under_another_nodes_name(cluster):
 
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await node_handle(cluster).execute_update(
-            "register", registration(impostor, boot_id="boot-x"), result_type=NodeView
+            NodeWorkflow.register, registration(impostor, boot_id="boot-x")
         )
     assert f"cannot register as {cluster.node!r}" in str(refused.value.cause)
-    described = await node_handle(cluster).query("describe", result_type=NodeView)
+    described = await ask(node_handle(cluster), NodeWorkflow.describe)
     assert described.record.inventory.name == cluster.node
     assert described.boot_id == "boot-1"
     assert impostor not in (await cluster.ledger()).nodes
@@ -126,14 +132,16 @@ async def test_a_silent_node_is_unreachable_then_lost_and_a_heartbeat_brings_it_
 
     # Heartbeats within the grace keep it ready.
     for _ in range(5):
-        await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-1"))
+        await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
+        # A sleep on purpose: an agent's cadence, for 5 s of real time past the 3 s grace, so
+        # that only the heartbeats can be what kept it ready.
         await asyncio.sleep(1)
     assert (await ledger_record(cluster)).state == NodeState.READY
 
     # Silent past the grace: unreachable first, and a heartbeat then makes it ready again.
     record = await wait_for_node(cluster, NodeState.UNREACHABLE, EngineState.INSTALLED)
     assert record.note.startswith("no heartbeat for")
-    await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-1"))
+    await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
 
     # Silent past the gone grace: lost.
@@ -142,11 +150,18 @@ async def test_a_silent_node_is_unreachable_then_lost_and_a_heartbeat_brings_it_
     assert record.note.startswith("no heartbeat for")
 
     # A heartbeat from an earlier boot of the agent is not this agent: the node stays lost.
-    await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-0"))
-    await asyncio.sleep(1)
+    await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-0"))
+
+    async def heard_out() -> bool:
+        received, handled = await signals_handled(cluster.client, handle.id, "heartbeat")
+        return handled == received
+
+    heard_out.__doc__ = "the node workflow handled the boot-0 heartbeat"
+    await eventually(heard_out)
+    assert (await ask(handle, NodeWorkflow.describe)).record.state == NodeState.LOST
     assert (await ledger_record(cluster)).state == NodeState.LOST
 
-    await handle.signal("heartbeat", NodeHeartbeat(boot_id="boot-1"))
+    await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     await record_history(handle, "NodeUnreachableLostBack")
 
@@ -157,7 +172,7 @@ async def test_an_agent_that_dies_during_reverification_still_loses_its_node(clu
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     # The scheduled re-verification reaches the agent, which then dies: no answer, no heartbeat.
     cluster.agent.verification_hangs = True
-    await node_handle(cluster).signal("refresh", NodeRefresh(engines=True))
+    await node_handle(cluster).signal(NodeWorkflow.refresh, NodeRefresh(engines=True))
     record = await wait_for_node(cluster, NodeState.LOST, EngineState.INSTALLED)
     assert record.note.startswith("no heartbeat for")
     assert cluster.agent.verifications == 1, "it was asked and never answered"
@@ -183,6 +198,6 @@ async def test_a_failed_install_is_reported_and_placement_refuses_the_node(clust
         profiles=[Profile(engine_version=V, cpu_cores=1, memory_mb=64)],
     )
     with pytest.raises(ApplicationError) as refused:
-        await update_ledger(cluster.client, "place", request, Allocation)
+        await allocate(cluster.client, request)
     assert refused.value.type == NO_PLACEMENT
     assert f"{cluster.node}: llamacpp failed: cmake: no C++ compiler found" in refused.value.message

@@ -7,11 +7,12 @@ from collections.abc import AsyncIterator
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from activities.ledger_calls import update_ledger
-from activities.node_admin import add_node
-from tests.workflows.conftest import Cluster, eventually, record_history, unique
+from activities.control.ledger_calls import allocate, update_ledger
+from activities.control.node_admin import add_node
+from tests.workflows.conftest import Cluster, eventually, finished, record_history, unique
 from tests.workflows.fake_agent import FakeAgent
 from tests.workflows.test_node import (
     ledger_record,
@@ -20,31 +21,34 @@ from tests.workflows.test_node import (
     registration,
     wait_for_node,
 )
+from tests.workflows.test_replica import run_histories
+from workflows import history_budget
 from workflows.contracts import (
-    Allocation,
     EngineState,
     EngineStatus,
-    LedgerAck,
     ModelSpec,
     ModelState,
     NodeAdd,
     NodeCommand,
     NodeHeartbeat,
     NodeInventory,
+    NodeNames,
     NodeRecord,
     NodeRefresh,
     NodeState,
+    NodeView,
     PlacementRequest,
     Profile,
     ReleaseRequest,
     ReplicaState,
     Route,
-    RoutingTable,
     RoutingTableRequest,
 )
-from workflows.fleet import FleetRefreshWorkflow, ScheduledOnboardingWorkflow
+from workflows.fleet import SIGNAL_BATCH, FleetRefreshWorkflow, ScheduledOnboardingWorkflow
+from workflows.ledger import ClusterLedgerWorkflow
 from workflows.model import ModelWorkflow
 from workflows.names import LEDGER_WORKFLOW_ID, model_workflow_id, node_task_queue, replica_id
+from workflows.node import NodeWorkflow
 
 
 async def upsert_ready_node(cluster: Cluster, name: str) -> None:
@@ -58,7 +62,7 @@ async def upsert_ready_node(cluster: Cluster, name: str) -> None:
             )
         },
     )
-    await update_ledger(cluster.client, "upsert_node", record, LedgerAck)
+    await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
 
 
 @contextlib.asynccontextmanager
@@ -75,7 +79,7 @@ async def second_node(cluster: Cluster) -> AsyncIterator[FakeAgent]:
             state = await cluster.ledger()
             record = state.nodes[agent.node]
             record.state = NodeState.LOST
-            await update_ledger(cluster.client, "upsert_node", record, LedgerAck)
+            await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
 
 
 async def serving_model(cluster: Cluster) -> str:
@@ -119,7 +123,7 @@ async def test_the_first_identity_is_pinned_and_another_token_is_refused(cluster
 
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await node_handle(cluster).execute_update(
-            "register", registration(cluster.node, boot_id="boot-2", identity="token-b")
+            NodeWorkflow.register, registration(cluster.node, boot_id="boot-2", identity="token-b")
         )
     assert "joined with another token" in str(refused.value.cause)
 
@@ -146,12 +150,13 @@ async def test_a_live_node_name_cannot_be_taken_by_another_machine(cluster):
     clone = registration(cluster.node, boot_id="boot-9")
     clone.inventory.machine_id = "bbbb"
     with pytest.raises(WorkflowUpdateFailedError) as refused:
-        await node_handle(cluster).execute_update("register", clone)
+        await node_handle(cluster).execute_update(NodeWorkflow.register, clone)
     assert "live on another machine (rack1-07)" in str(refused.value.cause)
 
 
 async def test_an_expected_node_waits_with_its_labels_until_its_agent_registers(cluster):
-    await add_node(cluster.client, NodeAdd(name=cluster.node, labels={"rack": "r1", "tier": "a"}))
+    labels = {"rack": "r1", "tier": "a"}
+    await add_node(cluster.client, NodeAdd(name=cluster.node, labels=labels), cluster.task_queue)
     cluster.started.append(node_handle(cluster))
 
     async def awaiting() -> bool:
@@ -160,7 +165,7 @@ async def test_an_expected_node_waits_with_its_labels_until_its_agent_registers(
 
     await eventually(awaiting)
     with pytest.raises(ApplicationError) as refused:
-        await update_ledger(cluster.client, "place", placement(), Allocation)
+        await allocate(cluster.client, placement())
     assert f"{cluster.node}: node is awaiting" in refused.value.message
 
     await register(
@@ -176,7 +181,7 @@ async def test_cordon_keeps_new_replicas_away_until_uncordon(cluster):
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     handle = node_handle(cluster)
 
-    await handle.signal("cordon", NodeCommand(reason="disk swap"))
+    await handle.signal(NodeWorkflow.cordon, NodeCommand(reason="disk swap"))
 
     async def cordoned() -> bool:
         record = await ledger_record(cluster)
@@ -184,19 +189,19 @@ async def test_cordon_keeps_new_replicas_away_until_uncordon(cluster):
 
     await eventually(cordoned)
     with pytest.raises(ApplicationError) as refused:
-        await update_ledger(cluster.client, "place", placement(), Allocation)
+        await allocate(cluster.client, placement())
     assert f"{cluster.node}: node is cordoned (disk swap)" in refused.value.message
 
-    await handle.signal("uncordon", NodeCommand())
+    await handle.signal(NodeWorkflow.uncordon, NodeCommand())
 
     async def uncordoned() -> bool:
         return not await cordoned()
 
     await eventually(uncordoned)
-    allocation = await update_ledger(cluster.client, "place", placement(), Allocation)
+    allocation = await allocate(cluster.client, placement())
     assert allocation.node == cluster.node
     release = ReleaseRequest(replica_id=allocation.replica_id)
-    await update_ledger(cluster.client, "release", release, LedgerAck)
+    await update_ledger(cluster.client, ClusterLedgerWorkflow.release, release)
 
 
 async def test_drain_moves_each_replica_after_its_successor_serves(cluster):
@@ -206,7 +211,7 @@ async def test_drain_moves_each_replica_after_its_successor_serves(cluster):
     old, successor = replica_id(model, 0), replica_id(model, 1)
 
     async with second_node(cluster) as other:
-        await node_handle(cluster).signal("drain", NodeCommand(reason="kernel update"))
+        await node_handle(cluster).signal(NodeWorkflow.drain, NodeCommand(reason="kernel update"))
         await wait_route(cluster, successor, ReplicaState.READY, other.node)
         await released(cluster, old)
         # The old engine was stopped on its node, after draining its requests.
@@ -218,14 +223,15 @@ async def test_drain_moves_each_replica_after_its_successor_serves(cluster):
 
         await eventually(drained, timeout=30)
         record = await ledger_record(cluster)
-        assert record.cordoned and record.state == NodeState.READY
+        assert record.cordoned
+        assert record.state == NodeState.READY
     await record_history(node_handle(cluster), "NodeDrained")
 
 
 async def served_route(cluster: Cluster, rid: str) -> Route | None:
     """The replica's route as gateways read it (the routing-table query), not as stored."""
     table = await cluster.client.get_workflow_handle(LEDGER_WORKFLOW_ID).query(
-        "routing_table", RoutingTableRequest(), result_type=RoutingTable
+        ClusterLedgerWorkflow.routing_table, RoutingTableRequest()
     )
     return next((r for r in table.routes if r.replica_id == rid), None)
 
@@ -253,7 +259,7 @@ async def test_an_unreachable_node_keeps_its_replicas_and_serves_again_when_hear
         assert replica_id(model, 1) not in state.allocations
 
         # The partition heals: the same replica serves again, with nothing restarted.
-        await node_handle(cluster).signal("heartbeat", NodeHeartbeat(boot_id="boot-1"))
+        await node_handle(cluster).signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
         await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
 
         async def serving() -> bool:
@@ -289,9 +295,10 @@ async def test_remove_takes_the_node_out_and_moves_its_replicas(cluster):
     successor = replica_id(model, 1)
 
     async with second_node(cluster) as other:
-        await node_handle(cluster).signal("remove", NodeCommand(reason="decommissioned"))
-        view = await node_handle(cluster).result()
-        assert view is not None and view.record.state == NodeState.REMOVED
+        await node_handle(cluster).signal(NodeWorkflow.remove, NodeCommand(reason="decommissioned"))
+        view = await finished(cluster.client, node_handle(cluster).id, NodeView)
+        assert view is not None
+        assert view.record.state == NodeState.REMOVED
         assert cluster.node not in (await cluster.ledger()).nodes
         await wait_route(cluster, successor, ReplicaState.READY, other.node)
         await released(cluster, replica_id(model, 0))
@@ -318,7 +325,7 @@ async def test_the_refresh_schedule_publishes_a_changed_machine_and_a_broken_eng
     assert record.engines["llamacpp"].detail == "ldd: libgomp.so.1 => not found"
     assert (cluster.agent.discoveries, cluster.agent.verifications) == (1, 1)
     with pytest.raises(ApplicationError) as refused:
-        await update_ledger(cluster.client, "place", placement(), Allocation)
+        await allocate(cluster.client, placement())
     assert f"{cluster.node}: llamacpp failed: ldd: libgomp.so.1" in refused.value.message
 
 
@@ -333,7 +340,7 @@ async def test_scheduled_onboarding_expects_every_node_in_the_file(cluster, serv
     server_config.write_text(f"nodes_file: {nodes_file}\n")
     try:
         run = await cluster.start(ScheduledOnboardingWorkflow.run, id=unique("fleet-onboarding"))
-        assert (await run.result()).names == names
+        assert (await finished(cluster.client, run.id, NodeNames)).names == names
         await record_history(run, "ScheduledOnboarding")
     finally:
         server_config.write_text("")
@@ -342,7 +349,41 @@ async def test_scheduled_onboarding_expects_every_node_in_the_file(cluster, serv
     assert state.nodes[names[0]].labels == {"rack": "r2"}
     assert state.nodes[names[0]].inventory.address == "10.0.0.5"
     for name in names:
-        await cluster.client.get_workflow_handle(f"node:{name}").signal("remove", NodeCommand())
+        await cluster.client.get_workflow_handle(f"node:{name}").signal(
+            NodeWorkflow.remove, NodeCommand()
+        )
+
+
+async def test_onboarding_a_long_list_continues_as_new_and_adds_every_node(
+    cluster, server_config, monkeypatch
+):
+    # More nodes than one batch, and a history budget a batch exceeds: the run must continue
+    # as new with the nodes still to add, as it would at 10,000 nodes.
+    names = [unique("many") for _ in range(SIGNAL_BATCH + 20)]
+    nodes_file = server_config.parent / "many-nodes.yaml"
+    nodes_file.write_text("nodes:\n" + "".join(f"  - {{name: {n}}}\n" for n in names))
+    server_config.write_text(f"nodes_file: {nodes_file}\n")
+    monkeypatch.setattr(history_budget, "FORCE_EVERY_EVENTS", 20)
+    try:
+        run = await cluster.start(ScheduledOnboardingWorkflow.run, id=unique("fleet-onboarding"))
+        assert (await finished(cluster.client, run.id, NodeNames)).names == names
+        histories = await run_histories(cluster.client, run.id)
+        await record_history(run, "ScheduledOnboardingContinued")
+
+        async def all_awaiting() -> bool:
+            # Each node's workflow enters itself in the ledger after it starts: a moment after
+            # the onboarding run returns.
+            nodes = (await cluster.ledger()).nodes
+            return all(n in nodes and nodes[n].state == NodeState.AWAITING for n in names)
+
+        await eventually(all_awaiting, timeout=60)
+    finally:
+        server_config.write_text("")
+        for name in names:
+            with contextlib.suppress(RPCError):  # a workflow that never started
+                handle = cluster.client.get_workflow_handle(f"node:{name}")
+                await handle.signal(NodeWorkflow.remove, NodeCommand())
+    assert len(histories) == 2, "did not continue as new after a batch"
 
 
 async def test_a_broken_nodes_file_fails_the_run_naming_the_field(cluster, server_config):

@@ -22,7 +22,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from tests.history_reading import node_states_published
-from tests.workflows.conftest import binary, eventually, record_history, unique
+from tests.workflows.conftest import (
+    binary,
+    eventually,
+    record_history,
+    signals_handled,
+    unique,
+)
 from tests.workflows.fake_agent import FakeAgent
 from workers.agent import register
 from workers.control import control_activities, ensure_ledger
@@ -31,6 +37,7 @@ from workers.registry import CONTROL_WORKFLOWS
 from workers.search_attributes import ensure_search_attributes
 from workflows.contracts import NodeHeartbeat, NodeInventory, NodeRegistration, NodeState
 from workflows.names import CONTROL_TASK_QUEUE, node_task_queue, node_workflow_id
+from workflows.node import NodeWorkflow
 
 GRACE_S = 3.0
 GONE_S = 6.0
@@ -62,8 +69,8 @@ async def dev_server(tmp_path: Path) -> AsyncIterator[tuple[subprocess.Popen[byt
                     f"127.0.0.1:{port}", data_converter=pydantic_data_converter
                 )
                 break
-            except Exception:
-                await asyncio.sleep(0.2)
+            except Exception:  # noqa: BLE001 - whatever connect raises before the server listens
+                await asyncio.sleep(0.2)  # not listening yet: try again
         assert client is not None, "the dev server did not start"
         yield server, client
     finally:
@@ -78,10 +85,12 @@ async def heartbeat_like_the_agent(client: Client, node: str, boot_id: str) -> N
     while True:
         try:
             await handle.signal(
-                "heartbeat", NodeHeartbeat(boot_id=boot_id), rpc_timeout=timedelta(seconds=1)
+                NodeWorkflow.heartbeat,
+                NodeHeartbeat(boot_id=boot_id),
+                rpc_timeout=timedelta(seconds=1),
             )
-            await asyncio.sleep(1.0)
-        except Exception:
+            await asyncio.sleep(1.0)  # the agent's cadence
+        except Exception:  # noqa: BLE001 - like the agent's loop, any failed beat is retried
             await asyncio.sleep(0.5)
 
 
@@ -120,8 +129,16 @@ async def test_a_frozen_control_plane_costs_no_node_its_routes_or_replicas(dev_s
         await eventually(ready, timeout=30)
         beating = asyncio.create_task(heartbeat_like_the_agent(client, node, "boot-1"))
         try:
-            await asyncio.sleep(GRACE_S)  # a few heartbeats land first
+
+            async def heartbeats_landed() -> bool:
+                _, handled = await signals_handled(client, node_workflow_id(node), "heartbeat")
+                return handled >= 2
+
+            heartbeats_landed.__doc__ = "a few heartbeats landed before the freeze"
+            await eventually(heartbeats_landed, timeout=30)
             os.kill(server.pid, signal.SIGSTOP)
+            # Sleeps on purpose from here: the freeze lasts this long in real time (the dev
+            # server's clock runs on), and then nothing must happen to the node.
             await asyncio.sleep(FREEZE_S)
             os.kill(server.pid, signal.SIGCONT)
             # Long enough for every overdue timer to fire and a grace to pass again.
@@ -134,7 +151,8 @@ async def test_a_frozen_control_plane_costs_no_node_its_routes_or_replicas(dev_s
 
         # Not even for a moment: every state the node workflow ever published to the ledger.
         published = await node_states_published(client, node)
-        assert published and set(published) == {NodeState.READY.value}, published
+        assert published, "the node published no state"
+        assert set(published) == {NodeState.READY.value}, published
 
         # Silence while the control plane is up still counts: the node goes unreachable, then
         # lost.

@@ -7,19 +7,17 @@ import base64
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.service import RPCError
 
-from activities.ledger_calls import update_ledger
-from tests.workflows.conftest import Cluster, eventually, unique
+from activities.control.ledger_calls import update_ledger
+from tests.workflows.conftest import Cluster, ask, eventually, finished, unique
 from workflows.contracts import (
     EngineExit,
     EngineState,
     EngineStatus,
-    LedgerAck,
+    KvSource,
     ModelSpec,
     NodeInventory,
     NodeRecord,
@@ -29,8 +27,9 @@ from workflows.contracts import (
     ReplicaView,
     StopReplica,
 )
+from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import replica_id, replica_workflow_id
-from workflows.replica import ReplicaWorkflow, restart_backoff
+from workflows.replica import ReplicaWorkflow
 
 
 def spec(cores: int = 2) -> ModelSpec:
@@ -48,14 +47,8 @@ async def start_replica(cluster: Cluster, model: ModelSpec):
 
 
 async def describe(handle: WorkflowHandle[Any, Any]) -> ReplicaView:
-    """The replica's view. A query that lands while a run continues as new can time out on the
-    time-skipping server (the new run's first task is not taken yet): ask again."""
-    for _ in range(5):
-        with contextlib.suppress(RPCError):
-            return await handle.query(
-                "describe", result_type=ReplicaView, rpc_timeout=timedelta(seconds=5)
-            )
-    view: ReplicaView = await handle.query("describe", result_type=ReplicaView)
+    """The replica's view, asked again while a run continues as new (conftest.ask)."""
+    view: ReplicaView = await ask(handle, ReplicaWorkflow.describe)
     return view
 
 
@@ -77,7 +70,7 @@ async def stop_and_wait(handle: WorkflowHandle[Any, Any]) -> ReplicaView:
     """Stop the replica and wait until it has released, in real time: skipping time while the
     stand-in agent drains let the time-skipping server jump years ahead, past every workflow's
     default timeout."""
-    await handle.signal("stop", StopReplica())
+    await handle.signal(ReplicaWorkflow.stop, StopReplica())
 
     async def stopped() -> bool:
         return (await describe(handle)).state == ReplicaState.STOPPED
@@ -128,7 +121,7 @@ async def put_node(
             )
         },
     )
-    await update_ledger(client, "upsert_node", record, LedgerAck)
+    await update_ledger(client, ClusterLedgerWorkflow.upsert_node, record)
 
 
 async def test_replica_becomes_routable_restarts_after_exit_and_releases_on_stop(cluster):
@@ -148,20 +141,46 @@ async def test_replica_becomes_routable_restarts_after_exit_and_releases_on_stop
     cluster.agent.kill(rid)
 
     async def restarted_and_ready() -> bool:
-        view = await handle.query("describe", result_type=ReplicaView)
+        view = await handle.query(ReplicaWorkflow.describe)
         return view.restarts == 1 and view.state == ReplicaState.READY
 
     await eventually(restarted_and_ready)
     assert cluster.agent.launches == [rid, rid]
     assert (await cluster.ledger()).allocations[rid].port == alloc.port  # restarted in place
 
-    await handle.signal("stop", StopReplica(reason="scaled down"))
-    view = await handle.result()
+    await handle.signal(ReplicaWorkflow.stop, StopReplica(reason="scaled down"))
+    view = await finished(cluster.client, handle.id, ReplicaView)
     assert view.state == ReplicaState.STOPPED
     assert cluster.agent.stops == [rid]
     assert cluster.agent.running() == []
     state = await cluster.ledger()
-    assert rid not in state.allocations and rid not in state.routes
+    assert rid not in state.allocations
+    assert rid not in state.routes
+
+
+async def test_a_replica_publishing_kv_events_routes_with_where_to_read_them(cluster):
+    # What the agent reports at launch is what gateways read to route by the engine's cache,
+    # and it stays on the route through a restart of the engine.
+    await cluster.add_node()
+    kv = KvSource(feed="http://127.0.0.1:8003", block_size=32, hash_seed="0")
+    cluster.agent.kv = kv
+    rid, handle = await start_replica(cluster, spec())
+
+    async def ready_with(expected: KvSource | None, restarts: int) -> bool:
+        route = await cluster.route(rid)
+        view = await describe(handle)
+        return (
+            route is not None
+            and route.state == ReplicaState.READY
+            and view.restarts == restarts
+            and route.kv == expected
+        )
+
+    await eventually(lambda: ready_with(kv, 0))
+    # Relaunched by an agent whose feed is off: the route says so, and gateways stop using it.
+    cluster.agent.kv = None
+    cluster.agent.kill(rid)
+    await eventually(lambda: ready_with(None, 1))
 
 
 async def test_replica_waits_for_a_node_and_says_why(cluster):
@@ -169,14 +188,16 @@ async def test_replica_waits_for_a_node_and_says_why(cluster):
     rid, handle = await start_replica(cluster, spec())
 
     async def pending_with_reason() -> bool:
-        view = await handle.query("describe", result_type=ReplicaView)
+        view = await handle.query(ReplicaWorkflow.describe)
         return view.state == ReplicaState.PENDING and "llamacpp installing" in view.detail
 
     await eventually(pending_with_reason)
     assert cluster.agent.launches == []
     listed = await cluster.route(rid)  # what `llmgw status` and the gateway see
-    assert listed is not None and listed.state == ReplicaState.PENDING
-    assert "llamacpp installing" in listed.detail and listed.endpoint == ""
+    assert listed is not None
+    assert listed.state == ReplicaState.PENDING
+    assert "llamacpp installing" in listed.detail
+    assert listed.endpoint == ""
 
     await cluster.add_node(engine_state=EngineState.INSTALLED)
 
@@ -185,8 +206,8 @@ async def test_replica_waits_for_a_node_and_says_why(cluster):
         return route is not None and route.state == ReplicaState.READY
 
     await eventually(ready, timeout=60)
-    await handle.signal("stop", StopReplica())
-    await handle.result()
+    await handle.signal(ReplicaWorkflow.stop, StopReplica())
+    await finished(cluster.client, handle.id)
 
 
 async def test_engine_exit_reported_by_a_restarted_agent_restarts_the_engine(cluster):
@@ -194,26 +215,21 @@ async def test_engine_exit_reported_by_a_restarted_agent_restarts_the_engine(clu
     rid, handle = await start_replica(cluster, spec())
 
     async def ready() -> bool:
-        view = await handle.query("describe", result_type=ReplicaView)
+        view = await handle.query(ReplicaWorkflow.describe)
         return view.state == ReplicaState.READY
 
     await eventually(ready)
     # What an agent does at boot for an engine it finds dead: a signal, not a supervise result.
     cluster.agent.vanish(rid)
-    await handle.signal("engine_exited", EngineExit(replica_id=rid, reason="found dead at boot"))
+    await handle.signal(
+        ReplicaWorkflow.engine_exited, EngineExit(replica_id=rid, reason="found dead at boot")
+    )
 
     async def restarted() -> bool:
-        view = await handle.query("describe", result_type=ReplicaView)
+        view = await handle.query(ReplicaWorkflow.describe)
         return view.restarts == 1 and view.state == ReplicaState.READY
 
     await eventually(restarted)
     assert cluster.agent.launches == [rid, rid]
-    await handle.signal("stop", StopReplica())
-    await handle.result()
-
-
-def test_restart_backoff_doubles_and_caps():
-    assert [restart_backoff(n).total_seconds() for n in (1, 2, 3, 4)] == [1, 2, 4, 8]
-    assert restart_backoff(30).total_seconds() == 60
-    # A crash loop that runs for days (the count only resets after a long run) stays capped.
-    assert restart_backoff(10_000).total_seconds() == 60
+    await handle.signal(ReplicaWorkflow.stop, StopReplica())
+    await finished(cluster.client, handle.id)

@@ -2,11 +2,9 @@
 until the engine is known stopped or the node is gone, and moves off a node it keeps failing
 on, saying why."""
 
-import asyncio
-
 from temporalio.worker import Worker
 
-from tests.workflows.conftest import eventually, record_history, unique
+from tests.workflows.conftest import eventually, finished, record_history, unique
 from tests.workflows.fake_agent import FakeAgent
 from tests.workflows.test_replica import (
     describe,
@@ -16,8 +14,9 @@ from tests.workflows.test_replica import (
     start_replica,
     stop_and_wait,
 )
-from workflows.contracts import NodeState, ReplicaState, StopReplica
+from workflows.contracts import NodeState, ReplicaState, ReplicaView, StopReplica
 from workflows.names import node_task_queue
+from workflows.replica import ReplicaWorkflow
 
 
 async def test_a_replica_whose_agent_is_gone_stops_when_told_and_frees_only_once_the_node_is_gone(
@@ -33,7 +32,7 @@ async def test_a_replica_whose_agent_is_gone_stops_when_told_and_frees_only_once
             return view.state == ReplicaState.STARTING and view.node == ghost
 
         await eventually(launching)
-        await handle.signal("stop", StopReplica(reason="model removed"))
+        await handle.signal(ReplicaWorkflow.stop, StopReplica(reason="model removed"))
 
         # The launch nobody will ever take does not hold the stop up (real time: nothing skips).
         async def stopping() -> bool:
@@ -48,13 +47,14 @@ async def test_a_replica_whose_agent_is_gone_stops_when_told_and_frees_only_once
 
         # The node is declared gone (what its model then sends): the stop waits no longer.
         await put_node(cluster.client, ghost, state=NodeState.LOST)
-        await handle.signal("stop", StopReplica(reason="node lost", engine_gone=True))
+        await handle.signal(ReplicaWorkflow.stop, StopReplica(reason="node lost", engine_gone=True))
         async with skipping_time(handle):
-            view = await asyncio.wait_for(handle.result(), 20)
+            view = await finished(cluster.client, handle.id, ReplicaView, timeout=20)
         await record_history(handle, "ReplicaStoppedOnAgentlessNode")
         assert view.state == ReplicaState.STOPPED
         state = await cluster.ledger()
-        assert rid not in state.allocations and rid not in state.routes
+        assert rid not in state.allocations
+        assert rid not in state.routes
     finally:
         await put_node(cluster.client, ghost, state=NodeState.REMOVED)
 
@@ -67,14 +67,16 @@ async def test_a_stop_for_a_node_declared_gone_still_reaches_an_agent_that_answe
         return (await describe(handle)).state == ReplicaState.READY
 
     await eventually(ready)
-    await handle.signal("stop", StopReplica(reason="node lost", engine_gone=True))
+    await handle.signal(ReplicaWorkflow.stop, StopReplica(reason="node lost", engine_gone=True))
     async with skipping_time(handle):
-        view = await handle.result()
+        view = await finished(cluster.client, handle.id, ReplicaView)
     await record_history(handle, "ReplicaStoppedOnGoneNode")
     assert view.state == ReplicaState.STOPPED
-    assert cluster.agent.stops == [rid] and cluster.agent.running() == []
+    assert cluster.agent.stops == [rid]
+    assert cluster.agent.running() == []
     state = await cluster.ledger()
-    assert rid not in state.allocations and rid not in state.routes
+    assert rid not in state.allocations
+    assert rid not in state.routes
 
 
 async def test_a_replica_failing_on_one_node_moves_to_another_and_says_why(cluster, env):
@@ -101,14 +103,16 @@ async def test_a_replica_failing_on_one_node_moves_to_another_and_says_why(clust
             )
             assert view.restarts == 5
             assert cluster.agent.launches == [rid] * 5
-            assert rid in cluster.agent.stops and cluster.agent.running() == []
+            assert rid in cluster.agent.stops
+            assert cluster.agent.running() == []
             assert (await cluster.ledger()).allocations[rid].node == other
 
             await stop_and_wait(handle)
             await record_history(handle, "ReplicaMovedAfterCrashes")
             assert healthy.running() == []
             state = await cluster.ledger()
-            assert rid not in state.allocations and rid not in state.routes
+            assert rid not in state.allocations
+            assert rid not in state.routes
         finally:
             await put_node(cluster.client, other, state=NodeState.REMOVED)
 
@@ -128,7 +132,8 @@ async def test_a_port_another_program_holds_is_skipped_not_crash_looped(cluster)
     view = await describe(handle)
     assert view.restarts == 0, "a port held by someone else is no crash"
     port = (await cluster.ledger()).allocations[rid].port
-    assert port != 18000 and cluster.agent.launch_ports == [18000, port]
+    assert port != 18000
+    assert cluster.agent.launch_ports == [18000, port]
     assert cluster.agent.running() == [rid]
     await stop_and_wait(handle)
     assert cluster.agent.running() == []

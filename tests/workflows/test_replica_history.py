@@ -4,8 +4,8 @@ node's refusal nor engine output."""
 
 import json
 
-from activities.ledger_calls import update_ledger
-from tests.workflows.conftest import eventually, record_history, unique
+from activities.control.ledger_calls import update_ledger
+from tests.workflows.conftest import eventually, finished, record_history, unique
 from tests.workflows.test_replica import (
     decoded,
     describe,
@@ -19,14 +19,15 @@ from tests.workflows.test_replica import (
 from workflows import history_budget
 from workflows.contracts import (
     EngineState,
-    LedgerAck,
     NodeInventory,
     NodeRecord,
     NodeState,
     ReplicaState,
     StopReplica,
 )
+from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import LEDGER_WORKFLOW_ID
+from workflows.replica import ReplicaWorkflow
 
 # A run's events: the forced limit, plus what the engine cycles (about 50 events each) and a
 # move off the node (about 35) between two safe points add.
@@ -64,11 +65,13 @@ async def test_a_crash_looping_replica_continues_as_new_keeps_counting_and_still
     await record_history(handle, "ReplicaCrashLoopContinued")
 
     # A crash loop shows one short line, and moved off (back onto) its only node.
-    assert len(mid_loop.detail) < 300 and "\n" not in mid_loop.detail
+    assert len(mid_loop.detail) < 300
+    assert "\n" not in mid_loop.detail
     assert view.moved.startswith(f"re-placed after 5 failures on {cluster.node}: engine exited")
     assert view.moved.endswith(f"no other node can take it: back on {cluster.node}")
     # Restarts were counted across runs, and each run stayed small.
-    assert view.state == ReplicaState.STOPPED and view.restarts >= 7
+    assert view.state == ReplicaState.STOPPED
+    assert view.restarts >= 7
     histories = await run_histories(cluster.client, handle.id)
     assert len(histories) >= 3, "the loop never continued as new"
     assert sum(len(events) for events in histories) > 2 * RUN_BOUND
@@ -77,7 +80,8 @@ async def test_a_crash_looping_replica_continues_as_new_keeps_counting_and_still
     # The stop still reached the engine and released everything.
     assert cluster.agent.running() == []
     state = await cluster.ledger()
-    assert rid not in state.allocations and rid not in state.routes
+    assert rid not in state.allocations
+    assert rid not in state.routes
 
 
 async def test_a_restarted_replica_continues_as_new_on_its_allocation_without_placing_again(
@@ -109,7 +113,8 @@ async def test_a_restarted_replica_continues_as_new_on_its_allocation_without_pl
     assert cluster.agent.launches == [rid] * 4
 
     view = await stop_and_wait(handle)
-    assert view.state == ReplicaState.STOPPED and view.restarts == 3
+    assert view.state == ReplicaState.STOPPED
+    assert view.restarts == 3
     await record_history(handle, "ReplicaRestartedContinued")
     # And a run that continued as new (the one before the last), with its patch marker.
     last = await handle.fetch_history()
@@ -119,7 +124,8 @@ async def test_a_restarted_replica_continues_as_new_on_its_allocation_without_pl
     )
     assert cluster.agent.running() == []
     state = await cluster.ledger()
-    assert rid not in state.allocations and rid not in state.routes
+    assert rid not in state.allocations
+    assert rid not in state.routes
 
 
 async def test_a_replica_waiting_for_room_continues_as_new_and_is_placed_once_there_is_room(
@@ -136,7 +142,8 @@ async def test_a_replica_waiting_for_room_continues_as_new_and_is_placed_once_th
 
         await eventually(continued_twice, timeout=60)
     route = await cluster.route(rid)
-    assert route is not None and route.state == ReplicaState.PENDING
+    assert route is not None
+    assert route.state == ReplicaState.PENDING
     assert route.detail.startswith("no node can take it: ")
     assert f"{cluster.node}: llamacpp installing" in route.detail
     assert cluster.agent.launches == []
@@ -149,12 +156,13 @@ async def test_a_replica_waiting_for_room_continues_as_new_and_is_placed_once_th
             return view.state == ReplicaState.READY
 
         await eventually(ready, timeout=60)
-        await handle.signal("stop", StopReplica())
-        await handle.result()
+        await handle.signal(ReplicaWorkflow.stop, StopReplica())
+        await finished(cluster.client, handle.id)
     await record_history(handle, "ReplicaWaitedContinued")
     assert cluster.agent.launches == [rid]
     state = await cluster.ledger()
-    assert rid not in state.allocations and rid not in state.routes
+    assert rid not in state.allocations
+    assert rid not in state.routes
 
 
 async def test_a_refused_placement_records_a_summary_not_every_nodes_reason(cluster):
@@ -170,7 +178,8 @@ async def test_a_refused_placement_records_a_summary_not_every_nodes_reason(clus
 
         await eventually(pending)
         route = await cluster.route(rid)
-        assert route is not None and route.detail == (await describe(handle)).detail
+        assert route is not None
+        assert route.detail == (await describe(handle)).detail
         assert len(route.detail) <= 600
 
         replica_text = decoded((await handle.fetch_history()).to_json_dict())
@@ -186,9 +195,9 @@ async def test_a_refused_placement_records_a_summary_not_every_nodes_reason(clus
         about_it = [text for text in answers if rid in text]
         assert about_it, "the ledger answered no placement of this replica"
         assert not [name for name in full for text in about_it if name in text]
-        await handle.signal("stop", StopReplica())
-        await handle.result()
+        await handle.signal(ReplicaWorkflow.stop, StopReplica())
+        await finished(cluster.client, handle.id)
     finally:
         for name in full:
             record = NodeRecord(inventory=NodeInventory(name=name), state=NodeState.REMOVED)
-            await update_ledger(cluster.client, "upsert_node", record, LedgerAck)
+            await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)

@@ -1,8 +1,8 @@
 """Which nodes a multi-node replica can span: one NVLink domain, else one InfiniBand fabric,
-else RoCE. Never a mix: NCCL is told one fabric per replica (activities/nccl_env.py), and a
+else RoCE. Never a mix: NCCL is told one fabric per replica (engines/nccl_env.py), and a
 shard that cannot reach its peers on it hangs instead of failing.
 
-The same rules as activities/nccl_env.py, restated here because workflows import nothing from
+The same rules as engines/nccl_env.py, restated here because workflows import nothing from
 activities; placement is stricter about NVLink (every card joined, IMEX up with a channel).
 """
 

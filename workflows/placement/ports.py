@@ -1,7 +1,9 @@
 """Which ports a shard binds, all handed out from its node's range (NodeRecord.port_min..max):
 the engine's HTTP port, and on a leader the rendezvous point of a multi-node replica (vLLM's
---master-port, the Ray head, SGLang's --dist-init-addr) and vLLM's KV-event publisher and
-replay ports. Ports an agent found held by a process outside llmgw are skipped."""
+--master-port, the Ray head, SGLang's --dist-init-addr), vLLM's KV-event publisher and replay
+ports, and the loopback port a TensorRT-LLM leader's trtllm-serve listens on behind its key guard
+(engines/trtllm.py: the guard holds the HTTP port). Ports an agent found held by a process
+outside llmgw are skipped."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from workflows.contracts import NodeRecord, Profile
 RENDEZVOUS = "rendezvous"
 KV_PUB = "kv_pub"
 KV_REPLAY = "kv_replay"
+ENGINE_INNER = "engine_inner"
 
 
 def extra_port_names(profile: Profile, rank: int) -> list[str]:
@@ -21,6 +24,8 @@ def extra_port_names(profile: Profile, rank: int) -> list[str]:
     names = [RENDEZVOUS] if profile.nodes > 1 else []
     if profile.kv_events and profile.engine == "vllm":
         names += [KV_PUB, KV_REPLAY]
+    if profile.engine == "trtllm":
+        names.append(ENGINE_INNER)  # trtllm-serve on loopback; its key guard has the HTTP port
     return names
 
 

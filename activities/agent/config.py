@@ -1,0 +1,50 @@
+"""What the node agent is started with: its node and address, where it keeps its state, its
+node secret, the engine binaries an operator configured, and its KV feed's port."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engines.adapter import InstallPlace
+from engines.install_llamacpp import nvidia_driver_loaded
+
+
+@dataclass
+class AgentConfig:
+    node: str
+    address: str
+    state_dir: Path
+    cache_dir: Path
+    node_secret: bytes = field(repr=False)
+    # engine name -> an operator-provided binary used instead of an installed one.
+    engine_paths: dict[str, str] = field(default_factory=dict)
+    supervise_poll_s: float = 2.0
+    ready_poll_s: float = 0.5
+    stop_grace_s: float = 10.0
+    # Whether an NVIDIA driver is loaded here; None: look in /proc when asked.
+    nvidia: bool | None = None
+    # The port of this agent's KV feed (kv_feed_server.py) on `address`; 0: no feed, and
+    # launches report no KV source, so gateways route those replicas by their own index.
+    kv_feed_port: int = 0
+
+    @property
+    def has_nvidia(self) -> bool:
+        return nvidia_driver_loaded() if self.nvidia is None else self.nvidia
+
+    @property
+    def engines_root(self) -> Path:
+        return self.state_dir / "engines"
+
+    @property
+    def install_place(self) -> InstallPlace:
+        return InstallPlace(self.engines_root, self.cache_dir, self.has_nvidia)
+
+    @property
+    def agent_dir(self) -> Path:
+        return self.state_dir / "agent" / self.node
+
+    @property
+    def secrets_dir(self) -> Path:
+        """Secrets engines' env references by name (activities/agent/node_secrets.py)."""
+        return self.agent_dir / "secrets"

@@ -1,0 +1,462 @@
+"""Engine processes that outlive the agent: start, adopt, watch and stop them.
+
+Each engine runs in its own session (so its process group holds every worker it forks, and an
+agent restart or a Ctrl-C on the agent's terminal does not reach it) and writes its output
+straight to a log file (so nothing breaks when the agent that started it is gone). A spec file
+per replica describes the process well enough for a restarted agent to adopt it, and to refuse
+a pid that has since been reused by something else.
+
+One engine per replica, whatever the retries: every launch and stop of a replica holds its lock
+(replica_lock.py: across threads, so an attempt that timed out but still runs in its
+thread blocks the retry, and across agent processes). The spec is written as a "launching"
+record before the process starts, naming a launch id the engine gets in its environment, and
+completed with its pid right after. A launching record found later means the attempt that wrote
+it died in between: its engine, if it started, is found by that id and adopted (it is exactly
+what this launch would start, and killing it would only cost a load), else the record is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from activities.agent import procfs
+from activities.agent.exit_reason import error_line
+from activities.agent.replica_lock import ReplicaBusy, replica_lock
+from engines.adapter import KvPublisher
+from workflows.contracts import EngineExit, LaunchResult, StopResult
+
+__all__ = ["LAUNCH_ID_ENV", "ReplicaBusy", "ShardSpec", "ShardSupervisor", "describe_exit"]
+
+LOG_TAIL_BYTES = 4096
+# An engine's log is rotated once at (re)start when it has grown past this.
+LOG_ROTATE_BYTES = 16 * 1024 * 1024
+_KILL_WAIT_S = 5.0
+STOP_GRACE_S = 10.0
+# Every engine gets its launch's id here: how a launch that died before recording the pid finds
+# the process it started. Not a secret; unique per launch.
+LAUNCH_ID_ENV = "LLMGW_LAUNCH_ID"
+LAUNCHING = "launching"
+RUNNING = "running"
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    replica_id: str
+    workflow_id: str
+    pid: int
+    # /proc/<pid>/stat field 22: with the pid, the process's identity.
+    start_time: int
+    command: list[str]
+    fingerprint: str
+    port: int
+    log_path: str
+    started_at: str = ""
+    # The GPUs placement gave the shard: readiness checks each holds memory of its processes.
+    gpu_uuids: list[str] = field(default_factory=list)
+    # LAUNCHING: written before the process starts (pid 0); RUNNING: pid and start time known.
+    # Specs from before launch records have neither field, and are RUNNING.
+    phase: str = RUNNING
+    launch_id: str = ""
+    # Which engine runs (engines/registry.py): its metrics path, for the agent's load reading
+    # and drain. Empty in specs written before it was recorded: the default path.
+    engine: str = ""
+    # Where the engine publishes KV-cache events (engines/adapter.py's KvPublisher, as a dict),
+    # for the agent's subscriber; None when it publishes none, and in specs written before it
+    # was recorded (their engines are not subscribed to until they restart).
+    kv_publisher: dict[str, Any] | None = None
+
+    @property
+    def launching(self) -> bool:
+        return self.phase == LAUNCHING
+
+    def publisher(self) -> KvPublisher | None:
+        """The recorded KvPublisher; None when none is, or the record is not one."""
+        if not isinstance(self.kv_publisher, dict):
+            return None
+        try:
+            return KvPublisher(**self.kv_publisher)
+        except TypeError:
+            return None
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+def _launched_with(launch_id: str) -> list[procfs.ProcStat]:
+    """Live processes whose environment carries this launch id: the engine and its workers."""
+    mark = f"{LAUNCH_ID_ENV}={launch_id}".encode()
+    found = []
+    for entry in os.scandir(procfs.PROC):
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = Path(entry.path, "environ").read_bytes()
+        except OSError:
+            continue
+        if mark in environ.split(b"\0"):
+            stat = procfs.read_stat(int(entry.name))
+            if stat is not None and stat.running:
+                found.append(stat)
+    return found
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exited (exit code unknown: not a child of this agent)"
+    if code < 0:
+        return f"killed by {_signal_name(-code)}"
+    return f"exited with code {code}"
+
+
+class ShardSupervisor:
+    def __init__(self, shards_dir: Path, logs_dir: Path) -> None:
+        self._shards_dir = shards_dir
+        self._logs_dir = logs_dir
+        shards_dir.mkdir(parents=True, exist_ok=True)
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        # Processes this instance started: only these can be waited on for an exit code (and
+        # must be, or they linger as zombies). Adopted ones are watched through /proc.
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    # --- spec files ----------------------------------------------------------------------
+
+    def _spec_path(self, replica_id: str) -> Path:
+        if not replica_id or "/" in replica_id or replica_id.startswith("."):
+            raise ValueError(f"invalid replica id {replica_id!r}")
+        return self._shards_dir / f"{replica_id}.json"
+
+    def _lock(
+        self, replica_id: str, wait_s: float | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        path = self._spec_path(replica_id).with_suffix(".lock")
+        return replica_lock(path) if wait_s is None else replica_lock(path, wait_s)
+
+    def log_path(self, replica_id: str) -> Path:
+        self._spec_path(replica_id)  # same validation
+        return self._logs_dir / f"{replica_id}.log"
+
+    def read_spec(self, replica_id: str) -> ShardSpec | None:
+        return self._load(self._spec_path(replica_id))
+
+    @staticmethod
+    def _load(path: Path) -> ShardSpec | None:
+        try:
+            return ShardSpec(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _write_spec(self, spec: ShardSpec) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self._shards_dir, prefix=".spec-")
+        with os.fdopen(fd, "w") as out:
+            json.dump(asdict(spec), out, indent=2)
+        os.replace(tmp, self._spec_path(spec.replica_id))
+
+    def _remove_spec(self, replica_id: str) -> None:
+        self._spec_path(replica_id).unlink(missing_ok=True)
+
+    def shards(self) -> list[ShardSpec]:
+        specs = (self._load(p) for p in sorted(self._shards_dir.glob("*.json")))
+        return [s for s in specs if s is not None]
+
+    # --- liveness ------------------------------------------------------------------------
+
+    def _reap(self, replica_id: str) -> int | None:
+        """The exit code of our own child once it has exited (reaping it), else None."""
+        child = self._children.get(replica_id)
+        return None if child is None else child.poll()
+
+    def _running(self, spec: ShardSpec) -> bool:
+        self._reap(spec.replica_id)
+        return procfs.is_same_process_running(spec.pid, spec.start_time)
+
+    def is_alive(self, replica_id: str) -> bool:
+        spec = self.read_spec(replica_id)
+        return spec is not None and self._running(spec)
+
+    def dead_shards(self) -> list[ShardSpec]:
+        """Specs whose process is gone: engines that died while no agent was watching. A
+        launching record whose launch is still under way (its lock held) is left alone; one
+        whose launch died is settled first (adopted if its engine runs, else dropped)."""
+        dead = []
+        for spec in self.shards():
+            if spec.launching:
+                with contextlib.suppress(ReplicaBusy), self._lock(spec.replica_id, 0.0):
+                    self._settle(spec)
+                continue
+            if not self._running(spec):
+                dead.append(spec)
+        return dead
+
+    def log_tail(self, replica_id: str, max_bytes: int = LOG_TAIL_BYTES) -> str:
+        try:
+            with self.log_path(replica_id).open("rb") as log:
+                log.seek(0, os.SEEK_END)
+                size = log.tell()
+                log.seek(max(0, size - max_bytes))
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    # --- launch --------------------------------------------------------------------------
+
+    def launch(
+        self,
+        replica_id: str,
+        workflow_id: str,
+        command: list[str],
+        env: dict[str, str],
+        fingerprint: str,
+        port: int,
+        gpu_uuids: list[str] | None = None,
+        before_start: Callable[[], None] | None = None,
+        engine: str = "",
+        kv_publisher: KvPublisher | None = None,
+    ) -> LaunchResult:
+        """Start the engine, or adopt the one already running for this replica when it serves
+        the same profile on the same port. Calling it twice, at once or one after the other,
+        from two threads or two agents, never runs two engines. An adopted engine keeps the
+        KvPublisher its spec recorded when it was started.
+
+        A shard of several processes (sidecars, then the engine) is one `command` too: the
+        shard launcher, which leads the process group they all share.
+
+        `before_start` runs under the lock only when a process is about to start (not on an
+        adoption): a check that may refuse the start by raising.
+
+        Raises ReplicaBusy when another launch or stop of the replica holds it too long."""
+        with self._lock(replica_id):
+            existing = self.read_spec(replica_id)
+            if existing is not None and existing.launching:
+                existing = self._settle(existing)
+            if existing is not None:
+                same = existing.fingerprint == fingerprint and existing.port == port
+                if same and self._running(existing):
+                    return LaunchResult(pid=existing.pid, adopted=True, command=existing.command)
+                # An old profile: replace it rather than run both. A dead one: workers it
+                # forked may outlive it, holding memory the new engine needs.
+                self._stop_locked(existing, STOP_GRACE_S)
+            if before_start is not None:
+                before_start()
+            return self._start(
+                replica_id,
+                workflow_id,
+                command,
+                env,
+                fingerprint,
+                port,
+                list(gpu_uuids or []),
+                engine,
+                kv_publisher,
+            )
+
+    def _settle(self, spec: ShardSpec) -> ShardSpec | None:
+        """A launching record whose launch ended (the caller holds the lock) before the pid was
+        recorded: the engine it started, found by its launch id and recorded; or None, with the
+        record dropped, when nothing started (workers of a leader that died are killed)."""
+        procs = _launched_with(spec.launch_id) if spec.launch_id else []
+        leader = next((p for p in procs if p.pid == p.pgrp), None)
+        if leader is not None:
+            found = replace(spec, pid=leader.pid, start_time=leader.start_time, phase=RUNNING)
+            self._write_spec(found)
+            return found
+        for pgid in {p.pgrp for p in procs}:
+            self._signal_group(pgid, signal.SIGKILL)
+        self._remove_spec(spec.replica_id)
+        return None
+
+    def _open_log(self, replica_id: str, command: list[str]) -> int:
+        path = self.log_path(replica_id)
+        try:
+            if path.stat().st_size > LOG_ROTATE_BYTES:
+                os.replace(path, path.with_suffix(".log.1"))
+        except FileNotFoundError:
+            pass
+        # 0600: engine output can include prompts.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        os.write(fd, f"=== llmgw {stamp}: starting {command[0]} ===\n".encode())
+        return fd
+
+    def _start(
+        self,
+        replica_id: str,
+        workflow_id: str,
+        command: list[str],
+        env: dict[str, str],
+        fingerprint: str,
+        port: int,
+        gpu_uuids: list[str],
+        engine: str,
+        kv_publisher: KvPublisher | None,
+    ) -> LaunchResult:
+        launching = ShardSpec(
+            replica_id=replica_id,
+            workflow_id=workflow_id,
+            pid=0,
+            start_time=0,
+            command=list(command),
+            fingerprint=fingerprint,
+            port=port,
+            log_path=str(self.log_path(replica_id)),
+            gpu_uuids=gpu_uuids,
+            phase=LAUNCHING,
+            launch_id=uuid.uuid4().hex,
+            engine=engine,
+            kv_publisher=None if kv_publisher is None else asdict(kv_publisher),
+        )
+        # On disk before the process exists: an agent that dies from here on leaves a record
+        # the next launch settles, never an engine nobody knows of.
+        self._write_spec(launching)
+        log_fd = self._open_log(replica_id, command)
+        try:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=subprocess.STDOUT,
+                env={**env, LAUNCH_ID_ENV: launching.launch_id},
+                start_new_session=True,
+            )
+        except BaseException:
+            self._remove_spec(replica_id)  # nothing started
+            raise
+        finally:
+            os.close(log_fd)
+        self._children[replica_id] = proc
+        started = procfs.start_time(proc.pid)
+        if started is None:  # gone between exec and here; still recorded so its exit is seen
+            started = -1
+        self._write_spec(
+            replace(
+                launching,
+                pid=proc.pid,
+                start_time=started,
+                started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                phase=RUNNING,
+            )
+        )
+        return LaunchResult(pid=proc.pid, adopted=False, command=list(command))
+
+    # --- watch ---------------------------------------------------------------------------
+
+    def _ended(self, spec: ShardSpec, code: int | None, how: str = "") -> EngineExit:
+        """What the replica workflow is told: the exit and, unless it exited cleanly, one
+        redacted line of its log. The log itself stays on this node (its path is in the spec):
+        engine output can hold prompts, and this goes into workflow history."""
+        reason = f"engine process {spec.pid} {how or describe_exit(code)}"
+        if code != 0:
+            line = error_line(self.log_tail(spec.replica_id))
+            if line:
+                reason += f": {line}"
+        return EngineExit(replica_id=spec.replica_id, exit_code=code, reason=reason)
+
+    def ended_unwatched(self, spec: ShardSpec) -> EngineExit:
+        """For an engine found dead at boot: not our child, so its exit code is unknowable."""
+        return self._ended(spec, None, "ended while the agent was not running")
+
+    def _exit_of(self, spec: ShardSpec) -> EngineExit | None:
+        """EngineExit when the process has ended, None while it runs."""
+        child = self._children.get(spec.replica_id)
+        if child is not None and child.pid == spec.pid:
+            code = child.poll()
+            if code is None:
+                return None
+        elif procfs.is_same_process_running(spec.pid, spec.start_time):
+            return None
+        else:
+            code = None
+        return self._ended(spec, code)
+
+    async def wait_exit(
+        self, replica_id: str, heartbeat: Callable[[], None], poll_s: float = 1.0
+    ) -> EngineExit:
+        """Return once the replica's engine has ended (at once when none is running)."""
+        spec = self.read_spec(replica_id)
+        if spec is None or spec.launching:
+            # A launching record: the launch that wrote it did not return, so nothing here
+            # watches an engine the replica was told of.
+            return EngineExit(
+                replica_id=replica_id, reason="no engine process is recorded for this replica"
+            )
+        while True:
+            heartbeat()
+            ended = self._exit_of(spec)
+            if ended is not None:
+                return ended
+            await asyncio.sleep(poll_s)
+
+    # --- stop ----------------------------------------------------------------------------
+
+    def _wait_group_gone(self, spec: ShardSpec, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._reap(spec.replica_id)
+            if not procfs.group_members(spec.pid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+
+    @staticmethod
+    def _orphaned_workers(spec: ShardSpec) -> bool:
+        """The leader died but processes it forked still run in its group. The kernel never
+        hands out a pid still in use as a process group id, so while no other process holds
+        the leader's pid, that group is still the engine's."""
+        if spec.pid <= 0:
+            return False
+        leader = procfs.read_stat(spec.pid)
+        if leader is not None and leader.start_time != spec.start_time:
+            return False
+        return bool(procfs.group_members(spec.pid))
+
+    def stop(self, replica_id: str, grace_s: float = STOP_GRACE_S) -> StopResult:
+        """SIGTERM the engine's whole process group, SIGKILL what is left after `grace_s`."""
+        with self._lock(replica_id, grace_s + _KILL_WAIT_S + 30.0):
+            spec = self.read_spec(replica_id)
+            if spec is not None and spec.launching:
+                spec = self._settle(spec)
+            if spec is None:
+                return StopResult(replica_id=replica_id, was_running=False)
+            return self._stop_locked(spec, grace_s)
+
+    def _stop_locked(self, spec: ShardSpec, grace_s: float) -> StopResult:
+        replica_id = spec.replica_id
+        # Only a process proven to be ours (pid and start time) is signalled: a reused pid
+        # belongs to someone else, and its group with it.
+        was_running = self._running(spec)
+        if was_running:
+            self._signal_group(spec.pid, signal.SIGTERM)
+            if not self._wait_group_gone(spec, grace_s):
+                self._signal_group(spec.pid, signal.SIGKILL)
+                self._wait_group_gone(spec, _KILL_WAIT_S)
+        elif self._orphaned_workers(spec):
+            self._signal_group(spec.pid, signal.SIGKILL)
+            self._wait_group_gone(spec, _KILL_WAIT_S)
+        self._children.pop(replica_id, None)
+        self._remove_spec(replica_id)
+        return StopResult(replica_id=replica_id, was_running=was_running)
+
+    def stop_all(self, grace_s: float = STOP_GRACE_S) -> list[StopResult]:
+        return [self.stop(spec.replica_id, grace_s) for spec in self.shards()]

@@ -1,1 +1,0 @@
-"""Per-engine knowledge: command lines, environments and installers."""

@@ -1,0 +1,4 @@
+from bench.chaos.campaign import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,380 @@
+"""`llmgw bench gateway` (or `python -m bench.gateway`): what the gateway costs per
+request, side by side with the floor of one Python hop and with LiteLLM's proxy.
+
+A command, not a test. Four arms, each driven by the same load generator against the same
+stand-in upstream:
+
+  direct   the load generator straight to the stand-in;
+  hop      a bare aiohttp reverse proxy (hop.py): the floor of one Python hop;
+  llmgw    the real gateway app (target.py): auth, model allowlist, quota, routing, in-flight
+           counts, usage accounting and metrics all on, a SQLite store, served by uvicorn;
+  litellm  LiteLLM's proxy in config-file mode, no database (installed once into its own
+           virtual environment).
+
+The proxy under test runs alone on one core; the stand-in and the load generator share the
+other. Per arm: latency at concurrency 1 (added = less direct's), requests/s at concurrency 16
+and 64, SSE streams/s at concurrency 16 and their time to first chunk; each a warm-up then a
+fixed window. Also the proxy's CPU time per request (from /proc): on a machine shared with
+other work, the figure that moves least from run to run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import uvloop
+
+from bench.gateway import litellm_arm, report
+from bench.gateway.loadgen import LoadResult, build_request, run_load
+from bench.gateway.procs import (
+    Child,
+    Cores,
+    StartFailed,
+    cpu_seconds,
+    http_get,
+    http_post,
+    pin_self,
+    port_open,
+    wait_for_file,
+    wait_until,
+    work_directory,
+)
+from bench.gateway.stats import ArmFigures, ms, percentile
+from bench.gateway.target import KEY_FILENAME, LOOPS, MODEL
+from engines.local_port import free_port
+
+ARMS = ("direct", "hop", "llmgw", "litellm")
+PATH = "/v1/chat/completions"
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 30.0
+MESSAGES = [{"role": "user", "content": "Say hi."}]
+
+
+@dataclass(frozen=True)
+class Options:
+    arms: tuple[str, ...]
+    duration_s: float
+    warmup_s: float
+    chunks: int
+    gateway_loop: str
+    workdir: Path
+    # The LiteLLM executable, or why there is none.
+    litellm: Path | str = "not installed"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where an arm listens, how to authenticate, and the process to account CPU to."""
+
+    port: int
+    authorization: str
+    pid: int | None
+
+
+def _module(name: str) -> list[str]:
+    return [sys.executable, "-m", f"bench.gateway.{name}"]
+
+
+@contextmanager
+def _serving(arm: str, options: Options, cores: Cores, upstream: str) -> Iterator[Endpoint]:
+    """Start the arm's proxy on the proxy core; stop it on the way out."""
+    upstream_port = int(upstream.rpartition(":")[2])
+    if arm == "direct":
+        yield Endpoint(upstream_port, "Bearer bench", None)
+        return
+    port = free_port()
+    child: Child
+    if arm == "hop":
+        argv = [*_module("hop"), "--port", str(port), "--upstream", upstream]
+        child = Child("hop", argv, options.workdir / "hop.log", cores.proxy)
+        auth = "Bearer bench"
+    elif arm == "llmgw":
+        state_dir = options.workdir / "llmgw-state"
+        argv = [
+            *_module("target"),
+            *("--port", str(port), "--upstream", upstream),
+            *("--state-dir", str(state_dir), "--loop", options.gateway_loop),
+        ]
+        child = Child("llmgw", argv, options.workdir / "llmgw.log", cores.proxy)
+        auth = ""
+    elif arm == "litellm":
+        if isinstance(options.litellm, str):
+            raise litellm_arm.Unavailable(options.litellm)
+        exe = options.litellm
+        print("starting LiteLLM (slow to start)", file=sys.stderr)
+        child = litellm_arm.start(exe, upstream, port, options.workdir, cores.proxy)
+        auth = f"Bearer {litellm_arm.MASTER_KEY}"
+    else:
+        raise ValueError(f"unknown arm {arm}")
+    try:
+        if arm == "llmgw":
+            wait_until(child, lambda: _routes_loaded(port), START_TIMEOUT_S)
+            auth = "Bearer " + wait_for_file(state_dir / KEY_FILENAME, child, START_TIMEOUT_S)
+        else:
+            wait_until(child, lambda: port_open(port), START_TIMEOUT_S)
+        yield Endpoint(port, auth, child.process.pid)
+    finally:
+        child.stop()
+
+
+def _routes_loaded(port: int) -> bool:
+    status, body = http_get(port, "/healthz")
+    return status == 200 and json.loads(body).get("routes_version") == 1
+
+
+def _body(stream: bool) -> dict[str, object]:
+    body: dict[str, object] = {"model": MODEL, "messages": MESSAGES, "max_tokens": 16}
+    if stream:
+        body["stream"] = True
+    return body
+
+
+def _probe(endpoint: Endpoint) -> None:
+    """One plain and one streamed request through the arm, so a misconfigured arm is reported
+    as such rather than measured as a fast error."""
+    headers = {"Content-Type": "application/json", "Authorization": endpoint.authorization}
+    for stream in (False, True):
+        payload = json.dumps(_body(stream)).encode()
+        status, body = http_post(endpoint.port, PATH, payload, headers)
+        if status != 200 or (stream and b"[DONE]" not in body):
+            kind = "streamed" if stream else "plain"
+            raise StartFailed(f"a {kind} probe got HTTP {status}: {body[:300]!r}")
+
+
+@dataclass(frozen=True)
+class _Run:
+    result: LoadResult
+    wall_s: float
+    # CPU seconds over the whole run (warm-up and drain included): the proxy process tree, and
+    # the load side (this process plus the stand-in).
+    proxy_cpu_s: float | None
+    load_cpu_s: float
+
+    def proxy_us_per_answer(self) -> float | None:
+        if self.proxy_cpu_s is None or not self.result.answered:
+            return None
+        return self.proxy_cpu_s / self.result.answered * 1e6
+
+
+class _Measure:
+    def __init__(
+        self, runner: asyncio.Runner, options: Options, endpoint: Endpoint, standin_pid: int
+    ) -> None:
+        self._runner = runner
+        self._options = options
+        self._endpoint = endpoint
+        self._standin_pid = standin_pid
+        self.errors = 0
+        self.first_error: str | None = None
+
+    def load(self, name: str, concurrency: int, stream: bool) -> _Run:
+        endpoint = self._endpoint
+        request = build_request(HOST, endpoint.port, PATH, _body(stream), endpoint.authorization)
+        wall, own = time.perf_counter(), time.process_time()
+        standin = cpu_seconds(self._standin_pid)
+        proxy = cpu_seconds(endpoint.pid) if endpoint.pid else 0.0
+        result = self._runner.run(
+            run_load(
+                HOST,
+                endpoint.port,
+                request,
+                concurrency=concurrency,
+                duration_s=self._options.duration_s,
+                warmup_s=self._options.warmup_s,
+                expect_done=stream,
+            )
+        )
+        run = _Run(
+            result=result,
+            wall_s=time.perf_counter() - wall,
+            proxy_cpu_s=cpu_seconds(endpoint.pid) - proxy if endpoint.pid else None,
+            load_cpu_s=time.process_time() - own + cpu_seconds(self._standin_pid) - standin,
+        )
+        self.errors += result.errors
+        self.first_error = self.first_error or result.first_error
+        kind = "SSE streams/s" if stream else "req/s"
+        per = run.proxy_us_per_answer()
+        print(
+            f"  {name:<8} c{concurrency:<3} {result.rate:>9,.0f} {kind:<13} "
+            f"p50 {ms(percentile(result.latencies_s, 50)):7.3f} ms  "
+            f"p99 {ms(percentile(result.latencies_s, 99)):7.3f} ms"
+            + ("" if per is None else f"  proxy CPU {per:,.0f} us each")
+            + (f"  {result.errors} errors" if result.errors else ""),
+            file=sys.stderr,
+        )
+        return run
+
+
+def measure(
+    name: str, runner: asyncio.Runner, options: Options, endpoint: Endpoint, standin_pid: int
+) -> ArmFigures:
+    m = _Measure(runner, options, endpoint, standin_pid)
+    one = m.load(name, 1, stream=False).result
+    c16 = m.load(name, 16, stream=False).result
+    c64 = m.load(name, 64, stream=False)
+    sse = m.load(name, 16, stream=True)
+    return ArmFigures(
+        name=name,
+        c1_p50_ms=ms(percentile(one.latencies_s, 50)),
+        c1_p99_ms=ms(percentile(one.latencies_s, 99)),
+        rps_c16=c16.rate,
+        rps_c64=c64.result.rate,
+        sse_c16=sse.result.rate,
+        ttfc_p50_ms=ms(percentile(sse.result.first_byte_s, 50)),
+        proxy_us_per_req=c64.proxy_us_per_answer(),
+        proxy_us_per_stream=sse.proxy_us_per_answer(),
+        proxy_cpu_c64=None if c64.proxy_cpu_s is None else c64.proxy_cpu_s / c64.wall_s,
+        load_cpu_c64=c64.load_cpu_s / c64.wall_s,
+        errors=m.errors,
+        first_error=m.first_error,
+    )
+
+
+def bench(options: Options, cores: Cores) -> list[ArmFigures]:
+    port = free_port()
+    standin = Child(
+        "stand-in",
+        [*_module("standin"), "--port", str(port), "--chunks", str(options.chunks)],
+        options.workdir / "standin.log",
+        cores.load,
+    )
+    upstream = f"http://{HOST}:{port}"
+    figures: list[ArmFigures] = []
+    try:
+        wait_until(standin, lambda: port_open(port), START_TIMEOUT_S)
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            for arm in options.arms:
+                print(f"{arm}:", file=sys.stderr)
+                try:
+                    with _serving(arm, options, cores, upstream) as endpoint:
+                        _probe(endpoint)
+                        figures.append(measure(arm, runner, options, endpoint, standin.process.pid))
+                except (StartFailed, litellm_arm.Unavailable) as exc:
+                    print(f"  unavailable: {exc}", file=sys.stderr)
+                    figures.append(ArmFigures(name=arm, unavailable=str(exc)))
+    finally:
+        standin.stop()
+    return figures
+
+
+def setup_line(options: Options, cores: Cores) -> str:
+    pinning = (
+        f"proxy on CPU {cores.proxy}, stand-in + load generator on CPU {cores.load}"
+        if cores.pinned
+        else "not pinned (fewer than 2 usable CPUs)"
+    )
+    versions = f"Python {platform.python_version()}"
+    if not isinstance(options.litellm, str):
+        versions += f", LiteLLM {litellm_arm.version()}"
+    return (
+        f"{options.warmup_s:g} s warm-up + {options.duration_s:g} s per figure; {pinning}; "
+        f"SSE stream of {options.chunks} chunks + finish + usage + [DONE]; gateway loop: "
+        f"{options.gateway_loop}; {versions}; closed loop, keep-alive, latencies in ms."
+    )
+
+
+def _arms(text: str) -> tuple[str, ...]:
+    chosen = tuple(a.strip() for a in text.split(",") if a.strip())
+    unknown = [a for a in chosen if a not in ARMS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"choose among {','.join(ARMS)}")
+    # Always in the table's order, so ratios read the same way in every run.
+    return tuple(a for a in ARMS if a in chosen)
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--only",
+        type=_arms,
+        default=ARMS,
+        metavar="ARMS",
+        help=f"comma-separated arms to run (default: {','.join(ARMS)})",
+    )
+    parser.add_argument(
+        "--duration", type=_seconds, default=5.0, help="seconds measured per figure (default 5)"
+    )
+    parser.add_argument(
+        "--warmup", type=_seconds, default=1.0, help="seconds of warm-up per figure (default 1)"
+    )
+    parser.add_argument(
+        "--chunks", type=int, default=16, help="content chunks per SSE stream (default 16)"
+    )
+    parser.add_argument(
+        "--gateway-loop",
+        choices=LOOPS,
+        default="uvicorn",
+        help="the gateway's event loop: uvicorn's choice (uvloop) or plain asyncio",
+    )
+    parser.add_argument("--markdown", type=Path, help="also write the table here (Markdown)")
+    parser.add_argument("--json", dest="json_out", type=Path, help="also write figures here")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+
+
+def run(args: argparse.Namespace) -> int:
+    cores = Cores.pick()
+    started = time.monotonic()
+    litellm: Path | str = "not asked for"
+    if "litellm" in args.only:
+        # Before pinning: the first install is long and may use every core.
+        try:
+            litellm = litellm_arm.ensure_installed()
+        except litellm_arm.Unavailable as exc:
+            litellm = str(exc)
+    try:
+        with work_directory("llmgw-bench-gateway-", args.keep) as workdir:
+            options = Options(
+                arms=args.only,
+                duration_s=args.duration,
+                warmup_s=args.warmup,
+                chunks=args.chunks,
+                gateway_loop=args.gateway_loop,
+                workdir=workdir,
+                litellm=litellm,
+            )
+            pin_self(cores.load)
+            figures = bench(options, cores)
+    except StartFailed as exc:
+        print(f"the stand-in upstream did not start: {exc}", file=sys.stderr)
+        return 1
+    setup = setup_line(options, cores)
+    print()
+    print(report.text_table(figures))
+    print()
+    for line in [*report.ratio_lines(figures), "", *report.goal_lines(figures)]:
+        print(line)
+    for line in report.error_lines(figures):
+        print(line)
+    print(f"\n{setup}\ntook {time.monotonic() - started:.0f} s")
+    if args.markdown is not None:
+        args.markdown.write_text(report.markdown(figures, setup))
+    if args.json_out is not None:
+        args.json_out.write_text(
+            json.dumps({"setup": setup, "arms": [asdict(f) for f in figures]}, indent=2) + "\n"
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="llmgw bench gateway",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

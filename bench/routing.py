@@ -1,0 +1,448 @@
+"""Routing quality on real engines: does the gateway send requests where their prefix is cached?
+
+Three llama-server replicas serve the demo SmolLM2 model on the CPU. The workload is groups of
+requests sharing a long system prompt, interleaved, a few in flight, streamed. Each arm runs on
+freshly started engines, so no arm inherits another's cache. The first three go through the same
+gateway (the real app in a process of its own, as `llmgw gateway` runs it), so they pay the same
+hop and differ only in where requests go:
+  llmgw          the gateway's prefix-aware routing (its default policy)
+  round_robin    the gateway's round-robin policy: request i to the next replica in turn
+  oracle         each group pinned to replica g mod 3, through the gateway: every request names
+                 a session (X-Session-Id) chosen so that the gateway's session hashing lands it
+                 there. Every request after a group's first finds its prefix (unless slots are
+                 short; see below)
+  oracle_direct  the same pinning client-side, straight to the engines: what the hop costs
+under two engine settings: llama.cpp's default prompt cache (slots plus up to 8 GiB of saved
+prompts in host memory), and a small one (`--cache-ram 0`: a replica keeps only what its
+`--parallel` slots hold, so a wrong choice evicts a group's prefix). With more groups than
+replicas some share a replica, and then arrival order decides evictions between them: in the
+small setting any arm, the oracle included, can win or lose by a wide margin from one --seed to
+the next, so compare several seeds before reading much into one run.
+
+Reported per arm: mean and p90 time to first token, and the engines' cached share of prompt
+tokens from their own counters: llama.cpp's `llamacpp:prompt_tokens_total` counts only the
+tokens it computed (cached ones excluded), so the share is cached / (cached + computed).
+
+    .venv/bin/python -m bench.routing [--groups 4 --per-group 6 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+import timeit
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bench.gateway.procs import Child, StartFailed, http_get, wait_for_file, wait_until
+from bench.gateway.target import KEY_FILENAME
+from bench.routing_engines import HEALTH_TIMEOUT_S, Engine, engines, prompt_counters
+from engines.local_port import free_port
+from gateway.routing import PrefixIndex, RequestKey, Router, RoutingSnapshot, affinity
+from gateway.store import open_store
+from workflows.contracts import ReplicaState, Route, RoutingTable
+from workflows.engine_keys import engine_key_from_master
+
+MODEL = "smollm2-bench"
+NODE = "bench-node"
+# Engine flags per setting, on top of the common ones.
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "default cache": (),
+    "small cache": ("--cache-ram", "0"),
+}
+ARMS = ("llmgw", "round_robin", "oracle", "oracle_direct")
+# The gateway's routing policy for each arm that goes through it.
+GATEWAY_POLICY = {"llmgw": "prefix", "round_robin": "round_robin", "oracle": "prefix"}
+# Words to build system prompts from: plain English, about one token a word for SmolLM2.
+_VOCABULARY = """
+the customer account invoice refund policy order shipping delivery address payment card
+bank transfer error message support ticket priority manager team weekly report summary
+contract clause liability warranty product service subscription renewal cancel upgrade
+downgrade discount coupon receipt tax region currency language tone polite brief formal
+answer question explain reason example detail step first then finally always never must
+"""
+_WORDS = _VOCABULARY.split()
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    replicas: int = 3
+    groups: int = 4
+    per_group: int = 6
+    in_flight: int = 3
+    system_words: int = 150
+    max_tokens: int = 4
+    parallel: int = 2
+    context: int = 4096
+    threads: int = 1
+    seed: int = 7
+    # Runs of every arm, summed: one run of the small-cache setting can swing an arm's cached
+    # share by a third (the same pinning gave 61% and 76% in one run), so compare a few.
+    repeats: int = 1
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    group: int
+    messages: list[dict[str, str]]
+
+
+@dataclass
+class ArmResult:
+    setting: str
+    arm: str
+    ttft_s: list[float] = field(default_factory=list)
+    cached: float = 0.0
+    computed: float = 0.0
+    errors: int = 0
+    # The gateway's decisions by reason (llmgw arm only), from its own /metrics.
+    reasons: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def mean_ms(self) -> float:
+        return 1000 * statistics.fmean(self.ttft_s) if self.ttft_s else float("nan")
+
+    @property
+    def p90_ms(self) -> float:
+        if len(self.ttft_s) < 2:
+            return self.mean_ms
+        return 1000 * statistics.quantiles(self.ttft_s, n=10, method="inclusive")[-1]
+
+    @property
+    def cached_share(self) -> float:
+        total = self.cached + self.computed
+        return self.cached / total if total else float("nan")
+
+
+def workload(cfg: BenchConfig) -> list[BenchRequest]:
+    """`groups` system prompts; each group's requests add a short question of their own. The
+    order interleaves the groups (shuffled each round) as concurrent users would."""
+    rng = random.Random(cfg.seed)
+    systems = [
+        f"You are assistant number {g}. " + " ".join(rng.choices(_WORDS, k=cfg.system_words))
+        for g in range(cfg.groups)
+    ]
+    requests: list[BenchRequest] = []
+    for turn in range(cfg.per_group):
+        order = list(range(cfg.groups))
+        rng.shuffle(order)
+        for group in order:
+            question = f"Question {turn}: " + " ".join(rng.choices(_WORDS, k=8)) + "?"
+            messages = [
+                {"role": "system", "content": systems[group]},
+                {"role": "user", "content": question},
+            ]
+            requests.append(BenchRequest(group, messages))
+    return requests
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where one request goes: a URL, the key to send, and a session to name (or none)."""
+
+    url: str
+    key: str
+    session: str | None = None
+
+
+async def time_to_first_token(
+    client: httpx.AsyncClient, to: Destination, request: BenchRequest, max_tokens: int
+) -> float:
+    body = {
+        "model": MODEL,
+        "messages": request.messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {to.key}"}
+    if to.session is not None:
+        headers["X-Session-Id"] = to.session
+    url = to.url
+    started = time.perf_counter()
+    async with client.stream("POST", url, json=body, headers=headers) as response:
+        if response.status_code != 200:
+            await response.aread()
+            raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+        first: float | None = None
+        async for line in response.aiter_lines():
+            if first is not None or not line.startswith("data:") or line == "data: [DONE]":
+                continue  # read to the end: the engine frees its slot when the stream ends
+            choices = json.loads(line[5:]).get("choices") or []
+            # The first chunk carries only the role (content null): the first token is the
+            # first content, or the end when the model stopped at once.
+            if choices and (
+                (choices[0].get("delta") or {}).get("content") is not None
+                or choices[0].get("finish_reason")
+            ):
+                first = time.perf_counter() - started
+    if first is not None:
+        return first
+    raise RuntimeError("the stream ended without a token")
+
+
+Target = Callable[[int, BenchRequest], Destination]
+
+
+async def run_arm(
+    cfg: BenchConfig,
+    result: ArmResult,
+    requests: Sequence[BenchRequest],
+    engine_list: Sequence[Engine],
+    target: Target,
+) -> None:
+    """Send the workload with `in_flight` requests at a time, in order; `target` says where
+    request i goes."""
+    gate = asyncio.Semaphore(cfg.in_flight)
+    # No keep-alive: llama-server closes idle connections, and a request that lands on one as
+    # it closes fails before a byte; a new connection per request costs ~0.1 ms on loopback.
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=300.0, trust_env=False, limits=limits) as client:
+        warm = BenchRequest(-1, [{"role": "user", "content": "Say hi."}])
+        for engine in engine_list:  # first-request costs stay out of the figures
+            await time_to_first_token(client, chat_at(engine.url, engine.key), warm, 2)
+        before = await prompt_counters(client, engine_list)
+
+        async def one(index: int, request: BenchRequest) -> None:
+            try:
+                result.ttft_s.append(
+                    await time_to_first_token(
+                        client, target(index, request), request, cfg.max_tokens
+                    )
+                )
+            except (httpx.HTTPError, RuntimeError) as exc:
+                result.errors += 1
+                print(f"  request {index} failed: {exc}", file=sys.stderr)
+            finally:
+                gate.release()
+
+        tasks = []
+        for index, request in enumerate(requests):
+            await gate.acquire()
+            tasks.append(asyncio.create_task(one(index, request)))
+        await asyncio.gather(*tasks)
+        after = await prompt_counters(client, engine_list)
+    result.cached += after[0] - before[0]
+    result.computed += after[1] - before[1]
+
+
+@contextlib.asynccontextmanager
+async def gateway(
+    state: Path, engine_list: Sequence[Engine], policy: str
+) -> AsyncIterator[tuple[str, str]]:
+    """The real gateway in a process of its own, routing to `engine_list` with `policy`; yields
+    its base URL and an API key for it. Its own process, as in production: in this one it would
+    share an event loop with the load generator and bill the gateway for the client's work."""
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.gateway.target", "--port", str(port)]
+    argv += ["--state-dir", str(state), "--model", MODEL, "--engine", "llamacpp"]
+    argv += ["--node", NODE, "--routing", policy, "--loop", "asyncio"]
+    for engine in engine_list:
+        argv += ["--upstream", engine.url]
+    key_file = state / KEY_FILENAME
+    key_file.unlink(missing_ok=True)
+    child = Child("gateway", argv, state / f"gateway-{policy}-{port}.log", cpu=None)
+    try:
+        await asyncio.to_thread(wait_until, child, lambda: _routes_loaded(port), HEALTH_TIMEOUT_S)
+        api_key = await asyncio.to_thread(wait_for_file, key_file, child, HEALTH_TIMEOUT_S)
+        yield f"http://127.0.0.1:{port}", api_key
+    except StartFailed as exc:
+        raise SystemExit(f"the gateway failed to start: {exc}") from exc
+    finally:
+        await asyncio.to_thread(child.stop)
+
+
+def _routes_loaded(port: int) -> bool:
+    status, body = http_get(port, "/healthz")
+    return status == 200 and json.loads(body).get("routes_version") == 1
+
+
+async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
+    requests = workload(cfg)
+    results: list[ArmResult] = []
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-routing-") as tmp:
+        state = Path(tmp)
+        # The engines' keys come from the store's master secret, as the gateway derives them.
+        store = open_store(None, state)
+        await store.init()
+        try:
+            master = await store.master_secret()
+        finally:
+            await store.close()
+        replica_ids = [f"bench-{i}" for i in range(cfg.replicas)]
+        keys = [engine_key_from_master(master, NODE, replica_id) for replica_id in replica_ids]
+        sessions = pinning_sessions(cfg.groups, replica_ids)
+        by_arm: dict[tuple[str, str], ArmResult] = {}
+        # Rounds of every arm in turn rather than each arm's repeats together, so that a slow
+        # spell of this shared machine lands on all arms alike.
+        rounds = [(s, e, a) for s, e in SETTINGS.items() for _ in range(cfg.repeats) for a in ARMS]
+        for setting, extra, arm in rounds:
+            if (setting, arm) not in by_arm:
+                by_arm[(setting, arm)] = ArmResult(setting, arm)
+                results.append(by_arm[(setting, arm)])
+            result = by_arm[(setting, arm)]
+            began = time.monotonic()
+            async with engines(cfg, keys, extra, state) as engine_list:
+                policy = GATEWAY_POLICY.get(arm)
+                if policy is None:
+                    await run_arm(cfg, result, requests, engine_list, direct(engine_list))
+                else:
+                    async with gateway(state, engine_list, policy) as (base, api_key):
+                        pins = sessions if arm == "oracle" else None
+                        target = via(base, api_key, pins)
+                        await run_arm(cfg, result, requests, engine_list, target)
+                        for reason, count in (await routing_reasons(base)).items():
+                            result.reasons[reason] = result.reasons.get(reason, 0.0) + count
+            print(
+                f"  {setting:<14} {arm:<14} {time.monotonic() - began:5.1f}s",
+                file=sys.stderr,
+            )
+    return results
+
+
+def pinning_sessions(groups: int, replica_ids: Sequence[str]) -> list[str]:
+    """For each group g, a session name that the gateway's rendezvous hashing gives to replica
+    g mod len(replica_ids): the oracle's pinning, expressed in a form the gateway honours."""
+    sessions: list[str] = []
+    for group in range(groups):
+        wanted = group % len(replica_ids)
+        session = next(
+            name
+            for name in (f"group-{group}-{n}" for n in itertools.count())
+            if affinity.owner(name, replica_ids) == wanted
+        )
+        sessions.append(session)
+    return sessions
+
+
+async def routing_reasons(base: str) -> dict[str, float]:
+    """llmgw_routing_decisions counts by reason, summed over models ({} if not exported)."""
+    async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+        response = await client.get(base + "/metrics")
+    found: dict[str, float] = {}
+    for line in response.text.splitlines():
+        if line.startswith("llmgw_routing_decisions_total") and 'reason="' in line:
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            with contextlib.suppress(ValueError):
+                found[reason] = found.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def chat_at(base: str, key: str, session: str | None = None) -> Destination:
+    return Destination(base + "/v1/chat/completions", key, session)
+
+
+def via(base: str, api_key: str, sessions: Sequence[str] | None) -> Target:
+    """Every request through the gateway; with `sessions`, each names its group's session."""
+
+    def pick(_index: int, request: BenchRequest) -> Destination:
+        return chat_at(base, api_key, sessions[request.group] if sessions else None)
+
+    return pick
+
+
+def direct(engine_list: Sequence[Engine]) -> Target:
+    """Client-side pinning: group g's requests straight to engine g mod n."""
+
+    def pick(_index: int, request: BenchRequest) -> Destination:
+        engine = engine_list[request.group % len(engine_list)]
+        return chat_at(engine.url, engine.key)
+
+    return pick
+
+
+def table(results: Sequence[ArmResult]) -> str:
+    lines = [
+        f"{'setting':<14} {'arm':<14} {'n':>3} {'err':>3} {'mean TTFT':>10} {'p90 TTFT':>9} "
+        f"{'cached':>7} {'mean/oracle':>11} {'p90/oracle':>10} {'cached/oracle':>13}"
+    ]
+    oracle = {r.setting: r for r in results if r.arm == "oracle"}
+    for r in results:
+        base = oracle.get(r.setting)
+        ratio = (r.mean_ms / base.mean_ms) if base else float("nan")
+        ratio90 = (r.p90_ms / base.p90_ms) if base else float("nan")
+        cached = (r.cached_share / base.cached_share) if base else float("nan")
+        lines.append(
+            f"{r.setting:<14} {r.arm:<14} {len(r.ttft_s):>3} {r.errors:>3} "
+            f"{r.mean_ms:>8.0f}ms {r.p90_ms:>7.0f}ms {r.cached_share:>7.1%} "
+            f"{ratio:>11.2f} {ratio90:>10.2f} {cached:>13.2f}"
+        )
+    for r in results:
+        if r.reasons:
+            counts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.reasons.items()))
+            lines.append(f"gateway decisions ({r.setting}, {r.arm}): {counts}")
+    return "\n".join(lines)
+
+
+def decision_cost_us(replicas: int = 5, prompt_bytes: int = 4096) -> float:
+    """Microseconds per `Router.choose` on the hot path: a 4 KB prompt whose first 3 KB is one
+    of 20 shared system prompts, `replicas` replicas, the index held at its bound (20,000
+    claims here, so every request also evicts) to include eviction in the cost."""
+    rng = random.Random(1)
+    routes = [
+        Route(
+            replica_id=f"r-{i}",
+            model="m",
+            node="n",
+            endpoint="http://127.0.0.1:1",
+            engine="llamacpp",
+            state=ReplicaState.READY,
+        )
+        for i in range(replicas)
+    ]
+    snap = RoutingSnapshot(RoutingTable(version=1, routes=routes))
+    shared = [rng.randbytes(prompt_bytes * 3 // 4) for _ in range(20)]
+    keys = [
+        RequestKey("m", rng.choice(shared) + rng.randbytes(prompt_bytes // 4)) for _ in range(4000)
+    ]
+    router = Router(index=PrefixIndex(max_claims=20_000))
+    inflight = {"r-0": 2, "r-1": 1}
+    for key in keys:
+        router.choose(snap, key, inflight)
+    stream = iter(keys * 30)
+    runs = timeit.repeat(lambda: router.choose(snap, next(stream), inflight), number=5000, repeat=5)
+    return min(runs) / 5000 * 1e6
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench_routing", description=__doc__.split("\n")[0])
+    defaults = BenchConfig()
+    names = ("replicas", "groups", "per_group", "in_flight", "system_words", "threads", "seed")
+    for name in (*names, "repeats"):
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name)
+        )
+    args = parser.parse_args(argv)
+    cfg = BenchConfig(
+        replicas=args.replicas,
+        groups=args.groups,
+        per_group=args.per_group,
+        in_flight=args.in_flight,
+        system_words=args.system_words,
+        threads=args.threads,
+        seed=args.seed,
+        repeats=args.repeats,
+    )
+    print(f"routing decision: {decision_cost_us():.1f} µs (4 KB prompt, 5 replicas, prefix)")
+    print(
+        f"workload: {cfg.groups} groups x {cfg.per_group} requests, ~{cfg.system_words}-word "
+        f"system prompts, {cfg.in_flight} in flight, {cfg.replicas} replicas "
+        f"(--parallel {cfg.parallel}, -t {cfg.threads}), max_tokens {cfg.max_tokens}, "
+        f"{cfg.repeats} run(s) of each arm, seed {cfg.seed}"
+    )
+    results = asyncio.run(run_bench(cfg))
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""What llmgw needs to know of an engine, as one interface every engine implements.
+
+An adapter answers, for its engine: how it is installed and checked again later, the commands
+and environment one shard of a replica runs with, what says it is ready, the Prometheus metrics
+that tell its load and where it serves them, and whether it publishes KV-cache events. The node
+agent and engines/metrics.py (through which the gateway reads metric names and paths) ask the
+registry (engines/registry.py) for an adapter by name instead of telling engines apart
+themselves; adding an engine is one module holding its adapter, registered there.
+
+engines/ imports nothing from activities/, gateway/ or workers/, which all sit above it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from engines.commands import Command, ShardPlace
+from engines.verify import Verification
+from workflows.contracts import EngineRequirement, EngineStatus, ModelSpec, Profile
+
+# Called with each line of an install's progress (the agent heartbeats the latest).
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class InstallPlace:
+    """Where an install goes on this node, and what the node has."""
+
+    engines_root: Path  # <root>/<engine>/<version>/ holds each installed version
+    cache_dir: Path  # downloads and builds, kept across installs
+    nvidia: bool  # an NVIDIA driver is loaded here: install and check the CUDA build
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """The Prometheus gauges that say how busy the engine is, and where it serves them."""
+
+    running: str  # requests being worked on
+    waiting: str  # requests held in its queue
+    kv_usage: str | None  # share of the KV cache in use, 0-1; None when the engine has none
+    path: str = "/metrics"
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """What the agent asks before a shard counts as ready (activities/agent/readiness.py does
+    the asking): `health` answers 200 once the process is up, `models` with the engine key once
+    the weights are loaded and the key is the one the gateway will send."""
+
+    health: str = "/health"
+    models: str = "/v1/models"
+
+
+@dataclass(frozen=True)
+class KvPublisher:
+    """Where a shard publishes its KV-cache events on its node, and how it hashes blocks.
+    Both endpoints are on loopback: nothing beyond the node can reach an engine's sockets."""
+
+    endpoint: str  # the agent's subscriber binds it; the engine's PUB socket connects
+    replay_endpoint: str  # the engine's replay ROUTER binds it; the subscriber asks there
+    topic: str
+    block_size: int  # tokens a block
+    hash_seed: str | None  # the engine's PYTHONHASHSEED; None when unset
+
+
+@dataclass(frozen=True)
+class ShardLaunch:
+    """What one shard's commands and environment are made from."""
+
+    replica_id: str
+    model: ModelSpec
+    profile: Profile  # the profile the replica was placed with
+    place: ShardPlace
+    # The ports this shard uses besides its HTTP port, by placement's names
+    # (workflows/placement/ports.py): the leader's rendezvous point, vLLM's KV-event ports,
+    # trtllm-serve's loopback port behind its key guard.
+    ports: Mapping[str, int]
+    # The installed (or operator-provided) entry point: a binary, or a script in the engine's
+    # virtual environment.
+    binary: Path
+    key: str = ""  # the engine key; it goes in the environment, never on a command line
+    nvidia: bool = False  # an NVIDIA driver is loaded on this node
+
+
+class NotRunByLlmgwError(ValueError):
+    """Asked to install or launch an engine llmgw does not run (an external model's)."""
+
+
+class Engine(ABC):
+    """One engine, as llmgw runs it. Instances hold no state: the registry keeps one each."""
+
+    name: ClassVar[str]
+    # The version a profile that names none gets; "" when the profile must name one.
+    default_version: ClassVar[str] = ""
+    # False for an engine served outside llmgw: nothing is installed, placed or launched.
+    runs_on_nodes: ClassVar[bool] = True
+    # None when llmgw does not read the engine's metrics.
+    metrics: ClassVar[MetricNames | None]
+    readiness: ClassVar[Readiness] = Readiness()
+    # Whether it publishes KV-cache events the router can subscribe to (a profile's kv_events).
+    kv_events: ClassVar[bool] = False
+
+    @abstractmethod
+    def install(
+        self, req: EngineRequirement, where: InstallPlace, progress: Progress
+    ) -> EngineStatus:
+        """Install (or check the operator's copy named by `req.path`), in a thread: blocking.
+        A failure the same attempt would repeat is a FAILED status; a transient one raises."""
+
+    @abstractmethod
+    def reverify(self, path: Path, version: str, where: InstallPlace) -> Verification:
+        """Check that an installed engine (`path`, as its install reported it) still runs."""
+
+    @abstractmethod
+    def commands(self, shard: ShardLaunch) -> list[Command]:
+        """This shard's commands, sidecars first. Raises ValueError for a profile the engine
+        cannot run (an operator arg taking over a flag llmgw sets, say)."""
+
+    @abstractmethod
+    def environment(self, shard: ShardLaunch) -> dict[str, str]:
+        """The engine's own environment for this shard (its key included); the agent adds the
+        shard's GPUs, NCCL and the profile's env (engines/shard_env.py)."""
+
+    def kv_publisher(self, shard: ShardLaunch) -> KvPublisher | None:
+        """Where this shard publishes KV-cache events; None when it publishes none."""
+        del shard
+        return None

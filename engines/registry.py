@@ -1,0 +1,39 @@
+"""Every engine llmgw knows, by name. Adding an engine: its module with an `Engine` adapter
+(engines/adapter.py), and one line in ENGINES below."""
+
+from __future__ import annotations
+
+from engines.adapter import Engine
+from engines.external import External
+from engines.llamacpp import LlamaCpp
+from engines.sglang import SGLang
+from engines.trtllm import TrtLlm
+from engines.vllm import Vllm
+
+ENGINES: dict[str, Engine] = {
+    engine.name: engine for engine in (LlamaCpp(), Vllm(), SGLang(), TrtLlm(), External())
+}
+
+
+class UnknownEngineError(LookupError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"unknown engine {name!r}: llmgw knows {', '.join(sorted(ENGINES))}")
+
+
+def adapter(name: str) -> Engine:
+    """The adapter of engine `name`; UnknownEngineError for a name llmgw has none for."""
+    found = ENGINES.get(name)
+    if found is None:
+        raise UnknownEngineError(name)
+    return found
+
+
+def find(name: str) -> Engine | None:
+    """The adapter of engine `name`, or None: for callers that answer an unknown engine in
+    their own words (an install status, a default metrics path)."""
+    return ENGINES.get(name)
+
+
+def engines() -> list[Engine]:
+    return list(ENGINES.values())

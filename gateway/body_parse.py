@@ -1,0 +1,257 @@
+"""All of a proxied body's O(size) work in one call, and large bodies kept off the event loop.
+
+Parsing, validating and estimating a body costs time in proportion to the number of JSON values
+it holds, not to its bytes: a 16 MB string parses in 30 ms, but a 16 MB `[[0],[0],...]` is four
+million lists and takes seconds (json.loads ~2.5 s, the checks and the prompt estimate ~4 s
+more) and ~400 MB of Python objects. Measured before this module, one such body blocked every
+other request of the gateway for 5.3 s, and four at once took it to 1.28 GB.
+
+A thread does not help: json.loads is one C call that holds the GIL from start to end (measured:
+the event loop's thread got no turn for the 2.4 s of the parse). So a body above
+`inline_parse_bytes` is parsed in a worker process, at most `body_parse_workers` at once: the
+event loop only waits on a pipe, and the parsed tree lives and dies in the worker. What comes
+back is small (the body's scalar fields, the prompt estimate, at most 64 KB of routing prompt)
+plus the body's bulky fields serialised once, which is what goes upstream; so the gateway holds
+about twice the body's bytes per large request, never its tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gateway.errors import SERVER_ERROR, ApiError, bad_request
+from gateway.prompt_estimate import estimate_prompt_tokens
+from gateway.request_body import (
+    CACHE_SALT,
+    PROMPT_FIELDS,
+    ProxiedRequest,
+    parse_json_object,
+    parse_proxied_request,
+    requested_model,
+)
+from gateway.routing.request_key import prompt_bytes
+
+log = logging.getLogger(__name__)
+
+# Checks of the whole parsed request that need its tree (request limits): run where the tree is,
+# so for a large body in the worker process, and must pickle (a module-level function, or a
+# functools.partial of one over picklable values).
+Check = Callable[[ProxiedRequest], None]
+AdmitModel = Callable[[str, str | None], None]
+
+# Top-level string fields up to this long stay in the small part of a split body (model and user
+# are at most 256 characters); longer ones travel with the bulk.
+SMALL_STRING = 1024
+# stream_options is rewritten by the gateway (include_usage), so it must stay a small field; it
+# holds a boolean or two in OpenAI's API.
+MAX_STREAM_OPTIONS_BYTES = 4096
+RETRY_AFTER_S = "1"
+# How much lower a body-parsing worker's CPU priority is than the gateway's.
+WORKER_NICE = 10
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An ApiError as it crosses back from a worker (exceptions with keyword-only arguments do
+    not survive pickling)."""
+
+    status: int
+    message: str
+    type_: str
+    param: str | None
+    code: str | None
+
+    @classmethod
+    def of(cls, err: ApiError) -> Refusal:
+        return cls(err.status, err.message, err.type_, err.param, err.code)
+
+    def error(self) -> ApiError:
+        return ApiError(
+            self.status, self.message, type_=self.type_, param=self.param, code=self.code
+        )
+
+
+@dataclass(frozen=True)
+class Prepared:
+    # The model and adapter, once the body got that far: the key's allowlists answer before a
+    # refusal of any later field, as they do for a body parsed inline.
+    model: str | None
+    adapter: str | None
+    request: ProxiedRequest | None
+    refusal: Refusal | None
+
+
+def prepare(path: str, raw: bytes, check: Check | None = None, split: bool = False) -> Prepared:
+    """Parse, validate, estimate and run `check`; with `split`, keep only the small fields in
+    `request.body` and serialise the rest into `request.bulk`. Pure: runs inline or in a
+    worker."""
+    model: str | None = None
+    adapter: str | None = None
+    try:
+        body = parse_json_object(raw)
+        model, adapter = requested_model(body)
+        request = parse_proxied_request(path, body)
+        request = replace(
+            request,
+            prompt_estimate=estimate_prompt_tokens(body),
+            routing_prompt=prompt_bytes(body),
+        )
+        if check is not None:
+            check(request)
+        if split:
+            request = _split(request)
+    except ApiError as err:
+        return Prepared(model, adapter, None, Refusal.of(err))
+    return Prepared(model, adapter, request, None)
+
+
+def _worker_starts() -> None:
+    # A worker shares the machine's cores with the event loop that serves every other request
+    # (on a gateway pinned to one core, the very same core): the loop must win when they
+    # compete, and a large body may take a little longer.
+    os.nice(WORKER_NICE)
+
+
+def _prepare_in_worker(path: str, raw: bytes, check: Check | None) -> Prepared:
+    # The cyclic collector runs again and again while json.loads makes millions of lists, each
+    # pass over every object so far: measured, it made a 16 MB parse 3 to 5 times slower. A
+    # parsed body holds no cycles (reference counting frees it), so it is off for the parse.
+    gc.disable()
+    try:
+        return prepare(path, raw, check, split=True)
+    finally:
+        gc.enable()
+
+
+def _split(request: ProxiedRequest) -> ProxiedRequest:
+    head: dict[str, Any] = {}
+    bulky: dict[str, Any] = {}
+    for name, value in request.body.items():
+        if name == "stream_options":
+            if len(json.dumps(value)) > MAX_STREAM_OPTIONS_BYTES:
+                raise bad_request(
+                    f"'stream_options' must be at most {MAX_STREAM_OPTIONS_BYTES} bytes.",
+                    param="stream_options",
+                )
+            head[name] = value
+        elif _is_small(value) or name == CACHE_SALT:
+            # cache_salt is at most 1,024 characters, and the gateway may rewrite it
+            # (gateway/cache_salt.py).
+            head[name] = value
+        else:
+            bulky[name] = value
+    if not bulky:
+        return request
+    # The prompt's fields first, so gateway/tokenize.py can send them to an engine's /tokenize
+    # as a slice of the bulk, without parsing it again.
+    prompt = {name: value for name, value in bulky.items() if name in PROMPT_FIELDS}
+    rest = {name: value for name, value in bulky.items() if name not in PROMPT_FIELDS}
+    parts = [json.dumps(d, separators=(",", ":")).encode()[1:-1] for d in (prompt, rest) if d]
+    bulk = parts[0] if len(parts) == 1 else b",".join(parts)
+    return replace(request, body=head, bulk=bulk, bulk_prompt_bytes=len(parts[0]) if prompt else 0)
+
+
+def _is_small(value: object) -> bool:
+    if isinstance(value, str):
+        return len(value) <= SMALL_STRING
+    return value is None or isinstance(value, bool | int | float)
+
+
+def upstream_payload(request: ProxiedRequest, raw: bytes, changed: bool) -> bytes:
+    """The body to send upstream: the client's own bytes when nothing changed and the body was
+    not split (no second serialisation), else the small fields as they are now (model renamed,
+    max_tokens clamped, usage asked for) joined to the bulk serialised once by `prepare`."""
+    if request.bulk is None:
+        return json.dumps(request.body, separators=(",", ":")).encode() if changed else raw
+    head = json.dumps(request.body, separators=(",", ":")).encode()  # always holds "model"
+    return b"{" + request.bulk + b"," + head[1:]
+
+
+class BodyParser:
+    """Bodies up to `inline_bytes` are prepared on the event loop (a 64 KB body is at most ~16k
+    JSON values: ~10 ms); larger ones in a pool of `workers` processes, started on first use.
+    A large body that finds every worker busy waits up to `wait_s` for one, then gets 503 with
+    Retry-After: a queue of 16 MB bodies is memory the gateway would hold while they wait."""
+
+    def __init__(self, inline_bytes: int, workers: int, wait_s: float) -> None:
+        self.inline_bytes = inline_bytes
+        self.workers = workers
+        self.wait_s = wait_s
+        self._pool: ProcessPoolExecutor | None = None
+        self._slots = asyncio.Semaphore(workers)
+
+    async def parse(
+        self,
+        path: str,
+        raw: bytes,
+        admit_model: AdmitModel | None = None,
+        check: Check | None = None,
+    ) -> ProxiedRequest:
+        if len(raw) <= self.inline_bytes:
+            prepared = prepare(path, raw, check)
+        else:
+            prepared = await self._in_worker(path, raw, check)
+        if prepared.model is not None and admit_model is not None:
+            admit_model(prepared.model, prepared.adapter)
+        if prepared.refusal is not None:
+            raise prepared.refusal.error()
+        assert prepared.request is not None
+        return prepared.request
+
+    async def _in_worker(self, path: str, raw: bytes, check: Check | None) -> Prepared:
+        try:
+            async with asyncio.timeout(self.wait_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise ApiError(
+                503,
+                "The gateway is parsing as many large request bodies as it allows; "
+                "try again shortly.",
+                type_=SERVER_ERROR,
+                code="busy_parsing",
+                headers={"Retry-After": RETRY_AFTER_S},
+            ) from None
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                self._executor(), _prepare_in_worker, path, raw, check
+            )
+        except BrokenProcessPool:
+            # A worker died (killed for memory, say): a fresh pool serves the next body.
+            log.warning("a body-parsing worker died; starting a new pool")
+            self._pool = None
+            raise ApiError(
+                503,
+                "The gateway could not parse this request body; try again shortly.",
+                type_=SERVER_ERROR,
+                code="parser_restarted",
+                headers={"Retry-After": RETRY_AFTER_S},
+            ) from None
+        finally:
+            self._slots.release()
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            # forkserver, not fork: forking a process that runs an event loop and threads
+            # copies their locks in whatever state they are in.
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("forkserver"),
+                initializer=_worker_starts,
+            )
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,224 @@
+"""A request's prompt as token ids, asked of one of its model's engines, for KV-aware routing.
+
+Replicas that publish KV events (`Route.kv`, vLLM) are routed by the blocks their engines report
+holding (gateway/routing/policy.py), and a block is known by a hash of its token ids
+(engines/kv_hashes.py), so the router needs the prompt's tokens as the engine will see them:
+the chat template applied, special tokens added. The gateway does not load tokenizers or chat
+templates of its own; it asks an engine: vLLM's `POST /tokenize` takes a chat body (`messages`,
+`add_generation_prompt`, `tools`, `chat_template_kwargs`) or a completion body (`prompt`) and
+answers `{"tokens": [...], "count": n, "max_model_len": m}`. Every replica of a model tokenizes
+alike, so one is asked (the least loaded by this gateway's count).
+
+It costs one round trip and one tokenization on the engine per request, so it is bounded: a
+short timeout (`kv_tokenize_timeout_s`, which is also the most it can add to a request's
+latency), asked only when a candidate replica has `kv` and some candidate's engine reports
+holding blocks, never for embeddings, several prompts, LoRA adapters or media parts (their
+blocks carry extra keys the gateway does not reproduce). A completion prompt given as token
+ids is used as it is. Any failure gives None, and routing falls back to the gateway's own
+prefix index: tokenizing never fails a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import aiohttp
+
+from gateway.deps import GatewayState
+from gateway.request_body import CHAT, COMPLETIONS, PROMPT_FIELDS, ProxiedRequest
+from workflows.contracts import Route
+
+log = logging.getLogger(__name__)
+
+TOKENIZE_PATH = "/tokenize"
+# With PROMPT_FIELDS, the body fields that shape a prompt's tokens, sent to /tokenize as the
+# client gave them.
+_FLAGS = ("add_generation_prompt", "continue_final_message", "add_special_tokens")
+# An answer this large (~280,000 token ids) is not parsed on the event loop: json.loads takes
+# about 6.5 ms per 100,000 ids (measured), and routing does without.
+MAX_ANSWER_BYTES = 2 * 1024 * 1024
+_TOKEN_MAX = 2**31 - 1
+
+# "skipped": not asked (several prompts, media parts); "failed": asked, no usable answer.
+Outcome = Literal["ok", "skipped", "timeout", "failed"]
+
+
+def tokenize_body(
+    chat: bool, body: Mapping[str, Any], bulk_prompt: bytes = b""
+) -> bytes | tuple[int, ...] | None:
+    """What to POST to /tokenize for this chat or completion body, the token ids themselves
+    when the client sent them, or None when asking would not help.
+
+    `bulk_prompt`: for a body gateway/body_parse.py split (a large one), its bulky prompt fields
+    serialised as `"messages":[...],...`; `body` then holds only the small fields."""
+    fields: dict[str, Any] = {"model": body.get("model")}
+    for name in (*PROMPT_FIELDS, *_FLAGS):
+        if name in body:
+            fields[name] = body[name]
+    if chat:
+        fields.pop("prompt", None)
+        fields.setdefault("add_generation_prompt", True)
+        messages = fields.get("messages")
+        if messages is not None and _has_media(messages):
+            return None
+    else:
+        fields.pop("messages", None)
+        prompt = fields.get("prompt")
+        if isinstance(prompt, list):
+            if len(prompt) != 1 and not all(_is_token(t) for t in prompt):
+                return None  # several prompts: several requests' worth of routing
+            if prompt and all(_is_token(t) for t in prompt):
+                return tuple(prompt)
+            only = prompt[0] if prompt else None
+            if isinstance(only, list):
+                return tuple(only) if only and all(_is_token(t) for t in only) else None
+            if not isinstance(only, str):
+                return None
+            fields["prompt"] = only
+        elif prompt is not None and not isinstance(prompt, str):
+            return None
+    head = json.dumps(fields, separators=(",", ":")).encode()
+    if not bulk_prompt:
+        return head
+    return b"{" + bulk_prompt + b"," + head[1:]
+
+
+async def engine_token_ids(
+    session: aiohttp.ClientSession,
+    route: Route,
+    body: Mapping[str, Any],
+    key: str | None,
+    timeout_s: float,
+    *,
+    chat: bool | None = None,
+    bulk_prompt: bytes = b"",
+) -> tuple[int, ...] | None:
+    """The prompt of a chat or completion `body` as `route`'s engine tokenizes it, asked with
+    the engine's key `key`; None on any failure or after `timeout_s`. `chat`: whether `body` is
+    a chat body (by default: whether it has `messages`)."""
+    ids, _ = await _ask(session, route, body, key, timeout_s, chat, bulk_prompt)
+    return ids
+
+
+async def _ask(
+    session: aiohttp.ClientSession,
+    route: Route,
+    body: Mapping[str, Any],
+    key: str | None,
+    timeout_s: float,
+    chat: bool | None,
+    bulk_prompt: bytes,
+) -> tuple[tuple[int, ...] | None, Outcome]:
+    made = tokenize_body("messages" in body if chat is None else chat, body, bulk_prompt)
+    if made is None:
+        return None, "skipped"
+    if isinstance(made, tuple):
+        return made, "ok"
+    # Imported here: gateway/proxy.py imports this module.
+    from gateway.proxy import upstream_url
+
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(
+                upstream_url(route, TOKENIZE_PATH),
+                data=made,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as answer:
+                if answer.status != 200:
+                    log.debug("replica %s: /tokenize answered %d", route.replica_id, answer.status)
+                    return None, "failed"
+                length = answer.content_length
+                if length is not None and length > MAX_ANSWER_BYTES:
+                    return None, "failed"
+                raw = await answer.content.read(MAX_ANSWER_BYTES + 1)
+    except TimeoutError:
+        return None, "timeout"
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        log.debug("replica %s: /tokenize failed: %r", route.replica_id, exc)
+        return None, "failed"
+    tokens = _tokens_of(raw) if len(raw) <= MAX_ANSWER_BYTES else None
+    return tokens, "ok" if tokens is not None else "failed"
+
+
+def _tokens_of(raw: bytes) -> tuple[int, ...] | None:
+    try:
+        answer = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    tokens = answer.get("tokens") if isinstance(answer, dict) else None
+    if not isinstance(tokens, list) or not all(_is_token(t) for t in tokens):
+        return None
+    return tuple(tokens)
+
+
+def _is_token(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _TOKEN_MAX
+
+
+def _has_media(messages: object) -> bool:
+    """Whether a message has a content part other than text (an image, audio): vLLM adds the
+    media's own keys to those blocks' hashes."""
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list) and any(
+            not (isinstance(part, Mapping) and part.get("type") == "text") for part in content
+        ):
+            return True
+    return False
+
+
+def cache_salt(body: Mapping[str, Any]) -> str | None:
+    """The body's `cache_salt` (vLLM's per-tenant cache isolation) when it is a string."""
+    salt = body.get("cache_salt")
+    return salt if isinstance(salt, str) and salt else None
+
+
+def kv_candidates(routes: Sequence[Route]) -> list[Route]:
+    """The routes that publish KV events, among a model's ready ones."""
+    return [route for route in routes if route.kv is not None]
+
+
+async def request_token_ids(
+    state: GatewayState, request: ProxiedRequest, routes: Sequence[Route]
+) -> tuple[int, ...] | None:
+    """For gateway/proxy.py: the prompt's token ids when a ready route of the model publishes
+    KV events and the request can use them (see the module's docstring); else None, at no
+    cost."""
+    candidates = kv_candidates(routes)
+    timeout_s: float = state.settings.kv_tokenize_timeout_s
+    if not candidates or timeout_s <= 0 or request.adapter is not None:
+        return None
+    if request.path not in (CHAT, COMPLETIONS):
+        return None
+    if not any(state.kv_index.size(r.replica_id) for r in candidates):
+        # No engine reports holding anything (a cold model, or its feeds are down): the token
+        # ids could not change the choice, so no engine is asked.
+        state.metrics.kv_tokenized("skipped", 0.0)
+        return None
+    counts = state.inflight.counts
+    # The least loaded by this gateway's count: the first among equals (they are sorted).
+    route = min(candidates, key=lambda r: counts.get(r.replica_id, 0))
+    bulk = request.bulk[: request.bulk_prompt_bytes] if request.bulk is not None else b""
+    started = time.perf_counter()
+    ids, outcome = await _ask(
+        state.session,
+        route,
+        request.body,
+        state.upstream_auth(route),
+        timeout_s,
+        request.path == CHAT,
+        bulk,
+    )
+    state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
+    return ids

@@ -1,0 +1,31 @@
+"""Fixtures the unit tests share."""
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from activities.agent.supervisor import ShardSupervisor
+from gateway.store import Store, open_store
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    """A fresh SQLite store of the gateway's, in the test's own directory."""
+    store = open_store(None, tmp_path)
+    await store.init()
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """A shard supervisor's spec and log directories."""
+    return tmp_path / "shards", tmp_path / "logs"
+
+
+@pytest.fixture
+def supervisor(dirs: tuple[Path, Path]) -> Iterator[ShardSupervisor]:
+    sup = ShardSupervisor(*dirs)
+    yield sup
+    sup.stop_all(grace_s=1.0)

@@ -1,0 +1,194 @@
+"""The "prefix" policy on replicas that publish KV events: scored by the leading blocks their
+engines report holding (KvBlockIndex), with the approximate index and sessions as before when
+nothing matches, and unchanged for replicas without KV events."""
+
+from __future__ import annotations
+
+import itertools
+
+from engines.kv_hashes import block_ids
+from engines.kv_index import KvBlockIndex
+from gateway.routing import Decision, OverloadMargin, RequestKey, Router, RoutingSnapshot
+from gateway.routing.kv_blocks import request_block_ids
+from workflows.contracts import KvSource, ReplicaState, Route, RoutingTable
+
+BLOCK = 4
+KV = KvSource(feed="http://node-a:9400", block_size=BLOCK, hash_seed="0")
+TOKENS = tuple(range(100, 100 + 5 * BLOCK + 2))  # 5 full blocks and 2 tokens more
+HASHES = block_ids(TOKENS, BLOCK, "0")
+PROMPT = b"the same prompt, as bytes " * 40
+
+
+def salted(salt: str) -> list[int]:
+    """The prompt's block ids with a cache salt, keyed as gateway/routing/kv_blocks.py keys it
+    (checked against a real vLLM by tests/e2e/test_vllm_cpu.py): the first block only."""
+    return block_ids(TOKENS, BLOCK, "0", [(("cache_salt", salt),)])
+
+
+def route(replica_id: str, kv: KvSource | None = KV) -> Route:
+    return Route(
+        replica_id=replica_id,
+        model="m",
+        node="node-a",
+        endpoint=f"http://127.0.0.1:1/{replica_id}",
+        engine="vllm" if kv else "llamacpp",
+        state=ReplicaState.READY,
+        kv=kv,
+    )
+
+
+def snapshot(*routes: Route) -> RoutingSnapshot:
+    return RoutingSnapshot(RoutingTable(version=1, routes=list(routes)))
+
+
+def ask(
+    tokens: tuple[int, ...] | None = TOKENS,
+    salt: str | None = None,
+    prompt: bytes = PROMPT,
+    session: str | None = None,
+) -> RequestKey:
+    return RequestKey("m", prompt, session=session, token_ids=tokens, cache_salt=salt)
+
+
+def chosen(decision: Decision) -> str:
+    assert decision.route is not None
+    return decision.route.replica_id
+
+
+def test_the_replica_holding_the_most_leading_blocks_is_chosen() -> None:
+    index = KvBlockIndex()
+    index.store("a", HASHES[:1])
+    index.store("b", HASHES[:3])
+    index.store("c", HASHES[1:])  # everything but the first block: no prefix at all
+    router = Router(kv_index=index)
+    decision = router.choose(snapshot(route("a"), route("b"), route("c")), ask(), {}, now=0.0)
+    assert (chosen(decision), decision.reason) == ("b", "kv_prefix")
+    assert decision.matched_blocks == 3
+    assert decision.predicted_cached_tokens == 3 * BLOCK
+
+
+def test_an_overloaded_holder_gives_way_to_the_next_longest_then_to_the_least_loaded() -> None:
+    index = KvBlockIndex()
+    index.store("a", HASHES[:2])
+    index.store("b", HASHES[:4])
+    router = Router(kv_index=index, margin=OverloadMargin(absolute=4, factor=2.0))
+    snap = snapshot(route("a"), route("b"), route("c"))
+    within = router.choose(snap, ask(), {"b": 4}, now=0.0)
+    assert (chosen(within), within.reason) == ("b", "kv_prefix")
+    over = router.choose(snap, ask(), {"b": 5}, now=1.0)
+    assert (chosen(over), over.reason, over.matched_blocks) == ("a", "kv_prefix", 2)
+    both = router.choose(snap, ask(), {"a": 5, "b": 5}, now=2.0)
+    assert (chosen(both), both.reason) == ("c", "fallback_overloaded")
+    assert (both.matched_blocks, both.predicted_cached_tokens) == (0, 0)
+
+
+def test_a_single_block_in_common_is_not_a_match() -> None:
+    """As with the approximate index, a match shorter than min_match_blocks (a chat template's
+    opening every prompt shares) does not pull requests onto one replica."""
+    index = KvBlockIndex()
+    index.store("a", HASHES[:1])
+    router = Router(kv_index=index, min_match_blocks=2)
+    decision = router.choose(snapshot(route("a"), route("b")), ask(), {"a": 1}, now=0.0)
+    assert (chosen(decision), decision.reason) == ("b", "least_load")
+
+
+def test_a_fully_cached_prompt_predicts_one_block_less() -> None:
+    """An engine recomputes at least the prompt's last token, so a prompt whose blocks are all
+    cached takes all but the last block from the cache (vLLM: num_tokens - 1)."""
+    exact = TOKENS[: 3 * BLOCK]
+    index = KvBlockIndex()
+    index.store("a", block_ids(exact, BLOCK, "0"))
+    decision = Router(kv_index=index).choose(snapshot(route("a")), ask(exact), {}, now=0.0)
+    assert (decision.reason, decision.matched_blocks) == ("kv_prefix", 3)
+    assert decision.predicted_cached_tokens == 2 * BLOCK
+
+
+def test_a_salted_request_does_not_match_blocks_of_the_unsalted_prompt() -> None:
+    mine = salted("tenant-1")
+    assert not set(mine) & set(HASHES), "the salt changes every block, through the chain"
+    index = KvBlockIndex()
+    index.store("a", HASHES)
+    index.store("b", mine[:2])
+    router = Router(kv_index=index)
+    snap = snapshot(route("a"), route("b"))
+    plain = router.choose(snap, ask(), {}, now=0.0)
+    assert (chosen(plain), plain.reason, plain.matched_blocks) == ("a", "kv_prefix", 5)
+    theirs = router.choose(snap, ask(salt="tenant-1"), {}, now=1.0)
+    assert (chosen(theirs), theirs.reason, theirs.matched_blocks) == ("b", "kv_prefix", 2)
+    other = router.choose(snap, ask(salt="tenant-2", prompt=b"x"), {}, now=2.0)
+    assert other.reason == "least_load"
+    assert other.predicted_cached_tokens == 0
+
+
+def test_request_block_ids_are_the_engines_hashes() -> None:
+    assert list(request_block_ids(TOKENS, KV, None)) == HASHES
+    assert list(request_block_ids(TOKENS, KV, "")) == HASHES  # an empty salt is no salt
+    assert list(request_block_ids(TOKENS, KV, "s")) == salted("s")
+    assert list(request_block_ids(TOKENS, KV, "s", max_blocks=2)) == salted("s")[:2]
+    unseeded = KvSource(feed=KV.feed, block_size=BLOCK, hash_seed=None)
+    assert list(request_block_ids(TOKENS, unseeded, None)) == block_ids(TOKENS, BLOCK, None)
+
+
+def test_replicas_of_another_block_size_compare_by_tokens() -> None:
+    wide = KvSource(feed=KV.feed, block_size=8, hash_seed="0")
+    index = KvBlockIndex()
+    index.store("narrow", HASHES[:3])  # 12 tokens
+    index.store("wide", block_ids(TOKENS, 8, "0")[:2])  # 16 tokens
+    router = Router(kv_index=index)
+    decision = router.choose(snapshot(route("narrow"), route("wide", wide)), ask(), {}, now=0.0)
+    assert (chosen(decision), decision.reason, decision.matched_blocks) == ("wide", "kv_prefix", 2)
+    assert decision.predicted_cached_tokens == 16
+
+
+def test_without_a_kv_match_the_approximate_index_and_sessions_route_as_before() -> None:
+    index = KvBlockIndex()  # the feeds are down, say: nothing known
+    router = Router(kv_index=index)
+    snap = snapshot(route("a"), route("b"))
+    first = router.choose(snap, ask(), {}, now=0.0)
+    assert first.reason == "least_load"
+    again = router.choose(snap, ask(), {}, now=1.0)
+    assert (chosen(again), again.reason) == (chosen(first), "prefix")
+    session = router.choose(snap, ask(prompt=b"short", session="s-1"), {}, now=2.0)
+    assert session.reason == "session"
+
+
+Made = tuple[str, str, int, int]
+
+
+def _decisions(router: Router, snap: RoutingSnapshot, keys: list[RequestKey]) -> list[Made]:
+    loads = itertools.cycle([{}, {"a": 3}, {"b": 9}, {"a": 6, "b": 1}])
+    return [
+        (chosen(d), d.reason, d.matched_blocks, d.predicted_cached_tokens)
+        for n, key in enumerate(keys)
+        for d in [router.choose(snap, key, next(loads), now=float(n))]
+    ]
+
+
+PROMPTS = [b"system prompt one. " * 30 + b"%d" % n for n in range(4)] + [
+    b"system prompt two. " * 30 + b"%d" % n for n in range(4)
+]
+
+
+def test_requests_without_token_ids_route_as_before() -> None:
+    index = KvBlockIndex()
+    index.store("a", HASHES)
+    snap = snapshot(route("a"), route("b"))
+    keys = [RequestKey("m", p, session="s" if n % 3 else None) for n, p in enumerate(PROMPTS * 2)]
+    decisions = _decisions(Router(kv_index=index), snap, keys)
+    assert decisions == _decisions(Router(), snap, keys)
+    assert {"prefix", "least_load", "fallback_overloaded"} <= {r for _, r, _, _ in decisions}
+
+
+def test_routes_without_kv_route_exactly_as_before_even_with_token_ids() -> None:
+    index = KvBlockIndex()
+    index.store("a", HASHES)
+    snap = snapshot(route("a", kv=None), route("b", kv=None))
+    with_ids = [
+        RequestKey("m", p, session="s" if n % 3 else None, token_ids=TOKENS, cache_salt="x")
+        for n, p in enumerate(PROMPTS * 2)
+    ]
+    plain = [RequestKey("m", k.prompt, session=k.session) for k in with_ids]
+    decisions = _decisions(Router(kv_index=index), snap, with_ids)
+    assert decisions == _decisions(Router(), snap, plain)
+    assert all(reason != "kv_prefix" for _, reason, _, _ in decisions)
+    assert {"prefix", "least_load"} <= {reason for _, reason, _, _ in decisions}

@@ -1,0 +1,23 @@
+"""What `llmgw up` starts its children with: its agent serves the KV feed on the port asked."""
+
+from pathlib import Path
+
+from workers.cli import build_parser
+from workers.paths import Locations
+from workers.up import UpOptions, start_children
+
+
+def agent_args(opts: UpOptions, tmp_path: Path) -> list[str]:
+    where = Locations(tmp_path, tmp_path / "cache", "127.0.0.1:7233", "default", None)
+    [agent] = [c for c in start_children(where, opts).children if c.name == "agent"]
+    return agent.args
+
+
+def test_up_gives_its_agent_a_kv_feed_port(tmp_path: Path) -> None:
+    parser = build_parser()
+    assert parser.parse_args(["up"]).kv_feed_port == 8003
+    assert parser.parse_args(["agent"]).kv_feed_port == 0  # a standalone agent: no feed
+    args = agent_args(UpOptions(node="n", kv_feed_port=9123), tmp_path)
+    assert args[args.index("--kv-feed-port") + 1] == "9123"
+    off = agent_args(UpOptions(node="n", kv_feed_port=0), tmp_path)
+    assert off[off.index("--kv-feed-port") + 1] == "0"

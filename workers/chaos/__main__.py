@@ -1,4 +1,0 @@
-from workers.chaos.campaign import main
-
-if __name__ == "__main__":
-    main()

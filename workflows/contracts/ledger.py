@@ -1,0 +1,245 @@
+"""The ledger: placement, allocations, routes and the cluster ledger's state."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from workflows.contracts.models import Profile
+from workflows.contracts.nodes import NodeRecord, NodeState
+from workflows.contracts.replicas import ReplicaState
+
+
+class PlacementRequest(BaseModel):
+    """Place one replica: the first of its profiles that fits anywhere wins."""
+
+    replica_id: str
+    workflow_id: str = ""
+    model: str
+    profiles: list[Profile] = Field(min_length=1)
+    # Nodes this replica must not use (the node it is being moved away from).
+    exclude_nodes: list[str] = Field(default_factory=list)
+    # node -> ports in its range that a process outside llmgw holds, as an agent found when
+    # it refused a launch (PortsInUse): placement hands out others.
+    exclude_ports: dict[str, list[int]] = Field(default_factory=dict)
+
+
+class PortsInUse(BaseModel):
+    """The details of a launch refused with type PortInUse (non-retryable): these ports on
+    this node are held by a process outside llmgw. The replica releases its allocation and
+    places again with them in PlacementRequest.exclude_ports."""
+
+    node: str
+    ports: list[int]
+
+
+class ShardAllocation(BaseModel):
+    """One node's part of a replica: its engine process, port, GPUs, cores and memory."""
+
+    node: str
+    address: str
+    port: int
+    rank: int = 0  # 0 is the leader, the shard requests go to
+    gpus: list[int] = Field(default_factory=list)  # GpuInfo.index on that node
+    gpu_uuids: list[str] = Field(default_factory=list)  # what CUDA_VISIBLE_DEVICES names
+    cpu_cores: int = 0
+    memory_mb: int = 0
+    # Ports this shard binds besides `port`, by use (workflows/placement/ports.py): the
+    # leader's rendezvous point, vLLM's KV-event ports. Empty in allocations from before they
+    # were placed: the agent then derives them from `port`.
+    extra_ports: dict[str, int] = Field(default_factory=dict)
+
+
+class Allocation(BaseModel):
+    """Where a replica runs. node/address/port are the leader's (where requests go); `shards`
+    lists every node's part, leader first."""
+
+    replica_id: str
+    workflow_id: str = ""
+    model: str = ""
+    node: str
+    address: str
+    port: int
+    cpu_cores: int
+    memory_mb: int
+    profile_index: int = 0
+    shards: list[ShardAllocation] = Field(default_factory=list)
+    # How the shards of a multi-node replica reach each other: "nvlink" (one NVLink domain),
+    # "infiniband" or "roce"; empty for a single node.
+    fabric: str = ""
+    nvlink_domain: str = ""
+
+    def shards_or_leader(self) -> list[ShardAllocation]:
+        """Every shard; an allocation from before shards existed is its leader alone."""
+        if self.shards:
+            return self.shards
+        leader = ShardAllocation(
+            node=self.node,
+            address=self.address,
+            port=self.port,
+            cpu_cores=self.cpu_cores,
+            memory_mb=self.memory_mb,
+        )
+        return [leader]
+
+
+class PlacementRefused(BaseModel):
+    """Why a replica could not be placed: one line per node, in the node's own words."""
+
+    replica_id: str
+    reasons: dict[str, str]
+
+
+class PlacementRefusal(BaseModel):
+    """The ledger's `place` answer when no node can take the replica: the reasons grouped and
+    counted, a few hundred bytes at any fleet size (workflows/placement/refusal.py)."""
+
+    replica_id: str
+    summary: str  # required: an Allocation never parses as a refusal, nor the reverse
+
+
+class NodeStatus(BaseModel):
+    """A node's state as the ledger has it; None when the ledger has no such node."""
+
+    name: str
+    state: NodeState | None = None
+
+
+class ReleaseRequest(BaseModel):
+    replica_id: str
+
+
+class AllocationLookup(BaseModel):
+    replica_id: str
+
+
+class ReplicaAllocation(BaseModel):
+    """What the ledger holds for one replica; None when nothing."""
+
+    allocation: Allocation | None = None
+
+
+class WorkflowIds(BaseModel):
+    workflow_ids: list[str] = Field(default_factory=list)
+
+
+class WorkflowStatuses(BaseModel):
+    """Whether each workflow has an open run. Only Temporal's definite answer counts: closed
+    (any way) or never started is False; no answer fails the activity instead."""
+
+    running: dict[str, bool] = Field(default_factory=dict)
+
+
+class NodeName(BaseModel):
+    name: str
+
+
+class ReplicaRef(BaseModel):
+    replica_id: str
+    workflow_id: str
+    model: str
+
+
+class ReplicaRefs(BaseModel):
+    replicas: list[ReplicaRef] = Field(default_factory=list)
+
+
+class NodeNames(BaseModel):
+    names: list[str] = Field(default_factory=list)
+
+
+class KvSource(BaseModel):
+    """Where a gateway learns which prefix-cache blocks a replica holds, and how to hash a
+    request's tokens the way its engine does (engines/kv_hashes.py)."""
+
+    # The node agent's KV feed (engines/kv_feed.py), "http://address:port".
+    feed: str
+    block_size: int
+    # The engine's PYTHONHASHSEED (its hashes' seed); None when it has none.
+    hash_seed: str | None = None
+
+
+class Route(BaseModel):
+    replica_id: str
+    model: str
+    node: str
+    endpoint: str
+    engine: str
+    state: ReplicaState
+    fingerprint: str = ""
+    detail: str = ""
+    # External endpoints only: the model name to send them instead of `model` ("" = `model`).
+    upstream_model: str = ""
+    # Set by the ledger, never by a replica: the control plane cannot hear this route's node.
+    # Its engine may well still serve (only the agent, or the path to Temporal, may be down), so
+    # gateways use such a route only when a model has no other ready one.
+    node_unreachable: bool = False
+    # Engines that publish KV-cache events (vLLM with a profile's kv_events): routed by the
+    # blocks they report holding. None: by the gateway's own prefix index.
+    kv: KvSource | None = None
+    # The replica's LoRA adapters by name, in its profile's `lora` order: the order of
+    # llama-server's --lora flags, whose index a request's `lora` field names the adapter by
+    # (gateway/lora.py). Also listed by /v1/models. Empty on a route published before this field.
+    adapters: list[str] = Field(default_factory=list)
+
+
+class RoutingTable(BaseModel):
+    # Bumped on every change, so a gateway can tell whether anything moved.
+    version: int = 0
+    routes: list[Route] = Field(default_factory=list)
+    # Models scaled to zero that a request wakes: the gateway holds the request meanwhile.
+    idle_models: list[str] = Field(default_factory=list)
+    # The ledger's first run id: versions count within one ledger, and a ledger started afresh
+    # begins again at 0, so a version alone could match a table it never had.
+    epoch: str = ""
+    # The asker already holds this epoch and version: no routes are sent (at 4,000 replicas the
+    # table is ~800 KB, and every gateway asks twice a second).
+    unchanged: bool = False
+
+
+class RoutingTableRequest(BaseModel):
+    """What the asking gateway already holds; the defaults hold nothing."""
+
+    epoch: str = ""
+    version: int = -1
+
+
+class ModelIdle(BaseModel):
+    model: str
+    idle: bool
+
+
+class ModelName(BaseModel):
+    name: str
+
+
+class EngineLoad(BaseModel):
+    """One engine's load from its own metrics."""
+
+    replica_id: str
+    running: int = 0
+    waiting: int = 0
+    # Token counters summed: they only grow while the engine serves (and reset when it restarts).
+    work: float = 0.0
+    seen: bool = True  # False when its metrics could not be read
+
+
+class EngineLoadRequest(BaseModel):
+    replica_ids: list[str]
+
+
+class EngineLoadReport(BaseModel):
+    engines: list[EngineLoad] = Field(default_factory=list)
+
+
+class LedgerState(BaseModel):
+    """The cluster ledger's whole state: carried through continue-as-new, so kept compact."""
+
+    nodes: dict[str, NodeRecord] = Field(default_factory=dict)
+    allocations: dict[str, Allocation] = Field(default_factory=dict)
+    routes: dict[str, Route] = Field(default_factory=dict)
+    idle_models: list[str] = Field(default_factory=list)
+    version: int = 0
+
+
+class LedgerAck(BaseModel):
+    version: int

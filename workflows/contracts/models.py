@@ -1,0 +1,220 @@
+"""Models: a model's declared spec, its profiles, and the model workflow's messages and state."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+
+from pydantic import BaseModel, Field, model_validator
+
+
+class LoraAdapter(BaseModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    path: str
+
+
+class Profile(BaseModel):
+    """One way to run a model: engine, hardware and engine settings. A model lists one or more,
+    most preferred first; placement takes the first that fits somewhere. Validated as a whole in
+    workflows/catalog.py, which names the field at fault."""
+
+    # llamacpp, vllm, sglang, trtllm; or external: an OpenAI-compatible server llmgw does not
+    # run, one replica per URL in `urls`.
+    engine: str = "llamacpp"
+    engine_version: str = ""
+    # None: the CPU. Otherwise a class as discovery names it: "h100-80g", "a100-80g-mig-3g.40gb".
+    gpu_class: str | None = None
+    gpus_per_node: int = Field(default=0, ge=0, le=16)
+    tensor_parallel: int = Field(default=1, ge=1, le=64)
+    pipeline_parallel: int = Field(default=1, ge=1, le=64)
+    nodes: int = Field(default=1, ge=1, le=64)
+    cpu_cores: int = Field(default=2, ge=1)
+    memory_mb: int = Field(default=1024, ge=64)
+    context_size: int = Field(default=4096, ge=256)
+    parallel: int = Field(default=2, ge=1, le=256)
+    # "" or the weights' quantisation as the engine takes it ("fp8", "awq", ...).
+    quantization: str = ""
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    kv_events: bool = False
+    lora: list[LoraAdapter] = Field(default_factory=list)
+    # Multi-node launch: vLLM's own multi-process mode ("mp"), or a Ray cluster per replica.
+    launch: str = Field(default="mp", pattern=r"^(mp|ray)$")
+    # Engine "external" only: the servers' base URLs (http[s]://host[:port][/v1]). No key here:
+    # a spec is in workflow history for anyone with the Temporal UI; the key lives in the
+    # gateway's store (docs/external-models.md).
+    urls: list[str] = Field(default_factory=list)
+    # Engine "external" only: the name the servers know the model by (a hosted API's
+    # "gpt-4o-mini"), sent upstream in place of llmgw's name; "" sends llmgw's name unchanged.
+    upstream_model: str = ""
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the replica uses in all."""
+        return self.gpus_per_node * self.nodes
+
+    def fingerprint_fields(self) -> dict[str, object]:
+        """The profile as its fingerprint sees it. Fields added since fingerprints were first
+        recorded count only when set, so a running replica's fingerprint, and with it the
+        decision to roll it, does not change when llmgw is upgraded."""
+        data = self.model_dump()
+        for added in ("urls", "upstream_model"):
+            if not data[added]:
+                del data[added]
+        return data
+
+
+class Autoscale(BaseModel):
+    """How a model's replica count follows its load, between min_replicas and max_replicas."""
+
+    # Scale out when more than this many requests wait per replica, for `sustained_s`.
+    queue_per_replica: float = Field(default=4.0, gt=0)
+    sustained_s: float = Field(default=30.0, ge=0)
+    # Scale in by one after this long with nothing waiting and spare replicas.
+    quiet_s: float = Field(default=300.0, ge=0)
+    # With min_replicas 0: no request for this long, and the model goes to zero replicas.
+    idle_s: float = Field(default=900.0, ge=1)
+    # How often the model looks at its engines' load.
+    look_every_s: float = Field(default=15.0, ge=1, le=600)
+
+
+# The flat fields a model had before profiles: still accepted, as its one profile.
+_PROFILE_FIELDS = frozenset(Profile.model_fields)
+
+
+class ModelSpec(BaseModel):
+    """A model as declared by the operator: weights, profiles and how many replicas."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
+    # A GGUF file or model directory on the nodes; unused (and optional) for engine external.
+    weights: str = ""
+    # For engine external: always the number of URLs, whatever was given (see below).
+    replicas: int = Field(default=1, ge=0, le=1024)
+    min_replicas: int = Field(default=0, ge=0, le=1024)
+    max_replicas: int = Field(default=64, ge=0, le=1024)
+    autoscale: Autoscale | None = None
+    profiles: list[Profile] = Field(default_factory=lambda: [Profile()], min_length=1, max_length=8)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_profile_from_flat_fields(cls, data: object) -> object:
+        if isinstance(data, dict) and "profiles" not in data:
+            flat = {k: data[k] for k in _PROFILE_FIELDS if k in data}
+            rest = {k: v for k, v in data.items() if k not in _PROFILE_FIELDS}
+            return {**rest, "profiles": [flat]}
+        return data
+
+    @model_validator(mode="after")
+    def _external_replicas_are_its_urls(self) -> ModelSpec:
+        if self.external:
+            self.replicas = len(self.profiles[0].urls)
+        return self
+
+    @property
+    def engine(self) -> str:
+        return self.profiles[0].engine
+
+    @property
+    def external(self) -> bool:
+        """Served by endpoints llmgw does not run: nothing is placed, each URL is a replica."""
+        return self.engine == "external"
+
+    def profile_fingerprint(self, index: int) -> str:
+        """What a running replica on this profile was started from: when it differs from the
+        catalog's, the replica is stale and a rolling update replaces it."""
+        blob = json.dumps(
+            {"weights": self.weights, "profile": self.profiles[index].fingerprint_fields()},
+            sort_keys=True,
+            separators=(",", ":"),
+        ).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def fingerprints(self) -> list[str]:
+        return [self.profile_fingerprint(i) for i in range(len(self.profiles))]
+
+
+class ScaleRequest(BaseModel):
+    replicas: int = Field(ge=0, le=1024)
+
+
+class RemoveModel(BaseModel):
+    reason: str = "removed by operator"
+
+
+class ModelView(BaseModel):
+    spec: ModelSpec
+    replica_ids: list[str] = Field(default_factory=list)
+    removing: bool = False
+    # Replicas kept serving until their successor is ready (a drain), by replica id.
+    retiring: list[str] = Field(default_factory=list)
+    # Replicas serving a profile the catalog no longer has: a rolling update replaces them.
+    stale: list[str] = Field(default_factory=list)
+    # Engine external: its routes, replica id -> endpoint (`llmgw ledger rebuild` reads them).
+    external_routes: dict[str, str] = Field(default_factory=dict)
+
+
+class ReplaceReplicas(BaseModel):
+    """Move replicas off a node: start a successor for each; stop the old one once the successor
+    is ready (a drain, nothing dropped) or at once (its node is lost or removed)."""
+
+    replica_ids: list[str]
+    reason: str
+    wait_for_successor: bool = True
+
+
+class ReplicaReady(BaseModel):
+    """A replica tells its model it is serving (so a replica it replaces can stop) and from
+    which profile (so the model knows whether it is current)."""
+
+    replica_id: str
+    fingerprint: str = ""
+
+
+class ModelWake(BaseModel):
+    """A gateway holds a request for a model at zero replicas: start one."""
+
+    reason: str = "a request arrived"
+
+
+class AutoscaleState(BaseModel):
+    """What the autoscaler remembers between looks, carried through continue-as-new."""
+
+    queueing_since: datetime | None = None
+    quiet_since: datetime | None = None
+    last_active: datetime | None = None
+    # The engines' token counters summed at the last look: a change means requests were served.
+    last_work: float | None = None
+
+
+class ModelState(BaseModel):
+    """The model workflow's whole state, carried through continue-as-new."""
+
+    spec: ModelSpec
+    removing: bool = False
+    next_index: int = 0
+    indices: list[int] = Field(default_factory=list)
+    # Old replica index -> the successor's index it waits for before it stops.
+    retiring: dict[int, int] = Field(default_factory=dict)
+    # Replica index -> the profile fingerprint it last reported serving with.
+    fingerprints: dict[int, str] = Field(default_factory=dict)
+    autoscale: AutoscaleState = Field(default_factory=AutoscaleState)
+    # Engine external: the routes this model published, replica id -> endpoint.
+    external_routes: dict[str, str] = Field(default_factory=dict)
+    # Pending work, carried so a continue-as-new never drops it:
+    # moves asked for (drain, lost node, rolling update) not carried out yet;
+    replacements: list[ReplaceReplicas] = Field(default_factory=list)
+    # successors that said they serve, whose retiring predecessor may stop now;
+    ready_replicas: list[str] = Field(default_factory=list)
+    # replica indices told to stop whose workflow has not closed yet (removal waits for them);
+    stopping: list[int] = Field(default_factory=list)
+    # replica indices whose workflow closed unbidden and whose engine no stop has reached yet:
+    # their allocation is kept until it stops or its node is gone;
+    unstopped: list[int] = Field(default_factory=list)
+    # whether the ledger was last told this model is idle (None: not told yet).
+    published_idle: bool | None = None
+    # When the autoscaler looks next and when the replica workflows are checked next: carried
+    # so that a continue-as-new never puts them off (a run that continued before its look was
+    # due would otherwise start the wait again, and could do so forever).
+    look_at: datetime | None = None
+    check_at: datetime | None = None

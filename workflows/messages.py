@@ -1,0 +1,10 @@
+"""Names of messages one workflow sends another where the sender cannot name the receiver's
+handler method (`handle.signal(ModelWorkflow.replace, ...)`) without an import cycle. The
+receiver declares its handler with the same constant, so the two cannot drift apart.
+
+Never rename a value: the name is what running workflows and stored histories recorded.
+"""
+
+# A replica tells its model it serves (workflows/replica.py -> ModelWorkflow.replica_ready):
+# model.py imports replica.py for its child workflows, so replica.py cannot import model.py.
+MODEL_REPLICA_READY = "replica_ready"

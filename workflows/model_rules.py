@@ -1,0 +1,71 @@
+"""The model workflow's pure decisions: which replicas it watches and which are stale, whether a
+scale request fits the model, its view, and the routes of an external model's URLs.
+
+Pure: the model workflow (workflows/model.py) runs them inside the sandbox, and replays them;
+`llmgw ledger rebuild` rebuilds an external model's routes with external_route.
+"""
+
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.catalog import EXTERNAL
+    from workflows.contracts import ModelSpec, ModelState, ModelView, ReplicaState, Route
+    from workflows.names import EXTERNAL_NODE, replica_id
+
+
+def external_route(spec: ModelSpec, rid: str, endpoint: str, state: ReplicaState) -> Route:
+    """The route of one URL of an external model (the model publishes it; `llmgw ledger
+    rebuild` rebuilds it)."""
+    return Route(
+        replica_id=rid,
+        model=spec.name,
+        node=EXTERNAL_NODE,
+        endpoint=endpoint,
+        engine=EXTERNAL,
+        state=state,
+        fingerprint=spec.profile_fingerprint(0) if spec.external else "",
+        detail="external endpoint",
+        upstream_model=spec.profiles[0].upstream_model,
+    )
+
+
+def check_scale(spec: ModelSpec, replicas: int) -> None:
+    """Raise ApplicationError (type InvalidModel) unless `spec` may run `replicas` replicas."""
+    if spec.external:
+        raise ApplicationError(
+            f"model {spec.name}: an external model has one replica per URL; change its "
+            "URLs instead",
+            type="InvalidModel",
+        )
+    if not spec.min_replicas <= replicas <= spec.max_replicas:
+        raise ApplicationError(
+            f"model {spec.name}: {replicas} replicas is outside min_replicas.."
+            f"max_replicas ({spec.min_replicas}..{spec.max_replicas})",
+            type="InvalidModel",
+        )
+
+
+def stale_indices(state: ModelState) -> list[int]:
+    """Replicas serving a profile the catalog no longer has: a rolling update replaces them."""
+    current = set(state.spec.fingerprints())
+    known = state.fingerprints
+    return [i for i in state.indices if i in known and known[i] not in current]
+
+
+def watched_indices(state: ModelState) -> list[int]:
+    """Every replica whose workflow should be running: serving or starting, retiring, or
+    told to stop and not yet closed."""
+    return sorted(set(state.indices) | set(state.retiring) | set(state.stopping))
+
+
+def model_view(state: ModelState) -> ModelView:
+    name = state.spec.name
+    return ModelView(
+        spec=state.spec,
+        replica_ids=[replica_id(name, i) for i in state.indices] + list(state.external_routes),
+        removing=state.removing,
+        retiring=[replica_id(name, i) for i in state.retiring],
+        stale=[replica_id(name, i) for i in stale_indices(state)],
+        external_routes=state.external_routes,
+    )

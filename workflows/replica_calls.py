@@ -1,0 +1,150 @@
+"""The replica workflow's calls out: placement through the ledger, and the engine activities on
+a node's agent (launch, readiness, supervision, stop), each with its timeouts and retries.
+
+Each only schedules (or awaits) what the replica workflow (workflows/replica.py) asks for, in
+the order it asks: the workflow decides, these say how a call is made.
+"""
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.workflow import ActivityHandle
+
+with workflow.unsafe.imports_passed_through():
+    from workflows import options, search_attributes
+    from workflows.contracts import (
+        Allocation,
+        EngineExit,
+        LaunchRequest,
+        LaunchResult,
+        ModelSpec,
+        PlacementRefusal,
+        PlacementRequest,
+        ReadyRequest,
+        ReadyResult,
+        ReplicaView,
+        ShardAllocation,
+        ShardRef,
+        StopResult,
+    )
+    from workflows.ledger import NO_PLACEMENT
+    from workflows.names import ControlActivity, NodeActivity, node_task_queue
+
+# What the ledger's `place` answers (PlacementRefusal requires its summary, so neither parses as
+# the other).
+PLACEMENT_ANSWER: Any = Allocation | PlacementRefusal
+
+
+async def request_placement(req: PlacementRequest) -> Allocation | str:
+    """The allocation, or why there is none (the ledger's summary)."""
+    try:
+        answer = await workflow.execute_activity(
+            ControlActivity.LEDGER_PLACE,
+            req,
+            start_to_close_timeout=options.LEDGER_CALL_TIMEOUT,
+            retry_policy=options.LEDGER_RETRY,
+            result_type=PLACEMENT_ANSWER,
+        )
+    except ActivityError as err:
+        # A ledger from before refusals were answers failed the call instead.
+        cause = err.cause
+        if not (isinstance(cause, ApplicationError) and cause.type == NO_PLACEMENT):
+            raise
+        return cause.message
+    if isinstance(answer, PlacementRefusal):
+        return f"no node can take it: {answer.summary}"
+    assert isinstance(answer, Allocation)
+    return answer
+
+
+def start_launch(
+    replica_id: str, model: ModelSpec, alloc: Allocation, shard: ShardAllocation
+) -> ActivityHandle[LaunchResult]:
+    """Start (or adopt) one shard's engine on its node."""
+    return workflow.start_activity(
+        NodeActivity.START_ENGINE,
+        LaunchRequest(
+            replica_id=replica_id,
+            workflow_id=workflow.info().workflow_id,
+            model=model,
+            allocation=alloc,
+        ),
+        task_queue=node_task_queue(shard.node),
+        start_to_close_timeout=options.START_TIMEOUT,
+        schedule_to_close_timeout=options.START_GIVE_UP,
+        retry_policy=options.START_RETRY,
+        result_type=LaunchResult,
+    )
+
+
+def start_wait_ready(replica_id: str, leader: ShardAllocation) -> ActivityHandle[ReadyResult]:
+    """Wait on the leader's node until its engine serves (/health and /v1/models answer)."""
+    return workflow.start_activity(
+        NodeActivity.WAIT_READY,
+        ReadyRequest(replica_id=replica_id, port=leader.port),
+        task_queue=node_task_queue(leader.node),
+        start_to_close_timeout=options.READY_TIMEOUT,
+        schedule_to_close_timeout=options.READY_GIVE_UP,
+        heartbeat_timeout=options.READY_HEARTBEAT,
+        retry_policy=options.READY_RETRY,
+        result_type=ReadyResult,
+    )
+
+
+def start_supervise(replica_id: str, shard: ShardAllocation) -> ActivityHandle[EngineExit]:
+    """Supervise one shard: a long heartbeating activity that returns when it exits. Not
+    bounded in time (an engine may serve for a year): it races the stop signal, which a
+    model sends when the node is gone."""
+    return workflow.start_activity(
+        NodeActivity.SUPERVISE_ENGINE,
+        ShardRef(replica_id=replica_id),
+        task_queue=node_task_queue(shard.node),
+        start_to_close_timeout=options.SUPERVISE_TIMEOUT,
+        heartbeat_timeout=options.SUPERVISE_HEARTBEAT,
+        retry_policy=options.SUPERVISE_RETRY,
+        result_type=EngineExit,
+    )
+
+
+def start_stop(
+    replica_id: str, shard: ShardAllocation, drain_s: float, give_up: timedelta
+) -> ActivityHandle[StopResult]:
+    """Stop one shard's engine, after up to `drain_s` for its in-flight requests."""
+    return workflow.start_activity(
+        NodeActivity.STOP_ENGINE,
+        ShardRef(replica_id=replica_id, drain_s=drain_s),
+        task_queue=node_task_queue(shard.node),
+        start_to_close_timeout=options.STOP_TIMEOUT,
+        schedule_to_close_timeout=give_up,
+        retry_policy=options.STOP_RETRY,
+        result_type=StopResult,
+    )
+
+
+async def cancel_all(handles: Sequence[ActivityHandle[Any]]) -> None:
+    """Cancel every activity not done yet, and wait for each to end."""
+    # TRY_CANCEL (the default) resolves at once even when the agent is gone.
+    for handle in handles:
+        if not handle.done():
+            handle.cancel()
+    for handle in handles:
+        with contextlib.suppress(ActivityError, asyncio.CancelledError):
+            await handle
+
+
+def label(model: str, view: ReplicaView) -> None:
+    """Model, node and state as search attributes, for the Temporal UI's filters."""
+    workflow.upsert_search_attributes(
+        [
+            search_attributes.MODEL.value_set(model),
+            search_attributes.NODE.value_set(view.node)
+            if view.node
+            else search_attributes.NODE.value_unset(),
+            search_attributes.REPLICA_STATE.value_set(view.state.value),
+        ]
+    )
