@@ -65,6 +65,14 @@ class KvPublisher:
     topic: str
     block_size: int  # tokens a block
     hash_seed: str | None  # the engine's PYTHONHASHSEED; None when unset
+    # The LoRA adapters the engine loaded, (name, path) as its command line gave them: vLLM
+    # hashes ("lora", name, path) into every block of an adapter's request.
+    adapters: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        # A spec file read back gives lists: kept as tuples, so a recorded publisher equals the
+        # one it was made from.
+        object.__setattr__(self, "adapters", tuple((str(n), str(p)) for n, p in self.adapters))
 
 
 @dataclass(frozen=True)

@@ -300,6 +300,7 @@ class Vllm(PythonEnvEngine):
             topic=shard.replica_id,
             block_size=block_size(shard.profile, cpu=_on_cpu(shard)),
             hash_seed=KV_HASH_SEED,
+            adapters=tuple((adapter.name, adapter.path) for adapter in shard.profile.lora),
         )
 
 

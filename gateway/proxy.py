@@ -241,6 +241,7 @@ async def _serve_admitted(
                 session=session.decode("latin-1") if session else request.user,
                 token_ids=token_ids,
                 cache_salt=cache_salt(body),
+                adapter=request.adapter,
             )
             relay = await _first_answer(
                 state, request, snapshot, routing_key, payload, deadline, watch

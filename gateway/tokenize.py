@@ -12,10 +12,12 @@ alike, so one is asked (the least loaded by this gateway's count).
 It costs one round trip and one tokenization on the engine per request, so it is bounded: a
 short timeout (`kv_tokenize_timeout_s`, which is also the most it can add to a request's
 latency), asked only when a candidate replica has `kv` and some candidate's engine reports
-holding blocks, never for embeddings, several prompts, LoRA adapters or media parts (their
-blocks carry extra keys the gateway does not reproduce). A completion prompt given as token
-ids is used as it is. Any failure gives None, and routing falls back to the gateway's own
-prefix index: tokenizing never fails a request.
+holding blocks, never for embeddings, several prompts or media parts (their blocks carry
+extra keys the gateway does not reproduce). A LoRA adapter's request is tokenized under the
+adapter's name, as the engine serves it; its blocks carry the adapter's key
+(gateway/routing/kv_blocks.py). A completion prompt given as token ids is used as it is.
+Any failure gives None, and routing falls back to the gateway's own prefix index: tokenizing
+never fails a request.
 """
 
 from __future__ import annotations
@@ -197,7 +199,7 @@ async def request_token_ids(
     cost."""
     candidates = kv_candidates(routes)
     timeout_s: float = state.settings.kv_tokenize_timeout_s
-    if not candidates or timeout_s <= 0 or request.adapter is not None:
+    if not candidates or timeout_s <= 0:
         return None
     if request.path not in (CHAT, COMPLETIONS):
         return None

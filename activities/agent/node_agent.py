@@ -390,6 +390,7 @@ class NodeAgentActivities:
             feed=f"http://{host}:{port}",
             block_size=publisher.block_size,
             hash_seed=publisher.hash_seed,
+            adapters=dict(publisher.adapters),
         )
 
     @activity.defn(name=NodeActivity.WAIT_READY)

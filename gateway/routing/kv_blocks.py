@@ -28,19 +28,32 @@ def request_block_ids(
     token_ids: Sequence[int],
     kv: KvSource,
     cache_salt: str | None,
+    adapter: str | None = None,
     max_blocks: int = MAX_REQUEST_BLOCKS,
 ) -> Iterator[int]:
     """The event ids of the request's full blocks on a replica described by `kv`, lazily, in
-    order, at most `max_blocks` of them.
+    order, at most `max_blocks` of them; none when the replica does not load `adapter`.
 
-    The cache salt: vLLM (generate_block_hash_extra_keys) adds it to the extra keys of the
-    block starting at token 0 only, after any LoRA and multimodal keys, tagged as
-    `("cache_salt", salt)` (vLLM 0.32; up to 0.29 it was the bare string, which a LoRA name
-    could collide with). Every later block has none and is still distinct, since it chains
-    from the salted first. tests/e2e/test_vllm_cpu.py checks this against a real vLLM. The
-    gateway asks for token ids only for requests without a LoRA adapter and with text
-    prompts, so no LoRA or multimodal keys belong here. An empty salt is no salt, as in
-    vLLM."""
-    extra_keys: list[ExtraKeys] = [(("cache_salt", cache_salt),)] if cache_salt else []
+    Extra keys, as vLLM 0.32 makes them (generate_block_hash_extra_keys): a LoRA adapter's
+    `("lora", name, path)` on every block, the path as the engine's --lora-modules gave it
+    (`kv.adapters`); then, on the block starting at token 0 only, the cache salt as
+    `("cache_salt", salt)` (up to vLLM 0.29 it was the bare string, which a LoRA name could
+    collide with). Later blocks without an adapter have none and are still distinct, since
+    they chain from the salted first. tests/e2e/test_vllm_cpu.py checks all of it against a
+    real vLLM. The gateway asks for token ids only for text prompts, so no multimodal keys
+    belong here. An empty salt is no salt, as in vLLM."""
     tokens = token_ids[: max_blocks * kv.block_size]
+    lora: tuple[tuple[str, str, str], ...] = ()
+    if adapter is not None:
+        path = kv.adapters.get(adapter)
+        if path is None:
+            return iter(())
+        lora = (("lora", adapter, path),)
+    salt: tuple[tuple[str, str], ...] = (("cache_salt", cache_salt),) if cache_salt else ()
+    extra_keys: list[ExtraKeys] = []
+    if lora:
+        extra_keys = [lora] * (len(tokens) // kv.block_size)
+    if lora or salt:
+        first: ExtraKeys = (*lora, *salt)
+        extra_keys[:1] = [first]
     return iter_block_ids(tokens, kv.block_size, kv.hash_seed, extra_keys)

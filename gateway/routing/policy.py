@@ -252,19 +252,22 @@ class Router:
     def _kv_matches(self, request: RequestKey, routes: Sequence[Route]) -> dict[str, _KvMatch]:
         """What each candidate publishing KV events holds of the request's leading blocks; empty
         without token ids or such candidates. Candidates are grouped by how their engines hash
-        (block size and seed; normally one group per model), each group's blocks hashed lazily:
-        no further than the longest match (kv_blocks.py states the cost)."""
+        (block size, seed and the adapter's path; normally one group per model), each group's
+        blocks hashed lazily: no further than the longest match (kv_blocks.py states the
+        cost)."""
         token_ids, kv_index = request.token_ids, self.kv_index
         if token_ids is None or kv_index is None:
             return {}
-        groups: dict[tuple[int, str | None], tuple[KvSource, list[str]]] = {}
+        adapter = request.adapter
+        groups: dict[tuple[int, str | None, str | None], tuple[KvSource, list[str]]] = {}
         for route in routes:
             if route.kv is not None:
-                key = (route.kv.block_size, route.kv.hash_seed)
+                path = route.kv.adapters.get(adapter) if adapter is not None else None
+                key = (route.kv.block_size, route.kv.hash_seed, path)
                 groups.setdefault(key, (route.kv, []))[1].append(route.replica_id)
         found: dict[str, _KvMatch] = {}
         for kv, replica_ids in groups.values():
-            blocks = request_block_ids(token_ids, kv, request.cache_salt)
+            blocks = request_block_ids(token_ids, kv, request.cache_salt, adapter)
             # An engine recomputes at least the prompt's last token, so it takes at most the
             # full blocks before it from its cache (vLLM: max_cache_hit_length = tokens - 1).
             usable = max(0, (len(token_ids) - 1) // kv.block_size)

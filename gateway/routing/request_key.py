@@ -30,6 +30,8 @@ class RequestKey:
     token_ids: tuple[int, ...] | None = None
     # The body's `cache_salt` (vLLM): it changes the prompt's block hashes.
     cache_salt: str | None = None
+    # The LoRA adapter asked for: it changes every block's hash (gateway/routing/kv_blocks.py).
+    adapter: str | None = None
 
 
 def prompt_bytes(body: Mapping[str, Any], limit: int = PROMPT_LIMIT) -> bytes:

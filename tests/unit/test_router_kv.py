@@ -129,6 +129,41 @@ def test_request_block_ids_are_the_engines_hashes() -> None:
     assert list(request_block_ids(TOKENS, unseeded, None)) == block_ids(TOKENS, BLOCK, None)
 
 
+LORA_PATH = "/models/sql-lora"
+WITH_LORA = KvSource(feed=KV.feed, block_size=BLOCK, hash_seed="0", adapters={"sql": LORA_PATH})
+
+
+def with_adapter(salt: str | None = None) -> list[int]:
+    """The prompt's block ids for adapter "sql", keyed as vLLM 0.32 keys them: the adapter's
+    ("lora", name, path) on every block, the salt after it on the first."""
+    lora = ("lora", "sql", LORA_PATH)
+    first = (lora, ("cache_salt", salt)) if salt else (lora,)
+    return block_ids(TOKENS, BLOCK, "0", [first] + [(lora,)] * (len(HASHES) - 1))
+
+
+def test_an_adapters_blocks_carry_its_name_and_path_on_every_block() -> None:
+    assert list(request_block_ids(TOKENS, WITH_LORA, None, "sql")) == with_adapter()
+    assert list(request_block_ids(TOKENS, WITH_LORA, "s", "sql")) == with_adapter("s")
+    assert not set(with_adapter()) & set(HASHES), "the base model's blocks are other blocks"
+    # An adapter the replica did not load (or loaded from elsewhere) cannot be predicted.
+    assert list(request_block_ids(TOKENS, WITH_LORA, None, "other")) == []
+    moved = WITH_LORA.model_copy(update={"adapters": {"sql": "/elsewhere"}})
+    assert set(request_block_ids(TOKENS, moved, None, "sql")).isdisjoint(with_adapter())
+
+
+def test_an_adapter_request_goes_to_the_replica_holding_its_blocks_not_the_bases() -> None:
+    index = KvBlockIndex()
+    index.store("base", HASHES)  # the same prompt, served by the base model
+    index.store("lora", with_adapter()[:3])
+    router = Router(kv_index=index)
+    snap = snapshot(route("base", WITH_LORA), route("lora", WITH_LORA))
+    request = RequestKey("m", PROMPT, token_ids=TOKENS, adapter="sql")
+    decision = router.choose(snap, request, {}, now=0.0)
+    assert (chosen(decision), decision.reason, decision.matched_blocks) == ("lora", "kv_prefix", 3)
+    base = router.choose(snap, ask(), {}, now=1.0)
+    assert (chosen(base), base.matched_blocks) == ("base", 5)
+
+
 def test_replicas_of_another_block_size_compare_by_tokens() -> None:
     wide = KvSource(feed=KV.feed, block_size=8, hash_seed="0")
     index = KvBlockIndex()

@@ -156,6 +156,9 @@ class KvSource(BaseModel):
     block_size: int
     # The engine's PYTHONHASHSEED (its hashes' seed); None when it has none.
     hash_seed: str | None = None
+    # The engine's LoRA adapters, name to path as its command line gave them: vLLM keys every
+    # block of an adapter's request by ("lora", name, path) (gateway/routing/kv_blocks.py).
+    adapters: dict[str, str] = Field(default_factory=dict)
 
 
 class Route(BaseModel):
