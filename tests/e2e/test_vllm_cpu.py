@@ -25,10 +25,10 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.agent.kv_subscriber import KvSubscriber
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
 from engines.kv_events import BlockStored, Event
 from engines.kv_index import KvBlockIndex
+from engines.kv_subscriber import KvSubscriber
 from engines.local_port import free_port
 from engines.vllm import CPU_BLOCK_SIZE, KV_HASH_SEED
 from gateway.routing import RoutingSnapshot
