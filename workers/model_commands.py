@@ -308,7 +308,8 @@ async def show_models(client: Client) -> None:
 def describe_profile(p: Profile) -> str:
     if p.engine == EXTERNAL:
         named = f" as {p.upstream_model}" if p.upstream_model else ""
-        return f"{EXTERNAL} {' '.join(p.urls)}{named}"
+        events = ", KV events" if p.external_kv is not None else ""
+        return f"{EXTERNAL} {' '.join(p.urls)}{named}{events}"
     where = "cpu" if p.gpu_class is None else f"{p.gpu_class} x{p.gpus_per_node}"
     if p.nodes > 1:
         where += f" x{p.nodes} nodes"

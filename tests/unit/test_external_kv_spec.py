@@ -4,7 +4,7 @@ YAML, the catalog's checks, and the KvSource each URL's route carries."""
 import pytest
 
 from workers.cli import build_parser
-from workers.model_commands import models_from_file, spec_from_args
+from workers.model_commands import describe_profile, models_from_file, spec_from_args
 from workflows.catalog import check_model
 from workflows.contracts import (
     ExternalKv,
@@ -43,6 +43,7 @@ def test_one_source_per_url_goes_into_the_spec_and_onto_that_urls_route():
         block_size=32,
         hash_seed="0",
     )
+    assert describe_profile(spec.profiles[0]) == f"external {A} {B}, KV events"
     # Each URL's route names its own engine's publisher, with the hashing the router needs.
     second = external_route(spec, "m/ext-1", "http://10.0.0.6:8000", ReplicaState.READY)
     assert second.kv == KvSource(
