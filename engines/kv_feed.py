@@ -1,6 +1,6 @@
 """The KV feed: how a node agent tells gateways which prefix-cache blocks its replicas hold.
 
-The agent subscribes to each local vLLM replica's KV events (activities/agent/kv_subscriber.py)
+The agent subscribes to each local vLLM replica's KV events (engines/kv_subscriber.py)
 and keeps what every replica holds; a gateway reads `GET FEED_PATH` on the agent with
 `Authorization: Bearer <kv_feed_token(node secret)>` and gets newline-delimited JSON, one
 message per line:

@@ -1,6 +1,6 @@
 """The admin API's gate, its view of the routing table (GET /admin/v1/routes) and of the KV
-feeds (GET /admin/v1/kv); keys, models and usage have routers of their own (admin_keys.py,
-admin_models.py, admin_usage.py).
+feeds and external engines' KV-event publishers (GET /admin/v1/kv); keys, models and usage have
+routers of their own (admin_keys.py, admin_models.py, admin_usage.py).
 
 Every admin router depends on `require_local`, which applies all of gateway/admin_guard.py's
 rules: loopback clients only, Host an address or localhost (DNS rebinding), nothing a browser
@@ -42,6 +42,7 @@ async def routes(state: State) -> dict[str, Any]:
 
 @router.get("/kv")
 async def kv(state: State) -> dict[str, Any]:
-    """Each node agent's KV feed as this gateway reads it (connected, epoch, last seq, counts)
-    and the blocks it holds per replica (gateway/kv_feeds.py)."""
-    return state.kv_feeds.describe()
+    """Each node agent's KV feed as this gateway reads it (connected, epoch, last seq, counts),
+    the blocks it holds per replica (gateway/kv_feeds.py), and each external engine's publisher
+    it subscribes to (gateway/kv_publishers.py)."""
+    return {**state.kv_feeds.describe(), "publishers": state.kv_publishers.describe()}

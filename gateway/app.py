@@ -27,6 +27,7 @@ from gateway.front_door import FrontDoor
 from gateway.inflight import InFlight
 from gateway.key_inflight import KeyInFlight
 from gateway.kv_feeds import KvFeeds
+from gateway.kv_publishers import KvPublishers
 from gateway.lockout import FailedAuthLimiter
 from gateway.loops import PeriodicTask
 from gateway.metrics import GatewayMetrics
@@ -91,6 +92,7 @@ def create_app(
         kv_index = KvBlockIndex(settings.kv_index_max_blocks)
         # Readers start with the first routing table the engine-scrape loop hands it.
         kv_feeds = KvFeeds(kv_index, master_secret, session)
+        kv_publishers = KvPublishers(kv_index)
         body_parser = BodyParser(
             settings.inline_parse_bytes, settings.body_parse_workers, settings.body_parse_wait_s
         )
@@ -118,8 +120,9 @@ def create_app(
                 body_parser=body_parser,
                 kv_index=kv_index,
                 kv_feeds=kv_feeds,
+                kv_publishers=kv_publishers,
             )
-            state.metrics.watch_kv(kv_feeds)
+            state.metrics.watch_kv(kv_feeds, kv_publishers)
             key_refresh = KeyRefresh(state)
             await key_refresh.run()
             app.state.gateway = state
@@ -146,6 +149,7 @@ def create_app(
                     log.exception("usage could not be written at shutdown: %s", usage.pending())
         finally:
             try:
+                await kv_publishers.close()
                 await kv_feeds.close()  # its readers use the session
             finally:
                 await session.close()

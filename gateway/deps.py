@@ -15,6 +15,7 @@ from gateway.cache_salt import CacheSalts
 from gateway.inflight import InFlight
 from gateway.key_inflight import KeyInFlight
 from gateway.kv_feeds import KvFeeds
+from gateway.kv_publishers import KvPublishers
 from gateway.lockout import FailedAuthLimiter
 from gateway.metrics import GatewayMetrics
 from gateway.quota import QuotaBook
@@ -51,10 +52,12 @@ class GatewayState:
     key_inflight: KeyInFlight
     # Parses request bodies, large ones in worker processes off the event loop.
     body_parser: BodyParser
-    # What the engines that publish KV events hold (the router reads it), and the readers of
-    # the node agents' feeds that fill it (gateway/kv_feeds.py).
+    # What the engines that publish KV events hold (the router reads it), and what fills it:
+    # the readers of the node agents' feeds (gateway/kv_feeds.py) and the subscriptions to
+    # external engines' publishers (gateway/kv_publishers.py).
     kv_index: KvBlockIndex
     kv_feeds: KvFeeds
+    kv_publishers: KvPublishers
     # model -> the key its external endpoints want (refreshed from the store); gateway-only.
     upstream_keys: dict[str, str] = field(default_factory=dict)
 

@@ -47,9 +47,11 @@ class EngineScraper:
         router = state.router
         if snapshot.version != self._version:
             # Replicas that left the table take their prefixes, breakers and samples along;
-            # KV feeds follow the nodes of the replicas that publish KV events.
+            # KV feeds follow the nodes of the replicas that publish KV events, and the
+            # gateway's own subscriptions the external engines that do.
             router.retain(snapshot)
             state.kv_feeds.retain(snapshot)
+            state.kv_publishers.retain(snapshot)
             self._version = snapshot.version
         routes = [
             route

@@ -11,7 +11,8 @@ a hit) and reconnect for a new snapshot, after 0.2 s doubling to 5 s while it ke
 all come back at once). Nothing is raised out of a reader; everything is counted
 (`FeedCounters`: shown at /metrics and GET /admin/v1/kv).
 
-`KvFeeds` keeps one reader per distinct (feed, node) among READY routes with `kv`: `retain` on
+`KvFeeds` keeps one reader per distinct (feed, node) among READY routes whose `kv` names a feed
+(an external engine's names its publisher: gateway/kv_publishers.py): `retain` on
 each new routing table starts the new ones and stops the gone ones. A reader takes blocks only
 for replicas the table does not give to another node (an agent speaks for its own replicas),
 and replicas that are not READY are dropped from the index (a replica that restarts starts with
@@ -405,7 +406,8 @@ class KvFeeds:
         wanted: set[FeedKey] = set()
         ready: set[str] = set()
         for route in snapshot.table.routes:
-            key = (route.kv.feed, route.node) if route.kv is not None else None
+            # An external engine's route names its publisher instead (gateway/kv_publishers.py).
+            key = (route.kv.feed, route.node) if route.kv is not None and route.kv.feed else None
             owner[route.replica_id] = key
             if route.state in routable:
                 ready.add(route.replica_id)

@@ -19,6 +19,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from gateway.kv_feeds import KvFeeds
+from gateway.kv_publishers import KvPublishers
 
 # Seconds: a gateway hop is sub-millisecond, a long completion is minutes.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -164,9 +165,12 @@ class GatewayMetrics:
         self._child(self._cached_tokens, model, "predicted").inc(predicted)
         self._child(self._cached_tokens, model, "reported").inc(reported)
 
-    def watch_kv(self, feeds: KvFeeds) -> None:
-        """Expose the KV feeds' counters and the index's size, read at each scrape."""
+    def watch_kv(self, feeds: KvFeeds, publishers: KvPublishers | None = None) -> None:
+        """Expose the KV feeds' and external publishers' counters and the index's size, read
+        at each scrape."""
         self.registry.register(_KvCollector(feeds))
+        if publishers is not None:
+            self.registry.register(_KvPublisherCollector(publishers))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -227,3 +231,56 @@ class _KvCollector(Collector):
             for replica_id in feeds.index.replicas():
                 blocks.add_metric([replica_id], feeds.index.size(replica_id))
         return [*counters.values(), connected, blocks]
+
+
+# PublisherCounters field -> help: counters by publisher endpoint (gateway/kv_publishers.py),
+# named llmgw_kv_publisher_<field>_total.
+_PUBLISHER_COUNTERS = {
+    "received": "KV-event batches received from an external engine's publisher.",
+    "malformed": "KV-event messages that could not be decoded.",
+    "duplicates": "KV-event batches heard twice (a replay overlapping the stream).",
+    "unknown": "KV-event batches with an event of an unknown kind (then a reset).",
+    "gaps": "KV-event sequence gaps.",
+    "replays": "KV-event replays asked for, to fill a gap.",
+    "resets": "Times an external engine's blocks were forgotten.",
+    "connects": "Connections made to an external engine's publisher.",
+    "disconnects": "Connections to an external engine's publisher lost (then a reset).",
+    "failures": "Subscribers to an external engine's publisher that failed and were restarted.",
+}
+
+
+class _KvPublisherCollector(Collector):
+    def __init__(self, publishers: KvPublishers) -> None:
+        self._publishers = publishers
+
+    def describe(self) -> Iterable[Family]:
+        return self._families(with_samples=False)
+
+    def collect(self) -> Iterable[Family]:
+        return self._families(with_samples=True)
+
+    def _families(self, with_samples: bool) -> list[Family]:
+        counters = {
+            name: CounterMetricFamily(f"llmgw_kv_publisher_{name}", text, labels=["publisher"])
+            for name, text in _PUBLISHER_COUNTERS.items()
+        }
+        connected = GaugeMetricFamily(
+            "llmgw_kv_publisher_connected",
+            "1 while connected to an external engine's KV-event publisher.",
+            labels=["publisher"],
+        )
+        if with_samples:
+            # By endpoint: subscriptions to one publisher under two topics add up.
+            by_publisher: dict[str, Tally[str]] = {}
+            for (publisher, _, _), counts in self._publishers.counters().items():
+                by_publisher.setdefault(publisher, Tally()).update(asdict(counts))
+            for publisher, tally in sorted(by_publisher.items()):
+                for name, family in counters.items():
+                    family.add_metric([publisher], tally[name])
+            live: dict[str, bool] = {}
+            for subscription in self._publishers.subscriptions():
+                publisher = subscription.key[0]
+                live[publisher] = live.get(publisher, False) or subscription.connected
+            for publisher, is_live in sorted(live.items()):
+                connected.add_metric([publisher], 1.0 if is_live else 0.0)
+        return [*counters.values(), connected]

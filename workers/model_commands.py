@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from temporalio.client import Client, WorkflowUpdateFailedError
 
 from gateway.store import open_store
+from workers.external_kv_args import add_external_kv_arguments, external_kv_from_args
 from workers.ollama_import import fetch_blobs, plan_import
 from workers.ollama_store import STORE_ENV, OllamaStoreError
 from workers.paths import Locations
@@ -85,6 +86,7 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
         launch=args.launch,
         urls=args.url,
         upstream_model=args.upstream_model,
+        external_kv=external_kv_from_args(args),
     )
     spec = ModelSpec(
         name=args.name,
@@ -306,7 +308,8 @@ async def show_models(client: Client) -> None:
 def describe_profile(p: Profile) -> str:
     if p.engine == EXTERNAL:
         named = f" as {p.upstream_model}" if p.upstream_model else ""
-        return f"{EXTERNAL} {' '.join(p.urls)}{named}"
+        events = ", KV events" if p.external_kv is not None else ""
+        return f"{EXTERNAL} {' '.join(p.urls)}{named}{events}"
     where = "cpu" if p.gpu_class is None else f"{p.gpu_class} x{p.gpus_per_node}"
     if p.nodes > 1:
         where += f" x{p.nodes} nodes"
@@ -374,6 +377,7 @@ def add_model_parsers(
         metavar="NAME",
         help="--engine external: the name the server knows the model by (sent in place of NAME)",
     )
+    add_external_kv_arguments(add)
     # No flag takes the key itself: a command line lands in shell history and `ps`.
     key = add.add_mutually_exclusive_group()
     key.add_argument(

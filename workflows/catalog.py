@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from workflows.contracts import ModelSpec, Profile
 from workflows.env_policy import forbidden_env
 from workflows.env_secrets import env_value_problem
+from workflows.external_kv import external_kv_problems
 
 # "external": an OpenAI-compatible server llmgw does not run; each of its URLs is a replica.
 EXTERNAL = "external"
@@ -94,6 +95,11 @@ def check_profile(p: Profile) -> list[str]:
         problems.append(
             f"upstream_model: only engine {EXTERNAL} takes one; {p.engine} serves the model "
             "under its llmgw name"
+        )
+    if p.external_kv is not None:
+        problems.append(
+            f"external_kv: only engine {EXTERNAL} takes it; a {p.engine} replica llmgw runs "
+            "publishes its KV events with kv_events"
         )
     for name in sorted(p.env):
         reason = forbidden_env(name) or env_value_problem(name, p.env[name])
@@ -194,6 +200,7 @@ def _external_profile(p: Profile) -> list[str]:
     if len(set(bases)) != len(bases):
         problems.append("urls: the same endpoint is listed twice")
     problems.extend(f"upstream_model: {why}" for why in upstream_model_problems(p.upstream_model))
+    problems.extend(external_kv_problems(p))
     return problems
 
 

@@ -1,5 +1,6 @@
 """The model workflow's pure decisions: which replicas it watches and which are stale, whether a
-scale request fits the model, its view, and the routes of an external model's URLs.
+scale request fits the model, its view, and the routes of an external model's URLs (with their
+KV-event sources, Profile.external_kv).
 
 Pure: the model workflow (workflows/model.py) runs them inside the sandbox, and replays them;
 `llmgw ledger rebuild` rebuilds an external model's routes with external_route.
@@ -9,8 +10,16 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.catalog import EXTERNAL
-    from workflows.contracts import ModelSpec, ModelState, ModelView, ReplicaState, Route
+    from workflows.catalog import EXTERNAL, endpoint_base
+    from workflows.contracts import (
+        KvSource,
+        ModelSpec,
+        ModelState,
+        ModelView,
+        Profile,
+        ReplicaState,
+        Route,
+    )
     from workflows.names import EXTERNAL_NODE, replica_id
 
 
@@ -27,7 +36,26 @@ def external_route(spec: ModelSpec, rid: str, endpoint: str, state: ReplicaState
         fingerprint=spec.profile_fingerprint(0) if spec.external else "",
         detail="external endpoint",
         upstream_model=spec.profiles[0].upstream_model,
+        kv=external_kv_source(spec.profiles[0], endpoint) if spec.external else None,
     )
+
+
+def external_kv_source(profile: Profile, endpoint: str) -> KvSource | None:
+    """Where a gateway hears the KV-cache events of the external engine at `endpoint` (a URL's
+    endpoint_base): the source given in the URL's place (Profile.external_kv), or None."""
+    kv = profile.external_kv
+    if kv is None:
+        return None
+    for url, source in zip(profile.urls, kv.sources, strict=False):
+        if endpoint_base(url) == endpoint:
+            return KvSource(
+                block_size=kv.block_size,
+                hash_seed=kv.hash_seed,
+                publisher=source.endpoint,
+                replay=source.replay,
+                topic=source.topic,
+            )
+    return None
 
 
 def check_scale(spec: ModelSpec, replicas: int) -> None:

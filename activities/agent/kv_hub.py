@@ -21,7 +21,6 @@ import secrets
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from activities.agent.kv_subscriber import KvSubscriber
 from engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, Event
 from engines.kv_feed import (
     FeedLive,
@@ -33,6 +32,7 @@ from engines.kv_feed import (
     chunks,
 )
 from engines.kv_index import DEFAULT_MAX_BLOCKS, KvBlockIndex
+from engines.kv_subscriber import KvSubscriber
 
 # What one reader may have waiting, counted as block ids plus one per message: about 8 MB of
 # list slots (the ids themselves are mostly shared with the index). A gateway that reads this
@@ -127,7 +127,7 @@ class _Source:
 
 
 class KvHub:
-    """A KvSink (kv_subscriber.py) holding this node's replicas' blocks for the KV feed."""
+    """A KvSink (engines/kv_subscriber.py) holding this node's replicas' blocks for the KV feed."""
 
     def __init__(
         self, max_blocks: int = DEFAULT_MAX_BLOCKS, max_pending: int = MAX_PENDING

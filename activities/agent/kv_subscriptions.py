@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import zmq.asyncio
 
 from activities.agent.kv_hub import KvHub
-from activities.agent.kv_subscriber import KvSubscriber
 from engines.adapter import KvPublisher
+from engines.kv_subscriber import KvSubscriber
 
 log = logging.getLogger("llmgw.agent.kv")
 

@@ -30,8 +30,8 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.agent.kv_service import KvService
-from activities.agent.kv_subscriber import KvSubscriber
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
+from engines.kv_subscriber import KvSubscriber
 from engines.local_port import free_port
 from engines.vllm import CPU_BLOCK_SIZE, KV_HASH_SEED
 from gateway.routing import RoutingSnapshot

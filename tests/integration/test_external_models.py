@@ -1,6 +1,7 @@
 """An external model through the whole system: defined with `llmgw model add --engine external`
 on a running `llmgw up`, used with the unchanged `openai` client (tools, JSON mode, streaming
-with usage, embeddings), its upstream key sent only to it, metered per key, exported as CSV."""
+with usage, embeddings), its upstream key sent only to it, metered per key, exported as CSV; and
+one whose engine publishes KV-cache events, to which the gateway subscribes."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import msgpack
 import openai
 import pytest
+import zmq
 from aiohttp import web
 
+from engines.local_port import free_port
 from tests.system import System, wait_for
 
 pytestmark = pytest.mark.integration
@@ -194,3 +199,66 @@ def test_an_external_model_serves_the_openai_client_unchanged(
         return "mock" not in [m.id for m in client.models.list()]
 
     wait_for(gone, 30, "the external model gone after rm")
+
+
+class Publisher:
+    """A stand-in external vLLM's KV-event publisher: a PUB bound on loopback (the engine's
+    wildcard endpoint), sending one BlockStored batch after another from a thread."""
+
+    def __init__(self, endpoint: str, blocks: list[int]) -> None:
+        self._endpoint = endpoint
+        self._blocks = blocks
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        ctx = zmq.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.bind(self._endpoint)
+        stored = {"type": "BlockStored", "block_hashes": self._blocks, "token_ids": [1]}
+        payload = msgpack.packb([0.0, [{**stored, "block_size": 1}], 0])
+        while not self._stop.wait(0.1):
+            # Sequence 0 again and again (a publisher restarting each time): whenever the
+            # gateway connects, the next batch it hears gives it the same blocks.
+            pub.send_multipart([b"", (0).to_bytes(8, "big"), payload])
+        pub.close()
+        ctx.term()
+
+    def __enter__(self) -> Publisher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_an_external_models_kv_events_reach_the_gateway(
+    system: System, upstream: OpenAICompatible
+) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    admin = httpx.Client(base_url=f"http://127.0.0.1:{system.admin_port}", trust_env=False)
+    with Publisher(endpoint, [11, 12, 13]), admin:
+        system.cli(
+            "model", "add", "fleet", "--engine", "external", "--url", upstream.url,
+            "--kv-event-source", endpoint, "--kv-block-size", "16", "--kv-hash-seed", "0",
+        )  # fmt: skip
+        shown: dict[str, Any] = {}
+
+        def indexed() -> bool:
+            shown.update(admin.get("/admin/v1/kv").json())
+            return shown["replicas"].get("fleet/ext-0") == 3
+
+        wait_for(indexed, 30, "the external engine's blocks in GET /admin/v1/kv")
+        (subscription,) = [p for p in shown["publishers"] if p["publisher"] == endpoint]
+        assert subscription["connected"] is True
+        assert subscription["replicas"] == ["fleet/ext-0"]
+
+        system.cli("model", "rm", "fleet")
+
+        def stopped() -> bool:
+            shown.update(admin.get("/admin/v1/kv").json())
+            return not shown["publishers"] and "fleet/ext-0" not in shown["replicas"]
+
+        wait_for(stopped, 30, "the subscription stopped after rm")

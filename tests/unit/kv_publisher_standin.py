@@ -1,5 +1,6 @@
-"""A stand-in vLLM KV-event publisher on real ZMQ sockets, for the agent's subscriber tests:
-what vLLM does, its PUB connected to the subscriber's endpoint and its replay ROUTER bound."""
+"""A stand-in vLLM KV-event publisher on real ZMQ sockets, for the subscribers' tests: what vLLM
+does, its replay ROUTER bound and its PUB connected to the agent's subscriber's endpoint or, as
+an external engine started with a wildcard endpoint, bound for the gateway to connect to."""
 
 import asyncio
 from collections.abc import Callable
@@ -8,14 +9,15 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from activities.agent.kv_subscriber import REPLAY_END, KvSubscriber
+from engines.kv_subscriber import REPLAY_END, KvSubscriber
 
 TOPIC = "kv@m"
 
 
 class StandinPublisher:
-    """PUB connected to the subscriber, a ROUTER bound for replays, and a buffer of what it
-    sent (sequence numbers from whatever the test publishes, as after a restart or not)."""
+    """PUB connected to the subscriber (or bound, `bind=True`), a ROUTER bound for replays, and
+    a buffer of what it sent (sequence numbers from whatever the test publishes, as after a
+    restart or not)."""
 
     def __init__(
         self,
@@ -24,6 +26,7 @@ class StandinPublisher:
         replay: str,
         new: bool = True,
         topic: str = TOPIC,
+        bind: bool = False,
     ) -> None:
         self.topic = topic
         self.router = ctx.socket(zmq.ROUTER)
@@ -33,7 +36,15 @@ class StandinPublisher:
             self.router.close(0)  # left open, it would hang the context's term()
             raise
         self.pub = ctx.socket(zmq.PUB)
-        self.pub.connect(endpoint)
+        if bind:
+            try:
+                self.pub.bind(endpoint)
+            except zmq.ZMQError:
+                self.pub.close(0)
+                self.router.close(0)
+                raise
+        else:
+            self.pub.connect(endpoint)
         self.buffer: dict[int, bytes] = {}
         self.new_replay_format = new
         self.serving = asyncio.ensure_future(self._serve_replays())
@@ -65,13 +76,15 @@ class StandinPublisher:
         self.router.close(0)
 
 
-async def restarted(ctx: zmq.asyncio.Context, endpoint: str, replay: str) -> StandinPublisher:
+async def restarted(
+    ctx: zmq.asyncio.Context, endpoint: str, replay: str, bind: bool = False
+) -> StandinPublisher:
     """A new publisher process on the same ports. ZMQ releases a closed socket's port in its
-    own I/O thread, a moment after close(): the replay port is bound as soon as it is free."""
+    own I/O thread, a moment after close(): the ports are bound as soon as they are free."""
     async with asyncio.timeout(5):
         while True:
             try:
-                return StandinPublisher(ctx, endpoint, replay)
+                return StandinPublisher(ctx, endpoint, replay, bind=bind)
             except zmq.ZMQError:
                 await asyncio.sleep(0.01)
 

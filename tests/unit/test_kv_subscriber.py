@@ -8,9 +8,9 @@ import msgpack
 import pytest
 import zmq.asyncio
 
-from activities.agent.kv_subscriber import KvSubscriber
 from engines.kv_events import Event
 from engines.kv_index import KvBlockIndex
+from engines.kv_subscriber import KvSubscriber
 from engines.local_port import free_port
 from tests.unit.kv_publisher_standin import TOPIC, StandinPublisher, connected, until
 

@@ -7,6 +7,9 @@ from temporalio.service import RPCError, RPCStatusCode
 from tests.workflows.conftest import Cluster, ask, eventually, finished, record_history, unique
 from tests.workflows.test_model import serving, track_replicas
 from workflows.contracts import (
+    ExternalKv,
+    KvEventSource,
+    KvSource,
     ModelSpec,
     ModelView,
     Profile,
@@ -152,3 +155,36 @@ async def test_an_invalid_external_definition_is_refused_by_the_workflow(cluster
     handle = cluster.client.get_workflow_handle(model_workflow_id(name))
     await handle.execute_update(ModelWorkflow.remove, RemoveModel())
     await finished(cluster.client, handle.id)
+
+
+async def test_each_urls_route_names_its_own_engines_kv_event_source(cluster):
+    name = unique("extkv")
+    sources = [
+        KvEventSource(endpoint="tcp://10.0.0.5:5557", replay="tcp://10.0.0.5:5558"),
+        KvEventSource(endpoint="tcp://10.0.0.6:5557"),
+    ]
+    spec = external(name, "http://10.0.0.5:8000", "http://10.0.0.6:8000/v1")
+    spec.profiles[0].external_kv = ExternalKv(sources=sources, block_size=32, hash_seed="0")
+    await apply(cluster, spec)
+    e0, e1 = (external_replica_id(name, i) for i in range(2))
+
+    async def published() -> bool:
+        return sorted(await routes_of(cluster, name)) == [e0, e1]
+
+    await eventually(published)
+    routes = await routes_of(cluster, name)
+    assert routes[e0].kv == KvSource(
+        block_size=32, hash_seed="0", publisher="tcp://10.0.0.5:5557", replay="tcp://10.0.0.5:5558"
+    )
+    assert routes[e1].kv == KvSource(block_size=32, hash_seed="0", publisher="tcp://10.0.0.6:5557")
+
+    # The operator drops the events: the routes go back to the gateway's own prefix index.
+    await apply(cluster, external(name, "http://10.0.0.5:8000", "http://10.0.0.6:8000/v1"))
+
+    async def plain() -> bool:
+        return all(r.kv is None for r in (await routes_of(cluster, name)).values())
+
+    await eventually(plain)
+    handle = cluster.client.get_workflow_handle_for(ModelWorkflow.run, model_workflow_id(name))
+    await handle.execute_update(ModelWorkflow.remove, RemoveModel())
+    await finished(cluster.client, handle.id, ModelView)

@@ -151,14 +151,20 @@ class KvSource(BaseModel):
     """Where a gateway learns which prefix-cache blocks a replica holds, and how to hash a
     request's tokens the way its engine does (engines/kv_hashes.py)."""
 
-    # The node agent's KV feed (engines/kv_feed.py), "http://address:port".
-    feed: str
+    # The node agent's KV feed (engines/kv_feed.py), "http://address:port"; "" for an
+    # external engine, whose own publisher the gateway subscribes to (`publisher`).
+    feed: str = ""
     block_size: int
     # The engine's PYTHONHASHSEED (its hashes' seed); None when it has none.
     hash_seed: str | None = None
     # The engine's LoRA adapters, name to path as its command line gave them: vLLM keys every
     # block of an adapter's request by ("lora", name, path) (gateway/routing/kv_blocks.py).
     adapters: dict[str, str] = Field(default_factory=dict)
+    # External engines only (Profile.external_kv): the engine's ZMQ publisher, its replay
+    # socket ("" = none) and topic, which each gateway connects to (gateway/kv_publishers.py).
+    publisher: str = ""
+    replay: str = ""
+    topic: str = ""
 
 
 class Route(BaseModel):

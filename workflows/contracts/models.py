@@ -14,6 +14,34 @@ class LoraAdapter(BaseModel):
     path: str
 
 
+class KvEventSource(BaseModel):
+    """One external vLLM's KV-cache event sockets, as the gateway reaches them. The engine's
+    operator starts it with `--kv-events-config` naming a wildcard endpoint (tcp://*:PORT), on
+    which its PUB socket binds; the gateway connects to it (gateway/kv_publishers.py). Checked
+    in workflows/external_kv.py."""
+
+    # "tcp://host:port": the engine's PUB socket.
+    endpoint: str
+    # "tcp://host:port": its replay socket (`replay_endpoint`); "": none, so a sequence gap
+    # forgets what the engine holds instead of being filled.
+    replay: str = ""
+    # The config's `topic` ("" in vLLM by default).
+    topic: str = ""
+
+
+class ExternalKv(BaseModel):
+    """Engine external only: the URLs are vLLM servers that publish KV-cache events, so the
+    gateway routes by the blocks each one holds (docs/external-models.md)."""
+
+    # One per URL, in the order of `urls`.
+    sources: list[KvEventSource]
+    # The engines' --block-size.
+    block_size: int
+    # The PYTHONHASHSEED the engines were started with; None: none (vLLM >= 0.29 then seeds its
+    # hashes with "vllm-none-hash", older ones with random bytes nobody can reproduce).
+    hash_seed: str | None = None
+
+
 class Profile(BaseModel):
     """One way to run a model: engine, hardware and engine settings. A model lists one or more,
     most preferred first; placement takes the first that fits somewhere. Validated as a whole in
@@ -48,6 +76,9 @@ class Profile(BaseModel):
     # Engine "external" only: the name the servers know the model by (a hosted API's
     # "gpt-4o-mini"), sent upstream in place of llmgw's name; "" sends llmgw's name unchanged.
     upstream_model: str = ""
+    # Engine "external" only: the servers' KV-cache events, one source per URL; None: the
+    # gateway routes them by its own prefix index.
+    external_kv: ExternalKv | None = None
 
     @property
     def gpus(self) -> int:
@@ -59,7 +90,7 @@ class Profile(BaseModel):
         recorded count only when set, so a running replica's fingerprint, and with it the
         decision to roll it, does not change when llmgw is upgraded."""
         data = self.model_dump()
-        for added in ("urls", "upstream_model"):
+        for added in ("urls", "upstream_model", "external_kv"):
             if not data[added]:
                 del data[added]
         return data
