@@ -13,17 +13,17 @@ environment afresh (about 2 minutes here) because that install is what is under 
 """
 
 import asyncio
+import json
 import shutil
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from openai.types import CompletionUsage
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
@@ -38,33 +38,40 @@ from gateway.routing import RoutingSnapshot
 from gateway.routing.kv_blocks import request_block_ids
 from gateway.routing.policy import Router
 from gateway.routing.request_key import RequestKey
-from gateway.store import open_store
-from gateway.store.records import MASTER_SECRET_NAME
 from tests.e2e.vllm_kit import (
-    MASTER,
     NODE,
     SECRET,
     TINY_LORA,
     TINY_MODEL,
     VERSION,
     HeldBlocks,
+    blocks_held,
+    cached_tokens,
+    gateway_store,
     long_text,
     run_script,
     smollm2_gguf,
     temporal_cli,
     tiny_launch,
     until,
+    until_healthy,
+    until_kv_live,
+    wait_for,
 )
-from tests.gateway_kit import FakeRouteSource, Gateway, fast_settings, running_gateway
+from tests.gateway_kit import FakeRouteSource, fast_settings, running_gateway
 from tests.unit.test_gateway_proxy import metric
 from workers.paths import default_cache_dir
+from workflows.catalog import endpoint_base, validate_model
 from workflows.contracts import (
     EngineInstallRequest,
     EngineRequirement,
     EngineSource,
     EngineState,
     EngineStatus,
+    ExternalKv,
+    KvEventSource,
     LoraAdapter,
+    ModelSpec,
     ReadyRequest,
     ReplicaState,
     Route,
@@ -74,6 +81,7 @@ from workflows.contracts import (
 )
 from workflows.engine_install import EngineInstallWorkflow
 from workflows.engine_keys import engine_key
+from workflows.model_rules import external_route
 from workflows.names import engine_install_workflow_id, node_task_queue
 from workflows.placement.ports import KV_PUB, KV_REPLAY
 
@@ -381,12 +389,11 @@ async def test_the_gateway_sends_a_shared_prefix_to_the_engine_that_cached_it(
                 agent.wait_ready, ReadyRequest(replica_id=replica, port=port, timeout_s=300)
             )
             assert ready.ready, ready.detail + "\n" + agent.supervisor.log_tail(replica)
-        store = open_store(None, tmp_path)
-        await store.init()
-        dump = await store.export_dump()
-        await store.import_dump(dump.model_copy(update={"secrets": {MASTER_SECRET_NAME: MASTER}}))
-        async with running_gateway(store, FakeRouteSource(*routes), fast_settings()) as gw:
-            await until_feed_live(gw)
+        async with (
+            gateway_store(tmp_path) as store,
+            running_gateway(store, FakeRouteSource(*routes), fast_settings()) as gw,
+        ):
+            await until_kv_live(gw, "feeds")
             client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=gw.api_key)
             for topic in ("amber", "basalt", "cedar", "dune"):
                 prefix = long_text(topic)
@@ -410,36 +417,89 @@ async def test_the_gateway_sends_a_shared_prefix_to_the_engine_that_cached_it(
             predicted = await metric(gw, "llmgw_kv_cached_tokens_total", kind="predicted")
             reported = await metric(gw, "llmgw_kv_cached_tokens_total", kind="reported")
             assert predicted == reported > 0
-        await store.close()
     finally:
         await service.stop()
         for replica in replicas:
             await env.run(agent.stop_engine, ShardRef(replica_id=replica))
 
 
-def cached_tokens(usage: CompletionUsage) -> int:
-    details = usage.prompt_tokens_details
-    return details.cached_tokens or 0 if details is not None else 0
-
-
-async def blocks_held(gw: Gateway) -> int:
-    """The blocks the gateway's KV index holds, all replicas together."""
-    shown = (await gw.client.get("/admin/v1/kv")).json()
-    return sum(shown["replicas"].values())
-
-
-async def until_feed_live(gw: Gateway) -> None:
-    deadline = asyncio.get_running_loop().time() + 30
-    while True:
-        shown = (await gw.client.get("/admin/v1/kv")).json()
-        if shown.get("feeds") and all(f["phase"] == "live" for f in shown["feeds"]):
-            return
-        assert asyncio.get_running_loop().time() < deadline, shown
-        await asyncio.sleep(0.1)
-
-
-async def wait_for(read: Callable[[], Awaitable[int]], at_least: int, topic: str) -> None:
-    deadline = asyncio.get_running_loop().time() + 30
-    while (held := await read()) < at_least:
-        assert asyncio.get_running_loop().time() < deadline, f"{topic}: {held} < {at_least}"
-        await asyncio.sleep(0.05)
+async def test_an_external_vllm_is_routed_by_the_events_it_publishes(
+    engine_python: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A vLLM llmgw does not run, started as its operator would (its publisher bound on a
+    wildcard endpoint, PYTHONHASHSEED set), declared as an external model with its KV-event
+    source: the gateway subscribes to the engine itself, and a follow-up sharing a long prefix
+    is routed by the engine's blocks, with the cached tokens it predicted reported."""
+    port, pub, replay = free_port(), free_port(), free_port()
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{pub}",
+        "replay_endpoint": f"tcp://*:{replay}",
+    }
+    command = [
+        str(engine_python.parent / "vllm"), "serve", str(tiny_model),
+        "--served-model-name", "upstream-tiny", "--host", "127.0.0.1", "--port", str(port),
+        "--enable-prefix-caching", "--block-size", str(CPU_BLOCK_SIZE), "--enforce-eager",
+        "--prefix-caching-hash-algo", "sha256_cbor", "--enable-prompt-tokens-details",
+        "--max-model-len", "2048", "--kv-events-config", json.dumps(config),
+    ]  # fmt: skip
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "PYTHONHASHSEED": "0",
+    }
+    log = tmp_path / "vllm.log"
+    with log.open("wb") as out:
+        engine = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        await until_healthy(url, engine, log)
+        spec = ModelSpec(
+            name="ext",
+            engine="external",
+            urls=[url],
+            upstream_model="upstream-tiny",
+            external_kv=ExternalKv(
+                sources=[
+                    KvEventSource(
+                        endpoint=f"tcp://127.0.0.1:{pub}", replay=f"tcp://127.0.0.1:{replay}"
+                    )
+                ],
+                block_size=CPU_BLOCK_SIZE,
+                hash_seed="0",
+            ),
+        )
+        validate_model(spec)  # what `llmgw model add` checks
+        route = external_route(spec, "ext-0", endpoint_base(url), ReplicaState.READY)
+        async with (
+            gateway_store(tmp_path) as store,
+            running_gateway(store, FakeRouteSource(route), fast_settings()) as gw,
+        ):
+            await until_kv_live(gw, "publishers")
+            client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key=gw.api_key)
+            prefix = long_text("external")
+            first = await client.completions.create(
+                model="ext", prompt=f"{prefix} First: where?", max_tokens=1
+            )
+            assert first.usage is not None
+            blocks = first.usage.prompt_tokens // CPU_BLOCK_SIZE
+            await wait_for(lambda: blocks_held(gw), blocks, "the external engine's blocks")
+            second = await client.completions.create(
+                model="ext", prompt=f"{prefix} Second: when?", max_tokens=1
+            )
+            assert second.usage is not None
+            assert cached_tokens(second.usage) >= (blocks - 1) * CPU_BLOCK_SIZE
+            assert await metric(gw, "llmgw_routing_decisions_total", reason="kv_prefix") == 1
+            predicted = await metric(gw, "llmgw_kv_cached_tokens_total", kind="predicted")
+            reported = await metric(gw, "llmgw_kv_cached_tokens_total", kind="reported")
+            assert predicted == reported == cached_tokens(second.usage)
+    finally:
+        engine.terminate()
+        try:
+            engine.wait(30)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            engine.wait()

@@ -8,11 +8,19 @@ import asyncio
 import importlib.util
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
+
+import httpx
+from openai.types import CompletionUsage
 
 from engines.kv_events import BlockStored, Event
 from engines.kv_index import KvBlockIndex
+from gateway.store import Store, open_store
+from gateway.store.records import MASTER_SECRET_NAME
+from tests.gateway_kit import Gateway
 from workflows.contracts import Allocation, LaunchRequest, LoraAdapter, ModelSpec, ShardAllocation
 from workflows.engine_keys import node_secret
 
@@ -170,3 +178,69 @@ async def until(check: Callable[[], bool], timeout: float, what: str) -> None:
 def long_text(topic: str) -> str:
     """About 400 tokens of text that no other request of these tests shares."""
     return " ".join(f"{topic} note {i}: the otter keeps its stone in a pocket." for i in range(30))
+
+
+def cached_tokens(usage: CompletionUsage) -> int:
+    """The prompt tokens the engine took from its prefix cache."""
+    details = usage.prompt_tokens_details
+    if details is None:
+        return 0
+    return details.cached_tokens or 0
+
+
+@asynccontextmanager
+async def gateway_store(directory: Path) -> AsyncIterator[Store]:
+    """A gateway store holding MASTER, the secret the agent's node secret derives from."""
+    store = open_store(None, directory)
+    await store.init()
+    try:
+        dump = await store.export_dump()
+        await store.import_dump(dump.model_copy(update={"secrets": {MASTER_SECRET_NAME: MASTER}}))
+        yield store
+    finally:
+        await store.close()
+
+
+async def blocks_held(gw: Gateway) -> int:
+    """The blocks the gateway's KV index holds, all replicas together."""
+    shown = (await gw.client.get("/admin/v1/kv")).json()
+    return sum(shown["replicas"].values())
+
+
+async def until_kv_live(gw: Gateway, what: str = "feeds") -> None:
+    """Until every agent feed ("feeds") or engine publisher ("publishers") the gateway reads
+    is live, as GET /admin/v1/kv shows them."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        shown = (await gw.client.get("/admin/v1/kv")).json()
+        if shown.get(what) and all(live(item) for item in shown[what]):
+            return
+        assert asyncio.get_running_loop().time() < deadline, shown
+        await asyncio.sleep(0.1)
+
+
+def live(item: dict[str, Any]) -> bool:
+    return bool(item.get("connected")) if "connected" in item else item.get("phase") == "live"
+
+
+async def wait_for(read: Callable[[], Awaitable[int]], at_least: int, topic: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 30
+    while (held := await read()) < at_least:
+        assert asyncio.get_running_loop().time() < deadline, f"{topic}: {held} < {at_least}"
+        await asyncio.sleep(0.05)
+
+
+async def until_healthy(base_url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    """Until the engine at `base_url` (".../v1") answers /health, for at most 300 s."""
+    deadline = asyncio.get_running_loop().time() + 300
+    health = base_url.removesuffix("/v1") + "/health"
+    async with httpx.AsyncClient(timeout=5) as http:
+        while True:
+            assert process.poll() is None, log.read_text()[-4000:]
+            try:
+                if (await http.get(health)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert asyncio.get_running_loop().time() < deadline, log.read_text()[-4000:]
+            await asyncio.sleep(1)
