@@ -52,3 +52,10 @@ def node_identity(node_secret_value: bytes) -> str:
     function of the node secret, so a node workflow can tell two tokens apart without holding
     either secret."""
     return hashlib.sha256(b"identity:" + node_secret_value).hexdigest()[:32]
+
+
+def mirror_token(node_secret_value: bytes) -> str:
+    """What a node agent shows the control plane's mirror to fetch artifacts. The mirror
+    derives it from the master secret and the node's name, the agent from its node secret."""
+    mac = hmac.new(node_secret_value, b"mirror:v1", hashlib.sha256)
+    return mac.hexdigest()

@@ -5,7 +5,8 @@ running workflows. Secrets never appear in any of these: engine keys are derived
 are used (see engine_keys.py), API keys live only in the gateway's store.
 
 Split by what they carry: nodes, engine_installs, models, replicas, ledger, agent_activities
-(node agent activities) and server_config. Import them from here: every name is re-exported.
+(node agent activities), artifacts (the model mirror's) and server_config. Import them from
+here: every name is re-exported.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from workflows.contracts.agent_activities import (
     ShardRef,
     StopResult,
 )
+from workflows.contracts.artifacts import ArtifactFile, ArtifactManifest
 from workflows.contracts.engine_installs import (
     EngineInstallRequest,
 )
@@ -116,6 +118,8 @@ ReplicaInput.model_rebuild(_types_namespace=_LEDGER_TYPES)
 __all__ = [
     "Allocation",
     "AllocationLookup",
+    "ArtifactFile",
+    "ArtifactManifest",
     "Autoscale",
     "AutoscaleState",
     "DiscoverRequest",
