@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.core import Metric as Family
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
+from typing_extensions import override
 
 from gateway.kv_feeds import KvFeeds
 from gateway.kv_publishers import KvPublishers
@@ -193,9 +194,9 @@ _FEED_COUNTERS = {
 }
 
 
-class _KvCollector(Collector):
-    def __init__(self, feeds: KvFeeds) -> None:
-        self._feeds = feeds
+class _FamiliesCollector(Collector):
+    """A collector whose families are built in one place: without samples to describe them,
+    with samples to collect them."""
 
     def describe(self) -> Iterable[Family]:
         return self._families(with_samples=False)
@@ -203,6 +204,15 @@ class _KvCollector(Collector):
     def collect(self) -> Iterable[Family]:
         return self._families(with_samples=True)
 
+    def _families(self, with_samples: bool) -> list[Family]:
+        raise NotImplementedError
+
+
+class _KvCollector(_FamiliesCollector):
+    def __init__(self, feeds: KvFeeds) -> None:
+        self._feeds = feeds
+
+    @override
     def _families(self, with_samples: bool) -> list[Family]:
         counters = {
             name: CounterMetricFamily(metric, text, labels=["node"])
@@ -249,16 +259,11 @@ _PUBLISHER_COUNTERS = {
 }
 
 
-class _KvPublisherCollector(Collector):
+class _KvPublisherCollector(_FamiliesCollector):
     def __init__(self, publishers: KvPublishers) -> None:
         self._publishers = publishers
 
-    def describe(self) -> Iterable[Family]:
-        return self._families(with_samples=False)
-
-    def collect(self) -> Iterable[Family]:
-        return self._families(with_samples=True)
-
+    @override
     def _families(self, with_samples: bool) -> list[Family]:
         counters = {
             name: CounterMetricFamily(f"llmgw_kv_publisher_{name}", text, labels=["publisher"])

@@ -53,6 +53,7 @@ from tests.e2e.vllm_kit import (
     smollm2_gguf,
     temporal_cli,
     tiny_launch,
+    tiny_route,
     until,
     until_healthy,
     until_kv_live,
@@ -298,15 +299,7 @@ async def test_kv_events_carry_the_block_hashes_the_router_computes(
             await reported(plain_ids, "a plain prompt")
 
             # Asked again, the engine takes from its cache what the router predicts.
-            route = Route(
-                replica_id=replica,
-                model="tiny",
-                node=NODE,
-                endpoint=f"http://127.0.0.1:{port}",
-                engine="vllm",
-                state=ReplicaState.READY,
-                kv=kv,
-            )
+            route = tiny_route(replica, port, kv)
             decision = Router(kv_index=held.index).choose(
                 RoutingSnapshot(RoutingTable(routes=[route])),
                 RequestKey(model="tiny", prompt=b"", token_ids=tuple(plain_tokens)),
@@ -373,17 +366,7 @@ async def test_the_gateway_sends_a_shared_prefix_to_the_engine_that_cached_it(
             )
             service.poke()  # the agent subscribes to the engine it just launched
             assert launched.kv is not None, "a launch with KV events reports the agent's feed"
-            routes.append(
-                Route(
-                    replica_id=replica,
-                    model="tiny",
-                    node=NODE,
-                    endpoint=f"http://127.0.0.1:{port}",
-                    engine="vllm",
-                    state=ReplicaState.READY,
-                    kv=launched.kv,
-                )
-            )
+            routes.append(tiny_route(replica, port, launched.kv))
         for replica, port in replicas.items():
             ready = await env.run(
                 agent.wait_ready, ReadyRequest(replica_id=replica, port=port, timeout_s=300)

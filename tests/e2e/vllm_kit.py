@@ -21,7 +21,16 @@ from engines.kv_index import KvBlockIndex
 from gateway.store import Store, open_store
 from gateway.store.records import MASTER_SECRET_NAME
 from tests.gateway_kit import Gateway
-from workflows.contracts import Allocation, LaunchRequest, LoraAdapter, ModelSpec, ShardAllocation
+from workflows.contracts import (
+    Allocation,
+    KvSource,
+    LaunchRequest,
+    LoraAdapter,
+    ModelSpec,
+    ReplicaState,
+    Route,
+    ShardAllocation,
+)
 from workflows.engine_keys import node_secret
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,6 +153,19 @@ def tiny_launch(
             memory_mb=2048,
             shards=[shard],
         ),
+    )
+
+
+def tiny_route(replica: str, port: int, kv: KvSource | None) -> Route:
+    """The READY route of a tiny replica on this node, as the ledger would publish it."""
+    return Route(
+        replica_id=replica,
+        model="tiny",
+        node=NODE,
+        endpoint=f"http://127.0.0.1:{port}",
+        engine="vllm",
+        state=ReplicaState.READY,
+        kv=kv,
     )
 
 
