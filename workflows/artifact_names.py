@@ -11,6 +11,8 @@ import re
 from workflows.contracts.artifacts import ArtifactManifest
 
 SHA256 = "sha256:"
+# Written last into an artifact's directory on a node: the files before it are all verified.
+COMPLETE_MARKER = ".complete"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _PART = re.compile(r"^[A-Za-z0-9._+-]{1,255}$")
 

@@ -7,6 +7,7 @@ again against what each node really has, and the agent drops forbidden environme
 
 from urllib.parse import urlsplit
 
+from workflows.artifact_names import BadArtifact, check_digest, check_relative_path
 from workflows.contracts import ModelSpec, Profile
 from workflows.env_policy import forbidden_env
 from workflows.env_secrets import env_value_problem
@@ -59,8 +60,8 @@ class CatalogError(ValueError):
 def check_model(spec: ModelSpec) -> list[str]:
     if any(p.engine == EXTERNAL for p in spec.profiles):
         return _external_model(spec)
-    problems: list[str] = []
-    if not spec.weights:
+    problems: list[str] = _artifact_problems(spec) if spec.artifact else []
+    if not spec.weights and not spec.artifact:
         problems.append(f"weights: engine {spec.engine} needs a GGUF file or model directory")
     if spec.min_replicas > spec.max_replicas:
         problems.append(
@@ -73,6 +74,23 @@ def check_model(spec: ModelSpec) -> list[str]:
         )
     for i, profile in enumerate(spec.profiles):
         problems.extend(f"profiles[{i}].{p}" for p in check_profile(profile))
+    return problems
+
+
+def _artifact_problems(spec: ModelSpec) -> list[str]:
+    problems = []
+    try:
+        check_digest(spec.artifact)
+    except BadArtifact as err:
+        problems.append(f"artifact: {err}")
+    if spec.weights:
+        try:
+            check_relative_path(spec.weights)
+        except BadArtifact:
+            problems.append(
+                f"weights: with an artifact, a path inside it (like model.gguf), "
+                f"not {spec.weights[:200]!r}"
+            )
     return problems
 
 

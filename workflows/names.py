@@ -94,6 +94,7 @@ class NodeActivity:
     STOP_ENGINE = "node_stop_engine"
     VERIFY_ENGINES = "node_verify_engines"
     ENGINE_LOAD = "node_engine_load"
+    FETCH_ARTIFACT = "node_fetch_artifact"
 
 
 # Temporal Schedules: each starts a short fleet-wide workflow that signals every node.

@@ -46,6 +46,21 @@ READY_GIVE_UP = READY_TIMEOUT * (READY_RETRY.maximum_attempts or 1) + timedelta(
 # lands on the restarted agent, which adopts the engine (or reports it gone). Each attempt ends
 # after a day and the retry (no history event) takes over: a 10-year timeout let the
 # time-skipping test server jump ten years ahead, past every workflow's default timeout.
+# A node fetching a model's weights from the mirror (activities/agent/artifact_fetch.py): an
+# attempt may take hours for a large model, so it heartbeats its progress, and an agent that
+# dies mid-fetch is noticed within FETCH_HEARTBEAT; the next attempt resumes from what is on
+# disk. FETCH_GIVE_UP bounds every attempt and queue wait together.
+FETCH_TIMEOUT = timedelta(hours=12)
+FETCH_HEARTBEAT = timedelta(minutes=1)
+FETCH_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=5),
+    maximum_interval=timedelta(minutes=1),
+    # Permanent: the manifest is not one, or the disk cannot hold it. The replica exits with
+    # the reason and tries again after its restart back-off.
+    non_retryable_error_types=["BadArtifact", "NoSpace"],
+)
+FETCH_GIVE_UP = timedelta(hours=24)
+
 SUPERVISE_TIMEOUT = timedelta(days=1)
 SUPERVISE_HEARTBEAT = timedelta(seconds=20)
 SUPERVISE_RETRY = RetryPolicy(

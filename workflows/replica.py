@@ -53,6 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.names import ControlActivity
     from workflows.replica_calls import (
         cancel_all,
+        fetch_artifact,
         label,
         request_placement,
         start_launch,
@@ -271,7 +272,13 @@ class ReplicaWorkflow:
         shards = alloc.shards_or_leader()
         leader = shards[0]
         self.s.exit_report = None
-        await self._set_state(ReplicaState.STARTING)
+        artifact = self.inp.model.artifact
+        await self._set_state(ReplicaState.STARTING, "fetching the weights" if artifact else "")
+        if artifact:
+            nodes = list(dict.fromkeys(shard.node for shard in shards))
+            why_not = await fetch_artifact(artifact, nodes, lambda: self.s.stop is not None)
+            if why_not is not None:
+                return self._exit(why_not)
         pids = []
         for shard in shards:
             launch = await self._launch(alloc, shard)

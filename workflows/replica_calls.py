@@ -7,7 +7,7 @@ the order it asks: the workflow decides, these say how a call is made.
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +20,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.contracts import (
         Allocation,
         EngineExit,
+        FetchArtifactRequest,
+        FetchArtifactResult,
         LaunchRequest,
         LaunchResult,
         ModelSpec,
@@ -80,6 +82,37 @@ def start_launch(
         retry_policy=options.START_RETRY,
         result_type=LaunchResult,
     )
+
+
+async def fetch_artifact(
+    artifact: str, nodes: Sequence[str], stopped: Callable[[], bool]
+) -> str | None:
+    """Each node fetches the model's artifact from the mirror (at once where it holds it):
+    None once all hold it, else why not. A stop asked for meanwhile cancels the fetches (they
+    resume from what is on disk next time) and answers "stop requested"."""
+    handles = [
+        workflow.start_activity(
+            NodeActivity.FETCH_ARTIFACT,
+            FetchArtifactRequest(manifest=artifact),
+            task_queue=node_task_queue(node),
+            start_to_close_timeout=options.FETCH_TIMEOUT,
+            schedule_to_close_timeout=options.FETCH_GIVE_UP,
+            heartbeat_timeout=options.FETCH_HEARTBEAT,
+            retry_policy=options.FETCH_RETRY,
+            result_type=FetchArtifactResult,
+        )
+        for node in nodes
+    ]
+    await workflow.wait_condition(lambda: all(h.done() for h in handles) or stopped())
+    if not all(h.done() for h in handles):
+        await cancel_all(handles)
+        return "stop requested"
+    for node, handle in zip(nodes, handles, strict=True):
+        try:
+            handle.result()
+        except ActivityError as err:
+            return f"fetching the weights failed on {node}: {err.cause}"
+    return None
 
 
 def start_wait_ready(replica_id: str, leader: ShardAllocation) -> ActivityHandle[ReadyResult]:

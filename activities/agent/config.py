@@ -37,6 +37,11 @@ class AgentConfig:
         return self.state_dir / "engines"
 
     @property
+    def artifacts_root(self) -> Path:
+        """Where the artifacts fetched from the mirror are (activities/agent/artifact_fetch.py)."""
+        return self.state_dir / "artifacts"
+
+    @property
     def install_place(self) -> InstallPlace:
         return InstallPlace(self.engines_root, self.cache_dir, self.has_nvidia)
 

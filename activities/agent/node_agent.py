@@ -35,6 +35,7 @@ from engines.metrics import DEFAULT_METRICS_PATH, metrics_path, scrape, wait_idl
 from engines.registry import find
 from engines.shard_env import shard_env
 from engines.verify import Verification
+from workflows.artifact_names import COMPLETE_MARKER, hex_of
 from workflows.contracts import (
     DiscoverRequest,
     EngineExit,
@@ -47,6 +48,7 @@ from workflows.contracts import (
     KvSource,
     LaunchRequest,
     LaunchResult,
+    ModelSpec,
     NodeInventory,
     PortsInUse,
     Profile,
@@ -275,6 +277,28 @@ class NodeAgentActivities:
             )
         return engine
 
+    def _weights(self, model: ModelSpec) -> Path:
+        """The weights on this node: the profile's path, or the file in the artifact this node
+        fetched from the mirror (complete once its marker is written)."""
+        if not model.artifact:
+            path, what = Path(model.weights), f"weights {model.weights}"
+        else:
+            directory = self._config.artifacts_root / hex_of(model.artifact)
+            path = directory / model.weights if model.weights else directory
+            what = f"{model.weights or 'the weights'} of artifact {model.artifact}"
+            if not (directory / COMPLETE_MARKER).exists():
+                raise _not_retryable(
+                    f"artifact {model.artifact} of model {model.name} is not fetched on node "
+                    f"{self._config.node}",
+                    "WeightsMissing",
+                )
+        if not path.exists():
+            raise _not_retryable(
+                f"{what} for model {model.name} not found on node {self._config.node}",
+                "WeightsMissing",
+            )
+        return path
+
     def _launch(self, req: LaunchRequest, own_ports: set[int]) -> LaunchResult:
         model = req.model
         profile, shards, rank = self._my_shard(req)
@@ -286,12 +310,7 @@ class NodeAgentActivities:
                 "InvalidModelArgs",
             )
         binary = self._binary(engine.name, version)
-        if not Path(model.weights).exists():
-            raise _not_retryable(
-                f"weights {model.weights} for model {model.name} not found on node "
-                f"{self._config.node}",
-                "WeightsMissing",
-            )
+        model = model.model_copy(update={"weights": str(self._weights(model))})
         shard, leader = shards[rank], shards[0]
         ports = shard_ports(shard, leader, profile, rank)
         place = ShardPlace(

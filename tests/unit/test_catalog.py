@@ -249,3 +249,30 @@ def test_changing_an_external_models_urls_changes_its_fingerprint():
     one = external("http://127.0.0.1:9000")
     assert one.fingerprints() == external("http://127.0.0.1:9000").fingerprints()
     assert one.fingerprints() != external("http://127.0.0.1:9001").fingerprints()
+
+
+ARTIFACT = "sha256:" + "0f" * 32
+
+
+def test_weights_from_the_mirror_need_no_path_on_a_node():
+    whole = ModelSpec(
+        name="m", artifact=ARTIFACT, engine="vllm", engine_version="0.32.0", memory_mb=4096
+    )
+    one_file = ModelSpec(name="m", artifact=ARTIFACT, weights="gguf/model.Q4.gguf", memory_mb=2048)
+    assert check_model(whole) == check_model(one_file) == []
+    # The artifact is part of what a running replica was started from: a new one rolls it.
+    assert one_file.fingerprints() != one_file.model_copy(update={"artifact": ""}).fingerprints()
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"artifact": "sha256:abc"}, "artifact: not a sha256 digest"),
+        ({"artifact": "md5:" + "0" * 32}, "artifact: not a sha256 digest"),
+        ({"artifact": ARTIFACT, "weights": "../model.gguf"}, "weights: with an artifact, a path"),
+        ({"artifact": ARTIFACT, "weights": "/abs/model.gguf"}, "weights: with an artifact, a path"),
+    ],
+)
+def test_an_artifact_and_the_path_inside_it_are_checked(fields, expected):
+    problems = check_model(ModelSpec(name="m", **fields))
+    assert any(p.startswith(expected) for p in problems), problems

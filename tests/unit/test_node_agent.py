@@ -22,6 +22,7 @@ from activities.agent.supervisor import ShardSpec
 from engines.adapter import KvPublisher
 from engines.local_port import free_port
 from workers import paths
+from workflows.artifact_names import COMPLETE_MARKER
 from workflows.contracts import (
     Allocation,
     DiscoverRequest,
@@ -276,6 +277,28 @@ async def test_missing_engine_or_weights_fail_without_retry(tmp_path: Path, weig
         )
     assert raised.value.non_retryable
     assert agent.supervisor.shards() == []
+
+
+async def test_an_artifacts_weights_start_only_once_fetched_completely(
+    agent: NodeAgentActivities, tmp_path: Path
+) -> None:
+    """A model whose weights are a mirror artifact runs the file inside the artifact's
+    directory on this node, and only once its fetch wrote the completion marker."""
+    artifact = "sha256:" + "cd" * 32
+    directory = tmp_path / "state" / "artifacts" / ("cd" * 32)
+    directory.mkdir(parents=True)
+    (directory / "model.gguf").write_bytes(b"GGUF")
+    request = launch_request(tmp_path / "unused.gguf", free_port())
+    request.model = request.model.model_copy(update={"artifact": artifact, "weights": "model.gguf"})
+    env = ActivityEnvironment()
+    with pytest.raises(ApplicationError, match=f"artifact {artifact} .* not fetched") as raised:
+        await env.run(agent.start_engine, request)
+    assert raised.value.type == "WeightsMissing"
+    assert raised.value.non_retryable
+
+    (directory / COMPLETE_MARKER).write_text("")
+    launched = await env.run(agent.start_engine, request)
+    assert str(directory / "model.gguf") in launched.command
 
 
 async def test_a_port_held_by_a_stranger_fails_the_start_clearly(

@@ -19,6 +19,8 @@ from workflows.contracts import (
     EngineLoadRequest,
     EngineState,
     EngineStatus,
+    FetchArtifactRequest,
+    FetchArtifactResult,
     KvSource,
     LaunchRequest,
     LaunchResult,
@@ -74,6 +76,12 @@ class FakeAgent:
         self.foreign_ports: set[int] = set()
         # Ports launches were asked for, in order.
         self.launch_ports: list[int] = []
+        # Artifacts fetched from the mirror, in order; the ones this node holds.
+        self.fetches: list[str] = []
+        self.artifacts: set[str] = set()
+        # Set: a fetch waits for it (a large download); a fetch's failure, when given.
+        self.fetch_gate: asyncio.Event | None = None
+        self.fetch_error: ApplicationError | None = None
 
     def all(self) -> list:
         return [
@@ -85,6 +93,7 @@ class FakeAgent:
             self.discover,
             self.verify_engines,
             self.engine_load,
+            self.fetch_artifact,
         ]
 
     def kill(self, replica_id: str, code: int = -9) -> None:
@@ -143,6 +152,20 @@ class FakeAgent:
             ]
         )
 
+    @activity.defn(name=NodeActivity.FETCH_ARTIFACT)
+    async def fetch_artifact(self, req: FetchArtifactRequest) -> FetchArtifactResult:
+        self.fetches.append(req.manifest)
+        gate = self.fetch_gate
+        while gate is not None and not gate.is_set():
+            activity.heartbeat("fetching")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(gate.wait(), 0.2)
+        if self.fetch_error is not None:
+            raise self.fetch_error
+        reused = req.manifest in self.artifacts
+        self.artifacts.add(req.manifest)
+        return FetchArtifactResult(path=f"/artifacts/{req.manifest}", reused=reused)
+
     @activity.defn(name=NodeActivity.START_ENGINE)
     async def start(self, req: LaunchRequest) -> LaunchResult:
         port = next(s.port for s in req.allocation.shards_or_leader() if s.node == self.node)
@@ -152,6 +175,12 @@ class FakeAgent:
                 f"port {port} on node {self.node} is in use by another process",
                 PortsInUse(node=self.node, ports=[port]).model_dump(),
                 type="PortInUse",
+                non_retryable=True,
+            )
+        if req.model.artifact and req.model.artifact not in self.artifacts:
+            raise ApplicationError(
+                f"artifact {req.model.artifact} is not fetched on node {self.node}",
+                type="WeightsMissing",
                 non_retryable=True,
             )
         current = self.engines.get(req.replica_id)

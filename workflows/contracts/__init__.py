@@ -24,6 +24,7 @@ from workflows.contracts.artifacts import ArtifactFile, ArtifactManifest
 from workflows.contracts.engine_installs import (
     EngineInstallRequest,
 )
+from workflows.contracts.fetch import FetchArtifactRequest, FetchArtifactResult
 from workflows.contracts.ledger import (
     Allocation,
     AllocationLookup,
@@ -135,6 +136,8 @@ __all__ = [
     "EngineState",
     "EngineStatus",
     "ExternalKv",
+    "FetchArtifactRequest",
+    "FetchArtifactResult",
     "GpuFabric",
     "GpuInfo",
     "GpuProcess",

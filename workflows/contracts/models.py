@@ -119,7 +119,11 @@ class ModelSpec(BaseModel):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$")
     # A GGUF file or model directory on the nodes; unused (and optional) for engine external.
+    # With `artifact`: the file's path inside the artifact ("" for its whole directory).
     weights: str = ""
+    # The manifest digest ("sha256:<hex>") of the weights in the control plane's mirror: each
+    # node fetches it before the replica starts, so no node needs a path of its own. "": none.
+    artifact: str = ""
     # For engine external: always the number of URLs, whatever was given (see below).
     replicas: int = Field(default=1, ge=0, le=1024)
     min_replicas: int = Field(default=0, ge=0, le=1024)
@@ -154,8 +158,14 @@ class ModelSpec(BaseModel):
     def profile_fingerprint(self, index: int) -> str:
         """What a running replica on this profile was started from: when it differs from the
         catalog's, the replica is stale and a rolling update replaces it."""
+        fields: dict[str, object] = {
+            "weights": self.weights,
+            "profile": self.profiles[index].fingerprint_fields(),
+        }
+        if self.artifact:  # counted only when set, as Profile.fingerprint_fields explains
+            fields["artifact"] = self.artifact
         blob = json.dumps(
-            {"weights": self.weights, "profile": self.profiles[index].fingerprint_fields()},
+            fields,
             sort_keys=True,
             separators=(",", ":"),
         ).encode()
