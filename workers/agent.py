@@ -24,6 +24,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
+from activities.agent.artifact_activity import ArtifactActivities
 from activities.agent.discovery import discover_inventory
 from activities.agent.kv_service import KvService
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
@@ -188,7 +189,9 @@ async def serve_agent(
 ) -> None:
     client = await connect_with_retry(where)
     stop = stop_event()
-    worker = Worker(client, task_queue=node_task_queue(opts.node), activities=agent.all())
+    # Fetches of model artifacts from the mirror sit beside the engine activities.
+    activities = [*agent.all(), *ArtifactActivities(config).all()]
+    worker = Worker(client, task_queue=node_task_queue(opts.node), activities=activities)
     removed = False
     try:
         async with worker:

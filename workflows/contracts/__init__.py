@@ -5,8 +5,8 @@ running workflows. Secrets never appear in any of these: engine keys are derived
 are used (see engine_keys.py), API keys live only in the gateway's store.
 
 Split by what they carry: nodes, engine_installs, models, replicas, ledger, agent_activities
-(node agent activities), artifacts (the model mirror's) and server_config. Import them from
-here: every name is re-exported.
+(node agent activities), artifacts (the model mirror's), fetch (a node's fetch of an artifact)
+and server_config. Import them from here: every name is re-exported.
 """
 
 from __future__ import annotations

@@ -1,0 +1,140 @@
+"""A node's store of fetched artifacts, under `<agent state_dir>/artifacts/`:
+
+    blobs/sha256/<hex>        verified blobs, read-only (artifacts hard-link them)
+    .partial/<hex>            a blob being downloaded; resumed from its size after any stop
+    .locks/<hex>.lock         flocks: one fetch of a blob, one assembly of an artifact at a time
+    <manifest hex>/<path>     an artifact's files under their manifest paths
+    <manifest hex>/.complete  written before the directory is renamed into place
+
+An artifact's directory only ever appears whole: it is built in a temporary directory beside it
+and renamed, with its marker already inside. Locks are flocks (see replica_lock.py for why) and
+are never removed; the kernel drops them when a killed agent dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from workflows.artifact_names import BadArtifact, blob_relpath, check_relative_path, hex_of
+from workflows.contracts import ArtifactManifest
+
+MARKER = ".complete"
+_POLL_S = 0.1
+
+
+class FetchStopped(Exception):
+    """The fetch was asked to stop (its activity was cancelled) while it waited or copied."""
+
+
+class ArtifactStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def blob(self, digest: str) -> Path:
+        return self.root / blob_relpath(digest)
+
+    def partial(self, digest: str) -> Path:
+        return self.root / ".partial" / hex_of(digest)
+
+    def artifact_dir(self, manifest_digest: str) -> Path:
+        return self.root / hex_of(manifest_digest)
+
+    def is_complete(self, manifest_digest: str) -> bool:
+        return (self.artifact_dir(manifest_digest) / MARKER).is_file()
+
+    def prepare(self) -> None:
+        for sub in ("blobs/sha256", ".partial", ".locks"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def lock(self, digest: str, stop: threading.Event) -> Iterator[None]:
+        """Hold the flock of one blob or artifact (by digest), waiting for another fetch of it
+        to end, however long that takes, unless `stop` is set."""
+        fd = os.open(self.root / ".locks" / f"{hex_of(digest)}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if stop.wait(_POLL_S):
+                        raise FetchStopped("stopped while another fetch held the lock") from None
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def assemble(self, manifest_digest: str, manifest: ArtifactManifest) -> Path:
+        """Lay the artifact's files out as hard links to its verified blobs (copies where the
+        file system refuses links) and rename the directory into place. The caller holds the
+        artifact's lock and has every blob."""
+        final = self.artifact_dir(manifest_digest)
+        building = self.root / f".tmp-{hex_of(manifest_digest)}-{uuid.uuid4().hex[:8]}"
+        building.mkdir()
+        try:
+            for file in manifest.files:
+                target = building / check_relative_path(file.path)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(self.blob(file.digest), target)
+                except OSError:
+                    shutil.copyfile(self.blob(file.digest), target)
+            marker = building / MARKER
+            marker.write_text(manifest.model_dump_json() + "\n")
+            _fsync_file(marker)
+            if final.exists():
+                # Left by something other than this code (a rename is whole): nothing to keep.
+                shutil.rmtree(final)
+            os.rename(building, final)
+            _fsync_dir(self.root)
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+        return final
+
+
+def check_layout(manifest: ArtifactManifest) -> None:
+    """Refuse a manifest whose files cannot be laid out safely: a path that could escape the
+    artifact's directory, one that collides with the marker, or one that is both a file and
+    another file's directory."""
+    files: set[str] = set()
+    dirs: set[str] = set()
+    for file in manifest.files:
+        path = check_relative_path(file.path)
+        hex_of(file.digest)
+        if path == MARKER:
+            raise BadArtifact(f"an artifact file may not be named {MARKER!r}")
+        parents = {path.rsplit("/", n)[0] for n in range(1, path.count("/") + 1)}
+        if path in files or path in dirs or parents & files:
+            raise BadArtifact(f"{path!r} collides with another file of the artifact")
+        files.add(path)
+        dirs |= parents
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    # A rename is durable only once its directory is: after a power loss the file is where the
+    # rename put it, or where it was.
+    _fsync_file(path)
+
+
+def seal_blob(partial: Path, blob: Path) -> None:
+    """Move a verified partial to its blob's place, read-only: the artifacts' hard links share
+    its inode, so an engine writing into one of its files would corrupt every artifact."""
+    _fsync_file(partial)
+    partial.chmod(0o444)
+    os.replace(partial, blob)
+    _fsync_dir(blob.parent)
