@@ -169,8 +169,13 @@ def _check_space(store: ArtifactStore, files: list[ArtifactFile]) -> None:
     free = shutil.disk_usage(store.root).free
     if remaining > free:
         raise FetchFailed(
-            f"fetching needs {remaining / GB:.2f} GB, {free / GB:.2f} GB free on {store.root}"
+            f"fetching needs {amount(remaining)}, {amount(free)} free on {store.root}"
         )
+
+
+def amount(n: int) -> str:
+    """GB for weights; bytes where GB would print as 0.00."""
+    return f"{n / GB:.2f} GB" if n >= GB / 100 else f"{n:,} bytes"
 
 
 def _fetch_blob(
