@@ -49,7 +49,7 @@ class ArtifactActivities:
         every blob's sha256, and lay it out under `<state_dir>/artifacts/<manifest hex>/`.
 
         The heartbeat details say what is being fetched and how far it got ("fetching
-        model.gguf: 1.20 of 4.00 GB (30%)"): that is what the Temporal UI shows. Safe to retry:
+        (model.gguf): 1.20 of 4.00 GB (30%)"): that is what the Temporal UI shows. Safe to retry:
         a retry resumes every partial blob from its size, and an artifact already complete
         returns at once with reused=True.
 

@@ -263,7 +263,9 @@ def _download(
 
 
 def _chunks(response: httpx.Response, stop: threading.Event) -> Iterator[bytes]:
-    for chunk in response.iter_raw(CHUNK):
+    # As the network delivers them: a chunk size would make httpx hold back what arrived before
+    # a dropped connection, and the resume would ask for those bytes again.
+    for chunk in response.iter_raw():
         if stop.is_set():
             raise FetchStopped("stopped while downloading")
         yield chunk

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from activities.control.mirror_server import MirrorServer, mirror_app, start_mirror_server
 from workflows.artifact_names import SHA256, blob_relpath, manifest_digest
@@ -71,16 +72,19 @@ class RunningMirror:
         return f"http://127.0.0.1:{self.server.port}"
 
 
-async def running_mirror(root: Path) -> AsyncIterator[RunningMirror]:
+async def running_mirror(root: Path, *middlewares: Middleware) -> AsyncIterator[RunningMirror]:
+    """The mirror server on loopback, recording every request it answers; `middlewares` run
+    inside the recording one (a test's faults)."""
     seen = Seen()
 
     @web.middleware
-    async def record(request: web.Request, handler: web.RequestHandler) -> web.StreamResponse:
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
         seen.requests.append((request.method, request.path, request.headers.get("Range", "")))
         return await handler(request)
 
     app = mirror_app(root, MASTER)
     app.middlewares.append(record)
+    app.middlewares.extend(middlewares)
     server = await start_mirror_server(root, MASTER, "127.0.0.1", 0, app=app)
     try:
         yield RunningMirror(server, seen)

@@ -8,9 +8,12 @@ import os
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.typedefs import Handler
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -194,9 +197,8 @@ async def test_too_little_disk_fails_before_downloading_and_says_how_much(
 ) -> None:
     digest, _ = put_artifact(tmp_path / "mirror", FILES)
     needed = len(WEIGHTS) + len(TOKENIZER)
-    monkeypatch.setattr(
-        artifact_fetch.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(10**12, 0, 1000)
-    )
+    # The store's file system with 1,000 bytes free (the fetch reads only `free`).
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: SimpleNamespace(free=1000))
     with pytest.raises(FetchFailed) as failed:
         await fetch(store, mirror, digest)
     assert str(failed.value) == (
@@ -219,3 +221,31 @@ async def test_two_fetches_of_one_artifact_at_once_download_each_blob_once(
     assert {p: (first.path / p).read_bytes() for p in FILES} == FILES
     assert sorted([first.reused, second.reused]) == [False, True]
     assert len(mirror.seen.blob_requests()) == 2
+
+
+async def test_a_connection_dropped_mid_blob_is_resumed_within_the_call(
+    store: ArtifactStore, tmp_path: Path
+) -> None:
+    digest, manifest = put_artifact(tmp_path / "mirror", {"model.gguf": WEIGHTS})
+    blob = weights_file(manifest).digest
+    sent = 40_000
+    dropped: list[bool] = []
+
+    @web.middleware
+    async def drop_once(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if "/blobs/" not in request.path or dropped:
+            return await handler(request)
+        dropped.append(True)
+        # The headers promise the whole blob; part of it comes, then the connection goes.
+        response = web.StreamResponse(headers={"Content-Length": str(len(WEIGHTS))})
+        await response.prepare(request)
+        await response.write(WEIGHTS[:sent])
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    async for mirror in running_mirror(tmp_path / "mirror", drop_once):
+        outcome = await fetch(store, mirror, digest)
+        assert ("GET", f"/mirror/v1/blobs/{blob}", f"bytes={sent}-") in mirror.seen.requests
+    assert dropped
+    assert (outcome.path / "model.gguf").read_bytes() == WEIGHTS
