@@ -72,6 +72,8 @@ class ArtifactActivities:
             )
 
         task = asyncio.ensure_future(asyncio.to_thread(work))
+        # Cancelled, nobody awaits the thread's end: its FetchStopped is expected, not news.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
             while True:
                 activity.heartbeat(progress.describe())

@@ -21,10 +21,10 @@ from pathlib import Path
 import httpx
 
 from activities.agent.artifact_store import ArtifactStore, FetchStopped, check_layout, seal_blob
-from activities.control.mirror_server import BLOBS_PATH, MANIFESTS_PATH, NODE_HEADER
 from workflows.artifact_names import SHA256, check_digest, manifest_digest
 from workflows.contracts import ArtifactFile, ArtifactManifest
 from workflows.engine_keys import mirror_token
+from workflows.mirror_protocol import BLOBS_PATH, MANIFESTS_PATH, NODE_HEADER
 
 CHUNK = 1 << 20
 # Manifests are small; one far larger is not a manifest.
@@ -193,6 +193,7 @@ def _fetch_blob(
     partial = store.partial(file.digest)
     if partial.is_file() and partial.stat().st_size > file.size:
         partial.unlink()  # longer than the blob: not a prefix of it
+    partial.touch()  # an empty file asks for nothing, yet its blob is this file
     start_done = progress.done
     for attempt in range(1, TRANSPORT_ATTEMPTS + 1):
         progress.done = start_done

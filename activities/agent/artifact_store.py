@@ -75,6 +75,9 @@ class ArtifactStore:
         file system refuses links) and rename the directory into place. The caller holds the
         artifact's lock and has every blob."""
         final = self.artifact_dir(manifest_digest)
+        # What an assembly killed before its rename left: nobody else builds under this lock.
+        for stale in self.root.glob(f".tmp-{hex_of(manifest_digest)}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         building = self.root / f".tmp-{hex_of(manifest_digest)}-{uuid.uuid4().hex[:8]}"
         building.mkdir()
         try:

@@ -27,10 +27,8 @@ from aiohttp import web
 
 from workflows.artifact_names import BadArtifact, blob_relpath, hex_of
 from workflows.engine_keys import mirror_token, node_secret
+from workflows.mirror_protocol import BLOBS_PATH, MANIFESTS_PATH, NODE_HEADER
 
-MANIFESTS_PATH = "/mirror/v1/manifests"
-BLOBS_PATH = "/mirror/v1/blobs"
-NODE_HEADER = "X-Llmgw-Node"
 # Longer names are refused before any MAC is computed: no node is named like that.
 MAX_NODE_NAME = 253
 _ROOT = web.AppKey("root", Path)

@@ -249,3 +249,19 @@ async def test_a_connection_dropped_mid_blob_is_resumed_within_the_call(
         assert ("GET", f"/mirror/v1/blobs/{blob}", f"bytes={sent}-") in mirror.seen.requests
     assert dropped
     assert (outcome.path / "model.gguf").read_bytes() == WEIGHTS
+
+
+async def test_an_empty_file_and_a_killed_assembly_leave_nothing_behind(
+    mirror: RunningMirror, store: ArtifactStore, tmp_path: Path
+) -> None:
+    digest, _ = put_artifact(tmp_path / "mirror", {"empty.txt": b"", "model.gguf": WEIGHTS})
+    store.prepare()
+    stale = store.root / f".tmp-{digest.removeprefix('sha256:')}-deadbeef"
+    (stale / "half").mkdir(parents=True)
+
+    outcome = await fetch(store, mirror, digest)
+
+    assert (outcome.path / "empty.txt").read_bytes() == b""
+    assert (outcome.path / "model.gguf").read_bytes() == WEIGHTS
+    assert not stale.exists()
+    assert list((store.root / ".partial").iterdir()) == []

@@ -8,10 +8,10 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from activities.control.mirror_server import BLOBS_PATH, MANIFESTS_PATH, NODE_HEADER
 from tests.unit.mirror_kit import MASTER, NODE, TOKEN, RunningMirror, put_artifact, running_mirror
 from workflows.contracts import ArtifactManifest
 from workflows.engine_keys import mirror_token, node_secret
+from workflows.mirror_protocol import BLOBS_PATH, MANIFESTS_PATH, NODE_HEADER
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes
 AUTH = {"Authorization": f"Bearer {TOKEN}", NODE_HEADER: NODE}
