@@ -77,6 +77,8 @@ class AgentOptions:
     stop_engines_on_exit: bool = False
     # The KV feed's port on `address` (activities/agent/kv_service.py); 0: no feed.
     kv_feed_port: int = 0
+    # The control plane's mirror for model artifacts; "": fetch requests must name one.
+    mirror: str = ""
 
 
 class NodeRemoved(Exception):
@@ -173,6 +175,7 @@ async def run_agent(where: Locations, opts: AgentOptions) -> None:
         node_secret=bytes.fromhex(secret_file.read_text().strip()),
         engine_paths=opts.engine_paths,
         kv_feed_port=opts.kv_feed_port,
+        mirror=opts.mirror,
     )
     kv = KvService(config)
     agent = NodeAgentActivities(config, on_launch=kv.poke, own_ports=kv.listening_ports)

@@ -77,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 0: not served)",
     )
     agent.add_argument(
+        "--mirror",
+        metavar="URL",
+        default="",
+        help="the control plane's mirror of model artifacts, e.g. http://control:8004 "
+        "(default: none; models with an artifact cannot start here)",
+    )
+    agent.add_argument(
         "--join",
         metavar="TOKEN",
         default=os.environ.get("LLMGW_JOIN_TOKEN"),
@@ -231,6 +238,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 engine_paths=parse_engine_paths(args.engine_path),
                 stop_engines_on_exit=args.stop_engines_on_exit,
                 kv_feed_port=args.kv_feed_port,
+                mirror=args.mirror,
             ),
         )
     elif args.command == "bench":

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import httpx
 from temporalio import activity
@@ -27,18 +26,15 @@ from workflows.artifact_names import BadArtifact
 from workflows.contracts import FetchArtifactRequest, FetchArtifactResult
 from workflows.names import NodeActivity
 
-# Often enough that a heartbeat_timeout of 30 s notices a dead agent, and the UI moves.
+# Far inside the workflow's heartbeat timeout (workflows/options.py FETCH_HEARTBEAT), and often
+# enough that the progress in the UI moves.
 HEARTBEAT_S = 3.0
-
-
-def artifacts_root(state_dir: Path) -> Path:
-    return state_dir / "artifacts"
 
 
 class ArtifactActivities:
     def __init__(self, config: AgentConfig) -> None:
         self._config = config
-        self._store = ArtifactStore(artifacts_root(config.state_dir))
+        self._store = ArtifactStore(config.artifacts_root)
 
     def all(self) -> list[Callable[..., Awaitable[object]]]:
         return [self.fetch_artifact]
@@ -53,17 +49,25 @@ class ArtifactActivities:
         a retry resumes every partial blob from its size, and an artifact already complete
         returns at once with reused=True.
 
-        Intended options for the workflow that will call it (not written yet):
-        heartbeat_timeout about 30 s, so a killed agent is noticed and the retry lands when it
-        is back; start_to_close unset or generous; schedule_to_close sized to the artifact
-        (hours for large weights) so a node that never returns fails the fetch. Retryable:
-        dropped connections, 5xx, a digest mismatch (its partial is removed, so the retry
-        downloads again). Not retryable: a refused token, a missing or invalid manifest, a
-        manifest whose digest differs, too little disk ("needs N GB, M GB free on <dir>").
+        The replica workflow calls it with workflows/options.py's FETCH_* options: a heartbeat
+        timeout (a killed agent is noticed, and the retry lands when it is back), hours per
+        attempt, a day in all. Retryable: dropped connections, 5xx, a digest mismatch (its
+        partial is removed, so the retry downloads again). Not retryable, by type: BadArtifact
+        (not a manifest, another manifest's digest, unsafe paths), NoSpace ("needs N GB, M GB
+        free on <dir>"), MirrorRefused (401: this node's token; 404: not in the mirror),
+        MirrorFailed (no mirror configured, or one that answered a wrong range).
         """
+        base_url = req.mirror or self._config.mirror
+        if not base_url:
+            raise ApplicationError(
+                f"node {self._config.node} has no mirror to fetch {req.manifest} from: start "
+                "its agent with --mirror URL",
+                type="MirrorFailed",
+                non_retryable=True,
+            )
         progress = FetchProgress()
         stop = threading.Event()
-        mirror = Mirror(req.mirror, self._config.node, self._config.node_secret)
+        mirror = Mirror(base_url, self._config.node, self._config.node_secret)
 
         def work() -> FetchArtifactResult:
             outcome = fetch_artifact(self._store, mirror, req.manifest, progress, stop)
@@ -80,8 +84,10 @@ class ArtifactActivities:
                 done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_S)
                 if done:
                     return task.result()
-        except (FetchFailed, BadArtifact) as e:
-            raise ApplicationError(str(e), type="FetchFailed", non_retryable=True) from e
+        except FetchFailed as e:
+            raise ApplicationError(str(e), type=e.kind, non_retryable=True) from e
+        except BadArtifact as e:  # the digest asked for is not one
+            raise ApplicationError(str(e), type="BadArtifact", non_retryable=True) from e
         except DigestMismatch as e:
             raise ApplicationError(str(e), type="DigestMismatch") from e
         except httpx.HTTPError as e:

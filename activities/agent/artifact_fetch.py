@@ -39,7 +39,21 @@ GB = 1e9
 
 
 class FetchFailed(Exception):
-    """A fetch that retrying as it is cannot fix (a refused token, a bad manifest, no disk)."""
+    """A fetch that retrying as it is cannot fix; `kind` is the activity's error type."""
+
+    kind = "MirrorFailed"  # the mirror answered what no mirror should (a wrong range)
+
+
+class MirrorRefused(FetchFailed):
+    kind = "MirrorRefused"  # 401 (this node's token) or 404 (not in the mirror)
+
+
+class BadManifest(FetchFailed):
+    kind = "BadArtifact"  # not a manifest, another manifest's digest, or unsafe paths
+
+
+class NoSpace(FetchFailed):
+    kind = "NoSpace"
 
 
 class DigestMismatch(Exception):
@@ -124,23 +138,23 @@ def _manifest(client: httpx.Client, digest: str) -> ArtifactManifest:
     response = client.get(f"{MANIFESTS_PATH}/{digest}")
     _refused(response, f"manifest {digest}")
     if len(response.content) > MAX_MANIFEST_BYTES:
-        raise FetchFailed(f"the mirror's manifest {digest} is {len(response.content)} bytes")
+        raise BadManifest(f"the mirror's manifest {digest} is {len(response.content)} bytes")
     try:
         manifest = ArtifactManifest.model_validate_json(response.content)
         check_layout(manifest)
     except ValueError as e:  # pydantic's ValidationError and BadArtifact are ValueErrors
-        raise FetchFailed(f"the mirror's manifest {digest} is not a valid manifest: {e}") from e
+        raise BadManifest(f"the mirror's manifest {digest} is not a valid manifest: {e}") from e
     actual = manifest_digest(manifest)
     if actual != digest:
-        raise FetchFailed(f"the mirror's manifest for {digest} has digest {actual}: refused")
+        raise BadManifest(f"the mirror's manifest for {digest} has digest {actual}: refused")
     return manifest
 
 
 def _refused(response: httpx.Response, what: str) -> None:
     if response.status_code == 401:
-        raise FetchFailed(f"the mirror refused this node's token for {what} (401)")
+        raise MirrorRefused(f"the mirror refused this node's token for {what} (401)")
     if response.status_code == 404:
-        raise FetchFailed(f"the mirror has no {what} (404)")
+        raise MirrorRefused(f"the mirror has no {what} (404)")
     if response.status_code >= 400:
         # 5xx included: the activity's retry policy decides whether to ask again.
         raise httpx.HTTPStatusError(
@@ -168,9 +182,7 @@ def _check_space(store: ArtifactStore, files: list[ArtifactFile]) -> None:
         remaining += max(file.size - have, 0)
     free = shutil.disk_usage(store.root).free
     if remaining > free:
-        raise FetchFailed(
-            f"fetching needs {amount(remaining)}, {amount(free)} free on {store.root}"
-        )
+        raise NoSpace(f"fetching needs {amount(remaining)}, {amount(free)} free on {store.root}")
 
 
 def amount(n: int) -> str:
@@ -273,11 +285,14 @@ def _chunks(response: httpx.Response, stop: threading.Event) -> Iterator[bytes]:
 
 
 __all__ = [
+    "BadManifest",
     "DigestMismatch",
     "FetchFailed",
     "FetchOutcome",
     "FetchProgress",
     "FetchStopped",
     "Mirror",
+    "MirrorRefused",
+    "NoSpace",
     "fetch_artifact",
 ]

@@ -22,10 +22,17 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from workflows.artifact_names import BadArtifact, blob_relpath, check_relative_path, hex_of
+from workflows.artifact_names import (
+    COMPLETE_MARKER,
+    BadArtifact,
+    blob_relpath,
+    check_relative_path,
+    hex_of,
+)
 from workflows.contracts import ArtifactManifest
 
-MARKER = ".complete"
+# The agent starts an engine on an artifact only once this is there (node_agent.py).
+MARKER = COMPLETE_MARKER
 _POLL_S = 0.1
 
 

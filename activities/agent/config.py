@@ -27,6 +27,9 @@ class AgentConfig:
     # The port of this agent's KV feed (kv_feed_server.py) on `address`; 0: no feed, and
     # launches report no KV source, so gateways route those replicas by their own index.
     kv_feed_port: int = 0
+    # The control plane's mirror (activities/control/mirror_server.py) as this node reaches it,
+    # for fetch requests that name none; "": only requests that name one can fetch.
+    mirror: str = ""
 
     @property
     def has_nvidia(self) -> bool:

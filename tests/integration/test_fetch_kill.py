@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from activities.agent.artifact_activity import artifacts_root
 from activities.agent.artifact_store import ArtifactStore
 from tests.unit.mirror_kit import RunningMirror, put_artifact, running_mirror
 from workflows.contracts import FetchArtifactResult
@@ -101,7 +100,7 @@ async def test_a_fetch_killed_midway_resumes_and_the_digest_still_checks(
     digest, manifest = put_artifact(tmp_path / "mirror", {"model.gguf": weights})
     blob = manifest.files[0].digest
     state = tmp_path / "node"
-    store = ArtifactStore(artifacts_root(state))
+    store = ArtifactStore(state / "artifacts")
     partial = store.partial(blob)
 
     async with slow_link(mirror.server.port) as port:

@@ -18,7 +18,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.agent import artifact_fetch
-from activities.agent.artifact_activity import ArtifactActivities, artifacts_root
+from activities.agent.artifact_activity import ArtifactActivities
 from activities.agent.artifact_fetch import (
     DigestMismatch,
     FetchFailed,
@@ -50,9 +50,15 @@ async def mirror(tmp_path: Path) -> AsyncIterator[RunningMirror]:
         yield running
 
 
+def node_config(tmp_path: Path, mirror: str = "") -> AgentConfig:
+    return AgentConfig(
+        NODE, "127.0.0.1", tmp_path / "node", tmp_path / "cache", NODE_SECRET, mirror=mirror
+    )
+
+
 @pytest.fixture
 def store(tmp_path: Path) -> ArtifactStore:
-    return ArtifactStore(artifacts_root(tmp_path / "node"))
+    return ArtifactStore(node_config(tmp_path).artifacts_root)
 
 
 async def fetch(store: ArtifactStore, mirror: RunningMirror, digest: str) -> FetchOutcome:
@@ -68,11 +74,12 @@ async def test_the_activity_lays_out_every_file_with_its_marker(
     mirror: RunningMirror, tmp_path: Path
 ) -> None:
     digest, _ = put_artifact(tmp_path / "mirror", FILES)
-    config = AgentConfig(NODE, "127.0.0.1", tmp_path / "node", tmp_path / "cache", NODE_SECRET)
+    # The request names no mirror: the one the agent was started with is used.
+    config = node_config(tmp_path, mirror=mirror.url)
     env = ActivityEnvironment()
     beats: list[Any] = []
     env.on_heartbeat = lambda *details: beats.append(details)
-    request = FetchArtifactRequest(manifest=digest, mirror=mirror.url)
+    request = FetchArtifactRequest(manifest=digest)
     result = await env.run(ArtifactActivities(config).fetch_artifact, request)
 
     artifact = Path(result.path)
@@ -136,10 +143,10 @@ async def test_a_digest_mismatch_is_a_retryable_activity_failure(
     mirror: RunningMirror, tmp_path: Path
 ) -> None:
     digest, manifest = put_artifact(tmp_path / "mirror", FILES)
-    store = ArtifactStore(artifacts_root(tmp_path / "node"))
+    config = node_config(tmp_path)
+    store = ArtifactStore(config.artifacts_root)
     store.prepare()
     store.partial(weights_file(manifest).digest).write_bytes(b"\0" * 10)
-    config = AgentConfig(NODE, "127.0.0.1", tmp_path / "node", tmp_path / "cache", NODE_SECRET)
     request = FetchArtifactRequest(manifest=digest, mirror=mirror.url)
     with pytest.raises(ApplicationError) as failed:
         await ActivityEnvironment().run(ArtifactActivities(config).fetch_artifact, request)
@@ -265,3 +272,39 @@ async def test_an_empty_file_and_a_killed_assembly_leave_nothing_behind(
     assert (outcome.path / "model.gguf").read_bytes() == WEIGHTS
     assert not stale.exists()
     assert list((store.root / ".partial").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("damage", "kind"),
+    [
+        pytest.param("manifest", "BadArtifact", id="another-manifest"),
+        pytest.param("disk", "NoSpace", id="no-space"),
+        pytest.param("token", "MirrorRefused", id="wrong-node"),
+        pytest.param("no-mirror", "MirrorFailed", id="no-mirror"),
+    ],
+)
+async def test_what_retrying_cannot_fix_fails_the_activity_for_good(
+    mirror: RunningMirror,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    damage: str,
+    kind: str,
+) -> None:
+    digest, _ = put_artifact(tmp_path / "mirror", FILES)
+    config = node_config(tmp_path)
+    request = FetchArtifactRequest(manifest=digest, mirror=mirror.url)
+    if damage == "manifest":
+        _, other = put_artifact(tmp_path / "mirror", {"x": b"y"})
+        manifest_file = tmp_path / "mirror" / "manifests" / "sha256" / f"{digest[7:]}.json"
+        manifest_file.write_text(other.model_dump_json())
+    elif damage == "disk":
+        monkeypatch.setattr(shutil, "disk_usage", lambda _: SimpleNamespace(free=0))
+    elif damage == "token":
+        config.node = "node-b"  # node-a's secret under node-b's name
+    else:
+        request = FetchArtifactRequest(manifest=digest)
+    with pytest.raises(ApplicationError) as failed:
+        await ActivityEnvironment().run(ArtifactActivities(config).fetch_artifact, request)
+    assert failed.value.type == kind
+    assert failed.value.non_retryable
+    assert mirror.seen.blob_requests() == []
