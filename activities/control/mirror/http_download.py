@@ -149,7 +149,8 @@ def _stream_body(
     done = have
     try:
         try:
-            for chunk in resp.iter_raw(CHUNK):
+            # As the bytes arrive: a chunk size would hold back what came before a drop.
+            for chunk in resp.iter_raw():
                 files.write_all(f, chunk)
                 digest.update(chunk)
                 done += len(chunk)
