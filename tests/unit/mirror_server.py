@@ -19,6 +19,7 @@ class Seen:
     path: str
     range: str | None
     authorization: str | None
+    if_range: str | None = None
 
 
 @dataclass
@@ -28,6 +29,7 @@ class FileServer:
     cut_after: int | None = None  # the next file response stops after this many bytes
     ignore_range: bool = False
     token: str | None = None  # required as "Bearer <token>" when set
+    etag: str | None = None  # sent with each file, and compared with a request's If-Range
     seen: list[Seen] = field(default_factory=list)
     url: str = ""
 
@@ -58,7 +60,9 @@ def _handler(server: FileServer) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             auth = self.headers.get("Authorization")
-            server.seen.append(Seen(self.path, self.headers.get("Range"), auth))
+            server.seen.append(
+                Seen(self.path, self.headers.get("Range"), auth, self.headers.get("If-Range"))
+            )
             if server.token and auth != f"Bearer {server.token}":
                 self._plain(401, b"token required")
                 return
@@ -72,6 +76,9 @@ def _handler(server: FileServer) -> type[BaseHTTPRequestHandler]:
                 return
             start = 0
             wanted = self.headers.get("Range")
+            if_range = self.headers.get("If-Range")
+            if if_range is not None and if_range != server.etag:
+                wanted = None  # the file changed since the partial began: send it whole
             if wanted and not server.ignore_range:
                 start = int(wanted.removeprefix("bytes=").rstrip("-"))
                 self.send_response(206)
@@ -79,6 +86,8 @@ def _handler(server: FileServer) -> type[BaseHTTPRequestHandler]:
             else:
                 self.send_response(200)
             self.send_header("Content-Length", str(len(body) - start))
+            if server.etag:
+                self.send_header("ETag", server.etag)
             self.send_header("Connection", "close")
             self.end_headers()
             rest = body[start:]

@@ -74,6 +74,30 @@ def test_server_ignoring_range_starts_over(mirror: MirrorStore) -> None:
     assert mirror.blob_path(sha(BODY)).read_bytes() == BODY
 
 
+def test_a_file_changed_since_the_partial_began_is_fetched_whole(mirror: MirrorStore) -> None:
+    server = FileServer(files={"/m.gguf": BODY}, cut_after=5000, etag='"v1"')
+    with serving(server):
+        source = parse_source(f"{server.url}/m.gguf")
+        with pytest.raises(MirrorError, match="truncated"):
+            add_source(mirror, source)
+        changed = os.urandom(len(BODY))
+        server.files["/m.gguf"], server.etag = changed, '"v2"'
+        added = add_source(mirror, source)
+    assert (server.seen[1].range, server.seen[1].if_range) == ("bytes=5000-", '"v1"')
+    assert added.manifest.files[0].digest == sha(changed)
+    assert mirror.blob_path(sha(changed)).read_bytes() == changed
+    assert list(mirror.tmp.iterdir()) == []
+
+
+def test_a_known_digest_already_mirrored_is_not_downloaded(mirror: MirrorStore) -> None:
+    with serving(FileServer(files={"/m.gguf": BODY, "/copy.gguf": BODY})) as server:
+        add_source(mirror, parse_source(f"{server.url}/m.gguf"))
+        again = add_source(mirror, parse_source(f"{server.url}/copy.gguf", sha256=sha(BODY)))
+    assert [s.path for s in server.seen] == ["/m.gguf"]
+    assert again.new_bytes == 0
+    assert again.manifest.files[0].size == len(BODY)
+
+
 def test_digest_mismatch_names_both_and_leaves_nothing(mirror: MirrorStore) -> None:
     wrong = "0" * 64
     with serving(FileServer(files={"/m.gguf": BODY})) as server, pytest.raises(MirrorError) as err:

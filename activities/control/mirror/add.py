@@ -15,6 +15,7 @@ import httpx
 
 from activities.control.mirror import huggingface
 from activities.control.mirror.errors import MirrorError
+from activities.control.mirror.files import disk_full_error
 from activities.control.mirror.http_download import TIMEOUT, Download, download
 from activities.control.mirror.ingest import Progress, Stored, ingest_stream
 from activities.control.mirror.local_files import local_files, open_regular
@@ -60,8 +61,14 @@ def record(store: MirrorStore, name: str, source: str, stored: dict[str, Stored]
         ],
         source=source,
     )
-    digest = store.write_manifest(manifest)
-    store.set_ref(name, digest)
+    try:
+        digest = store.write_manifest(manifest)
+        store.set_ref(name, digest)
+    except OSError as err:
+        full = disk_full_error(err, store.root, f"the manifest of {name}")
+        if full is None:
+            raise
+        raise full from None
     return Added(name, digest, manifest, sum(s.size for s in stored.values() if s.new))
 
 
@@ -86,7 +93,7 @@ def add_local(
         name = default_name(
             PurePosixPath(found[0].path).name if len(found) == 1 else _dir_name(source)
         )
-    return record(store, name, source.public, stored)
+    return record(store, name, str(Path(source.path).expanduser().absolute()), stored)
 
 
 def _dir_name(source: LocalSource) -> str:

@@ -3,8 +3,9 @@ resumed with `Range: bytes=N-` when a partial is there, committed as a blob only
 and (when its digest was given) matching.
 
 - The partial is named by a hash of the URL (credentials left out), so running the same
-  `mirror add` again continues it; it is locked (flock) while written, so a second add of the
-  same URL at the same time is refused instead of writing into it.
+  `mirror add` again continues it, sending If-Range with the ETag (or Last-Modified) of the
+  first response so a file changed since is sent whole; it is locked (flock) while written,
+  so a second add of the same URL at the same time is refused instead of writing into it.
 - 206 with a Content-Range starting where the partial ends: continue. 200: the server ignored
   the Range, start over. 416: the partial is no prefix of the file, start over.
 - A body shorter than its Content-Length, a dropped connection or a timeout keep the partial
@@ -72,20 +73,45 @@ def download(
     progress: Progress | None = None,
 ) -> Stored:
     store.ensure()
+    if job.expected is not None and store.has_blob(job.expected):
+        # Already mirrored under the digest the operator gave: nothing to download.
+        return Stored(job.expected, store.blob_path(job.expected).stat().st_size, new=False)
     path = partial_path(store, job.url)
+    validator = path.with_name(path.name + ".validator")
     with _locked_partial(path, job.what) as f:
         # Twice at most: a server that ignores or refuses the Range gets one fresh start.
         for _ in range(2):
-            done = _fetch(store, client, job, f, progress)
+            done = _fetch(store, client, job, f, validator, progress)
             if done is not None:
                 break
         else:
             raise MirrorError(f"{job.what}: the server refused to send the file from the start")
         got, size = done
+        validator.unlink(missing_ok=True)
         if job.expected is not None and got != job.expected:
             path.unlink(missing_ok=True)
             raise MirrorError(f"{job.what}: expected {job.expected}, the download hashes to {got}")
         return Stored(got, size, store.commit_blob(path, got))
+
+
+def read_validator(path: Path) -> str | None:
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text and len(text) < 512 and text.isprintable() else None
+
+
+def keep_validator(path: Path, resp: httpx.Response) -> None:
+    """What a resume sends as If-Range, so a file changed on the server since the partial
+    began is sent whole (200) instead of appended to old bytes: a strong ETag, else
+    Last-Modified, else nothing (then a resume trusts the server's file to be unchanged)."""
+    etag = resp.headers.get("etag", "")
+    value = etag if etag and not etag.startswith("W/") else resp.headers.get("last-modified", "")
+    if value and value.isprintable() and len(value) < 512:
+        path.write_text(value, encoding="ascii")
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _fetch(
@@ -93,6 +119,7 @@ def _fetch(
     client: httpx.Client,
     job: Download,
     f: BinaryIO,
+    validator: Path,
     progress: Progress | None,
 ) -> tuple[str, int] | None:
     """(digest, size) of the whole file in the partial; None: start over."""
@@ -101,6 +128,8 @@ def _fetch(
     headers = {**job.headers, "Accept-Encoding": "identity"}
     if have:
         headers["Range"] = f"bytes={have}-"
+        if (known := read_validator(validator)) is not None:
+            headers["If-Range"] = known
     total: int | None = None
     try:
         with client.stream("GET", job.url, headers=headers) as resp:
@@ -123,6 +152,7 @@ def _fetch(
             elif resp.status_code != 200:
                 raise MirrorError(_http_error(job.what, resp))
             if resp.status_code == 200:
+                keep_validator(validator, resp)
                 length = resp.headers.get("content-length")
                 total = int(length) if length and length.isdigit() else None
             digest = _hash_prefix(f, have)

@@ -71,12 +71,13 @@ class MirrorStore:
         self.ensure()
         fd = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, mode)
+            try:
+                fcntl.flock(fd, mode)
+            except BlockingIOError:
+                raise MirrorError(
+                    "a `llmgw mirror add` is running on this mirror; run gc when it has finished"
+                ) from None
             yield
-        except BlockingIOError:
-            raise MirrorError(
-                "a `llmgw mirror add` is running on this mirror; run gc when it has finished"
-            ) from None
         finally:
             os.close(fd)  # closing releases the lock
 
