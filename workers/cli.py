@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_model_parsers(sub, common)
     # The mirror is files in the state dir: its commands need no Temporal address.
-    add_mirror_parsers(sub, local)
+    add_mirror_parsers(sub)
     add_ledger_parsers(sub, common)
 
     add_store_parsers(sub, common)

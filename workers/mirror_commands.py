@@ -25,10 +25,10 @@ MIB = 1 << 20
 UNKNOWN_TOTAL_STEP = 256 * MIB
 
 
-def add_mirror_parsers(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
-    local: argparse.ArgumentParser,
-) -> None:
+def add_mirror_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # Only the state dir: the mirror needs no Temporal address and no database.
+    local = argparse.ArgumentParser(add_help=False)
+    local.add_argument("--state-dir", help="default $LLMGW_STATE_DIR or ~/.local/state/llmgw")
     mirror = sub.add_parser(MIRROR_COMMAND, help="the control plane's model mirror (sha256)")
     msub = mirror.add_subparsers(dest="action", required=True)
     add = msub.add_parser(
@@ -36,7 +36,9 @@ def add_mirror_parsers(
         parents=[local],
         help="add a file, directory, URL, hf://ORG/REPO[@REV][/FILE,...] or ollama://NAME[:TAG]",
     )
-    add.add_argument("source", metavar="SOURCE")
+    add.add_argument(
+        "source", metavar="SOURCE", help="PATH, URL[#sha256=HEX], hf://... or ollama://NAME[:TAG]"
+    )
     add.add_argument("--name", help="the mirror's name for it (default: from the source)")
     add.add_argument("--sha256", metavar="HEX", help="the digest a downloaded file must have")
     add.add_argument(
