@@ -17,7 +17,8 @@ from activities.control.mirror.store import MirrorStore
 from tests.unit.mirror_kit import all_bytes, sha, visible
 from tests.unit.mirror_server import COMMIT, FileServer, serving
 from workers.cli import build_parser
-from workers.mirror_commands import mirror_add
+from workers.mirror_commands import mirror_add, run_mirror_command
+from workers.paths import Locations
 
 BODY = os.urandom(3 * (1 << 20) + 123)  # a few chunks of the 1 MiB the download reads
 
@@ -217,3 +218,17 @@ def test_timeouts_are_set() -> None:
     assert isinstance(TIMEOUT, httpx.Timeout)
     assert TIMEOUT.connect
     assert TIMEOUT.read
+
+
+def test_cli_prints_progress_to_stderr_and_the_files_to_stdout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = str(tmp_path / "state")
+    with serving(FileServer(files={"/w/model.gguf": BODY})) as server:
+        words = ["mirror", "add", f"{server.url}/w/model.gguf", "--state-dir", state]
+        run_mirror_command(build_parser().parse_args(words), Locations.resolve(state))
+    out, err = capsys.readouterr()
+    assert "model.gguf: 100% (3.0 MiB of 3.0 MiB)" in err.splitlines()
+    assert len(err.splitlines()) >= 3
+    assert out.splitlines()[0].startswith("model: sha256:")
+    assert f"  model.gguf  {sha(BODY)}  {len(BODY)} bytes" in out.splitlines()

@@ -84,9 +84,45 @@ def test_gc_removes_exactly_what_no_ref_reaches(mirror: MirrorStore, tmp_path: P
     assert plan.freed == dry.freed == len(b"only in d") + gone_size + 10
 
 
-def test_gc_waits_for_no_add(mirror: MirrorStore) -> None:
-    with mirror.adding(), pytest.raises(MirrorError, match="mirror add` is running"):
-        collect(mirror, 0, dry_run=False)
+def test_gc_during_an_add_is_refused_and_removes_nothing(
+    mirror: MirrorStore, tmp_path: Path
+) -> None:
+    """gc run while an add has copied its blob but not yet written the manifest listing it."""
+    (tmp_path / "m.gguf").write_bytes(WEIGHTS)
+    refusals: list[str] = []
+
+    def gc_now(*_progress: object) -> None:
+        with pytest.raises(MirrorError) as err:
+            collect(mirror, 0, dry_run=False)
+        refusals.append(str(err.value))
+
+    added = add_source(mirror, LocalSource(str(tmp_path / "m.gguf")), progress=gc_now)
+    assert refusals
+    assert all("mirror add` is running" in r for r in refusals)
+    plan = collect(mirror, 0, dry_run=False)
+    assert (plan.manifests, plan.blobs) == ([], [])
+    assert mirror.blob_path(added.manifest.files[0].digest).read_bytes() == WEIGHTS
+
+
+def test_two_adds_of_the_same_bytes_at_once_store_one_blob(
+    mirror: MirrorStore, tmp_path: Path
+) -> None:
+    """The second add runs whole while the first is half-way through copying the same file."""
+    (tmp_path / "m.gguf").write_bytes(WEIGHTS * 700)  # more than one 1 MiB chunk
+    source = LocalSource(str(tmp_path / "m.gguf"))
+    inner: list[str] = []
+
+    def second_add(*_progress: object) -> None:
+        if not inner:
+            inner.append(add_source(mirror, source, name="second").digest)
+
+    first = add_source(mirror, source, name="first", progress=second_add)
+    assert mirror.refs() == {"first": first.digest, "second": inner[0]}
+    assert first.digest == inner[0]
+    assert first.new_bytes == 0  # the second add stored the blob first
+    assert [p.name for p in mirror.blobs.iterdir()] == [sha(WEIGHTS * 700)[7:]]
+    assert mirror.blob_path(sha(WEIGHTS * 700)).read_bytes() == WEIGHTS * 700
+    assert list(mirror.tmp.iterdir()) == []
 
 
 def test_directory_links_out_and_fifos_refused(mirror: MirrorStore, tmp_path: Path) -> None:
