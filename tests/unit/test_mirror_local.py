@@ -18,6 +18,7 @@ from tests.unit.mirror_kit import sha, visible
 from workers.cli import build_parser
 from workers.mirror_commands import run_mirror_command
 from workers.mirror_ollama import add_ollama
+from workers.model_commands import mirror_ollama_model
 from workers.paths import Locations
 from workflows.artifact_names import blob_relpath, manifest_digest
 
@@ -211,3 +212,17 @@ def test_cli_add_ls_rm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit, match="no name 'm'"):
         run("rm", "m")
     assert "1 blob(s)" in run("gc")
+
+
+def test_import_ollama_mirror_flag_adds_the_model_under_its_name(tmp_path: Path) -> None:
+    gguf = tmp_path / "w.gguf"
+    gguf.write_bytes(WEIGHTS)
+    weights_hex = ollama_store(tmp_path / "ollama", gguf, {})
+    state = str(tmp_path / "state")
+    words = ["model", "import-ollama", "smollm2:135m", "--store", str(tmp_path / "ollama")]
+    args = build_parser().parse_args([*words, "--mirror", "--state-dir", state])
+    line = mirror_ollama_model(Locations.resolve(state), args, "smollm2-135m")
+    mirror = MirrorStore(Locations.resolve(state).mirror_dir)
+    assert line == f"mirror: smollm2-135m -> {mirror.refs()['smollm2-135m']} (1 file(s))"
+    assert mirror.blob_path(f"sha256:{weights_hex}").read_bytes() == WEIGHTS
+    assert not build_parser().parse_args(words).mirror
