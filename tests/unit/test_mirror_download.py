@@ -232,3 +232,13 @@ def test_cli_prints_progress_to_stderr_and_the_files_to_stdout(
     assert len(err.splitlines()) >= 3
     assert out.splitlines()[0].startswith("model: sha256:")
     assert f"  model.gguf  {sha(BODY)}  {len(BODY)} bytes" in out.splitlines()
+
+
+def test_a_listing_naming_a_path_outside_the_artifact_is_refused(mirror: MirrorStore) -> None:
+    evil = {"model.gguf": b"w", "../../refs/evil.json": b'{"manifest": "x"}'}
+    with serving(FileServer(hf_repos={"org/evil": evil})) as server:
+        source = parse_source("hf://org/evil", hf_endpoint=server.url)
+        with pytest.raises(MirrorError, match="not a safe relative path"):
+            add_source(mirror, source)
+        assert [s.path for s in server.seen] == ["/api/models/org/evil/revision/main"]
+    assert visible(mirror) == ([], [], [])

@@ -15,7 +15,10 @@ DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def write_all(f: BinaryIO, data: bytes) -> None:
-    f.write(data)
+    """All of `data`, also to an unbuffered file, whose write may take only part of it."""
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view) :]
 
 
 def disk_full_error(err: OSError, where: Path, what: str) -> MirrorError | None:

@@ -259,7 +259,10 @@ def _locked_partial(path: Path, what: str) -> Iterator[BinaryIO]:
         except FileNotFoundError:
             same = False
         if same:
-            with os.fdopen(fd, "r+b") as f:
+            # Unbuffered: what the file holds is exactly what was written, so a write that
+            # fails (a full disk) leaves nothing for a later close to flush or fail on, and the
+            # partial's size is where a resume starts.
+            with os.fdopen(fd, "r+b", buffering=0) as f:
                 yield f
             return
         os.close(fd)
