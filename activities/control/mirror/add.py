@@ -20,12 +20,10 @@ from activities.control.mirror.http_download import TIMEOUT, Download, download
 from activities.control.mirror.ingest import Progress, Stored, ingest_stream
 from activities.control.mirror.local_files import local_files, open_regular
 from activities.control.mirror.sources import (
-    DEFAULT_HF_ENDPOINT,
     HfSource,
     LocalSource,
     Source,
     UrlSource,
-    public_url,
 )
 from activities.control.mirror.store import MirrorStore, check_ref_name
 from workflows.artifact_names import BadArtifact, check_relative_path
@@ -135,9 +133,7 @@ def add_hf(
     for path in paths:
         job = huggingface.file_download(source, revision, path, token)
         stored[path] = download(store, client, job, _each(progress, path))
-    public = f"hf://{source.repo}@{revision}"
-    if source.endpoint != DEFAULT_HF_ENDPOINT:
-        public += f" via {public_url(source.endpoint)}"
+    public = HfSource(source.endpoint, source.repo, revision, ()).public
     return record(store, name or default_name(source.repo.split("/")[1]), public, stored)
 
 

@@ -57,7 +57,9 @@ class HfSource:
 
     @property
     def public(self) -> str:
-        return f"hf://{self.repo}@{self.revision} ({public_url(self.endpoint)})"
+        """`hf://ORG/REPO@REVISION`, and `via ENDPOINT` when it is not the Hub."""
+        via = "" if self.endpoint == DEFAULT_HF_ENDPOINT else f" via {public_url(self.endpoint)}"
+        return f"hf://{self.repo}@{self.revision}{via}"
 
 
 @dataclass(frozen=True)
