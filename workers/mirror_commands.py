@@ -5,6 +5,7 @@ with no Temporal and no server."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import TextIO
@@ -104,6 +105,9 @@ def human(n: int) -> str:
 
 
 def run_mirror_command(args: argparse.Namespace, where: Locations) -> None:
+    # httpx logs every request's URL at INFO, user name, password and signed query included:
+    # the mirror never lets a credential reach a log line, and prints its own progress.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     store = MirrorStore(where.mirror_dir)
     try:
         if args.action == "add":

@@ -70,7 +70,7 @@ def _handler(server: FileServer) -> type[BaseHTTPRequestHandler]:
             if listing is not None:
                 self._plain(200, listing)
                 return
-            body = server.content(self.path)
+            body = server.content(self.path.partition("?")[0])
             if body is None:
                 self._plain(404, b"not found")
                 return

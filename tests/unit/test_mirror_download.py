@@ -3,6 +3,7 @@ progress, resume with Range, a server ignoring Range, truncated bodies, digest m
 full disk, and a Hugging Face-layout endpoint that wants a token."""
 
 import errno
+import logging
 import os
 from pathlib import Path
 
@@ -114,9 +115,10 @@ def test_http_error_and_unreachable_server(mirror: MirrorStore) -> None:
         with pytest.raises(MirrorError, match="HTTP 404"):
             add_source(mirror, parse_source(f"{server.url}/missing.gguf"))
         url = server.url
-    with pytest.raises(MirrorError, match="ConnectError"):
+    with pytest.raises(MirrorError, match=r"download failed \(ConnectError"):
         add_source(mirror, parse_source(f"{url}/gone.gguf"))
     assert visible(mirror) == ([], [], [])
+    assert partials(mirror) == []  # nothing was received, so nothing is kept to resume
 
 
 def test_full_disk_keeps_the_partial_for_a_resume(
@@ -242,3 +244,22 @@ def test_a_listing_naming_a_path_outside_the_artifact_is_refused(mirror: MirrorS
             add_source(mirror, source)
         assert [s.path for s in server.seen] == ["/api/models/org/evil/revision/main"]
     assert visible(mirror) == ([], [], [])
+
+
+def test_credentials_in_a_url_reach_no_log_line_and_no_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = str(tmp_path / "state")
+    caplog.set_level(logging.DEBUG)
+    with serving(FileServer(files={"/m.gguf": b"weights"})) as server:
+        url = server.url.replace("http://", "http://alice:pw-s3cret@") + "/m.gguf?sig=q-s3cret"
+        words = ["mirror", "add", url, "--state-dir", state]
+        run_mirror_command(build_parser().parse_args(words), Locations.resolve(state))
+    out, err = capsys.readouterr()
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    for secret in ("pw-s3cret", "q-s3cret", "alice"):
+        assert secret not in logged
+        assert secret not in out + err
+        assert secret.encode() not in all_bytes(tmp_path / "state")
+    mirror = MirrorStore(Locations.resolve(state).mirror_dir)
+    assert mirror.read_manifest(mirror.refs()["m"]).source == f"{server.url}/m.gguf"

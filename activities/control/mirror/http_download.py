@@ -79,13 +79,20 @@ def download(
     path = partial_path(store, job.url)
     validator = path.with_name(path.name + ".validator")
     with _locked_partial(path, job.what) as f:
-        # Twice at most: a server that ignores or refuses the Range gets one fresh start.
-        for _ in range(2):
-            done = _fetch(store, client, job, f, validator, progress)
-            if done is not None:
-                break
-        else:
-            raise MirrorError(f"{job.what}: the server refused to send the file from the start")
+        try:
+            # Twice at most: a server that ignores or refuses the Range gets one fresh start.
+            for _ in range(2):
+                done = _fetch(store, client, job, f, validator, progress)
+                if done is not None:
+                    break
+            else:
+                raise MirrorError(f"{job.what}: the server refused to send it from the start")
+        except MirrorError:
+            if os.fstat(f.fileno()).st_size == 0:
+                # Nothing to resume (a refused connection, an HTTP error): leave no file.
+                path.unlink(missing_ok=True)
+                validator.unlink(missing_ok=True)
+            raise
         got, size = done
         validator.unlink(missing_ok=True)
         if job.expected is not None and got != job.expected:
@@ -159,9 +166,12 @@ def _fetch(
             done = _stream_body(store, job, resp, f, digest, have, total, progress)
     except httpx.HTTPError as err:
         size = os.fstat(f.fileno()).st_size
+        why = f"{type(err).__name__}: {err}"
+        if not size:
+            raise MirrorError(f"{job.what}: the download failed ({why})") from None
         raise MirrorError(
-            f"{job.what}: the download failed after {size} bytes ({type(err).__name__}: "
-            f"{err}); the partial is kept: run the same command again to resume"
+            f"{job.what}: the download failed after {size} bytes ({why}); the partial is "
+            "kept: run the same command again to resume"
         ) from None
     return "sha256:" + digest.hexdigest(), done
 
