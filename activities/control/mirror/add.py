@@ -80,6 +80,9 @@ def add_local(
     store: MirrorStore, source: LocalSource, name: str | None, progress: FileProgress | None
 ) -> Added:
     found = local_files(source.path)
+    given = Path(source.path).expanduser()
+    # Named before any copy, so a name that cannot be made fails before gigabytes are read.
+    name = name or default_name(given.resolve().name if given.is_dir() else given.name)
     stored = {}
     for item in found:
         src, size = open_regular(item.real)
@@ -87,15 +90,7 @@ def add_local(
             stored[item.path] = ingest_stream(
                 store, src, item.path, total=size, progress=_each(progress, item.path)
             )
-    if name is None:
-        name = default_name(
-            PurePosixPath(found[0].path).name if len(found) == 1 else _dir_name(source)
-        )
-    return record(store, name, str(Path(source.path).expanduser().absolute()), stored)
-
-
-def _dir_name(source: LocalSource) -> str:
-    return Path(source.path).expanduser().resolve().name
+    return record(store, name, str(given.absolute()), stored)
 
 
 def add_url(
@@ -112,9 +107,10 @@ def add_url(
         raise MirrorError(
             f"{source.public}: the URL's last part {base[:80]!r} is not a usable file name"
         ) from None
+    name = name or default_name(path)
     job = Download(url=source.url, what=source.public, expected=source.sha256)
     stored = download(store, client, job, _each(progress, path))
-    return record(store, name or default_name(path), source.public, {path: stored})
+    return record(store, name, source.public, {path: stored})
 
 
 def add_hf(
@@ -125,6 +121,7 @@ def add_hf(
     name: str | None,
     progress: FileProgress | None,
 ) -> Added:
+    name = name or default_name(source.repo.split("/")[1])
     if source.files:
         revision, paths = source.revision, list(source.files)
     else:
@@ -134,7 +131,7 @@ def add_hf(
         job = huggingface.file_download(source, revision, path, token)
         stored[path] = download(store, client, job, _each(progress, path))
     public = HfSource(source.endpoint, source.repo, revision, ()).public
-    return record(store, name or default_name(source.repo.split("/")[1]), public, stored)
+    return record(store, name, public, stored)
 
 
 def add_source(
