@@ -81,6 +81,9 @@ def _handler(server: FileServer) -> type[BaseHTTPRequestHandler]:
                 wanted = None  # the file changed since the partial began: send it whole
             if wanted and not server.ignore_range:
                 start = int(wanted.removeprefix("bytes=").rstrip("-"))
+                if start >= len(body):
+                    self._plain(416, b"range not satisfiable")
+                    return
                 self.send_response(206)
                 self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
             else:

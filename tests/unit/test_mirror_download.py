@@ -100,6 +100,20 @@ def test_a_known_digest_already_mirrored_is_not_downloaded(mirror: MirrorStore) 
     assert again.manifest.files[0].size == len(BODY)
 
 
+def test_a_partial_longer_than_the_file_now_is_refused_and_restarted(
+    mirror: MirrorStore,
+) -> None:
+    """The file shrank on a server that sends no ETag: the resume gets 416 and starts over."""
+    with serving(FileServer(files={"/m.gguf": BODY}, cut_after=200_000)) as server:
+        source = parse_source(f"{server.url}/m.gguf")
+        with pytest.raises(MirrorError, match="truncated"):
+            add_source(mirror, source)
+        server.files["/m.gguf"] = b"short now"
+        added = add_source(mirror, source)
+    assert [s.range for s in server.seen] == [None, "bytes=200000-", None]
+    assert added.manifest.files[0].digest == sha(b"short now")
+
+
 def test_digest_mismatch_names_both_and_leaves_nothing(mirror: MirrorStore) -> None:
     wrong = "0" * 64
     with serving(FileServer(files={"/m.gguf": BODY})) as server, pytest.raises(MirrorError) as err:

@@ -149,6 +149,14 @@ def test_directory_links_out_and_fifos_refused(mirror: MirrorStore, tmp_path: Pa
         add_source(mirror, LocalSource(str(d)))
 
 
+def test_a_directory_is_named_after_itself(mirror: MirrorStore, tmp_path: Path) -> None:
+    (tmp_path / "SmolLM2 135M").mkdir()
+    (tmp_path / "SmolLM2 135M" / "model.gguf").write_bytes(b"w")
+    added = add_source(mirror, LocalSource(str(tmp_path / "SmolLM2 135M")))
+    assert added.name == "SmolLM2-135M"
+    assert [f.path for f in added.manifest.files] == ["model.gguf"]
+
+
 @pytest.mark.parametrize("name", ["../escape", "refs/x", "/abs", ".."])
 def test_traversal_names_refused(mirror: MirrorStore, tmp_path: Path, name: str) -> None:
     (tmp_path / "m.gguf").write_bytes(b"m")
