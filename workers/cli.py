@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from workers import doctor
 from workers.ledger_commands import add_ledger_parsers, run_ledger_command
+from workers.mirror_commands import MIRROR_COMMAND, add_mirror_parsers, run_mirror_command
 from workers.model_commands import add_model_parsers
 from workers.node_commands import add_node_parsers, parse_labels
 from workers.paths import Locations, default_node_name
@@ -141,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_model_parsers(sub, common)
+    # The mirror is files in the state dir: its commands need no Temporal address.
+    add_mirror_parsers(sub)
     add_ledger_parsers(sub, common)
 
     add_store_parsers(sub, common)
@@ -262,6 +265,8 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
 
         words = [args.action, *([args.name] if args.name else [])]
         sys.exit(secret_main(words, where.state_dir / "agent" / args.node / "secrets"))
+    elif args.command == MIRROR_COMMAND:
+        run_mirror_command(args, where)
     elif args.command in STORE_COMMANDS:
         # No Temporal client here, so a plain exit (and SystemExit for tests) is safe.
         run_store_command(args, where)

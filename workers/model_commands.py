@@ -20,8 +20,12 @@ import yaml
 from pydantic import ValidationError
 from temporalio.client import Client, WorkflowUpdateFailedError
 
+from activities.control.mirror.errors import MirrorError
+from activities.control.mirror.sources import OllamaSource
+from activities.control.mirror.store import MirrorStore
 from gateway.store import open_store
 from workers.external_kv_args import add_external_kv_arguments, external_kv_from_args
+from workers.mirror_ollama import add_ollama
 from workers.ollama_import import fetch_blobs, plan_import
 from workers.ollama_store import STORE_ENV, OllamaStoreError
 from workers.paths import Locations
@@ -276,13 +280,24 @@ async def import_ollama(client: Client, where: Locations, args: argparse.Namespa
         # the temporary file goes with it.
         for line in fetch_blobs(plan):
             print(f"  {line}")
-    except (OllamaStoreError, OSError) as err:
+        if getattr(args, "mirror", False):
+            print(f"  {mirror_ollama_model(where, args, plan.spec.name)}")
+    except (OllamaStoreError, MirrorError, OSError) as err:
         raise SystemExit(f"import-ollama {args.reference}: {err}") from None
     for note in plan.notes:
         print(f"  {note}")
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     await apply_declared(client, where, Declared(plan.spec))
+
+
+def mirror_ollama_model(where: Locations, args: argparse.Namespace, name: str) -> str:
+    """`import-ollama --mirror`: the same Ollama model also into the control plane's mirror,
+    under the model's name (docs/models.md), for nodes to fetch once they can."""
+    added = add_ollama(
+        MirrorStore(where.mirror_dir), OllamaSource(args.reference), args.store, name
+    )
+    return f"mirror: {added.name} -> {added.digest} ({len(added.manifest.files)} file(s))"
 
 
 async def show_models(client: Client) -> None:
@@ -422,6 +437,11 @@ def add_import_parser(
         dest="as_name",
         metavar="MODEL",
         help="the llmgw model's name (default: the Ollama name, ':' and '/' as '-')",
+    )
+    imp.add_argument(
+        "--mirror",
+        action="store_true",
+        help="also add the model to the control plane's mirror under its name (docs/models.md)",
     )
     imp.add_argument("--replicas", type=int, default=1)
     imp.add_argument("--min-replicas", type=int, default=0)

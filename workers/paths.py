@@ -77,5 +77,10 @@ class Locations:
         Absolute: the path goes into a model's spec, read by agents elsewhere."""
         return self.state_dir.absolute() / "models"
 
+    @property
+    def mirror_dir(self) -> Path:
+        """The control plane's content-addressed model mirror (`llmgw mirror`, docs/models.md)."""
+        return self.state_dir.absolute() / "mirror"
+
     def node_secret_file(self, node: str) -> Path:
         return self.state_dir / "agent" / node / "node.secret"
