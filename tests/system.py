@@ -41,6 +41,7 @@ class System:
         self.admin_port = free_port()
         self.temporal_port = free_port()
         self.kv_feed_port = free_port()
+        self.mirror_port = free_port()
         self.process: subprocess.Popen[str] | None = None
         self.output: list[str] = []
 
@@ -58,6 +59,7 @@ class System:
             sys.executable, "-m", "workers.cli", "up", "--node", self.node, "--headless",
             "--port", str(self.port), "--temporal-port", str(self.temporal_port),
             "--admin-port", str(self.admin_port), "--kv-feed-port", str(self.kv_feed_port),
+            "--mirror-port", str(self.mirror_port),
         ]  # fmt: skip
         if not self.demo:
             cmd.append("--no-demo")

@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=8003,
         help="the agent's KV feed to the gateway, on loopback (0: none)",
     )
+    up.add_argument(
+        "--mirror-port",
+        type=int,
+        default=8004,
+        help="the mirror of model artifacts for this machine's agent, on loopback (0: none)",
+    )
     up.add_argument("--ui-port", type=int, default=8233, help="Temporal web UI port")
     up.add_argument("--headless", action="store_true", help="no Temporal web UI")
     up.add_argument("--no-demo", action="store_true", help="do not define the demo model")
@@ -213,6 +219,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 admin_port=args.admin_port,
                 temporal_port=args.temporal_port,
                 kv_feed_port=args.kv_feed_port,
+                mirror_port=args.mirror_port,
                 ui_port=None if args.headless else args.ui_port,
                 demo=not args.no_demo,
                 engine_paths=parse_engine_paths(args.engine_path),

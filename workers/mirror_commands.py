@@ -1,6 +1,6 @@
-"""`llmgw mirror add|ls|rm|gc`: the control plane's model mirror from the command line
+"""`llmgw mirror add|ls|rm|gc|serve`: the control plane's model mirror from the command line
 (activities/control/mirror/, docs/models.md). It works on the state dir's files directly,
-with no Temporal and no server."""
+with no Temporal; `serve` answers the node agents' fetches (workers/mirror_serve.py)."""
 
 from __future__ import annotations
 
@@ -41,21 +41,7 @@ def add_mirror_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "source", metavar="SOURCE", help="PATH, URL[#sha256=HEX], hf://... or ollama://NAME[:TAG]"
     )
     add.add_argument("--name", help="the mirror's name for it (default: from the source)")
-    add.add_argument("--sha256", metavar="HEX", help="the digest a downloaded file must have")
-    add.add_argument(
-        "--hf-endpoint",
-        default=os.environ.get("HF_ENDPOINT"),
-        metavar="URL",
-        help="Hugging Face-layout endpoint (default $HF_ENDPOINT or https://huggingface.co)",
-    )
-    token = add.add_mutually_exclusive_group()
-    token.add_argument(
-        "--hf-token-env", metavar="VAR", help="the environment variable holding the token"
-    )
-    token.add_argument("--hf-token-file", metavar="FILE", help="the file holding the token")
-    add.add_argument(
-        "--ollama-store", metavar="DIR", help="Ollama's store (default $OLLAMA_MODELS)"
-    )
+    add_source_options(add)
     msub.add_parser("ls", parents=[local], help="names with their digest, size and source")
     rm = msub.add_parser("rm", parents=[local], help="remove a name (gc frees its files)")
     rm.add_argument("name")
@@ -69,6 +55,30 @@ def add_mirror_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         default=DEFAULT_TMP_AGE_S / 3600,
         metavar="HOURS",
         help="remove partial downloads left this long (default 24; 0: all)",
+    )
+    serve = msub.add_parser(
+        "serve", parents=[local], help="serve the mirror to node agents (they fetch with --mirror)"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8004)
+
+
+def add_source_options(parser: argparse.ArgumentParser) -> None:
+    """How a SOURCE is read: for `mirror add` and `model add --from`."""
+    parser.add_argument("--sha256", metavar="HEX", help="the digest a downloaded file must have")
+    parser.add_argument(
+        "--hf-endpoint",
+        default=os.environ.get("HF_ENDPOINT"),
+        metavar="URL",
+        help="Hugging Face-layout endpoint (default $HF_ENDPOINT or https://huggingface.co)",
+    )
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument(
+        "--hf-token-env", metavar="VAR", help="the environment variable holding the token"
+    )
+    token.add_argument("--hf-token-file", metavar="FILE", help="the file holding the token")
+    parser.add_argument(
+        "--ollama-store", metavar="DIR", help="Ollama's store (default $OLLAMA_MODELS)"
     )
 
 
@@ -108,6 +118,11 @@ def run_mirror_command(args: argparse.Namespace, where: Locations) -> None:
     # httpx logs every request's URL at INFO, user name, password and signed query included:
     # the mirror never lets a credential reach a log line, and prints its own progress.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.action == "serve":
+        from workers.mirror_serve import main as serve_main
+
+        serve_main(where, args.host, args.port)
+        return
     store = MirrorStore(where.mirror_dir)
     try:
         if args.action == "add":
@@ -125,15 +140,17 @@ def run_mirror_command(args: argparse.Namespace, where: Locations) -> None:
         raise SystemExit(f"mirror {args.action}: {err}") from None
 
 
-def mirror_add(store: MirrorStore, args: argparse.Namespace) -> Added:
+def mirror_add(store: MirrorStore, args: argparse.Namespace, name: str | None = None) -> Added:
+    """Add args.source under `name` (default args.name, else one made from the source)."""
     source = parse_source(args.source, args.sha256, args.hf_endpoint)
     progress = ProgressLines(sys.stderr)
+    name = name or getattr(args, "name", None)
     if isinstance(source, OllamaSource):
         from workers.mirror_ollama import add_ollama
 
-        return add_ollama(store, source, args.ollama_store, args.name, progress)
+        return add_ollama(store, source, args.ollama_store, name, progress)
     token = token_from_options(args.hf_token_env, args.hf_token_file)
-    return add_source(store, source, args.name, token, progress)
+    return add_source(store, source, name, token, progress)
 
 
 def show_added(added: Added) -> None:

@@ -25,7 +25,9 @@ from activities.control.mirror.sources import OllamaSource
 from activities.control.mirror.store import MirrorStore
 from gateway.store import open_store
 from workers.external_kv_args import add_external_kv_arguments, external_kv_from_args
+from workers.mirror_commands import add_source_options
 from workers.mirror_ollama import add_ollama
+from workers.model_from_source import mirrored_spec, with_source
 from workers.ollama_import import fetch_blobs, plan_import
 from workers.ollama_store import STORE_ENV, OllamaStoreError
 from workers.paths import Locations
@@ -92,14 +94,17 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
         upstream_model=args.upstream_model,
         external_kv=external_kv_from_args(args),
     )
+    from_source = bool(getattr(args, "source", None))
     spec = ModelSpec(
         name=args.name,
-        weights=absolute(args.weights) if args.weights else "",
+        weights=absolute(args.weights) if args.weights and not from_source else "",
         replicas=args.replicas,
         min_replicas=args.min_replicas,
         max_replicas=max(args.max_replicas, args.replicas),
         profiles=[profile],
     )
+    if from_source:
+        return checked(with_source(spec, args.weights))
     return checked(spec)
 
 
@@ -176,7 +181,7 @@ def models_from_file(path: Path) -> list[Declared]:
             raise SystemExit(f"{where}: " + "; ".join(lines)) from None
         if key is not None and not spec.external:
             raise SystemExit(f"{where}: an upstream key is for engine {EXTERNAL} only")
-        if spec.weights and not Path(spec.weights).is_absolute():
+        if spec.weights and not spec.artifact and not Path(spec.weights).is_absolute():
             spec.weights = str((path.parent / spec.weights).absolute())
         try:
             validate_model(spec)
@@ -244,6 +249,9 @@ async def model_command(
     try:
         if args.action == "add":
             spec = spec_from_args(args)
+            if args.source:
+                spec = mirrored_spec(where, args, spec)
+                checked(spec)
             await apply_declared(client, where, Declared(spec, upstream_key_from_args(args)))
         elif args.action == "apply":
             for declared in models_from_file(Path(args.file)):
@@ -354,7 +362,20 @@ def add_model_parsers(
     msub = model.add_subparsers(dest="action", required=True)
     add = msub.add_parser("add", parents=[common], help="define a model (or change it)")
     add.add_argument("name")
-    add.add_argument("--weights", help="GGUF file or model directory on the nodes")
+    add.add_argument(
+        "--weights",
+        help="GGUF file or model directory on the nodes; with --from, the file inside the "
+        "source to run (default: its only file, or only GGUF file for llamacpp)",
+    )
+    add.add_argument(
+        "--from",
+        dest="source",
+        metavar="SOURCE",
+        help="take the weights into the control plane's mirror from a file, directory, URL, "
+        "hf://ORG/REPO[@REV][/FILE,...] or ollama://NAME[:TAG]; each node fetches them from "
+        "`llmgw mirror serve` (run this where the mirror is)",
+    )
+    add_source_options(add)
     add.add_argument("--replicas", type=int, default=1)
     add.add_argument("--min-replicas", type=int, default=0)
     add.add_argument("--max-replicas", type=int, default=64)

@@ -46,6 +46,9 @@ class UpOptions:
     ui_port: int | None = 8233
     # This machine's agent serves its engines' KV-cache events here, on loopback; 0: not at all.
     kv_feed_port: int = 8003
+    # The mirror of model artifacts (llmgw mirror serve), on loopback, for this machine's agent;
+    # 0: not served, and models defined from a source cannot start here.
+    mirror_port: int = 8004
     demo: bool = True
     engine_paths: dict[str, str] = field(default_factory=dict)
     config_file: Path | None = None
@@ -102,6 +105,8 @@ def start_children(where: Locations, opts: UpOptions) -> Children:
     children = Children(env=child_env(where))
     agent_args = ["agent", "--node", opts.node, "--stop-engines-on-exit"]
     agent_args += ["--kv-feed-port", str(opts.kv_feed_port)]
+    if opts.mirror_port:
+        agent_args += ["--mirror", f"http://127.0.0.1:{opts.mirror_port}"]
     for engine, path in opts.engine_paths.items():
         agent_args += ["--engine-path", f"{engine}={path}"]
     gateway_args = ["gateway", "--host", opts.host, "--port", str(opts.port)]
@@ -109,11 +114,11 @@ def start_children(where: Locations, opts: UpOptions) -> Children:
     control_args = ["control"]
     if opts.config_file is not None:
         control_args += ["--config", str(opts.config_file)]
-    for name, args in (
-        ("control", control_args),
-        ("agent", agent_args),
-        ("gateway", gateway_args),
-    ):
+    roles = [("control", control_args), ("agent", agent_args), ("gateway", gateway_args)]
+    if opts.mirror_port:
+        mirror_args = ["mirror", "serve", "--host", "127.0.0.1", "--port", str(opts.mirror_port)]
+        roles.append(("mirror", mirror_args))
+    for name, args in roles:
         children.add(Child(name, args, logs / f"{name}.log", run / f"{name}.pid"))
     return children
 

@@ -15,8 +15,8 @@ from activities.control.mirror.add import add_source
 from activities.control.mirror.errors import MirrorError
 from activities.control.mirror.sources import parse_source
 from activities.control.mirror.store import MirrorStore
-from tests.unit.mirror_store_kit import all_bytes, sha, visible
 from tests.unit.mirror_server import COMMIT, FileServer, serving
+from tests.unit.mirror_store_kit import all_bytes, sha, visible
 from workers.cli import build_parser
 from workers.mirror_commands import mirror_add, run_mirror_command
 from workers.paths import Locations

@@ -1,0 +1,61 @@
+"""`llmgw model add NAME --from URL` against a running llmgw: the weights, served over HTTP by
+the test, go into the control plane's mirror (verified against the digest the URL names), the
+replica's node fetches them from `llmgw mirror serve`, and the engine the agent starts runs the
+fetched file; requests through the gateway are answered. With the stand-in engine (it opens the
+weights file it is given): tests/e2e does the same with the real llama-server."""
+
+import hashlib
+
+import openai
+import pytest
+
+from tests.system import System, wait_ready
+from tests.unit.mirror_server import FileServer, serving
+from workers.demo import demo_weights
+
+pytestmark = pytest.mark.integration
+
+MODEL = "from-url"
+
+
+async def test_a_model_added_from_a_url_is_fetched_by_its_node_and_serves(
+    system: System,
+) -> None:
+    weights = demo_weights().read_bytes()
+    digest = hashlib.sha256(weights).hexdigest()
+    with serving(FileServer(files={"/smol/model.gguf": weights})) as server:
+        url = f"{server.url}/smol/model.gguf#sha256={digest}"
+        added = system.cli("model", "add", MODEL, "--from", url, "--memory-mb", "1024")
+    # The digest named in the URL was checked, and the mirror reported what it took.
+    assert f"sha256:{digest}" in added.stdout
+    assert "model.gguf" in added.stdout
+    listed = system.cli("mirror", "ls")
+    assert MODEL in listed.stdout
+
+    (replica,) = await wait_ready(system, MODEL, 1, timeout=120)
+    # The engine runs the node's fetched copy, not the URL or the mirror's own file.
+    fetched = list((system.state_dir / "artifacts").glob("*/model.gguf"))
+    assert len(fetched) == 1
+    assert fetched[0].read_bytes() == weights
+    assert system.engine_processes(str(fetched[0])), "the engine runs the fetched file"
+
+    client = openai.OpenAI(base_url=system.base_url, api_key=system.api_key, max_retries=0)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello from the mirror"}], max_tokens=8
+    )
+    assert reply.choices[0].message.content
+
+    # Bytes that are not the ones the URL promises are refused, and nothing is defined.
+    promised = hashlib.sha256(b"GGUF the promised bytes").hexdigest()
+    with serving(FileServer(files={"/bad.gguf": b"GGUF not what was promised"})) as server:
+        refused = system.cli(
+            "model", "add", "wrong-digest", "--from", f"{server.url}/bad.gguf#sha256={promised}",
+            "--memory-mb", "1024", check=False,
+        )  # fmt: skip
+    assert refused.returncode != 0
+    assert promised in refused.stderr
+    assert "wrong-digest" not in system.cli("model", "list").stdout
+
+    system.cli("model", "rm", MODEL)
+    await system.until(lambda: system.released(MODEL), 60, "the model to release its allocation")
+    assert replica not in (await system.ledger()).routes
