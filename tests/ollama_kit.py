@@ -1,6 +1,6 @@
 """An Ollama store made in a test from the real SmolLM2 GGUF, and its import through a running
 llmgw's CLI: shared by tests/integration/test_ollama_import.py (stand-in engine) and
-tests/e2e/test_ollama_import.py (the real llama-server)."""
+tests/e2e/test_model_artifacts.py (the real llama-server)."""
 
 import hashlib
 import json

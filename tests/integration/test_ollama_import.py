@@ -4,7 +4,7 @@ CLI, placed, started and answering a chat completion through the gateway.
 
 The `system` fixture runs the stand-in engine for llama.cpp (tests/standin_llama_server): it
 opens the weights file it is given and echoes, so this proves the import defines a model the
-agent can start from the copied file and the gateway routes; tests/e2e/test_ollama_import.py
+agent can start from the copied file and the gateway routes; tests/e2e/test_model_artifacts.py
 does the same with the real llama-server."""
 
 from pathlib import Path
