@@ -25,7 +25,6 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities.agent.artifact_activity import ArtifactActivities
-from activities.agent.discovery import discover_inventory
 from activities.agent.kv_service import KvService
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
 from activities.control.node_admin import node_handle
@@ -217,7 +216,7 @@ async def serve_node(
     """Register, then heartbeat until stopped, looking at the machine and its engines again
     every `look_every_s`."""
     boot_id = uuid.uuid4().hex
-    inventory = await asyncio.to_thread(discover_inventory, opts.node, opts.address)
+    inventory = await asyncio.to_thread(agent.inventory_now)
     reg = NodeRegistration(
         inventory=inventory,
         boot_id=boot_id,
@@ -250,7 +249,7 @@ async def serve_node(
     while not stop.is_set():
         if loop.time() >= next_look:
             next_look = loop.time() + opts.look_every_s
-            changed = await look_again(opts, inventory)
+            changed = await look_again(agent, inventory)
             await reconcile_shards(client, agent)
         beat = NodeHeartbeat(boot_id=boot_id, inventory=changed)
         delivered = False
@@ -269,10 +268,11 @@ async def serve_node(
         await wait_or_stop(stop, opts.heartbeat_s if delivered else HEARTBEAT_RETRY_S)
 
 
-async def look_again(opts: AgentOptions, before: NodeInventory) -> NodeInventory | None:
-    """The machine as it is now, when it differs from what the node workflow was last told."""
+async def look_again(agent: NodeAgentActivities, before: NodeInventory) -> NodeInventory | None:
+    """The machine as it is now (with the artifacts it holds), when it differs from what the
+    node workflow was last told."""
     try:
-        now = await asyncio.to_thread(discover_inventory, opts.node, opts.address)
+        now = await asyncio.to_thread(agent.inventory_now)
     except Exception as err:  # noqa: BLE001 - unforeseen output must not end the loop
         log.warning("discovery failed: %s", err)
         return None

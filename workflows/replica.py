@@ -173,6 +173,7 @@ class ReplicaWorkflow:
             profiles=m.profiles,
             exclude_nodes=self.s.exclude_nodes,
             exclude_ports=self.s.taken_ports,
+            artifact=m.artifact,
         )
         answer = await request_placement(req)
         if isinstance(answer, str) and self.s.exclude_nodes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import threading
 import uuid
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from workflows.artifact_names import (
     COMPLETE_MARKER,
+    SHA256,
     BadArtifact,
     blob_relpath,
     check_relative_path,
@@ -33,6 +35,7 @@ from workflows.contracts import ArtifactManifest
 
 # The agent starts an engine on an artifact only once this is there (node_agent.py).
 MARKER = COMPLETE_MARKER
+_HEX = re.compile(r"^[0-9a-f]{64}$")
 _POLL_S = 0.1
 
 
@@ -55,6 +58,17 @@ class ArtifactStore:
 
     def is_complete(self, manifest_digest: str) -> bool:
         return (self.artifact_dir(manifest_digest) / MARKER).is_file()
+
+    def complete(self) -> list[str]:
+        """The manifest digests of every artifact held whole, sorted (what discovery reports,
+        so placement prefers this node for models whose weights are here)."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            SHA256 + entry.name
+            for entry in self.root.iterdir()
+            if _HEX.match(entry.name) and (entry / MARKER).is_file()
+        )
 
     def prepare(self) -> None:
         for sub in ("blobs/sha256", ".partial", ".locks"):

@@ -22,12 +22,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.agent import procfs
+from activities.agent.artifact_store import ArtifactStore
 from activities.agent.config import AgentConfig
 from activities.agent.discovery import discover_inventory
 from activities.agent.launch_plan import launch_argv, port_free, shard_ports
 from activities.agent.node_secrets import SecretMissing, SecretUnsafe, resolve_env
 from activities.agent.readiness import gpu_memory_problem, query_compute_apps, wait_ready
 from activities.agent.supervisor import ReplicaBusy, ShardSpec, ShardSupervisor
+from activities.agent.weights import WeightsMissing, weights_on_node
 from engines.adapter import Engine, KvPublisher, ShardLaunch
 from engines.commands import ShardPlace
 from engines.engine_dir import installed_binary
@@ -35,7 +37,6 @@ from engines.metrics import DEFAULT_METRICS_PATH, metrics_path, scrape, wait_idl
 from engines.registry import find
 from engines.shard_env import shard_env
 from engines.verify import Verification
-from workflows.artifact_names import COMPLETE_MARKER, hex_of
 from workflows.contracts import (
     DiscoverRequest,
     EngineExit,
@@ -48,7 +49,6 @@ from workflows.contracts import (
     KvSource,
     LaunchRequest,
     LaunchResult,
-    ModelSpec,
     NodeInventory,
     PortsInUse,
     Profile,
@@ -128,11 +128,15 @@ class NodeAgentActivities:
             raise _not_retryable(
                 f"discovery for node {req.node} reached agent {self._config.node}", "WrongNode"
             )
-        inventory = await asyncio.to_thread(
-            discover_inventory, self._config.node, self._config.address
-        )
+        inventory = await asyncio.to_thread(self.inventory_now)
         self._inventory = inventory
         return inventory
+
+    def inventory_now(self) -> NodeInventory:
+        """This machine as discovery sees it, with the mirror's artifacts it holds. Blocking."""
+        inventory = discover_inventory(self._config.node, self._config.address)
+        held = ArtifactStore(self._config.artifacts_root).complete()
+        return inventory.model_copy(update={"artifacts": held})
 
     @activity.defn(name=NodeActivity.INSTALL_ENGINE)
     async def install_engine(self, req: EngineInstallRequest) -> EngineStatus:
@@ -264,7 +268,7 @@ class NodeAgentActivities:
 
     def _node_inventory(self) -> NodeInventory:
         if self._inventory is None:
-            self._inventory = discover_inventory(self._config.node, self._config.address)
+            self._inventory = self.inventory_now()
         return self._inventory
 
     def _runnable(self, name: str) -> Engine:
@@ -277,28 +281,6 @@ class NodeAgentActivities:
             )
         return engine
 
-    def _weights(self, model: ModelSpec) -> Path:
-        """The weights on this node: the profile's path, or the file in the artifact this node
-        fetched from the mirror (complete once its marker is written)."""
-        if not model.artifact:
-            path, what = Path(model.weights), f"weights {model.weights}"
-        else:
-            directory = self._config.artifacts_root / hex_of(model.artifact)
-            path = directory / model.weights if model.weights else directory
-            what = f"{model.weights or 'the weights'} of artifact {model.artifact}"
-            if not (directory / COMPLETE_MARKER).exists():
-                raise _not_retryable(
-                    f"artifact {model.artifact} of model {model.name} is not fetched on node "
-                    f"{self._config.node}",
-                    "WeightsMissing",
-                )
-        if not path.exists():
-            raise _not_retryable(
-                f"{what} for model {model.name} not found on node {self._config.node}",
-                "WeightsMissing",
-            )
-        return path
-
     def _launch(self, req: LaunchRequest, own_ports: set[int]) -> LaunchResult:
         model = req.model
         profile, shards, rank = self._my_shard(req)
@@ -310,7 +292,11 @@ class NodeAgentActivities:
                 "InvalidModelArgs",
             )
         binary = self._binary(engine.name, version)
-        model = model.model_copy(update={"weights": str(self._weights(model))})
+        try:
+            weights = weights_on_node(model, self._config.artifacts_root)
+        except WeightsMissing as err:
+            raise _not_retryable(f"{err} on node {self._config.node}", "WeightsMissing") from None
+        model = model.model_copy(update={"weights": str(weights)})
         shard, leader = shards[rank], shards[0]
         ports = shard_ports(shard, leader, profile, rank)
         place = ShardPlace(

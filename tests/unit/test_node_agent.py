@@ -112,6 +112,19 @@ async def test_discover_reports_this_node(agent: NodeAgentActivities) -> None:
     assert raised.value.non_retryable
 
 
+async def test_discovery_reports_the_artifacts_held_whole(
+    agent: NodeAgentActivities, tmp_path: Path
+) -> None:
+    root = tmp_path / "state" / "artifacts"
+    whole, partial = "ab" * 32, "cd" * 32
+    for hex_digest in (whole, partial):
+        (root / hex_digest).mkdir(parents=True)
+    (root / whole / COMPLETE_MARKER).write_text("")
+    (root / "blobs").mkdir()  # the store's own folders are not artifacts
+    inventory = await ActivityEnvironment().run(agent.discover, DiscoverRequest(node="node-a"))
+    assert inventory.artifacts == [f"sha256:{whole}"]
+
+
 async def test_unknown_engine_is_a_failed_status_not_an_error(
     agent: NodeAgentActivities,
 ) -> None:

@@ -21,6 +21,8 @@ class PlacementRequest(BaseModel):
     # node -> ports in its range that a process outside llmgw holds, as an agent found when
     # it refused a launch (PortsInUse): placement hands out others.
     exclude_ports: dict[str, list[int]] = Field(default_factory=dict)
+    # The model's weights in the mirror (ModelSpec.artifact): nodes holding them come first.
+    artifact: str = ""
 
 
 class PortsInUse(BaseModel):

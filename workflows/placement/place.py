@@ -107,14 +107,16 @@ def _try(
 
     def order(name: str) -> tuple[object, ...]:
         used = usage.get(name, empty)
+        # First the nodes holding the model's weights: the others must fetch them first.
+        fetch = bool(req.artifact) and req.artifact not in state.nodes[name].inventory.artifacts
         if profile.gpu_class is not None:
             # GPU replicas bin-pack: the tightest node that fits, keeping whole nodes free for
             # replicas that need all of one.
             free = len(free_gpus(state.nodes[name], profile.gpu_class, used.gpus))
-            return (free, name)
+            return (fetch, free, name)
         # CPU replicas spread: nothing stops two sharing cores, so fewer neighbours is faster.
         free_cores = state.nodes[name].inventory.cpu_cores - used.cpu_cores
-        return (used.shards, -free_cores, name)
+        return (fetch, used.shards, -free_cores, name)
 
     if not fits:
         return None, reasons
