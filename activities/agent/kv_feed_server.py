@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from activities.agent.kv_hub import FeedEnded, FeedReader, KvHub
+from activities.http_site import start_site
 from engines.kv_feed import FEED_PATH, PING_EVERY_S, FeedPing, encode
 from workflows.engine_keys import kv_feed_token
 
@@ -54,15 +55,8 @@ async def start_feed_server(hub: KvHub, node_secret: bytes, host: str, port: int
     """Serve the feed on host:port (0: any free port); the port it got is in the result."""
     # Cancelled when its gateway disconnects: a quiet stream would otherwise notice only at its
     # next ping.
-    runner = web.AppRunner(feed_app(hub, node_secret), access_log=None, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    bound: int = runner.addresses[0][1]  # (host, port), or a 4-tuple for IPv6
+    app = feed_app(hub, node_secret)
+    runner, bound = await start_site(app, host, port, handler_cancellation=True)
     return FeedServer(hub, runner, bound)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from activities.http_site import start_site
 from workflows.artifact_names import BadArtifact, blob_relpath, hex_of
 from workflows.engine_keys import mirror_token, node_secret
 from workflows.mirror_protocol import BLOBS_PATH, MANIFESTS_PATH, NODE_HEADER
@@ -64,15 +65,7 @@ async def start_mirror_server(
 ) -> MirrorServer:
     """Serve the mirror under `root` on host:port (0: any free port); the port it got is in the
     result. `app` is mirror_app(root, master_secret) unless given (tests add middlewares)."""
-    runner = web.AppRunner(app or mirror_app(root, master_secret), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    bound: int = runner.addresses[0][1]  # (host, port), or a 4-tuple for IPv6
+    runner, bound = await start_site(app or mirror_app(root, master_secret), host, port)
     return MirrorServer(runner, bound)
 
 
