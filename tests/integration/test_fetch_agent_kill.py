@@ -1,0 +1,90 @@
+"""The node agent killed (SIGKILL) while it fetches a model's weights from the mirror, on a
+real `llmgw up`: `up` starts a new agent, Temporal retries the fetch once its heartbeat times out
+(workflows/options.py FETCH_HEARTBEAT, a minute), and the new agent resumes from the bytes the
+dead one had written rather than starting over; the digest still checks, and the replica
+serves. With the stand-in engine (it only opens the weights file)."""
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.system import STANDIN_ENGINE, System, wait_ready
+from tests.workflows.test_replica import run_histories
+from workflows.names import replica_workflow_id
+
+pytestmark = pytest.mark.integration
+
+MODEL = "fetched-under-fire"
+SIZE = 1 << 30  # large enough that the fetch takes a while even on loopback
+KILL_PAST = 64 << 20  # bytes the dead agent has written when it is killed
+
+
+@pytest.fixture(scope="module")
+def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    system = System(tmp_path_factory.mktemp("state"), demo=False, engine_path=STANDIN_ENGINE)
+    system.start(timeout=120)
+    yield system
+    if system.process is not None and system.process.poll() is None:
+        system.stop()
+
+
+def big_weights(directory: Path) -> tuple[Path, str]:
+    """A GGUF-headed file of SIZE bytes (sparse: nothing to write but the header)."""
+    path = directory / "big.gguf"
+    with path.open("wb") as out:
+        out.write(b"GGUF")
+        out.truncate(SIZE)
+    return path, sha256_of(path)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as data:
+        while chunk := data.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def partial_bytes(system: System) -> int:
+    partials = list((system.state_dir / "artifacts" / ".partial").glob("*"))
+    return max((p.stat().st_size for p in partials), default=0)
+
+
+async def test_a_fetch_resumes_after_its_agent_is_killed(system: System, tmp_path: Path) -> None:
+    weights, digest = big_weights(tmp_path)
+    system.cli("model", "add", MODEL, "--from", str(weights), "--memory-mb", "1024")
+
+    first_agent = system.child_pid("agent")
+    deadline = asyncio.get_running_loop().time() + 60
+    while partial_bytes(system) < KILL_PAST:
+        assert asyncio.get_running_loop().time() < deadline, "the fetch never started"
+        await asyncio.sleep(0.01)
+    os.kill(first_agent, signal.SIGKILL)
+    kept = partial_bytes(system)
+    assert kept < SIZE, "killed too late: the fetch had finished"
+
+    await wait_ready(system, MODEL, 1, timeout=240)
+    (fetched,) = (system.state_dir / "artifacts").glob("*/big.gguf")
+    assert fetched.stat().st_size == SIZE
+    assert system.child_pid("agent") != first_agent
+
+    # The retry fetched only what the dead agent had not: its result is in the replica's
+    # history. And the file is whole: the node checked its sha256 before reporting it.
+    client = await system.client()
+    results = []
+    for history in await run_histories(client, replica_workflow_id(MODEL, 0)):
+        for event in history:
+            if event.HasField("activity_task_completed_event_attributes"):
+                payload = event.activity_task_completed_event_attributes.result.payloads[0]
+                answer = json.loads(payload.data)
+                if isinstance(answer, dict) and "bytes_fetched" in answer:
+                    results.append(answer)
+    assert len(results) == 1, results
+    assert 0 < results[0]["bytes_fetched"] <= SIZE - kept, (results, kept)
+    assert sha256_of(fetched) == digest
