@@ -48,6 +48,14 @@ def check_relative_path(path: str) -> str:
     return path
 
 
+def artifact_hint(digest: str) -> str:
+    """An artifact named in a node's inventory: "sha256:" and its first 16 hex digits. Enough
+    for placement's preference (a collision would only misplace a preference), and a third of
+    the full digest's size in the ledger's record of every node. Never raises: the ledger
+    workflow calls it while placing."""
+    return digest[: len(SHA256) + 16]
+
+
 def manifest_digest(manifest: ArtifactManifest) -> str:
     """The artifact's name: sha256 of its files (path, digest, size), sorted by path, as
     canonical JSON. The source is left out: the same files are the same artifact."""

@@ -27,6 +27,7 @@ from workflows.artifact_names import (
     COMPLETE_MARKER,
     SHA256,
     BadArtifact,
+    artifact_hint,
     blob_relpath,
     check_relative_path,
     hex_of,
@@ -36,6 +37,10 @@ from workflows.contracts import ArtifactManifest
 # The agent starts an engine on an artifact only once this is there (node_agent.py).
 MARKER = COMPLETE_MARKER
 _HEX = re.compile(r"^[0-9a-f]{64}$")
+# At most this many artifacts in a node's inventory, each by its short hint (23 bytes): they
+# travel in every node's record of the ledger's state (1,000 nodes: 368 KB at most before the
+# state is packed), and a node rarely runs more models than that.
+REPORTED_ARTIFACTS = 16
 _POLL_S = 0.1
 
 
@@ -59,16 +64,19 @@ class ArtifactStore:
     def is_complete(self, manifest_digest: str) -> bool:
         return (self.artifact_dir(manifest_digest) / MARKER).is_file()
 
-    def complete(self) -> list[str]:
-        """The manifest digests of every artifact held whole, sorted (what discovery reports,
-        so placement prefers this node for models whose weights are here)."""
+    def complete(self, limit: int = REPORTED_ARTIFACTS) -> list[str]:
+        """The artifacts held whole, the `limit` most recently fetched, by their hints
+        (artifact_names.artifact_hint), sorted: what discovery reports, so placement prefers
+        this node for models whose weights are here."""
         if not self.root.is_dir():
             return []
-        return sorted(
-            SHA256 + entry.name
+        held = [
+            ((entry / MARKER).stat().st_mtime, entry.name)
             for entry in self.root.iterdir()
             if _HEX.match(entry.name) and (entry / MARKER).is_file()
-        )
+        ]
+        newest = sorted(held, reverse=True)[:limit]
+        return sorted(artifact_hint(SHA256 + name) for _, name in newest)
 
     def prepare(self) -> None:
         for sub in ("blobs/sha256", ".partial", ".locks"):

@@ -3,13 +3,14 @@ replica, those already holding the artifact come first (the others would fetch i
 engine starts); the usual spreading and bin-packing decide among equals. Pure."""
 
 from tests.unit.placement_kit import cpu_profile, gpu_profile, h100s, node, placed, req
+from workflows.artifact_names import artifact_hint
 from workflows.contracts import LedgerState, NodeRecord, PlacementRequest
 
 ARTIFACT = "sha256:" + "7e" * 32
 
 
 def holding(record: NodeRecord) -> NodeRecord:
-    inventory = record.inventory.model_copy(update={"artifacts": [ARTIFACT]})
+    inventory = record.inventory.model_copy(update={"artifacts": [artifact_hint(ARTIFACT)]})
     return record.model_copy(update={"inventory": inventory})
 
 

@@ -137,8 +137,8 @@ class NodeInventory(BaseModel):
     imex: ImexInfo | None = None
     # Discovery steps that failed, in their own words (nvidia-smi present but failing, ...).
     problems: list[str] = Field(default_factory=list)
-    # The mirror's artifacts this node holds complete (manifest digests): placement prefers
-    # nodes that need not fetch a model's weights.
+    # The mirror's artifacts this node holds complete, by their hints (artifact_names.
+    # artifact_hint): placement prefers nodes that need not fetch a model's weights.
     artifacts: list[str] = Field(default_factory=list)
 
     def comparable(self) -> dict[str, object]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from workflows.artifact_names import artifact_hint
 from workflows.contracts import (
     Allocation,
     LedgerState,
@@ -105,10 +106,12 @@ def _try(
         else:
             reasons[name] = reason
 
+    hint = artifact_hint(req.artifact) if req.artifact else ""
+
     def order(name: str) -> tuple[object, ...]:
         used = usage.get(name, empty)
         # First the nodes holding the model's weights: the others must fetch them first.
-        fetch = bool(req.artifact) and req.artifact not in state.nodes[name].inventory.artifacts
+        fetch = bool(hint) and hint not in state.nodes[name].inventory.artifacts
         if profile.gpu_class is not None:
             # GPU replicas bin-pack: the tightest node that fits, keeping whole nodes free for
             # replicas that need all of one.
