@@ -80,6 +80,7 @@ def compact_record(record: NodeRecord) -> NodeRecord:
         network_ports=[compact_port(p) for p in inv.network_ports],
         imex=inv.imex,
         problems=inv.problems,
+        artifacts=inv.artifacts,
     )
     return record.model_copy(update={"inventory": inventory})
 
