@@ -140,9 +140,12 @@ def run_mirror_command(args: argparse.Namespace, where: Locations) -> None:
         raise SystemExit(f"mirror {args.action}: {err}") from None
 
 
-def mirror_add(store: MirrorStore, args: argparse.Namespace, name: str | None = None) -> Added:
-    """Add args.source under `name` (default args.name, else one made from the source)."""
-    source = parse_source(args.source, args.sha256, args.hf_endpoint)
+def mirror_add(
+    store: MirrorStore, args: argparse.Namespace, name: str | None = None, text: str | None = None
+) -> Added:
+    """Add `text` (default args.source) under `name` (default args.name, else one made from
+    the source), read as args' source options say."""
+    source = parse_source(text or args.source, args.sha256, args.hf_endpoint)
     progress = ProgressLines(sys.stderr)
     name = name or getattr(args, "name", None)
     if isinstance(source, OllamaSource):

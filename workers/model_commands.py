@@ -27,7 +27,7 @@ from gateway.store import open_store
 from workers.external_kv_args import add_external_kv_arguments, external_kv_from_args
 from workers.mirror_commands import add_source_options
 from workers.mirror_ollama import add_ollama
-from workers.model_from_source import mirrored_spec, with_source
+from workers.model_from_source import lora_sources, mirrored_spec, with_source
 from workers.ollama_import import fetch_blobs, plan_import
 from workers.ollama_store import STORE_ENV, OllamaStoreError
 from workers.paths import Locations
@@ -88,7 +88,10 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
         args=args.arg,
         env=pairs(args.env, "--env"),
         kv_events=args.kv_events,
-        lora=[LoraAdapter(name=n, path=absolute(p)) for n, p in pairs(args.lora, "--lora").items()],
+        lora=[
+            *(LoraAdapter(name=n, path=absolute(p)) for n, p in pairs(args.lora, "--lora").items()),
+            *(LoraAdapter(name=n, path="") for n in lora_sources(args)),
+        ],
         launch=args.launch,
         urls=args.url,
         upstream_model=args.upstream_model,
@@ -103,8 +106,8 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
         max_replicas=max(args.max_replicas, args.replicas),
         profiles=[profile],
     )
-    if from_source:
-        return checked(with_source(spec, args.weights))
+    if from_source or lora_sources(args):
+        return checked(with_source(spec, args.weights, from_source, lora_sources(args)))
     return checked(spec)
 
 
@@ -249,9 +252,8 @@ async def model_command(
     try:
         if args.action == "add":
             spec = spec_from_args(args)
-            if args.source:
-                spec = mirrored_spec(where, args, spec)
-                checked(spec)
+            if args.source or lora_sources(args):
+                spec = checked(mirrored_spec(where, args, spec))
             await apply_declared(client, where, Declared(spec, upstream_key_from_args(args)))
         elif args.action == "apply":
             for declared in models_from_file(Path(args.file)):
@@ -400,6 +402,14 @@ def add_model_parsers(
     add.add_argument("--kv-events", action="store_true")
     add.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     add.add_argument("--lora", action="append", default=[], metavar="NAME=PATH")
+    add.add_argument(
+        "--lora-from",
+        action="append",
+        default=[],
+        metavar="NAME=SOURCE",
+        help="a LoRA adapter taken into the mirror from SOURCE (as --from), fetched by each node "
+        "with the weights",
+    )
     add.add_argument("--arg", action="append", default=[], help="extra engine argument")
     add.add_argument(
         "--url",

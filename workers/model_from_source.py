@@ -9,7 +9,9 @@ are known."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 
+from activities.control.mirror.add import Added
 from activities.control.mirror.errors import MirrorError
 from activities.control.mirror.sources import BadSource
 from activities.control.mirror.store import MirrorStore
@@ -23,9 +25,30 @@ from workflows.contracts import ArtifactManifest, ModelSpec
 DIGEST_UNKNOWN_YET = "sha256:" + "0" * 64
 
 
-def with_source(spec: ModelSpec, weights_inside: str | None) -> ModelSpec:
-    """The model as it is checked before the download: weights from an artifact."""
-    return spec.model_copy(update={"artifact": DIGEST_UNKNOWN_YET, "weights": weights_inside or ""})
+def with_source(
+    spec: ModelSpec, weights_inside: str | None, from_source: bool, adapters: Iterable[str] = ()
+) -> ModelSpec:
+    """The model as it is checked before the downloads: weights (when `from_source`) and the
+    named adapters from artifacts whose digests are not known yet."""
+    if from_source:
+        update = {"artifact": DIGEST_UNKNOWN_YET, "weights": weights_inside or ""}
+        spec = spec.model_copy(update=update)
+    placeholder = {name: (DIGEST_UNKNOWN_YET, "") for name in adapters}
+    return with_adapters(spec, placeholder) if placeholder else spec
+
+
+def with_adapters(spec: ModelSpec, artifacts: dict[str, tuple[str, str]]) -> ModelSpec:
+    """The model with the named adapters of its first profile taken from artifacts: name ->
+    (manifest digest, path inside)."""
+    profile = spec.profiles[0]
+    lora = [
+        a.model_copy(update={"artifact": artifacts[a.name][0], "path": artifacts[a.name][1]})
+        if a.name in artifacts
+        else a
+        for a in profile.lora
+    ]
+    profiles = [profile.model_copy(update={"lora": lora}), *spec.profiles[1:]]
+    return spec.model_copy(update={"profiles": profiles})
 
 
 def weights_inside(manifest: ArtifactManifest, given: str | None, engine: str) -> str:
@@ -50,11 +73,36 @@ def weights_inside(manifest: ArtifactManifest, given: str | None, engine: str) -
 
 
 def mirrored_spec(where: Locations, args: argparse.Namespace, spec: ModelSpec) -> ModelSpec:
-    """Add the source to the mirror under the model's name and return the model defined by it."""
+    """Add the weights' source (--from) and each adapter's (--lora-from) to the mirror, and
+    return the model defined by them. The weights go under the model's name, an adapter under
+    "<model>.lora.<adapter>"."""
+    store = MirrorStore(where.mirror_dir)
+    if args.source:
+        added = _add(store, args, spec.name, args.source)
+        inside = weights_inside(added.manifest, args.weights, spec.engine)
+        spec = spec.model_copy(update={"artifact": added.digest, "weights": inside})
+    fetched: dict[str, tuple[str, str]] = {}
+    for name, source in lora_sources(args).items():
+        added = _add(store, args, f"{spec.name}.lora.{name}", source)
+        fetched[name] = (added.digest, weights_inside(added.manifest, None, spec.engine))
+    return with_adapters(spec, fetched) if fetched else spec
+
+
+def lora_sources(args: argparse.Namespace) -> dict[str, str]:
+    """--lora-from NAME=SOURCE, by adapter name."""
+    found: dict[str, str] = {}
+    for value in getattr(args, "lora_from", None) or []:
+        name, sep, source = value.partition("=")
+        if not sep or not name or not source:
+            raise SystemExit(f"--lora-from wants NAME=SOURCE, got {value!r}")
+        found[name] = source
+    return found
+
+
+def _add(store: MirrorStore, args: argparse.Namespace, name: str, source: str) -> Added:
     try:
-        added = mirror_add(MirrorStore(where.mirror_dir), args, name=spec.name)
+        added = mirror_add(store, args, name=name, text=source)
     except (MirrorError, BadSource, BadArtifact) as err:
-        raise SystemExit(f"model add {spec.name} --from {args.source}: {err}") from None
+        raise SystemExit(f"model add: {source}: {err}") from None
     show_added(added)
-    inside = weights_inside(added.manifest, args.weights, spec.engine)
-    return spec.model_copy(update={"artifact": added.digest, "weights": inside})
+    return added

@@ -8,7 +8,7 @@ again against what each node really has, and the agent drops forbidden environme
 from urllib.parse import urlsplit
 
 from workflows.artifact_names import BadArtifact, check_digest, check_relative_path
-from workflows.contracts import ModelSpec, Profile
+from workflows.contracts import LoraAdapter, ModelSpec, Profile
 from workflows.env_policy import forbidden_env
 from workflows.env_secrets import env_value_problem
 from workflows.external_kv import external_kv_problems
@@ -92,6 +92,18 @@ def _artifact_problems(spec: ModelSpec) -> list[str]:
                 f"not {spec.weights[:200]!r}"
             )
     return problems
+
+
+def _adapter_problems(adapter: LoraAdapter) -> list[str]:
+    if not adapter.artifact:
+        return []
+    try:
+        check_digest(adapter.artifact)
+        if adapter.path:
+            check_relative_path(adapter.path)
+    except BadArtifact as err:
+        return [str(err)]
+    return []
 
 
 def validate_model(spec: ModelSpec) -> None:
@@ -179,6 +191,8 @@ def _engine_features(p: Profile) -> list[str]:
         problems.append(f"kv_events: {p.engine} does not publish KV-cache events")
     if p.lora and p.engine not in LORA_ENGINES:
         problems.append(f"lora: {p.engine} adapters are not supported")
+    for adapter in p.lora:
+        problems.extend(f"lora {adapter.name}: {why}" for why in _adapter_problems(adapter))
     names = [adapter.name for adapter in p.lora]
     if len(set(names)) != len(names):
         problems.append("lora: adapter names must be unique")

@@ -53,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.names import ControlActivity
     from workflows.replica_calls import (
         cancel_all,
-        fetch_artifact,
+        fetch_artifacts,
         label,
         request_placement,
         start_launch,
@@ -62,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         start_wait_ready,
     )
     from workflows.replica_rules import (
+        artifacts_to_fetch,
         new_replica_state,
         profile_fingerprint,
         replica_route,
@@ -273,11 +274,11 @@ class ReplicaWorkflow:
         shards = alloc.shards_or_leader()
         leader = shards[0]
         self.s.exit_report = None
-        artifact = self.inp.model.artifact
-        await self._set_state(ReplicaState.STARTING, "fetching the weights" if artifact else "")
-        if artifact:
+        artifacts = artifacts_to_fetch(self.inp.model, alloc.profile_index)
+        await self._set_state(ReplicaState.STARTING, "fetching the weights" if artifacts else "")
+        if artifacts:
             nodes = list(dict.fromkeys(shard.node for shard in shards))
-            why_not = await fetch_artifact(artifact, nodes, lambda: self.s.stop is not None)
+            why_not = await fetch_artifacts(artifacts, nodes, lambda: self.s.stop is not None)
             if why_not is not None:
                 return self._exit(why_not)
         pids = []

@@ -84,12 +84,14 @@ def start_launch(
     )
 
 
-async def fetch_artifact(
-    artifact: str, nodes: Sequence[str], stopped: Callable[[], bool]
+async def fetch_artifacts(
+    artifacts: Sequence[str], nodes: Sequence[str], stopped: Callable[[], bool]
 ) -> str | None:
-    """Each node fetches the model's artifact from the mirror (at once where it holds it):
-    None once all hold it, else why not. A stop asked for meanwhile cancels the fetches (they
-    resume from what is on disk next time) and answers "stop requested"."""
+    """Each node fetches each artifact (the weights, the adapters) from the mirror, at once
+    where it holds it: None once all hold them, else why not. A stop asked for meanwhile
+    cancels the fetches (they resume from what is on disk next time) and answers "stop
+    requested"."""
+    wanted = [(node, artifact) for node in nodes for artifact in artifacts]
     handles = [
         workflow.start_activity(
             NodeActivity.FETCH_ARTIFACT,
@@ -101,13 +103,13 @@ async def fetch_artifact(
             retry_policy=options.FETCH_RETRY,
             result_type=FetchArtifactResult,
         )
-        for node in nodes
+        for node, artifact in wanted
     ]
     await workflow.wait_condition(lambda: all(h.done() for h in handles) or stopped())
     if not all(h.done() for h in handles):
         await cancel_all(handles)
         return "stop requested"
-    for node, handle in zip(nodes, handles, strict=True):
+    for (node, _), handle in zip(wanted, handles, strict=True):
         try:
             handle.result()
         except ActivityError as err:

@@ -14,6 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import options
     from workflows.contracts import (
         EngineExit,
+        ModelSpec,
         PortsInUse,
         ReplicaCarried,
         ReplicaInput,
@@ -91,3 +92,12 @@ def replica_route(inp: ReplicaInput, carried: ReplicaCarried, node: str, endpoin
         kv=carried.kv,
         adapters=[adapter.name for adapter in profile.lora],
     )
+
+
+def artifacts_to_fetch(model: ModelSpec, profile: int) -> list[str]:
+    """What the replica's nodes fetch from the mirror before it starts: the model's weights and
+    the adapters of the profile it was placed with, each once."""
+    wanted = [model.artifact] if model.artifact else []
+    if 0 <= profile < len(model.profiles):
+        wanted += [a.artifact for a in model.profiles[profile].lora if a.artifact]
+    return list(dict.fromkeys(wanted))

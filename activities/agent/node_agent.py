@@ -29,7 +29,7 @@ from activities.agent.launch_plan import launch_argv, port_free, shard_ports
 from activities.agent.node_secrets import SecretMissing, SecretUnsafe, resolve_env
 from activities.agent.readiness import gpu_memory_problem, query_compute_apps, wait_ready
 from activities.agent.supervisor import ReplicaBusy, ShardSpec, ShardSupervisor
-from activities.agent.weights import WeightsMissing, weights_on_node
+from activities.agent.weights import WeightsMissing, adapters_on_node, weights_on_node
 from engines.adapter import Engine, KvPublisher, ShardLaunch
 from engines.commands import ShardPlace
 from engines.engine_dir import installed_binary
@@ -294,6 +294,7 @@ class NodeAgentActivities:
         binary = self._binary(engine.name, version)
         try:
             weights = weights_on_node(model, self._config.artifacts_root)
+            profile = adapters_on_node(profile, model.name, self._config.artifacts_root)
         except WeightsMissing as err:
             raise _not_retryable(f"{err} on node {self._config.node}", "WeightsMissing") from None
         model = model.model_copy(update={"weights": str(weights)})

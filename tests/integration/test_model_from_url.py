@@ -1,7 +1,8 @@
 """`llmgw model add NAME --from URL` against a running llmgw: the weights, served over HTTP by
 the test, go into the control plane's mirror (verified against the digest the URL names), the
 replica's node fetches them from `llmgw mirror serve`, and the engine the agent starts runs the
-fetched file; requests through the gateway are answered. With the stand-in engine (it opens the
+fetched file, with a LoRA adapter added --lora-from the same way; requests through the gateway
+are answered. With the stand-in engine (it opens the
 weights file it is given): tests/e2e does the same with the real llama-server."""
 
 import hashlib
@@ -23,9 +24,14 @@ async def test_a_model_added_from_a_url_is_fetched_by_its_node_and_serves(
 ) -> None:
     weights = demo_weights().read_bytes()
     digest = hashlib.sha256(weights).hexdigest()
-    with serving(FileServer(files={"/smol/model.gguf": weights})) as server:
+    adapter = b"GGUF a stand-in LoRA adapter"
+    files = {"/smol/model.gguf": weights, "/smol/sql-lora.gguf": adapter}
+    with serving(FileServer(files=files)) as server:
         url = f"{server.url}/smol/model.gguf#sha256={digest}"
-        added = system.cli("model", "add", MODEL, "--from", url, "--memory-mb", "1024")
+        added = system.cli(
+            "model", "add", MODEL, "--from", url, "--memory-mb", "1024",
+            "--lora-from", f"sql={server.url}/smol/sql-lora.gguf",
+        )  # fmt: skip
     # The digest named in the URL was checked, and the mirror reported what it took.
     assert f"sha256:{digest}" in added.stdout
     assert "model.gguf" in added.stdout
@@ -38,6 +44,10 @@ async def test_a_model_added_from_a_url_is_fetched_by_its_node_and_serves(
     assert len(fetched) == 1
     assert fetched[0].read_bytes() == weights
     assert system.engine_processes(str(fetched[0])), "the engine runs the fetched file"
+    # The adapter came from the mirror with the weights, and the engine loads the node's copy.
+    (lora,) = (system.state_dir / "artifacts").glob("*/sql-lora.gguf")
+    assert lora.read_bytes() == adapter
+    assert system.engine_processes(str(lora)), "the engine loads the fetched adapter"
 
     client = openai.OpenAI(base_url=system.base_url, api_key=system.api_key, max_retries=0)
     reply = client.chat.completions.create(

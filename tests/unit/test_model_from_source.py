@@ -1,11 +1,14 @@
 """`model add --from`: which file inside the artifact a model runs, and the definition checked
 before anything is downloaded."""
 
+from argparse import Namespace
+
 import pytest
 
-from workers.model_from_source import DIGEST_UNKNOWN_YET, weights_inside, with_source
+from workers.model_from_source import DIGEST_UNKNOWN_YET, lora_sources, weights_inside, with_source
 from workflows.catalog import check_model
-from workflows.contracts import ArtifactFile, ArtifactManifest, ModelSpec
+from workflows.contracts import ArtifactFile, ArtifactManifest, LoraAdapter, ModelSpec, Profile
+from workflows.replica_rules import artifacts_to_fetch
 
 
 def manifest(*paths: str) -> ArtifactManifest:
@@ -33,7 +36,50 @@ def test_a_named_file_must_be_in_the_artifact_and_several_ggufs_need_a_name():
 
 def test_the_definition_is_checked_with_the_path_inside_before_any_download():
     spec = ModelSpec(name="m", memory_mb=2048)
-    assert check_model(with_source(spec, "model.gguf")) == []
-    assert with_source(spec, None).artifact == DIGEST_UNKNOWN_YET
-    problems = check_model(with_source(spec, "../../etc/passwd"))
+    assert check_model(with_source(spec, "model.gguf", from_source=True)) == []
+    assert with_source(spec, None, from_source=True).artifact == DIGEST_UNKNOWN_YET
+    problems = check_model(with_source(spec, "../../etc/passwd", from_source=True))
     assert any(p.startswith("weights: with an artifact, a path") for p in problems)
+
+
+def test_adapters_from_sources_are_checked_before_the_downloads():
+    spec = ModelSpec(
+        name="m",
+        memory_mb=2048,
+        lora=[LoraAdapter(name="sql", path=""), LoraAdapter(name="x", path="/a/x.gguf")],
+    )
+    ready = with_source(spec, None, from_source=False, adapters=["sql"])
+    by_name = {a.name: a for a in ready.profiles[0].lora}
+    assert by_name["sql"].artifact == DIGEST_UNKNOWN_YET
+    assert (by_name["x"].artifact, by_name["x"].path) == ("", "/a/x.gguf")
+    assert spec.profiles[0].lora[0].artifact == "", "the definition given is left as it was"
+    assert lora_sources(Namespace(lora_from=["sql=https://h/sql.gguf"])) == {
+        "sql": "https://h/sql.gguf"
+    }
+    with pytest.raises(SystemExit, match="--lora-from wants NAME=SOURCE"):
+        lora_sources(Namespace(lora_from=["sql"]))
+
+
+def test_a_replica_fetches_its_weights_and_its_profiles_adapters_once_each():
+    adapter = "sha256:" + "2" * 64
+    weights = "sha256:" + "3" * 64
+    spec = ModelSpec(
+        name="m",
+        artifact=weights,
+        profiles=[
+            Profile(lora=[LoraAdapter(name="a", path="", artifact=adapter)]),
+            Profile(lora=[LoraAdapter(name="b", path="/b.gguf")]),
+        ],
+    )
+    assert artifacts_to_fetch(spec, 0) == [weights, adapter]
+    assert artifacts_to_fetch(spec, 1) == [weights]
+    assert artifacts_to_fetch(ModelSpec(name="m", weights="/w.gguf"), 0) == []
+
+
+def test_an_adapter_without_an_artifact_keeps_its_fingerprint():
+    # Adapters defined before artifacts existed: their fingerprint, and so the running
+    # replicas, must not change when llmgw is upgraded.
+    profile = Profile(lora=[LoraAdapter(name="a", path="/a.gguf")])
+    assert "artifact" not in profile.fingerprint_fields()["lora"][0]
+    fetched = Profile(lora=[LoraAdapter(name="a", path="a.gguf", artifact="sha256:" + "4" * 64)])
+    assert fetched.fingerprint_fields()["lora"][0]["artifact"].startswith("sha256:")

@@ -32,6 +32,7 @@ from workflows.contracts import (
     EngineState,
     KvSource,
     LaunchRequest,
+    LoraAdapter,
     ModelSpec,
     Profile,
     ReadyRequest,
@@ -312,6 +313,22 @@ async def test_an_artifacts_weights_start_only_once_fetched_completely(
     (directory / COMPLETE_MARKER).write_text("")
     launched = await env.run(agent.start_engine, request)
     assert str(directory / "model.gguf") in launched.command
+    await env.run(agent.stop_engine, ShardRef(replica_id=request.replica_id))
+
+    # An adapter from the mirror runs from its artifact too, once that is fetched.
+    adapter_artifact = "sha256:" + "ef" * 32
+    profile = request.model.profiles[0].model_copy(
+        update={"lora": [LoraAdapter(name="sql", path="sql.gguf", artifact=adapter_artifact)]}
+    )
+    request.model = request.model.model_copy(update={"profiles": [profile]})
+    with pytest.raises(ApplicationError, match="adapter sql of model smollm2 is not fetched"):
+        await env.run(agent.start_engine, request)
+    adapter_dir = tmp_path / "state" / "artifacts" / ("ef" * 32)
+    adapter_dir.mkdir()
+    (adapter_dir / "sql.gguf").write_bytes(b"GGUF")
+    (adapter_dir / COMPLETE_MARKER).write_text("")
+    launched = await env.run(agent.start_engine, request)
+    assert str(adapter_dir / "sql.gguf") in launched.command
 
 
 async def test_a_port_held_by_a_stranger_fails_the_start_clearly(

@@ -177,9 +177,12 @@ class FakeAgent:
                 type="PortInUse",
                 non_retryable=True,
             )
-        if req.model.artifact and req.model.artifact not in self.artifacts:
+        profile = req.model.profiles[req.allocation.profile_index]
+        wanted = [req.model.artifact, *(a.artifact for a in profile.lora)]
+        missing = [a for a in wanted if a and a not in self.artifacts]
+        if missing:
             raise ApplicationError(
-                f"artifact {req.model.artifact} is not fetched on node {self.node}",
+                f"artifact {missing[0]} is not fetched on node {self.node}",
                 type="WeightsMissing",
                 non_retryable=True,
             )

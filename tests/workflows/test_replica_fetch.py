@@ -8,7 +8,7 @@ from temporalio.exceptions import ApplicationError
 
 from tests.workflows.conftest import Cluster, eventually, finished
 from tests.workflows.test_replica import spec, start_replica
-from workflows.contracts import ModelSpec, ReplicaState, ReplicaView, StopReplica
+from workflows.contracts import LoraAdapter, ModelSpec, ReplicaState, ReplicaView, StopReplica
 from workflows.replica import ReplicaWorkflow
 
 ARTIFACT = "sha256:" + "ab" * 32
@@ -90,3 +90,22 @@ async def test_a_failed_fetch_says_why_and_starts_nothing(cluster):
 
 async def _fetch_started(cluster: Cluster) -> bool:
     return bool(cluster.agent.fetches)
+
+
+async def test_the_adapters_of_the_placed_profile_are_fetched_with_the_weights(cluster):
+    await cluster.add_node()
+    adapter = "sha256:" + "cd" * 32
+    model = artifact_spec()
+    profile = model.profiles[0].model_copy(
+        update={"lora": [LoraAdapter(name="sql", path="sql.gguf", artifact=adapter)]}
+    )
+    rid, handle = await start_replica(cluster, model.model_copy(update={"profiles": [profile]}))
+
+    async def ready() -> bool:
+        shown = await state_and_detail(cluster, rid)
+        return shown is not None and shown[0] == ReplicaState.READY
+
+    await eventually(ready)
+    assert sorted(cluster.agent.fetches) == sorted([ARTIFACT, adapter])
+    await handle.signal(ReplicaWorkflow.stop, StopReplica(reason="done"))
+    await finished(cluster.client, handle.id, ReplicaView)

@@ -11,7 +11,12 @@ from pydantic import BaseModel, Field, model_validator
 
 class LoraAdapter(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    # The adapter on the nodes; with `artifact`, its path inside the artifact ("" for the
+    # artifact's directory, as vLLM and SGLang take an adapter).
     path: str
+    # The manifest digest of the adapter in the control plane's mirror: fetched with the
+    # model's weights before the replica starts. "": none.
+    artifact: str = ""
 
 
 class KvEventSource(BaseModel):
@@ -93,6 +98,9 @@ class Profile(BaseModel):
         for added in ("urls", "upstream_model", "external_kv"):
             if not data[added]:
                 del data[added]
+        for adapter in data["lora"]:
+            if not adapter["artifact"]:
+                del adapter["artifact"]
         return data
 
 
