@@ -231,11 +231,14 @@ class Fleet:
         return [route.model_copy(update={"kv": None}) for route in self.routes]
 
     async def warm_up(self) -> None:
-        """One chat request per engine, straight to it: first-request costs stay out of the
-        figures."""
-        hello = [{"role": "user", "content": "Say hi."}]
-        for route in self.routes:
-            await self._post(route, "/v1/chat/completions", {"messages": hello, "max_tokens": 2})
+        """A few long chat requests per engine, straight to it, none sharing a block with the
+        workload: first-request costs (the first long prefill is slower) stay out of the
+        figures, and out of whichever arm runs first."""
+        for round_ in range(3):
+            text = " ".join(f"warm-up {round_} line {i}: the kettle is on." for i in range(40))
+            chat = [{"role": "user", "content": text}]
+            for route in self.routes:
+                await self._post(route, "/v1/chat/completions", {"messages": chat, "max_tokens": 4})
 
     async def reset_caches(self) -> None:
         """Empty every engine's prefix cache, so that an arm inherits nothing from the one

@@ -88,6 +88,9 @@ class ArmResult:
     cached_tokens: int = 0
     errors: int = 0
     reasons: dict[str, float] = field(default_factory=dict)
+    # The gateway's asks of an engine's /tokenize (precise arm): their count and total time.
+    tokenize_count: float = 0.0
+    tokenize_s: float = 0.0
     prediction: Prediction = field(default_factory=Prediction)
 
     @property
@@ -207,6 +210,8 @@ def _decisions(results: Sequence[ArmResult]) -> list[str]:
     for r in results:
         counts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.reasons.items()) if v)
         line = f"gateway decisions ({r.setting}, {r.arm}): {counts or 'none'}"
+        if r.tokenize_count:
+            line += f"; /tokenize took {1000 * r.tokenize_s / r.tokenize_count:.0f} ms on average"
         pred = r.prediction
         if pred.requests:
             line += (

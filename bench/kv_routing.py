@@ -15,8 +15,11 @@ go:
                a group's first request lands there by its session (no prefix matches yet),
                the rest follow the prefix the gateway recorded sending there
 under two cache settings: vLLM's cache as llmgw sizes it (1 GiB, about 45,000 tokens, more
-than the workload's prefixes) and a small one (--num-gpu-blocks-override) that holds the
-groups the oracle gives a replica but not every group, so a replica that sees them all evicts.
+than the workload's prefixes) and a small one (--num-gpu-blocks-override, 32 blocks of 32
+tokens by default) that holds exactly the prefixes of the groups the oracle gives a replica
+(4 groups of 8 shared blocks), so that with requests in flight every replica evicts, pinned
+or not; at --small-blocks 48 the pinned groups fit and only a replica seeing every group
+evicts.
 Caches are emptied (POST /reset_prefix_cache) before each arm, so none inherits another's.
 
 Reported per arm: mean and p90 TTFT, the engines' cached share of prompt tokens (from each
@@ -34,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -77,8 +81,8 @@ class BenchConfig:
     replicas: int = 2
     in_flight: int = 3
     max_tokens: int = 4
-    # Blocks of 32 tokens per replica in the small setting: see `settings`.
-    small_blocks: int = 48
+    # Blocks of 32 tokens per replica in the small setting (see the docstring).
+    small_blocks: int = 32
     repeats: int = 1
     # An operator's vLLM environment to use instead of the one installed for the benchmark.
     vllm_env: Path | None = None
@@ -230,7 +234,8 @@ async def feed_live_and_empty(base: str) -> None:
 
 
 async def gateway_figures(base: str, result: ArmResult) -> None:
-    """The decisions by reason, tokenize outcomes and the prediction histogram from /metrics."""
+    """The decisions by reason, tokenize outcomes and time, and the prediction histogram, from
+    the gateway's /metrics."""
     async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
         text = (await client.get(base + "/metrics")).text
     for line in text.splitlines():
@@ -241,10 +246,26 @@ async def gateway_figures(base: str, result: ArmResult) -> None:
             if line.startswith(metric) and label in line:
                 name = prefix + line.split(label, 1)[1].split('"', 1)[0]
                 result.reasons[name] = result.reasons.get(name, 0.0) + float(line.rsplit(" ")[-1])
+        if line.startswith("llmgw_kv_tokenize_duration_seconds_sum"):
+            result.tokenize_s += float(line.rsplit(" ")[-1])
+        elif line.startswith("llmgw_kv_tokenize_duration_seconds_count"):
+            result.tokenize_count += float(line.rsplit(" ")[-1])
     result.prediction.add(parse_prediction(text))
 
 
+def stop_on_signals() -> None:
+    """SIGTERM and SIGINT cancel the run, so that `fleet` stops the engines on the way out.
+    (A shell starts background jobs with SIGINT ignored, and Python's default SIGTERM would
+    leave the engines running.)"""
+    task = asyncio.current_task()
+    if task is not None:
+        loop = asyncio.get_running_loop()
+        for number in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(number, task.cancel)
+
+
 async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
+    stop_on_signals()
     venv = await install_vllm(cfg.vllm_env)
     weights = await unpack_smollm2(venv)
     work = requests(cfg.workload)
