@@ -356,7 +356,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"seed {cfg.workload.seed}"
     )
     print(header)
-    results = asyncio.run(run_bench(cfg))
+    try:
+        results = asyncio.run(run_bench(cfg))
+    except asyncio.CancelledError:
+        raise SystemExit("stopped by a signal; the engines were stopped") from None
     print(table(results))
     if args.markdown:
         args.markdown.write_text(markdown(results, header))
