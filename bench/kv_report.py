@@ -1,0 +1,259 @@
+"""What the KV routing benchmark reports (pure): per arm and cache setting, TTFT, the engines'
+cached share of prompt tokens (from each answer's usage), each figure against the oracle's of
+the same setting and run, and for the precise arm how far the gateway's predictions of cached
+tokens were from what the engines reported (from the gateway's own /metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+ARMS = ("precise", "approximate", "least_load", "oracle")
+ORACLE = "oracle"
+
+
+@dataclass
+class Prediction:
+    """The gateway's llmgw_kv_predicted_cached_tokens_error histogram and its totals."""
+
+    predicted: float = 0.0
+    reported: float = 0.0
+    # upper bound of |error| for a bucket -> requests in it (the histogram's own buckets).
+    by_bound: dict[float, float] = field(default_factory=dict)
+
+    @property
+    def requests(self) -> float:
+        return sum(self.by_bound.values())
+
+    @property
+    def exact(self) -> float:
+        return self.by_bound.get(0.0, 0.0)
+
+    @property
+    def abs_error_bound(self) -> float:
+        """Sum over requests of each one's |predicted - reported|, at most: every request
+        counted at its bucket's wider edge (exact for the bucket of 0)."""
+        return sum(bound * count for bound, count in self.by_bound.items())
+
+    def add(self, other: Prediction) -> None:
+        self.predicted += other.predicted
+        self.reported += other.reported
+        for bound, count in other.by_bound.items():
+            self.by_bound[bound] = self.by_bound.get(bound, 0.0) + count
+
+
+def parse_prediction(metrics_text: str) -> Prediction:
+    """The histogram out of a Prometheus text page: cumulative buckets turned into counts per
+    bucket, each keyed by the largest |error| it can hold."""
+    cumulative: list[tuple[float, float]] = []
+    found = Prediction()
+    for line in metrics_text.splitlines():
+        if line.startswith("llmgw_kv_predicted_cached_tokens_error_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            cumulative.append((float(le), float(line.rsplit(" ", 1)[1])))
+        elif line.startswith("llmgw_kv_cached_tokens_total{"):
+            value = float(line.rsplit(" ", 1)[1])
+            if 'kind="predicted"' in line:
+                found.predicted += value
+            elif 'kind="reported"' in line:
+                found.reported += value
+    cumulative.sort()
+    below, previous_edge = 0.0, -math.inf
+    for edge, count in cumulative:
+        # Errors are whole tokens: the bucket (previous_edge, edge] holds values whose size is
+        # at most max(|previous_edge|, |edge|); the one (-1, 0] holds only 0; +Inf past 4096
+        # is counted at its lower edge, so the bound is not one there (none was seen).
+        if math.isinf(edge):
+            bound = abs(previous_edge)
+        elif math.isinf(previous_edge):
+            bound = abs(edge)
+        else:
+            bound = 0.0 if (previous_edge, edge) == (-1.0, 0.0) else max(abs(previous_edge), edge)
+        if count - below:
+            found.by_bound[bound] = found.by_bound.get(bound, 0.0) + count - below
+        below, previous_edge = count, edge
+    return found
+
+
+@dataclass
+class ArmResult:
+    setting: str
+    arm: str
+    ttft_s: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    errors: int = 0
+    reasons: dict[str, float] = field(default_factory=dict)
+    # The gateway's asks of an engine's /tokenize (precise arm): their count and total time.
+    tokenize_count: float = 0.0
+    tokenize_s: float = 0.0
+    prediction: Prediction = field(default_factory=Prediction)
+
+    @property
+    def mean_ms(self) -> float:
+        return 1000 * statistics.fmean(self.ttft_s) if self.ttft_s else math.nan
+
+    @property
+    def p90_ms(self) -> float:
+        if len(self.ttft_s) < 2:
+            return self.mean_ms
+        return 1000 * statistics.quantiles(self.ttft_s, n=10, method="inclusive")[-1]
+
+    @property
+    def cached_share(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else math.nan
+
+    @property
+    def mean_prompt_tokens(self) -> float:
+        return self.prompt_tokens / len(self.ttft_s) if self.ttft_s else math.nan
+
+    @property
+    def error_share(self) -> float:
+        """Mean |predicted - reported| per KV-routed request (upper bound), as a share of the
+        arm's mean prompt length; NaN for an arm without predictions."""
+        pred = self.prediction
+        if not pred.requests or not self.ttft_s:
+            return math.nan
+        return pred.abs_error_bound / pred.requests / self.mean_prompt_tokens
+
+    @property
+    def net_error_share(self) -> float:
+        """(predicted - reported) over every KV-routed request, as a share of their prompt
+        tokens (taken at the arm's mean prompt length)."""
+        pred = self.prediction
+        if not pred.requests or not self.ttft_s:
+            return math.nan
+        return (pred.predicted - pred.reported) / (pred.requests * self.mean_prompt_tokens)
+
+
+@dataclass(frozen=True)
+class Ratios:
+    mean: float
+    p90: float
+    cached: float
+
+
+def against_oracle(results: Sequence[ArmResult]) -> dict[tuple[str, str], Ratios]:
+    """Each arm's mean and p90 TTFT and cached share divided by the oracle's in its setting
+    (below 1 is faster for TTFT; above 1 is more cached)."""
+    oracle = {r.setting: r for r in results if r.arm == ORACLE}
+    out: dict[tuple[str, str], Ratios] = {}
+    for r in results:
+        base = oracle.get(r.setting)
+        if base is None:
+            out[(r.setting, r.arm)] = Ratios(math.nan, math.nan, math.nan)
+            continue
+        out[(r.setting, r.arm)] = Ratios(
+            _ratio(r.mean_ms, base.mean_ms),
+            _ratio(r.p90_ms, base.p90_ms),
+            _ratio(r.cached_share, base.cached_share),
+        )
+    return out
+
+
+def _ratio(value: float, base: float) -> float:
+    return value / base if base and not math.isnan(base) else math.nan
+
+
+def _pct(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1%}"
+
+
+def _num(value: float, fmt: str) -> str:
+    return "-" if math.isnan(value) else format(value, fmt)
+
+
+HEADERS = (
+    "setting",
+    "arm",
+    "n",
+    "err",
+    "mean TTFT ms",
+    "p90 TTFT ms",
+    "cached",
+    "mean/oracle",
+    "p90/oracle",
+    "cached/oracle",
+    "pred. error",
+)
+
+
+def rows(results: Sequence[ArmResult]) -> list[list[str]]:
+    ratios = against_oracle(results)
+    out = []
+    for r in results:
+        ratio = ratios[(r.setting, r.arm)]
+        out.append(
+            [
+                r.setting,
+                r.arm,
+                str(len(r.ttft_s)),
+                str(r.errors),
+                _num(r.mean_ms, ".0f"),
+                _num(r.p90_ms, ".0f"),
+                _pct(r.cached_share),
+                _num(ratio.mean, ".3f"),
+                _num(ratio.p90, ".3f"),
+                _num(ratio.cached, ".3f"),
+                _pct(r.error_share),
+            ]
+        )
+    return out
+
+
+def _decisions(results: Sequence[ArmResult]) -> list[str]:
+    lines = []
+    for r in results:
+        counts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.reasons.items()) if v)
+        line = f"gateway decisions ({r.setting}, {r.arm}): {counts or 'none'}"
+        if r.tokenize_count:
+            line += f"; /tokenize took {1000 * r.tokenize_s / r.tokenize_count:.0f} ms on average"
+        pred = r.prediction
+        if pred.requests:
+            line += (
+                f"; {pred.requests:.0f} KV-routed, {pred.exact:.0f} predicted exactly, "
+                f"cached tokens predicted {pred.predicted:.0f} / reported {pred.reported:.0f} "
+                f"(net {_pct(r.net_error_share)} of prompt tokens)"
+            )
+        lines.append(line)
+    return lines
+
+
+def table(results: Sequence[ArmResult]) -> str:
+    body = [list(HEADERS), *rows(results)]
+    widths = [max(len(row[i]) for row in body) for i in range(len(HEADERS))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)) for row in body]
+    return "\n".join([*lines, *_decisions(results)])
+
+
+def markdown(results: Sequence[ArmResult], header: str) -> str:
+    lines = [header, "", "| " + " | ".join(HEADERS) + " |"]
+    lines.append("|" + "|".join("---" for _ in HEADERS) + "|")
+    lines += ["| " + " | ".join(row) + " |" for row in rows(results)]
+    lines += ["", *(f"- {line}" for line in _decisions(results))]
+    return "\n".join(lines) + "\n"
+
+
+def as_json(results: Sequence[ArmResult], config: Mapping[str, object]) -> str:
+    ratios = against_oracle(results)
+    arms = []
+    for r in results:
+        ratio = ratios[(r.setting, r.arm)]
+        raw = asdict(r)
+        raw["prediction"]["by_bound"] = {str(k): v for k, v in r.prediction.by_bound.items()}
+        raw.update(
+            mean_ms=r.mean_ms,
+            p90_ms=r.p90_ms,
+            cached_share=r.cached_share,
+            error_share=r.error_share,
+            net_error_share=r.net_error_share,
+            mean_vs_oracle=ratio.mean,
+            p90_vs_oracle=ratio.p90,
+            cached_vs_oracle=ratio.cached,
+        )
+        arms.append(raw)
+    return json.dumps({"config": dict(config), "arms": arms}, indent=2, default=str)
