@@ -80,6 +80,10 @@ CARRIED_STATE_PATCH = "model-carries-state-watches-replicas-by-id"
 # activities) used to end the model with a replica still running: now the loop goes round once
 # more to stop it. Runs from before keep their ending.
 REMOVAL_STOPS_LATE_REPLICAS_PATCH = "model-removal-stops-replicas-of-a-late-remove"
+# The autoscaler used to decide from the replica count read before it asked for the engines'
+# load, and so undid a removal or a scale that arrived while it asked: a removed model kept a
+# replica and never closed. Now a change made meanwhile wins, and it looks again next time.
+AUTOSCALE_YIELDS_TO_CHANGES_PATCH = "model-autoscale-yields-to-changes-made-while-it-looked"
 
 
 @workflow.defn(name="Model")
@@ -265,13 +269,18 @@ class ModelWorkflow:
         spec = self.state.spec
         if spec.autoscale is None or spec.external:
             return
+        replicas = spec.replicas
+        loads = await engine_loads(spec.name)
+        changed = self.state.removing or self.state.spec is not spec or spec.replicas != replicas
+        if changed and workflow.patched(AUTOSCALE_YIELDS_TO_CHANGES_PATCH):
+            return
         decision = decide(
             spec.autoscale,
-            spec.replicas,
+            replicas,
             spec.min_replicas,
             spec.max_replicas,
             self.state.autoscale,
-            await engine_loads(spec.name),
+            loads,
             workflow.now(),
         )
         self.state.autoscale = decision.state

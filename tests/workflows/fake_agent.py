@@ -81,6 +81,9 @@ class FakeAgent:
         self.artifacts: set[str] = set()
         # Set: a fetch waits for it (a large download); a fetch's failure, when given.
         self.fetch_gate: asyncio.Event | None = None
+        # Set: each load report waits for it (the model is looking); load_asked says it is.
+        self.load_gate: asyncio.Event | None = None
+        self.load_asked = asyncio.Event()
         self.fetch_error: ApplicationError | None = None
 
     def all(self) -> list:
@@ -145,6 +148,9 @@ class FakeAgent:
 
     @activity.defn(name=NodeActivity.ENGINE_LOAD)
     async def engine_load(self, req: EngineLoadRequest) -> EngineLoadReport:
+        self.load_asked.set()
+        if self.load_gate is not None:
+            await self.load_gate.wait()
         return EngineLoadReport(
             engines=[
                 self.loads.get(r, EngineLoad(replica_id=r)).model_copy(update={"replica_id": r})

@@ -2,6 +2,8 @@
 a changed profile rolls the fleet one replica at a time, and an autoscaled model follows its
 engines' load down to zero and back up when a request wakes it."""
 
+import asyncio
+
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
@@ -132,3 +134,29 @@ async def test_an_idle_autoscaled_model_goes_to_zero_and_a_request_wakes_it(clus
     await eventually(lambda: replicas(1), timeout=60)
     assert model.name not in (await cluster.ledger()).idle_models
     await remove(cluster, handle)
+
+
+async def test_a_removal_that_arrives_while_the_autoscaler_looks_is_not_undone(cluster):
+    """The autoscaler asks the engines' load (an activity); a removal that lands meanwhile must
+    not be overwritten by the count the autoscaler read before it asked, or the model keeps a
+    replica and never closes."""
+    await cluster.add_node(cores=16)
+    policy = Autoscale(idle_s=3600, look_every_s=1, quiet_s=1, sustained_s=0, queue_per_replica=1)
+    model = cpu_spec(replicas=1, min_replicas=0, max_replicas=3, autoscale=policy)
+    handle = await start(cluster, model)
+
+    async def one_serves() -> bool:
+        return len(await serving(cluster, model)) == 1
+
+    await eventually(one_serves, timeout=60)
+    cluster.agent.load_gate = asyncio.Event()
+    cluster.agent.load_asked.clear()
+
+    async def looking() -> bool:
+        return cluster.agent.load_asked.is_set()
+
+    await eventually(looking, timeout=60)
+    await handle.execute_update(ModelWorkflow.remove, RemoveModel())
+    cluster.agent.load_gate.set()
+    await finished(cluster.client, handle.id)
+    assert await serving(cluster, model) == []
