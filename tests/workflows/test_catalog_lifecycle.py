@@ -7,7 +7,14 @@ import asyncio
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
 
-from tests.workflows.conftest import Cluster, ask, eventually, finished, unique
+from tests.workflows.conftest import (
+    Cluster,
+    ask,
+    eventually,
+    finished,
+    record_history,
+    unique,
+)
 from tests.workflows.test_model import serving, track_replicas
 from workflows.contracts import (
     Autoscale,
@@ -160,3 +167,4 @@ async def test_a_removal_that_arrives_while_the_autoscaler_looks_is_not_undone(c
     cluster.agent.load_gate.set()
     await finished(cluster.client, handle.id)
     assert await serving(cluster, model) == []
+    await record_history(handle, "ModelRemovedWhileAutoscalerLooked")
