@@ -175,18 +175,30 @@ def free_of_class(state: LedgerState, name: str, cls: str) -> int:
     )
 
 
-def eligible(state: LedgerState, profile: Profile, exclude: list[str]) -> list[str]:
+def eligible(state: LedgerState, profile: Profile, request: PlacementRequest) -> list[str]:
     return [
-        n
-        for n, rec in sorted(state.nodes.items())
-        if why_not(rec, profile, node_usage(state, n), exclude) is None
+        n for n, rec in sorted(state.nodes.items()) if node_says(state, n, request, profile) is None
     ]
+
+
+def node_says(
+    state: LedgerState, name: str, request: PlacementRequest, profile: Profile
+) -> str | None:
+    """why_not for one node, as the request asks it."""
+    return why_not(
+        state.nodes[name],
+        profile,
+        node_usage(state, name),
+        request.exclude_nodes,
+        artifact=request.artifact,
+        artifact_size=request.artifact_size,
+    )
 
 
 def check_allocation(state: LedgerState, request: PlacementRequest, alloc: Allocation) -> None:
     """Every constraint of the chosen profile holds on every shard. `state` is before."""
     profile = request.profiles[alloc.profile_index]
-    fits = eligible(state, profile, request.exclude_nodes)
+    fits = eligible(state, profile, request)
     shards = alloc.shards
     assert [s.rank for s in shards] == list(range(profile.nodes))
     assert (alloc.node, alloc.address, alloc.port) == (
@@ -259,14 +271,12 @@ def check_refusal(state: LedgerState, request: PlacementRequest, reasons: dict[s
     assert all(reasons.values())
     several = len(request.profiles) > 1
     for profile in request.profiles:
-        fits = eligible(state, profile, request.exclude_nodes)
+        fits = eligible(state, profile, request)
         # Refused means no profile fits: a single-node one has no node at all.
         assert profile.nodes > 1 or not fits
     for name, reason in reasons.items():
         if several:
             assert reason.startswith("profile ")
         elif name != CLUSTER:
-            rec = state.nodes[name]
-            profile = request.profiles[0]
-            expected = why_not(rec, profile, node_usage(state, name), request.exclude_nodes)
+            expected = node_says(state, name, request, request.profiles[0])
             assert reason == expected or (expected is None and reason.startswith("fits, but"))
