@@ -79,9 +79,10 @@ class ArtifactStore:
         return sorted(artifact_hint(SHA256 + name) for _, name in newest)
 
     def disk_free_mb(self) -> int | None:
-        """Free space for fetches, in MB (2**20 bytes): where the store is, or would be made
-        (its nearest existing parent, before the first fetch), as an unprivileged process may
-        use it, rounded down to two significant figures. None when it cannot be read."""
+        """Free space for fetches, in MB (10**6 bytes, as placement reads it): where the store
+        is, or would be made (its nearest existing parent, before the first fetch), as an
+        unprivileged process may use it, rounded down to two significant figures. None when it
+        cannot be read."""
         where = self.root
         while not where.exists() and where != where.parent:
             where = where.parent
@@ -89,7 +90,7 @@ class ArtifactStore:
             stat = os.statvfs(where)
         except OSError:
             return None
-        return two_figures(stat.f_bavail * stat.f_frsize // (1 << 20))
+        return two_figures(stat.f_bavail * stat.f_frsize // 1_000_000)
 
     def prepare(self) -> None:
         for sub in ("blobs/sha256", ".partial", ".locks"):

@@ -10,7 +10,7 @@ import pytest
 
 from activities.agent.artifact_store import ArtifactStore, two_figures
 
-MB = 1 << 20
+MB = 1_000_000
 
 
 def free_mb(path: Path) -> int:

@@ -238,7 +238,7 @@ async def test_add_from_a_file_records_the_artifacts_size_for_placement(calls, t
     assert (applied.weights, applied.artifact_size) == ("tiny.gguf", 5004)
 
 
-GIB = 1 << 30
+GB = 10**9
 WEIGHTS = "sha256:" + "5a" * 32
 
 
@@ -259,7 +259,7 @@ async def test_model_why_says_which_nodes_hold_the_weights_and_which_lack_the_di
         name="big",
         weights="model.gguf",
         artifact=WEIGHTS,
-        artifact_size=2 * GIB,
+        artifact_size=2 * GB,
         profiles=[Profile(cpu_cores=2, memory_mb=4096)],
     )
     state = LedgerState(

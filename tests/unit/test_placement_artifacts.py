@@ -57,7 +57,7 @@ def test_a_holder_that_cannot_take_it_is_passed_over():
 
 # --- disk space for the weights ------------------------------------------------------------
 
-GB = 1 << 30
+GB = 10**9  # as the fetch and placement print sizes
 
 
 def with_free_disk(record: NodeRecord, mb: int | None) -> NodeRecord:
@@ -72,14 +72,14 @@ def sized(request: PlacementRequest, size: int) -> PlacementRequest:
 def test_a_node_without_the_disk_to_fetch_the_weights_is_refused_with_the_numbers():
     # 1 GB of weights needs 1 GB and the 0.5 GB margin: "a" has 0.4 GB, "b" 1.5 GB.
     state = LedgerState(
-        nodes={"a": with_free_disk(node("a", 8), 410), "b": with_free_disk(node("b", 8), 1536)}
+        nodes={"a": with_free_disk(node("a", 8), 410), "b": with_free_disk(node("b", 8), 1500)}
     )
     request = sized(req("m-0", cpu_profile(2)), GB)
     placed_on = place(state, request)
     assert isinstance(placed_on, Allocation)
     assert placed_on.node == "b"
 
-    state.nodes["b"] = with_free_disk(node("b", 8), 1535)
+    state.nodes["b"] = with_free_disk(node("b", 8), 1499)
     reasons = refused(state, request.model_copy(update={"replica_id": "m-1"}))
     check_refusal(state, request, reasons)
     assert reasons == {
@@ -90,10 +90,10 @@ def test_a_node_without_the_disk_to_fetch_the_weights_is_refused_with_the_number
 
 def test_the_margin_is_a_tenth_of_large_weights():
     # 40 GB of weights need 44 GB free.
-    state = LedgerState(nodes={"a": with_free_disk(node("a", 8), 44 * 1024 - 1)})
+    state = LedgerState(nodes={"a": with_free_disk(node("a", 8), 43_999)})
     reasons = refused(state, sized(req("m-0", cpu_profile(2)), 40 * GB))
     assert reasons == {"a": "needs 44 GB of disk for the weights, 43 GB free"}
-    state.nodes["a"] = with_free_disk(node("a", 8), 44 * 1024)
+    state.nodes["a"] = with_free_disk(node("a", 8), 44_000)
     assert placed(state, sized(req("m-0", cpu_profile(2)), 40 * GB)).node == "a"
 
 
@@ -113,7 +113,7 @@ def test_what_is_not_known_refuses_nothing():
 
 
 def test_a_refusal_for_disk_is_summarised_across_nodes_like_any_other():
-    nodes = {f"n{i}": with_free_disk(node(f"n{i}", 8), 12 * 1024 + 1024 * i) for i in range(3)}
+    nodes = {f"n{i}": with_free_disk(node(f"n{i}", 8), 12_000 + 1000 * i) for i in range(3)}
     state = LedgerState(nodes=nodes)
     reasons = refused(state, sized(req("m-0", cpu_profile(2)), 40 * GB))
     assert summarise_refusal(reasons) == (
@@ -125,7 +125,7 @@ def test_model_why_says_who_holds_the_weights_who_would_fetch_them_and_who_lacks
     state = LedgerState(
         nodes={
             "a": holding(node("a", 8)),
-            "b": with_free_disk(node("b", 8), 100 * 1024),
+            "b": with_free_disk(node("b", 8), 100_000),
             "c": with_free_disk(node("c", 8), 410),
             "d": node("d", 1),
         }
@@ -138,7 +138,7 @@ def test_model_why_says_who_holds_the_weights_who_would_fetch_them_and_who_lacks
         "profile 1 (llamacpp cpu): would go to a",
         "  a: fits, holds the weights",
         "  b: fits, but would fetch the weights (1.2 GB): passed over for a node holding them",
-        "  c: needs 1.8 GB of disk for the weights, 410 MB free",
+        "  c: needs 1.7 GB of disk for the weights, 410 MB free",
         "  d: 1 of 1 CPU cores free, 2 wanted",
     ]
     # Without a holder that can take it, the chosen node fetches first.

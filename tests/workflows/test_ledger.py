@@ -152,7 +152,7 @@ async def test_a_node_short_of_disk_for_the_weights_is_refused_unless_it_holds_t
     await node_with([])
     model = unique("big")
     request = one_core(f"{model}-0").model_copy(
-        update={"artifact": weights, "artifact_size": 2 << 30}
+        update={"artifact": weights, "artifact_size": 2 * 10**9}
     )
     err = await place_request(cluster, request)
     assert isinstance(err, ApplicationError)

@@ -124,7 +124,7 @@ async def test_a_replica_waits_for_a_node_with_the_disk_for_its_weights(cluster)
         await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
 
     await node_with_free_disk(900)
-    model = artifact_spec().model_copy(update={"artifact_size": 2 << 30})
+    model = artifact_spec().model_copy(update={"artifact_size": 2 * 10**9})
     rid, handle = await start_replica(cluster, model)
     why = "needs 2.5 GB of disk for the weights, 900 MB free"
 

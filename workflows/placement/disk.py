@@ -11,7 +11,8 @@ free space (artifact_disk_free_mb None: an older agent, or a disk it could not r
 as before this check existed. The free space is as the agent last reported it (it looks again
 every minute or so); fetches that other replicas start meanwhile are not subtracted.
 
-MB and GB are 2**20 and 2**30 bytes, as the inventory's memory_mb.
+MB and GB are 10**6 and 10**9 bytes, as in the fetch's own messages (activities/agent/
+artifact_fetch.py) and disk vendors' sizes.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from __future__ import annotations
 from workflows.artifact_names import artifact_hint
 from workflows.contracts import NodeRecord
 
-MB = 1 << 20
-DISK_MARGIN_MIN_MB = 512
+MB = 1_000_000
+DISK_MARGIN_MIN_MB = 500
 # The margin is 1/DISK_MARGIN_DIVISOR of the artifact's size when that is more.
 DISK_MARGIN_DIVISOR = 10
 
@@ -41,16 +42,16 @@ def needed_mb(size: int) -> int:
 
 
 def size_text(mb: int, up: bool = False) -> str:
-    """Like "614 MB", "1.2 GB", "15 GB": whole numbers where the precision is not needed, so
+    """Like "640 MB", "1.2 GB", "15 GB": whole numbers where the precision is not needed, so
     the ledger's refusal summary (refusal.py) can group nodes whose numbers differ. Rounded
     down, or `up`: what is needed is rounded up and what is free down, so that a refusal never
     reads "needs 1.5 GB, 1.5 GB free"."""
-    if mb < 1024:
+    if mb < 1000:
         return f"{mb} MB"
-    if mb < 10 * 1024:
-        tenths = -(-mb * 10 // 1024) if up else mb * 10 // 1024
+    if mb < 10_000:
+        tenths = -(-mb // 100) if up else mb // 100
         return f"{tenths // 10}.{tenths % 10} GB"
-    return f"{-(-mb // 1024) if up else mb // 1024} GB"
+    return f"{-(-mb // 1000) if up else mb // 1000} GB"
 
 
 def disk_problem(node: NodeRecord, artifact: str, size: int) -> str | None:
