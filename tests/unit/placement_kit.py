@@ -22,6 +22,7 @@ from workflows.contracts import (
     Profile,
 )
 from workflows.placement import CLUSTER, node_usage, place, why_not
+from workflows.placement.disk import holds
 
 CLASSES = {"h100-80g": "9.0", "a100-80g": "8.0", "l40s-48g": "8.9"}
 MIG = "a100-80g-mig-3g.40gb"
@@ -209,6 +210,11 @@ def check_allocation(state: LedgerState, request: PlacementRequest, alloc: Alloc
     for shard in shards:
         record = state.nodes[shard.node]
         assert shard.node in fits
+        free_disk = record.inventory.artifact_disk_free_mb
+        fetches = bool(request.artifact) and not holds(record, request.artifact)
+        if fetches and request.artifact_size and free_disk is not None:
+            # Room for the weights and the margin (at least 500 MB) on a node that fetches.
+            assert free_disk * 10**6 >= request.artifact_size + 500 * 10**6
         assert record.state == NodeState.READY
         assert not record.cordoned
         assert shard.node not in request.exclude_nodes
@@ -232,6 +238,12 @@ def check_allocation(state: LedgerState, request: PlacementRequest, alloc: Alloc
     if profile.nodes == 1:
         assert alloc.fabric == ""
         assert alloc.nvlink_domain == ""
+        holders = [n for n in fits if holds(state.nodes[n], request.artifact)]
+        if holders:
+            # A node holding the weights wins over one that would fetch them; the rules below
+            # decide among the holders.
+            assert alloc.node in holders
+            fits = holders
         if profile.gpu_class is not None:
             # Bin-packing: no node that could take it had fewer free GPUs of the class.
             cls = profile.gpu_class
