@@ -342,14 +342,15 @@ def describe_profile(p: Profile) -> str:
 
 
 async def why(client: Client, name: str) -> None:
-    """Where each profile of the model could go now, and why every other node is out."""
+    """Where each profile of the model could go now, and why every other node is out: for
+    weights in the mirror, also which nodes hold them and which lack the disk to fetch them."""
     from workflows.placement import explain
 
     views = [v for v in await list_models(client) if v.spec.name == name]
     if not views:
         raise SystemExit(f"no model {name!r}")
     state = await ledger_snapshot(client)
-    for line in explain(state, views[0].spec.profiles):
+    for line in explain(state, views[0].spec):
         print(line)
     pending = [r for r in state.routes.values() if r.model == name and r.state.value == "pending"]
     for route in sorted(pending, key=lambda r: r.replica_id):

@@ -80,7 +80,9 @@ def mirrored_spec(where: Locations, args: argparse.Namespace, spec: ModelSpec) -
     if args.source:
         added = _add(store, args, spec.name, args.source)
         inside = weights_inside(added.manifest, args.weights, spec.engine)
-        spec = spec.model_copy(update={"artifact": added.digest, "weights": inside})
+        # The size too: a node that must fetch the weights needs the disk for them.
+        update = {"artifact": added.digest, "artifact_size": added.manifest.size}
+        spec = spec.model_copy(update={**update, "weights": inside})
     fetched: dict[str, tuple[str, str]] = {}
     for name, source in lora_sources(args).items():
         added = _add(store, args, f"{spec.name}.lora.{name}", source)

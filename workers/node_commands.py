@@ -23,6 +23,7 @@ from workflows.contracts import (
     LedgerState,
     NodeAdd,
     NodeCommand,
+    NodeInventory,
     NodeRecord,
     NodeState,
     NodeView,
@@ -30,6 +31,7 @@ from workflows.contracts import (
 from workflows.engine_keys import node_identity, node_secret
 from workflows.names import reserved_node_name
 from workflows.node import NodeWorkflow
+from workflows.placement.disk import size_text
 
 # How long a command waits to see the node take it before saying it was only sent.
 SEEN_WITHIN_S = 10.0
@@ -118,6 +120,7 @@ async def show_node(client: Client, name: str) -> None:
     print(f"  memory    {inv.memory_mb} MB")
     print(f"  driver    {inv.nvidia_driver or '-'} (CUDA {inv.cuda_version or '-'})")
     print(f"  labels    {', '.join(f'{k}={v}' for k, v in sorted(record.labels.items())) or '-'}")
+    print(f"  artifacts {artifacts_line(inv)}")
     for gpu in inv.gpus:
         where = f" fabric {gpu.fabric.domain}" if gpu.fabric and gpu.fabric.domain else ""
         problem = f" UNUSABLE: {gpu.unusable}" if gpu.unusable else ""
@@ -130,6 +133,13 @@ async def show_node(client: Client, name: str) -> None:
         print(f"  moving    {', '.join(view.draining_replicas)}")
     for reason in why_not_placeable(record):
         print(f"  not placeable: {reason}")
+
+
+def artifacts_line(inv: NodeInventory) -> str:
+    """The mirror's artifacts the node holds and its disk for more, as placement reads them."""
+    free = inv.artifact_disk_free_mb
+    room = "free disk not reported" if free is None else f"{size_text(free)} free for more"
+    return f"{len(inv.artifacts)} held, {room}"
 
 
 async def describe(client: Client, name: str) -> NodeView | None:

@@ -61,6 +61,8 @@ def check_model(spec: ModelSpec) -> list[str]:
     if any(p.engine == EXTERNAL for p in spec.profiles):
         return _external_model(spec)
     problems: list[str] = _artifact_problems(spec) if spec.artifact else []
+    if spec.artifact_size and not spec.artifact:
+        problems.append("artifact_size: only with an artifact (the size of its files)")
     if not spec.weights and not spec.artifact:
         problems.append(f"weights: engine {spec.engine} needs a GGUF file or model directory")
     if spec.min_replicas > spec.max_replicas:

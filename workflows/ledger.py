@@ -48,6 +48,11 @@ NO_PLACEMENT = "NoPlacement"
 # `place` answers a refusal as its result, summarised, rather than failing with every node's
 # reason (88 KB at 1,000 nodes, in history each time a waiting replica asks).
 PLACE_RETURNS_REFUSAL = "ledger-place-returns-refusal"
+# A node that must fetch a model's weights is refused when it lacks the disk for them
+# (workflows/placement/disk.py). Requests that name the size come only from replicas since;
+# before the marker a size is set aside, so a history in which an older ledger placed such a
+# request (a rolling upgrade of the control workers) replays as it ran.
+PLACE_CHECKS_DISK = "ledger-place-checks-disk"
 # The longest route detail the ledger keeps (see set_route).
 MAX_ROUTE_DETAIL = 512
 
@@ -104,6 +109,8 @@ class ClusterLedgerWorkflow:
 
     @workflow.update(name="place")
     def place(self, req: PlacementRequest) -> Allocation | PlacementRefusal:
+        if req.artifact_size and not workflow.patched(PLACE_CHECKS_DISK):
+            req = req.model_copy(update={"artifact_size": 0})
         decision = place(self.state, req)
         if isinstance(decision, PlacementRefused) and workflow.patched(PLACE_RETURNS_REFUSAL):
             summary = summarise_refusal(decision.reasons)

@@ -81,6 +81,7 @@ def compact_record(record: NodeRecord) -> NodeRecord:
         imex=inv.imex,
         problems=inv.problems,
         artifacts=inv.artifacts,
+        artifact_disk_free_mb=inv.artifact_disk_free_mb,
     )
     return record.model_copy(update={"inventory": inventory})
 

@@ -175,6 +175,7 @@ class ReplicaWorkflow:
             exclude_nodes=self.s.exclude_nodes,
             exclude_ports=self.s.taken_ports,
             artifact=m.artifact,
+            artifact_size=m.artifact_size,
         )
         answer = await request_placement(req)
         if isinstance(answer, str) and self.s.exclude_nodes:

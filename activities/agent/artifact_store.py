@@ -78,6 +78,20 @@ class ArtifactStore:
         newest = sorted(held, reverse=True)[:limit]
         return sorted(artifact_hint(SHA256 + name) for _, name in newest)
 
+    def disk_free_mb(self) -> int | None:
+        """Free space for fetches, in MB (10**6 bytes, as placement reads it): where the store
+        is, or would be made (its nearest existing parent, before the first fetch), as an
+        unprivileged process may use it, rounded down to two significant figures. None when it
+        cannot be read."""
+        where = self.root
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        try:
+            stat = os.statvfs(where)
+        except OSError:
+            return None
+        return two_figures(stat.f_bavail * stat.f_frsize // 1_000_000)
+
     def prepare(self) -> None:
         for sub in ("blobs/sha256", ".partial", ".locks"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -129,6 +143,15 @@ class ArtifactStore:
             shutil.rmtree(building, ignore_errors=True)
             raise
         return final
+
+
+def two_figures(value: int) -> int:
+    """`value` rounded down to two significant figures (1234 -> 1200, 98765 -> 98000). The
+    agent publishes its inventory again only when it changes: free space reported to the MB
+    would change with every log line written; this changes when a real share of it does, and
+    is never more than the truth."""
+    step: int = 10 ** max(len(str(value)) - 2, 0)
+    return value - value % step
 
 
 def check_layout(manifest: ArtifactManifest) -> None:

@@ -133,10 +133,11 @@ class NodeAgentActivities:
         return inventory
 
     def inventory_now(self) -> NodeInventory:
-        """This machine as discovery sees it, with the mirror's artifacts it holds. Blocking."""
+        """This machine as discovery sees it, with the artifacts it holds and room for more."""
         inventory = discover_inventory(self._config.node, self._config.address)
-        held = ArtifactStore(self._config.artifacts_root).complete()
-        return inventory.model_copy(update={"artifacts": held})
+        store = ArtifactStore(self._config.artifacts_root)
+        held = {"artifacts": store.complete(), "artifact_disk_free_mb": store.disk_free_mb()}
+        return inventory.model_copy(update=held)
 
     @activity.defn(name=NodeActivity.INSTALL_ENGINE)
     async def install_engine(self, req: EngineInstallRequest) -> EngineStatus:

@@ -13,6 +13,8 @@ import pytest
 from tests.system import System, wait_ready
 from tests.unit.mirror_server import FileServer, serving
 from workers.demo import demo_weights
+from workflows.artifact_names import artifact_hint
+from workflows.model_client import list_models
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +56,22 @@ async def test_a_model_added_from_a_url_is_fetched_by_its_node_and_serves(
         model=MODEL, messages=[{"role": "user", "content": "hello from the mirror"}], max_tokens=8
     )
     assert reply.choices[0].message.content
+
+    # The model knows its weights' size, and the node reports holding them (at its agent's next
+    # look, each minute) and its free disk: what placement reads to prefer it and to pass over
+    # nodes without room.
+    (view,) = [v for v in await list_models(await system.client()) if v.spec.name == MODEL]
+    assert view.spec.artifact_size == len(weights)
+
+    async def holds_the_weights() -> bool:
+        inventory = (await system.ledger()).nodes[system.node].inventory
+        return artifact_hint(view.spec.artifact) in inventory.artifacts
+
+    await system.until(holds_the_weights, 90, "the node to report the weights it fetched")
+    assert (await system.ledger()).nodes[system.node].inventory.artifact_disk_free_mb
+    shown = system.cli("node", "show", system.node).stdout
+    assert "  artifacts 2 held, " in shown  # the weights and the adapter
+    assert " free for more" in shown
 
     # Bytes that are not the ones the URL promises are refused, and nothing is defined.
     promised = hashlib.sha256(b"GGUF the promised bytes").hexdigest()

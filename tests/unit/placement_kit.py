@@ -22,6 +22,7 @@ from workflows.contracts import (
     Profile,
 )
 from workflows.placement import CLUSTER, node_usage, place, why_not
+from workflows.placement.disk import holds
 
 CLASSES = {"h100-80g": "9.0", "a100-80g": "8.0", "l40s-48g": "8.9"}
 MIG = "a100-80g-mig-3g.40gb"
@@ -175,18 +176,30 @@ def free_of_class(state: LedgerState, name: str, cls: str) -> int:
     )
 
 
-def eligible(state: LedgerState, profile: Profile, exclude: list[str]) -> list[str]:
+def eligible(state: LedgerState, profile: Profile, request: PlacementRequest) -> list[str]:
     return [
-        n
-        for n, rec in sorted(state.nodes.items())
-        if why_not(rec, profile, node_usage(state, n), exclude) is None
+        n for n, rec in sorted(state.nodes.items()) if node_says(state, n, request, profile) is None
     ]
+
+
+def node_says(
+    state: LedgerState, name: str, request: PlacementRequest, profile: Profile
+) -> str | None:
+    """why_not for one node, as the request asks it."""
+    return why_not(
+        state.nodes[name],
+        profile,
+        node_usage(state, name),
+        request.exclude_nodes,
+        artifact=request.artifact,
+        artifact_size=request.artifact_size,
+    )
 
 
 def check_allocation(state: LedgerState, request: PlacementRequest, alloc: Allocation) -> None:
     """Every constraint of the chosen profile holds on every shard. `state` is before."""
     profile = request.profiles[alloc.profile_index]
-    fits = eligible(state, profile, request.exclude_nodes)
+    fits = eligible(state, profile, request)
     shards = alloc.shards
     assert [s.rank for s in shards] == list(range(profile.nodes))
     assert (alloc.node, alloc.address, alloc.port) == (
@@ -197,6 +210,11 @@ def check_allocation(state: LedgerState, request: PlacementRequest, alloc: Alloc
     for shard in shards:
         record = state.nodes[shard.node]
         assert shard.node in fits
+        free_disk = record.inventory.artifact_disk_free_mb
+        fetches = bool(request.artifact) and not holds(record, request.artifact)
+        if fetches and request.artifact_size and free_disk is not None:
+            # Room for the weights and the margin (at least 500 MB) on a node that fetches.
+            assert free_disk * 10**6 >= request.artifact_size + 500 * 10**6
         assert record.state == NodeState.READY
         assert not record.cordoned
         assert shard.node not in request.exclude_nodes
@@ -220,6 +238,12 @@ def check_allocation(state: LedgerState, request: PlacementRequest, alloc: Alloc
     if profile.nodes == 1:
         assert alloc.fabric == ""
         assert alloc.nvlink_domain == ""
+        holders = [n for n in fits if holds(state.nodes[n], request.artifact)]
+        if holders:
+            # A node holding the weights wins over one that would fetch them; the rules below
+            # decide among the holders.
+            assert alloc.node in holders
+            fits = holders
         if profile.gpu_class is not None:
             # Bin-packing: no node that could take it had fewer free GPUs of the class.
             cls = profile.gpu_class
@@ -259,14 +283,12 @@ def check_refusal(state: LedgerState, request: PlacementRequest, reasons: dict[s
     assert all(reasons.values())
     several = len(request.profiles) > 1
     for profile in request.profiles:
-        fits = eligible(state, profile, request.exclude_nodes)
+        fits = eligible(state, profile, request)
         # Refused means no profile fits: a single-node one has no node at all.
         assert profile.nodes > 1 or not fits
     for name, reason in reasons.items():
         if several:
             assert reason.startswith("profile ")
         elif name != CLUSTER:
-            rec = state.nodes[name]
-            profile = request.profiles[0]
-            expected = why_not(rec, profile, node_usage(state, name), request.exclude_nodes)
+            expected = node_says(state, name, request, request.profiles[0])
             assert reason == expected or (expected is None and reason.startswith("fits, but"))

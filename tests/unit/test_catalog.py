@@ -262,6 +262,10 @@ def test_weights_from_the_mirror_need_no_path_on_a_node():
     assert check_model(whole) == check_model(one_file) == []
     # The artifact is part of what a running replica was started from: a new one rolls it.
     assert one_file.fingerprints() != one_file.model_copy(update={"artifact": ""}).fingerprints()
+    # Its size is not (the digest names every file's size): recording it restarts nothing.
+    sized = one_file.model_copy(update={"artifact_size": 5 << 30})
+    assert sized.fingerprints() == one_file.fingerprints()
+    assert check_model(sized) == []
 
 
 @pytest.mark.parametrize(
@@ -271,6 +275,7 @@ def test_weights_from_the_mirror_need_no_path_on_a_node():
         ({"artifact": "md5:" + "0" * 32}, "artifact: not a sha256 digest"),
         ({"artifact": ARTIFACT, "weights": "../model.gguf"}, "weights: with an artifact, a path"),
         ({"artifact": ARTIFACT, "weights": "/abs/model.gguf"}, "weights: with an artifact, a path"),
+        ({"weights": "/w/m.gguf", "artifact_size": 1024}, "artifact_size: only with an artifact"),
     ],
 )
 def test_an_artifact_and_the_path_inside_it_are_checked(fields, expected):

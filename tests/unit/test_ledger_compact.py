@@ -53,6 +53,7 @@ def test_compact_record_drops_what_changes_and_keeps_what_placement_reads():
     record = simulated_node(3, random.Random(1))
     record.inventory.gpus[0].processes = [GpuProcess(pid=42, name="python", used_memory_mb=900)]
     record.inventory.artifacts = ["sha256:0123456789abcdef"]  # placement prefers holders
+    record.inventory.artifact_disk_free_mb = 41000  # and refuses nodes short of disk for them
     kept = compact_record(record)
     inv = kept.inventory
     assert all(not g.processes and g.memory_used_mb == 0 for g in inv.gpus)
@@ -64,6 +65,7 @@ def test_compact_record_drops_what_changes_and_keeps_what_placement_reads():
     assert inv.nvlink_matrix == record.inventory.nvlink_matrix
     assert inv.imex == record.inventory.imex
     assert inv.artifacts == record.inventory.artifacts
+    assert inv.artifact_disk_free_mb == 41000
     assert (kept.state, kept.engines, kept.labels) == (record.state, record.engines, record.labels)
     assert len(kept.model_dump_json()) < len(record.model_dump_json()) * 0.75
     assert compact_record(kept) == kept

@@ -1,5 +1,6 @@
-"""`llmgw model add|apply|rm` for external models, without Temporal: the spec built, and the
-upstream key read from a file or the environment into the store, never into the spec."""
+"""`llmgw model add|apply|rm|why` without Temporal: for external models the spec built, and the
+upstream key read from a file or the environment into the store, never into the spec; a model
+added from a file defined by its artifact and size; and `why` on weights in the mirror."""
 
 from pathlib import Path
 
@@ -9,7 +10,18 @@ from workers import model_commands
 from workers.cli import build_parser
 from workers.model_commands import models_from_file, spec_from_args, upstream_key_from_args
 from workers.paths import Locations
-from workflows.contracts import ModelSpec, ModelView, Profile
+from workflows.artifact_names import artifact_hint
+from workflows.contracts import (
+    EngineState,
+    EngineStatus,
+    LedgerState,
+    ModelSpec,
+    ModelView,
+    NodeInventory,
+    NodeRecord,
+    NodeState,
+    Profile,
+)
 
 KEY = "sk-upstream-0123456789"
 
@@ -212,4 +224,68 @@ async def test_add_stores_the_key_before_the_model_and_rm_deletes_it(calls, tmp_
         ("init",),
         ("set_upstream_key", "mock", "None"),
         ("close",),
+    ]
+
+
+async def test_add_from_a_file_records_the_artifacts_size_for_placement(calls, tmp_path):
+    weights = tmp_path / "tiny.gguf"
+    weights.write_bytes(b"GGUF" + bytes(5000))
+    where = Locations.resolve(state_dir=str(tmp_path))
+    args = parse("add", "tiny", "--from", str(weights), "--memory-mb", "1024")
+    await model_commands.model_command(args, client=None, where=where)
+    [applied] = [ModelSpec.model_validate_json(c[1]) for c in calls if c[0] == "apply"]
+    assert applied.artifact.startswith("sha256:")
+    assert (applied.weights, applied.artifact_size) == ("tiny.gguf", 5004)
+
+
+GB = 10**9
+WEIGHTS = "sha256:" + "5a" * 32
+
+
+def fleet_node(name: str, free_mb: int | None, held: list[str]) -> NodeRecord:
+    inventory = NodeInventory(
+        name=name, cpu_cores=8, memory_mb=16384, artifacts=held, artifact_disk_free_mb=free_mb
+    )
+    engines = {
+        "llamacpp": EngineStatus(engine="llamacpp", version="1", state=EngineState.INSTALLED)
+    }
+    return NodeRecord(inventory=inventory, state=NodeState.READY, engines=engines)
+
+
+async def test_model_why_says_which_nodes_hold_the_weights_and_which_lack_the_disk(
+    monkeypatch, capsys, tmp_path
+):
+    spec = ModelSpec(
+        name="big",
+        weights="model.gguf",
+        artifact=WEIGHTS,
+        artifact_size=2 * GB,
+        profiles=[Profile(cpu_cores=2, memory_mb=4096)],
+    )
+    state = LedgerState(
+        nodes={
+            "holder": fleet_node("holder", 0, [artifact_hint(WEIGHTS)]),
+            "roomy": fleet_node("roomy", 80_000, []),
+            "full": fleet_node("full", 900, []),
+            "old-agent": fleet_node("old-agent", None, []),
+        }
+    )
+
+    async def list_models(_client: object) -> list[ModelView]:
+        return [ModelView(spec=spec)]
+
+    async def ledger_snapshot(_client: object) -> LedgerState:
+        return state
+
+    monkeypatch.setattr(model_commands, "list_models", list_models)
+    monkeypatch.setattr(model_commands, "ledger_snapshot", ledger_snapshot)
+    where = Locations.resolve(state_dir=str(tmp_path))
+    await model_commands.model_command(parse("why", "big"), client=None, where=where)
+    passed_over = "fits, but would fetch the weights (2.0 GB): passed over for a node holding them"
+    assert capsys.readouterr().out.splitlines() == [
+        "profile 1 (llamacpp cpu): would go to holder",
+        "  full: needs 2.5 GB of disk for the weights, 900 MB free",
+        "  holder: fits, holds the weights",
+        f"  old-agent: {passed_over}",
+        f"  roomy: {passed_over}",
     ]

@@ -3,6 +3,7 @@ as the operator-configured llama-server."""
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -113,7 +114,7 @@ async def test_discover_reports_this_node(agent: NodeAgentActivities) -> None:
     assert raised.value.non_retryable
 
 
-async def test_discovery_reports_the_artifacts_held_whole(
+async def test_discovery_reports_the_artifacts_held_whole_and_the_room_for_more(
     agent: NodeAgentActivities, tmp_path: Path
 ) -> None:
     root = tmp_path / "state" / "artifacts"
@@ -124,6 +125,9 @@ async def test_discovery_reports_the_artifacts_held_whole(
     (root / "blobs").mkdir()  # the store's own folders are not artifacts
     inventory = await ActivityEnvironment().run(agent.discover, DiscoverRequest(node="node-a"))
     assert inventory.artifacts == [f"sha256:{whole[:16]}"]
+    free = inventory.artifact_disk_free_mb
+    assert free is not None
+    assert 0 < free <= shutil.disk_usage(root).total // 1_000_000
 
 
 async def test_unknown_engine_is_a_failed_status_not_an_error(

@@ -23,6 +23,7 @@ from tests.unit.placement_kit import (
     node,
     req,
 )
+from workflows.artifact_names import artifact_hint
 from workflows.contracts import (
     Allocation,
     EngineState,
@@ -38,6 +39,8 @@ from workflows.contracts import (
 from workflows.placement import node_usage, place
 
 # --- random clusters ---------------------------------------------------------------------
+
+WEIGHTS = "sha256:" + "3c" * 32
 
 
 @st.composite
@@ -83,6 +86,12 @@ def clusters(draw: st.DrawFn) -> LedgerState:
             record.engines["vllm"].state = draw(st.sampled_from(EngineState))
         if draw(st.booleans()):
             record.engines["llamacpp"].version = "2"
+        # Some hold the weights some requests name; the free disk for fetching is now and then
+        # unknown (an older agent) or short.
+        record.inventory.artifacts = draw(st.sampled_from([[], [], [artifact_hint(WEIGHTS)]]))
+        record.inventory.artifact_disk_free_mb = draw(
+            st.sampled_from([None, 0, 400, 2000, 50_000, 50_000])
+        )
         records[name] = record
     state = LedgerState(nodes=records)
     # An allocation from before shards existed: its leader must still count.
@@ -134,6 +143,8 @@ def requests(draw: st.DrawFn) -> PlacementRequest:
         model="m",
         profiles=draw(st.lists(profiles(), min_size=1, max_size=3)),
         exclude_nodes=draw(st.lists(st.sampled_from("abcdefg"), max_size=2, unique=True)),
+        artifact=draw(st.sampled_from(["", WEIGHTS])),
+        artifact_size=draw(st.sampled_from([0, 10**9, 30 * 10**9])),
     )
 
 
@@ -154,6 +165,11 @@ def test_placement_keeps_its_promises(state, reqs, rnd):
         # So `--hypothesis-show-statistics` shows every kind of placement is exercised.
         profile = request.profiles[decision.profile_index]
         event(f"placed {profile.gpu_class or 'cpu'} {decision.fabric or 'one node'}")
+        if request.artifact:
+            holder = (
+                artifact_hint(request.artifact) in state.nodes[decision.node].inventory.artifacts
+            )
+            event("placed where the weights are" if holder else "placed where they must be fetched")
         check_allocation(state, request, decision)
         # The profiles before the one chosen fit nowhere on their own.
         for earlier in request.profiles[: decision.profile_index]:

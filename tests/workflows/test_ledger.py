@@ -1,5 +1,5 @@
 """The cluster ledger under contention: placements are serialized, so nothing is handed out
-twice, and a refusal says why."""
+twice, and a refusal says why (a node short of disk for a model's weights too)."""
 
 import asyncio
 
@@ -9,6 +9,7 @@ from temporalio.exceptions import ApplicationError
 from activities.control.ledger_calls import allocate, update_ledger
 from gateway.route_source import TemporalRouteSource
 from tests.workflows.conftest import Cluster, record_history, unique
+from workflows.artifact_names import artifact_hint
 from workflows.contracts import (
     Allocation,
     PlacementRequest,
@@ -31,8 +32,12 @@ def one_core(replica: str) -> PlacementRequest:
 
 
 async def place(cluster: Cluster, replica: str) -> Allocation | ApplicationError:
+    return await place_request(cluster, one_core(replica))
+
+
+async def place_request(cluster: Cluster, req: PlacementRequest) -> Allocation | ApplicationError:
     try:
-        return await allocate(cluster.client, one_core(replica))
+        return await allocate(cluster.client, req)
     except ApplicationError as err:
         return err
 
@@ -130,3 +135,38 @@ async def test_a_gateway_is_sent_the_routes_only_when_its_table_is_out_of_date(c
     assert not answer.unchanged
     assert replica in {r.replica_id for r in answer.routes}
     await release(cluster, replica)
+
+
+async def test_a_node_short_of_disk_for_the_weights_is_refused_unless_it_holds_them(cluster):
+    weights = "sha256:" + "c4" * 32
+    await cluster.add_node()
+    node = (await cluster.ledger()).nodes[cluster.node]
+
+    async def node_with(held: list[str]) -> None:
+        inventory = node.inventory.model_copy(
+            update={"artifacts": held, "artifact_disk_free_mb": 900}
+        )
+        record = node.model_copy(update={"inventory": inventory})
+        await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
+
+    await node_with([])
+    model = unique("big")
+    request = one_core(f"{model}-0").model_copy(
+        update={"artifact": weights, "artifact_size": 2 * 10**9}
+    )
+    err = await place_request(cluster, request)
+    assert isinstance(err, ApplicationError)
+    assert err.type == NO_PLACEMENT
+    assert f"{cluster.node}: needs 2.5 GB of disk for the weights, 900 MB free" in err.message
+
+    # A request without the size (a replica from before sizes were recorded) is placed.
+    unsized = request.model_copy(update={"replica_id": f"{model}-1", "artifact_size": 0})
+    assert isinstance(await place_request(cluster, unsized), Allocation)
+    await release(cluster, unsized.replica_id)
+
+    # Once the node holds the weights it needs no disk for them.
+    await node_with([artifact_hint(weights)])
+    placed = await place_request(cluster, request)
+    assert isinstance(placed, Allocation)
+    assert placed.node == cluster.node
+    await release(cluster, request.replica_id)

@@ -1,14 +1,17 @@
 """A replica of a model whose weights are a mirror artifact: its node fetches them before the
 engine starts, the route says so meanwhile, a stop during the fetch ends it, and a fetch that
-fails is a start that failed, restarted with back-off."""
+fails is a start that failed, restarted with back-off. A node without the disk for the weights
+is not placed on until it has it."""
 
 import asyncio
 
 from temporalio.exceptions import ApplicationError
 
+from activities.control.ledger_calls import update_ledger
 from tests.workflows.conftest import Cluster, eventually, finished
 from tests.workflows.test_replica import spec, start_replica
 from workflows.contracts import LoraAdapter, ModelSpec, ReplicaState, ReplicaView, StopReplica
+from workflows.ledger import ClusterLedgerWorkflow
 from workflows.replica import ReplicaWorkflow
 
 ARTIFACT = "sha256:" + "ab" * 32
@@ -107,5 +110,39 @@ async def test_the_adapters_of_the_placed_profile_are_fetched_with_the_weights(c
 
     await eventually(ready)
     assert sorted(cluster.agent.fetches) == sorted([ARTIFACT, adapter])
+    await handle.signal(ReplicaWorkflow.stop, StopReplica(reason="done"))
+    await finished(cluster.client, handle.id, ReplicaView)
+
+
+async def test_a_replica_waits_for_a_node_with_the_disk_for_its_weights(cluster):
+    await cluster.add_node()
+    node = (await cluster.ledger()).nodes[cluster.node]
+
+    async def node_with_free_disk(mb: int) -> None:
+        inventory = node.inventory.model_copy(update={"artifact_disk_free_mb": mb})
+        record = node.model_copy(update={"inventory": inventory})
+        await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
+
+    await node_with_free_disk(900)
+    model = artifact_spec().model_copy(update={"artifact_size": 2 * 10**9})
+    rid, handle = await start_replica(cluster, model)
+    why = "needs 2.5 GB of disk for the weights, 900 MB free"
+
+    async def pending_for_disk() -> bool:
+        route = await cluster.route(rid)
+        return route is not None and route.state == ReplicaState.PENDING and why in route.detail
+
+    await eventually(pending_for_disk)
+    assert cluster.agent.fetches == []
+
+    # Room made on the node (its agent reports it at its next look): the replica goes there.
+    await node_with_free_disk(80_000)
+
+    async def ready() -> bool:
+        shown = await state_and_detail(cluster, rid)
+        return shown is not None and shown[0] == ReplicaState.READY
+
+    await eventually(ready, timeout=60)
+    assert cluster.agent.fetches == [ARTIFACT]
     await handle.signal(ReplicaWorkflow.stop, StopReplica(reason="done"))
     await finished(cluster.client, handle.id, ReplicaView)

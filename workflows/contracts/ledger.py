@@ -23,6 +23,9 @@ class PlacementRequest(BaseModel):
     exclude_ports: dict[str, list[int]] = Field(default_factory=dict)
     # The model's weights in the mirror (ModelSpec.artifact): nodes holding them come first.
     artifact: str = ""
+    # Its size in bytes (ModelSpec.artifact_size): a node that must fetch it needs the space.
+    # 0: not known, so no node is refused for space.
+    artifact_size: int = Field(default=0, ge=0)
 
 
 class PortsInUse(BaseModel):

@@ -132,6 +132,11 @@ class ModelSpec(BaseModel):
     # The manifest digest ("sha256:<hex>") of the weights in the control plane's mirror: each
     # node fetches it before the replica starts, so no node needs a path of its own. "": none.
     artifact: str = ""
+    # The artifact's size in bytes, all its files (ArtifactManifest.size), set when the model
+    # is defined from the mirror (`model add --from`): a node that must fetch the weights needs
+    # this much free disk (workflows/placement/disk.py). 0: not known, and no node is refused
+    # for space. Not in fingerprints: the digest already names every file's size.
+    artifact_size: int = Field(default=0, ge=0)
     # For engine external: always the number of URLs, whatever was given (see below).
     replicas: int = Field(default=1, ge=0, le=1024)
     min_replicas: int = Field(default=0, ge=0, le=1024)

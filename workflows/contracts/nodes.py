@@ -140,6 +140,12 @@ class NodeInventory(BaseModel):
     # The mirror's artifacts this node holds complete, by their hints (artifact_names.
     # artifact_hint): placement prefers nodes that need not fetch a model's weights.
     artifacts: list[str] = Field(default_factory=list)
+    # Free space, in MB (10**6 bytes), on the file system where the agent keeps fetched
+    # artifacts, rounded down to two significant figures (artifact_store.disk_free_mb) so that
+    # it changes, and the inventory is published again, only when a real share of the disk
+    # comes or goes. None: not known (an agent from before it was reported, or a disk it could
+    # not read): placement then never refuses the node for space.
+    artifact_disk_free_mb: int | None = None
 
     def comparable(self) -> dict[str, object]:
         """The inventory without what changes on every look (memory in use, processes), so a

@@ -6,6 +6,7 @@ a model did not land ("llamacpp installing: building llama-server 45%", "2 of 8 
 
 - usage.py: what allocations already hold on each node (every shard counts)
 - checks.py: whether one node can take one shard of a profile, and which GPUs it gets
+- disk.py: whether a node that must fetch a model's weights has the disk for them
 - fabric.py: which nodes a multi-node replica can span (NVLink domain, InfiniBand, RoCE)
 - place.py: place() and explain()
 """

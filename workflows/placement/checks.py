@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from workflows.contracts import EngineState, GpuInfo, NodeRecord, NodeState, Profile
+from workflows.placement.disk import disk_problem
 from workflows.placement.ports import free_ports, ports_per_shard
 from workflows.placement.usage import NodeUsage
 
@@ -130,9 +131,13 @@ def why_not(
     usage: NodeUsage,
     exclude: Collection[str] = (),
     busy_ports: Collection[int] = (),
+    artifact: str = "",
+    artifact_size: int = 0,
 ) -> str | None:
     """The reason this node cannot take one shard of the profile, or None when it can.
-    `busy_ports`: ports here an agent found held by a process outside llmgw."""
+    `busy_ports`: ports here an agent found held by a process outside llmgw. `artifact`,
+    `artifact_size`: the model's weights in the mirror, which a node not holding them must
+    have the disk to fetch (disk.py)."""
     if node.state != NodeState.READY:
         return f"node is {node.state.value}"
     if node.cordoned or node.draining:
@@ -159,7 +164,7 @@ def why_not(
         what = "no free engine port" if wanted == 1 else f"no {wanted} free engine ports"
         held = f" ({len(busy_ports)} held by other programs)" if busy_ports else ""
         return what + held
-    return None
+    return disk_problem(node, artifact, artifact_size)
 
 
 def _linked(matrix: list[list[str]], a: int, b: int) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from workflows.artifact_names import artifact_hint
 from workflows.contracts import (
     Allocation,
     LedgerState,
@@ -15,6 +14,7 @@ from workflows.contracts import (
     ShardAllocation,
 )
 from workflows.placement.checks import choose_gpus, free_gpus, profile_label, why_not
+from workflows.placement.disk import MB, holds, must_fetch, size_text
 from workflows.placement.fabric import choose_group, node_fabrics
 from workflows.placement.ports import extra_port_names, free_ports
 from workflows.placement.usage import NodeUsage, cluster_usage
@@ -47,27 +47,47 @@ def place(state: LedgerState, req: PlacementRequest) -> Allocation | PlacementRe
 
 def explain(state: LedgerState, model: ModelSpec | Sequence[Profile]) -> list[str]:
     """For `llmgw model why`: each profile, where it would go now, and each node's reason (or
-    "fits"). Reserves nothing."""
-    profiles = model.profiles if isinstance(model, ModelSpec) else list(model)
+    "fits", and for a model whose weights are in the mirror whether the node holds them or
+    must fetch them first). Reserves nothing."""
+    if isinstance(model, ModelSpec):
+        profiles, artifact, size = model.profiles, model.artifact, model.artifact_size
+    else:
+        profiles, artifact, size = list(model), "", 0
     if not state.nodes:
         return [NO_NODES]
     usage = cluster_usage(state)
-    probe = PlacementRequest(replica_id=_PROBE, model="", profiles=profiles)
+    probe = PlacementRequest(
+        replica_id=_PROBE, model="", profiles=profiles, artifact=artifact, artifact_size=size
+    )
     lines: list[str] = []
     for index, profile in enumerate(profiles):
         alloc, reasons = _try(state, usage, probe, index, profile, ())
         head = f"profile {index + 1} ({profile_label(profile)})"
+        chosen = [s.node for s in alloc.shards] if alloc is not None else []
         if alloc is None:
             lines.append(f"{head}: fits nowhere")
         else:
-            where = ", ".join(s.node for s in alloc.shards)
             over = f" over {alloc.fabric}" if alloc.fabric else ""
-            lines.append(f"{head}: would go to {where}{over}")
+            lines.append(f"{head}: would go to {', '.join(chosen)}{over}")
         for name in sorted(state.nodes):
-            lines.append(f"  {name}: {reasons.get(name, 'fits')}")
+            reason = reasons.get(name) or _fits(state, name, chosen, artifact, size)
+            lines.append(f"  {name}: {reason}")
         if CLUSTER in reasons:
             lines.append(f"  {CLUSTER}: {reasons[CLUSTER]}")
     return lines
+
+
+def _fits(state: LedgerState, name: str, chosen: list[str], artifact: str, size: int) -> str:
+    """A node that can take the replica, and whether it holds the weights or must fetch them;
+    one that must and was not chosen when a holder was is said to be passed over for it."""
+    if not artifact:
+        return "fits"
+    if holds(state.nodes[name], artifact):
+        return "fits, holds the weights"
+    amount = f" ({size_text((size + MB // 2) // MB)})" if size else ""
+    if name not in chosen and any(holds(state.nodes[c], artifact) for c in chosen):
+        return f"fits, but would fetch the weights{amount}: passed over for a node holding them"
+    return f"fits, would fetch the weights first{amount}"
 
 
 def _merge(profiles: Sequence[Profile], refusals: list[dict[str, str]]) -> dict[str, str]:
@@ -100,18 +120,17 @@ def _try(
     fits: list[str] = []
     for name, node in sorted(state.nodes.items()):
         busy = req.exclude_ports.get(name, ())
-        reason = why_not(node, profile, usage.get(name, empty), exclude, busy)
+        used = usage.get(name, empty)
+        reason = why_not(node, profile, used, exclude, busy, req.artifact, req.artifact_size)
         if reason is None:
             fits.append(name)
         else:
             reasons[name] = reason
 
-    hint = artifact_hint(req.artifact) if req.artifact else ""
-
     def order(name: str) -> tuple[object, ...]:
         used = usage.get(name, empty)
         # First the nodes holding the model's weights: the others must fetch them first.
-        fetch = bool(hint) and hint not in state.nodes[name].inventory.artifacts
+        fetch = must_fetch(state.nodes[name], req.artifact)
         if profile.gpu_class is not None:
             # GPU replicas bin-pack: the tightest node that fits, keeping whole nodes free for
             # replicas that need all of one.
