@@ -44,18 +44,20 @@ class ArtifactActivities:
         """Fetch the artifact named by `req.manifest` from the mirror at `req.mirror`, verify
         every blob's sha256, and lay it out under `<state_dir>/artifacts/<manifest hex>/`.
 
-        The heartbeat details say what is being fetched and how far it got ("fetching
-        (model.gguf): 1.20 of 4.00 GB (30%)"): that is what the Temporal UI shows. Safe to retry:
-        a retry resumes every partial blob from its size, and an artifact already complete
-        returns at once with reused=True.
+        The heartbeat details say what is being fetched and how far it got: a line of text
+        ("fetching (model.gguf): 1.20 of 4.00 GB (30%)"), which the Temporal UI shows first,
+        then the same as numbers (FetchProgressReport), which `llmgw fetches` reads. Safe to
+        retry: a retry resumes every partial blob from its size, and an artifact already
+        complete returns at once with reused=True.
 
-        The replica workflow calls it with workflows/options.py's FETCH_* options: a heartbeat
-        timeout (a killed agent is noticed, and the retry lands when it is back), hours per
-        attempt, a day in all. Retryable: dropped connections, 5xx, a digest mismatch (its
-        partial is removed, so the retry downloads again). Not retryable, by type: BadArtifact
-        (not a manifest, another manifest's digest, unsafe paths), NoSpace ("needs N GB, M GB
-        free on <dir>"), MirrorRefused (401: this node's token; 404: not in the mirror),
-        MirrorFailed (no mirror configured, or one that answered a wrong range).
+        The ArtifactFetch workflow (workflows/artifact_fetch.py) calls it with
+        workflows/options.py's FETCH_* options: a heartbeat timeout (a killed agent is noticed,
+        and the retry lands when it is back), hours per attempt, a day in all. Retryable:
+        dropped connections, 5xx, a digest mismatch (its partial is removed, so the retry
+        downloads again). Not retryable, by type: BadArtifact (not a manifest, another
+        manifest's digest, unsafe paths), NoSpace ("needs N GB, M GB free on <dir>"),
+        MirrorRefused (401: this node's token; 404: not in the mirror), MirrorFailed (no mirror
+        configured, or one that answered a wrong range).
         """
         base_url = req.mirror or self._config.mirror
         if not base_url:
@@ -80,7 +82,7 @@ class ArtifactActivities:
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
             while True:
-                activity.heartbeat(progress.describe())
+                activity.heartbeat(progress.describe(), progress.report())
                 done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_S)
                 if done:
                     return task.result()
