@@ -93,7 +93,7 @@ async def fetch_artifacts(
     """Each node fetches each artifact (the weights, the adapters) from the mirror, at once
     where it holds it: None once all hold them, else why not. A stop asked for meanwhile
     cancels the fetches (they resume from what is on disk next time) and answers "stop
-    requested"."""
+    requested". What replicas did before await_shared_fetches(): kept for their histories."""
     wanted = [(node, artifact) for node in nodes for artifact in artifacts]
     handles = [
         workflow.start_activity(
