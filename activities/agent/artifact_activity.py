@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httpx
 from temporalio import activity
@@ -29,6 +30,19 @@ from workflows.names import NodeActivity
 # Far inside the workflow's heartbeat timeout (workflows/options.py FETCH_HEARTBEAT), and often
 # enough that the progress in the UI moves.
 HEARTBEAT_S = 3.0
+# The first heartbeat reaches Temporal at once, the later ones only every so often (the agent's
+# heartbeat throttle, workers/agent.py): it waits this long for the manifest, so that what the
+# operator sees first is "0.00 of 8.59 GB" rather than "reading the manifest".
+FIRST_HEARTBEAT_WAIT_S = 1.0
+
+
+async def _until_sized(progress: FetchProgress, task: asyncio.Future[Any]) -> None:
+    """Until the fetch knows its total (or ended), FIRST_HEARTBEAT_WAIT_S at most."""
+    deadline = asyncio.get_running_loop().time() + FIRST_HEARTBEAT_WAIT_S
+    while not progress.total and asyncio.get_running_loop().time() < deadline:
+        done, _ = await asyncio.wait({task}, timeout=0.05)
+        if done:
+            return
 
 
 class ArtifactActivities:
@@ -81,6 +95,7 @@ class ArtifactActivities:
         # Cancelled, nobody awaits the thread's end: its FetchStopped is expected, not news.
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
+            await _until_sized(progress, task)
             while True:
                 activity.heartbeat(progress.describe(), progress.report())
                 done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_S)

@@ -69,8 +69,9 @@ async def test_a_fetch_resumes_after_its_agent_is_killed(system: System, tmp_pat
     assert kept < SIZE, "killed too late: the fetch had finished"
 
     # The operator sees the fetch on its node, with what the dead agent last reported (its
-    # heartbeat outlives it until the retry): the bytes, or, killed before its next heartbeat
-    # reached Temporal (the agent sends one every 10 s), that it was reading the manifest.
+    # heartbeat outlives it until the retry): the bytes, as its first heartbeat already has
+    # the total; or, where the manifest took over a second to come, "reading the manifest"
+    # (the next heartbeat reaches Temporal 10 s later, after the kill).
     shown = system.cli("fetches").stdout.splitlines()
     (row,) = [line for line in shown if MODEL in line]
     node, artifact, model, state = row.split()[:4]

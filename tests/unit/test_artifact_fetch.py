@@ -104,6 +104,8 @@ async def test_the_activity_lays_out_every_file_with_its_marker(
     line, report = beats[0]
     assert isinstance(line, str)
     assert isinstance(report, FetchProgressReport)
+    # The first, the one Temporal gets at once, already knows how much there is to fetch.
+    assert report.total == len(WEIGHTS) + len(TOKENIZER)
     assert not list((tmp_path / "node" / "artifacts").glob(".tmp-*"))
 
 
