@@ -8,6 +8,7 @@ from pathlib import Path
 from temporalio.client import Client
 
 from workers.connect import connect_with_retry
+from workers.fetch_progress import fetches_table, running_fetches, show_fetches
 from workers.ledger_commands import ledger_problem
 from workers.model_commands import model_command
 from workers.node_commands import node_command, show_nodes
@@ -33,6 +34,8 @@ async def run_command(args: argparse.Namespace, where: Locations) -> None:
         await status(client)
     elif args.command == "nodes":
         await show_nodes(client)
+    elif args.command == "fetches":
+        await show_fetches(client)
     elif args.command == "node":
         await node_command(client, where, args)
     elif args.command == "model":
@@ -44,6 +47,10 @@ async def status(client: Client) -> None:
     if problem is not None:
         print(f"warning: {problem}", file=sys.stderr)
     await show_nodes(client)
+    fetches = await running_fetches(client)
+    if fetches:
+        print()
+        print(fetches_table(fetches))
     state = await ledger_snapshot(client)
     current = {v.spec.name: set(v.spec.fingerprints()) for v in await list_models(client)}
     print()

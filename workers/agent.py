@@ -186,6 +186,13 @@ async def run_agent(where: Locations, opts: AgentOptions) -> None:
         await kv.stop()
 
 
+# The SDK sends an activity's heartbeats to Temporal at most once per 80% of its heartbeat
+# timeout, up to this: 48 s for a fetch, a minute for an install, by default. A fetch's bytes
+# and an install's build progress reach the Temporal UI and `llmgw fetches` / `llmgw nodes`
+# only when sent, so sooner. Heartbeats are not history events: this costs RPCs, not history.
+HEARTBEAT_THROTTLE = timedelta(seconds=10)
+
+
 async def serve_agent(
     where: Locations, opts: AgentOptions, config: AgentConfig, agent: NodeAgentActivities
 ) -> None:
@@ -193,7 +200,12 @@ async def serve_agent(
     stop = stop_event()
     # Fetches of model artifacts from the mirror sit beside the engine activities.
     activities = [*agent.all(), *ArtifactActivities(config).all()]
-    worker = Worker(client, task_queue=node_task_queue(opts.node), activities=activities)
+    worker = Worker(
+        client,
+        task_queue=node_task_queue(opts.node),
+        activities=activities,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+    )
     removed = False
     try:
         async with worker:

@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("status", parents=[common], help="nodes and replicas")
     sub.add_parser("nodes", parents=[common], help="nodes, their hardware and engines")
+    sub.add_parser(
+        "fetches", parents=[common], help="models' weights being fetched onto nodes, and how far"
+    )
     add_node_parsers(sub, common)
     # bench/ sits above workers/ (it drives these processes), so the CLI hands a benchmark to its
     # module by name instead of importing it.

@@ -10,6 +10,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from activities.control.artifact_fetches import ArtifactFetchActivities
 from activities.control.engine_planning import ControlConfigActivities
 from activities.control.ledger_calls import LedgerActivities, start_ledger
 from activities.control.node_admin import NodeAdminActivities
@@ -42,6 +43,7 @@ def control_activities(client: Client, config_file: Path | None) -> list[Callabl
         WorkflowStatusActivities(client).describe_workflows,
         *ControlConfigActivities(config_file).all(),
         NodeAdminActivities(client).add,
+        ArtifactFetchActivities(client).await_fetch,
     ]
 
 

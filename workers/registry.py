@@ -1,5 +1,6 @@
 """Which workflows each worker hosts."""
 
+from workflows.artifact_fetch import ArtifactFetchWorkflow
 from workflows.engine_install import EngineInstallWorkflow
 from workflows.fleet import FleetRefreshWorkflow, ScheduledOnboardingWorkflow
 from workflows.ledger import ClusterLedgerWorkflow
@@ -15,4 +16,5 @@ CONTROL_WORKFLOWS = [
     ReplicaWorkflow,
     FleetRefreshWorkflow,
     ScheduledOnboardingWorkflow,
+    ArtifactFetchWorkflow,
 ]

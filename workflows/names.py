@@ -23,6 +23,13 @@ def engine_install_workflow_id(node: str, engine: str, version: str) -> str:
     return f"engine:{node}:{engine}:{version}"
 
 
+def artifact_fetch_workflow_id(node: str, manifest: str) -> str:
+    """One node's fetch of one artifact (`manifest`: "sha256:<hex>"). The whole digest, not a
+    prefix: two replicas that want the same artifact on the same node share the fetch by this
+    ID, so two artifacts must never share it."""
+    return f"fetch:{node}:{manifest.removeprefix('sha256:')}"
+
+
 def model_workflow_id(model: str) -> str:
     return f"model:{model}"
 
@@ -81,6 +88,9 @@ class ControlActivity:
     READ_NODES_FILE = "control_read_nodes_file"
     # Expect a node: create its workflow if missing, set its labels and identity.
     ADD_NODE = "control_add_node"
+    # Start a node's fetch of an artifact (the ArtifactFetch workflow), or join the one already
+    # running, and wait for its end: how a replica shares a fetch with others on its node.
+    AWAIT_ARTIFACT_FETCH = "control_await_artifact_fetch"
 
 
 class NodeActivity:

@@ -60,6 +60,15 @@ FETCH_RETRY = RetryPolicy(
     non_retryable_error_types=["BadArtifact", "NoSpace"],
 )
 FETCH_GIVE_UP = timedelta(hours=24)
+# A replica waits for a node's fetch (the ArtifactFetch workflow) through a control activity
+# (activities/control/artifact_fetches.py) that joins or starts it and heartbeats while it
+# waits. A control worker that dies is noticed within AWAIT_FETCH_HEARTBEAT and the retry joins
+# the same fetch again; bounded by the fetch's own bound, with room for its queue waits.
+AWAIT_FETCH_HEARTBEAT = timedelta(minutes=1)
+AWAIT_FETCH_GIVE_UP = FETCH_GIVE_UP + timedelta(hours=1)
+AWAIT_FETCH_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
+)
 
 SUPERVISE_TIMEOUT = timedelta(days=1)
 SUPERVISE_HEARTBEAT = timedelta(seconds=20)

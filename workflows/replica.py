@@ -52,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.messages import MODEL_REPLICA_READY
     from workflows.names import ControlActivity
     from workflows.replica_calls import (
+        await_shared_fetches,
         cancel_all,
         fetch_artifacts,
         label,
@@ -80,6 +81,7 @@ PATCH_TRY_STOP_ON_GONE_NODE = "replica-try-stop-on-gone-node"
 PATCH_MOVE_OFF_CRASH_LOOP = "replica-move-off-crash-looping-node"
 PATCH_CONTINUE_AS_NEW = "replica-continue-as-new"
 PATCH_SKIP_TAKEN_PORTS = "replica-skips-ports-taken-by-others"
+PATCH_SHARED_FETCH = "replica-fetches-through-artifact-fetch-workflow"
 
 
 @workflow.defn(name="Replica")
@@ -279,7 +281,16 @@ class ReplicaWorkflow:
         await self._set_state(ReplicaState.STARTING, "fetching the weights" if artifacts else "")
         if artifacts:
             nodes = list(dict.fromkeys(shard.node for shard in shards))
-            why_not = await fetch_artifacts(artifacts, nodes, lambda: self.s.stop is not None)
+
+            def stopped() -> bool:
+                return self.s.stop is not None
+
+            if workflow.patched(PATCH_SHARED_FETCH):
+                # One ArtifactFetch workflow per node and artifact, shared with the node's other
+                # replicas, shown in `llmgw fetches` and the Temporal UI.
+                why_not = await await_shared_fetches(self.inp.model.name, artifacts, nodes, stopped)
+            else:
+                why_not = await fetch_artifacts(artifacts, nodes, stopped)
             if why_not is not None:
                 return self._exit(why_not)
         pids = []

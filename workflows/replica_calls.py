@@ -19,6 +19,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows import options, search_attributes
     from workflows.contracts import (
         Allocation,
+        ArtifactFetchRequest,
+        ArtifactFetchState,
+        ArtifactFetchView,
         EngineExit,
         FetchArtifactRequest,
         FetchArtifactResult,
@@ -90,7 +93,7 @@ async def fetch_artifacts(
     """Each node fetches each artifact (the weights, the adapters) from the mirror, at once
     where it holds it: None once all hold them, else why not. A stop asked for meanwhile
     cancels the fetches (they resume from what is on disk next time) and answers "stop
-    requested"."""
+    requested". What replicas did before await_shared_fetches(): kept for their histories."""
     wanted = [(node, artifact) for node in nodes for artifact in artifacts]
     handles = [
         workflow.start_activity(
@@ -114,6 +117,45 @@ async def fetch_artifacts(
             handle.result()
         except ActivityError as err:
             return f"fetching the weights failed on {node}: {err.cause}"
+    return None
+
+
+async def await_shared_fetches(
+    model: str, artifacts: Sequence[str], nodes: Sequence[str], stopped: Callable[[], bool]
+) -> str | None:
+    """Each node fetches each artifact, as fetch_artifacts() does, but through the node's
+    ArtifactFetch workflow for it (workflows/artifact_fetch.py), which every replica needing
+    that artifact on that node joins: one download however many replicas wait. None once all
+    are there, else why not.
+
+    A stop asked for meanwhile ends only this replica's waits and answers "stop requested": the
+    fetches go on, since another replica may be waiting on the same one, and what they download
+    is what this replica needs should it start again. Each is bounded by FETCH_GIVE_UP, and an
+    operator can cancel one (`temporal workflow cancel --workflow-id fetch:<node>:<hex>`)."""
+    wanted = [(node, artifact) for node in nodes for artifact in artifacts]
+    handles = [
+        workflow.start_activity(
+            ControlActivity.AWAIT_ARTIFACT_FETCH,
+            ArtifactFetchRequest(node=node, manifest=artifact, model=model),
+            start_to_close_timeout=options.AWAIT_FETCH_GIVE_UP,
+            schedule_to_close_timeout=options.AWAIT_FETCH_GIVE_UP,
+            heartbeat_timeout=options.AWAIT_FETCH_HEARTBEAT,
+            retry_policy=options.AWAIT_FETCH_RETRY,
+            result_type=ArtifactFetchView,
+        )
+        for node, artifact in wanted
+    ]
+    await workflow.wait_condition(lambda: all(h.done() for h in handles) or stopped())
+    if not all(h.done() for h in handles):
+        await cancel_all(handles)
+        return "stop requested"
+    for (node, _), handle in zip(wanted, handles, strict=True):
+        try:
+            fetched = handle.result()
+        except ActivityError as err:  # the control plane could not start or follow the fetch
+            return f"fetching the weights failed on {node}: {err.cause}"
+        if fetched.state != ArtifactFetchState.DONE:
+            return f"fetching the weights failed on {node}: {fetched.error}"
     return None
 
 

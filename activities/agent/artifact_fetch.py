@@ -22,7 +22,7 @@ import httpx
 
 from activities.agent.artifact_store import ArtifactStore, FetchStopped, check_layout, seal_blob
 from workflows.artifact_names import SHA256, check_digest, manifest_digest
-from workflows.contracts import ArtifactFile, ArtifactManifest
+from workflows.contracts import ArtifactFile, ArtifactManifest, FetchProgressReport
 from workflows.engine_keys import mirror_token
 from workflows.mirror_protocol import BLOBS_PATH, MANIFESTS_PATH, NODE_HEADER
 
@@ -77,6 +77,16 @@ class FetchProgress:
         where = f" ({self.current})" if self.current else ""
         amount = f"{self.done / GB:.2f} of {self.total / GB:.2f} GB ({share:.0f}%)"
         return f"{self.note}{where}: {amount}"
+
+    def report(self) -> FetchProgressReport:
+        """The same, as numbers, for `llmgw fetches`."""
+        return FetchProgressReport(
+            done=self.done,
+            total=self.total,
+            fetched=self.fetched,
+            current=self.current,
+            note=self.note,
+        )
 
 
 @dataclass

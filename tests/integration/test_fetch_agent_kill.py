@@ -1,8 +1,9 @@
 """The node agent killed (SIGKILL) while it fetches a model's weights from the mirror, on a
-real `llmgw up`: `up` starts a new agent, Temporal retries the fetch once its heartbeat times out
-(workflows/options.py FETCH_HEARTBEAT, a minute), and the new agent resumes from the bytes the
-dead one had written rather than starting over; the digest still checks, and the replica
-serves. With the stand-in engine (it only opens the weights file)."""
+real `llmgw up`: `llmgw fetches` shows the fetch and how far it got, `up` starts a new agent,
+Temporal retries the fetch once its heartbeat times out (workflows/options.py FETCH_HEARTBEAT, a
+minute), and the new agent resumes from the bytes the dead one had written rather than starting
+over; the digest still checks, and the replica serves. With the stand-in engine (it only opens
+the weights file)."""
 
 import asyncio
 import hashlib
@@ -15,8 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.system import STANDIN_ENGINE, System, wait_ready
-from tests.workflows.test_replica import run_histories
-from workflows.names import replica_workflow_id
 
 pytestmark = pytest.mark.integration
 
@@ -69,17 +68,30 @@ async def test_a_fetch_resumes_after_its_agent_is_killed(system: System, tmp_pat
     kept = partial_bytes(system)
     assert kept < SIZE, "killed too late: the fetch had finished"
 
+    # The operator sees the fetch on its node, with what the dead agent last reported (its
+    # heartbeat outlives it until the retry): the bytes, as its first heartbeat already has
+    # the total; or, where the manifest took over a second to come, "reading the manifest"
+    # (the next heartbeat reaches Temporal 10 s later, after the kill).
+    shown = system.cli("fetches").stdout.splitlines()
+    (row,) = [line for line in shown if MODEL in line]
+    node, artifact, model, state = row.split()[:4]
+    assert (node, model, state) == (system.node, MODEL, "fetching"), shown
+    assert artifact.startswith("sha256:"), shown
+    assert " of 1.07 GB (" in row or "reading the manifest" in row, shown
+
     await wait_ready(system, MODEL, 1, timeout=240)
     (fetched,) = (system.state_dir / "artifacts").glob("*/big.gguf")
     assert fetched.stat().st_size == SIZE
     assert system.child_pid("agent") != first_agent
 
-    # The retry fetched only what the dead agent had not: its result is in the replica's
-    # history. And the file is whole: the node checked its sha256 before reporting it.
+    # The retry fetched only what the dead agent had not: the node activity's result is in the
+    # history of the node's ArtifactFetch workflow. And the file is whole: the node checked its
+    # sha256 before reporting it.
     client = await system.client()
     results = []
-    for history in await run_histories(client, replica_workflow_id(MODEL, 0)):
-        for event in history:
+    async for run in client.list_workflows("WorkflowType = 'ArtifactFetch'"):
+        history = await client.get_workflow_handle(run.id, run_id=run.run_id).fetch_history()
+        for event in history.events:
             if event.HasField("activity_task_completed_event_attributes"):
                 payload = event.activity_task_completed_event_attributes.result.payloads[0]
                 answer = json.loads(payload.data)

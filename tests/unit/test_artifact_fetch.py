@@ -37,7 +37,12 @@ from tests.unit.mirror_kit import (
     running_mirror,
 )
 from workflows.artifact_names import manifest_digest
-from workflows.contracts import ArtifactFile, ArtifactManifest, FetchArtifactRequest
+from workflows.contracts import (
+    ArtifactFile,
+    ArtifactManifest,
+    FetchArtifactRequest,
+    FetchProgressReport,
+)
 
 WEIGHTS = hashlib.sha256(b"w").digest() * 4096  # 128 KiB
 TOKENIZER = b'{"vocab": ["a", "b"]}'
@@ -95,6 +100,12 @@ async def test_the_activity_lays_out_every_file_with_its_marker(
     assert weights.stat().st_nlink == 2
     assert not os.access(weights, os.W_OK) or os.geteuid() == 0
     assert beats, "the activity heartbeats its progress"
+    # A line for the Temporal UI, then the numbers `llmgw fetches` reads.
+    line, report = beats[0]
+    assert isinstance(line, str)
+    assert isinstance(report, FetchProgressReport)
+    # The first, the one Temporal gets at once, already knows how much there is to fetch.
+    assert report.total == len(WEIGHTS) + len(TOKENIZER)
     assert not list((tmp_path / "node" / "artifacts").glob(".tmp-*"))
 
 

@@ -35,7 +35,7 @@ from workflows.contracts import (
     Route,
 )
 from workflows.ledger import ClusterLedgerWorkflow
-from workflows.names import CONTROL_TASK_QUEUE, node_task_queue
+from workflows.names import CONTROL_TASK_QUEUE, artifact_fetch_workflow_id, node_task_queue
 
 HISTORIES = Path(__file__).parent / "histories"
 # Set to a new era's name (e.g. 2027-01) to store this run's histories beside the older ones
@@ -60,6 +60,17 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
     await environment.shutdown()
 
 
+def control_client(env: WorkflowEnvironment) -> Client:
+    """The control activities' client: the environment's, without its time-skipping hook. A
+    handle that client starts unlocks time skipping while its result() is awaited, and the
+    activity that waits on a node's fetch (activities/control/artifact_fetches.py) awaits one
+    for as long as the fetch runs, in real time: the server would jump past every timeout of
+    the fetch meanwhile."""
+    config = env.client.config()
+    kept = [i for i in config["interceptors"] if "TimeSkipping" not in type(i).__name__]
+    return Client(**{**config, "interceptors": kept})
+
+
 @pytest.fixture(scope="session")
 def server_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The control worker's configuration file; a test may rewrite it (it is read on every
@@ -77,7 +88,7 @@ async def control_worker(env: WorkflowEnvironment, server_config: Path) -> Async
         env.client,
         task_queue=CONTROL_TASK_QUEUE,
         workflows=CONTROL_WORKFLOWS,
-        activities=control_activities(env.client, server_config),
+        activities=control_activities(control_client(env), server_config),
     )
     async with worker:
         # The ledger exists before any test looks at it, as it does once `llmgw up` has run.
@@ -106,7 +117,7 @@ async def cluster(
         env.client,
         task_queue=queue,
         workflows=CONTROL_WORKFLOWS,
-        activities=control_activities(env.client, server_config),
+        activities=control_activities(control_client(env), server_config),
     )
     on_node = Worker(env.client, task_queue=node_task_queue(node), activities=agent.all())
     async with control, on_node:
@@ -161,6 +172,9 @@ class Cluster:
         # time while any task is open: every later test's timers would run in real time.
         # Newest first, parents before children: a model cannot start a replica after them.
         pending = [handle.id for handle in reversed(self.started)]
+        # The node's fetches (ArtifactFetch workflows, started by a control activity rather than
+        # as children) after the replicas that waited on them.
+        pending += [artifact_fetch_workflow_id(self.node, m) for m in set(self.agent.fetches)]
         ended: set[str] = set()
         while pending:
             workflow_id = pending.pop(0)

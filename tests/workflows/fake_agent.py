@@ -21,6 +21,7 @@ from workflows.contracts import (
     EngineStatus,
     FetchArtifactRequest,
     FetchArtifactResult,
+    FetchProgressReport,
     KvSource,
     LaunchRequest,
     LaunchResult,
@@ -85,6 +86,10 @@ class FakeAgent:
         self.load_gate: asyncio.Event | None = None
         self.load_asked = asyncio.Event()
         self.fetch_error: ApplicationError | None = None
+        # What a gated fetch heartbeats.
+        self.fetch_progress = FetchProgressReport(
+            done=3 << 30, total=8 << 30, current="model.gguf", note="fetching"
+        )
 
     def all(self) -> list:
         return [
@@ -163,7 +168,8 @@ class FakeAgent:
         self.fetches.append(req.manifest)
         gate = self.fetch_gate
         while gate is not None and not gate.is_set():
-            activity.heartbeat("fetching")
+            # As the real agent does: a line for the UI, then the numbers.
+            activity.heartbeat(self.fetch_progress.note, self.fetch_progress)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(gate.wait(), 0.2)
         if self.fetch_error is not None:

@@ -24,7 +24,14 @@ from workflows.contracts.artifacts import ArtifactFile, ArtifactManifest
 from workflows.contracts.engine_installs import (
     EngineInstallRequest,
 )
-from workflows.contracts.fetch import FetchArtifactRequest, FetchArtifactResult
+from workflows.contracts.fetch import (
+    ArtifactFetchRequest,
+    ArtifactFetchState,
+    ArtifactFetchView,
+    FetchArtifactRequest,
+    FetchArtifactResult,
+    FetchProgressReport,
+)
 from workflows.contracts.ledger import (
     Allocation,
     AllocationLookup,
@@ -119,6 +126,9 @@ ReplicaInput.model_rebuild(_types_namespace=_LEDGER_TYPES)
 __all__ = [
     "Allocation",
     "AllocationLookup",
+    "ArtifactFetchRequest",
+    "ArtifactFetchState",
+    "ArtifactFetchView",
     "ArtifactFile",
     "ArtifactManifest",
     "Autoscale",
@@ -138,6 +148,7 @@ __all__ = [
     "ExternalKv",
     "FetchArtifactRequest",
     "FetchArtifactResult",
+    "FetchProgressReport",
     "GpuFabric",
     "GpuInfo",
     "GpuProcess",

@@ -1,0 +1,98 @@
+"""A replica's wait for its node's fetch of an artifact: start the ArtifactFetch workflow
+(workflows/artifact_fetch.py), or join the one already running, and wait for its end.
+
+Why an activity and not a child workflow: a child cannot be started with the USE_EXISTING
+conflict policy, so a second replica on the node would get "already started" and have nothing
+to wait on but polling, while a client start joins the running fetch and its result() waits
+for it. Two replicas that need the same weights on one node therefore download them once.
+
+The wait heartbeats: a control worker that dies is noticed within the replica's heartbeat
+timeout (workflows/options.py AWAIT_FETCH_*), and the retry joins the same fetch. A cancelled
+wait (the replica was asked to stop) ends only the wait: the fetch goes on for whoever else
+waits on it, and what it downloads is there when this replica starts again.
+"""
+
+import asyncio
+
+from temporalio import activity
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
+from temporalio.exceptions import FailureError
+
+from workflows import search_attributes
+from workflows.artifact_fetch import ArtifactFetchWorkflow
+from workflows.contracts import ArtifactFetchRequest, ArtifactFetchState, ArtifactFetchView
+from workflows.names import CONTROL_TASK_QUEUE, ControlActivity, artifact_fetch_workflow_id
+
+# Far inside AWAIT_FETCH_HEARTBEAT; the SDK sends at most one per 80% of the timeout anyway.
+HEARTBEAT_S = 5.0
+
+
+async def start_or_join_fetch(
+    client: Client, req: ArtifactFetchRequest, task_queue: str = CONTROL_TASK_QUEUE
+) -> WorkflowHandle[ArtifactFetchWorkflow, ArtifactFetchView]:
+    """The node's running fetch of the artifact, started if there is none."""
+    return await client.start_workflow(
+        ArtifactFetchWorkflow.run,
+        req,
+        id=artifact_fetch_workflow_id(req.node, req.manifest),
+        task_queue=task_queue,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        # A closed fetch (done or failed) is no obstacle: a new run asks the node again, which
+        # answers at once for an artifact it holds.
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        search_attributes=TypedSearchAttributes(
+            [SearchAttributePair(search_attributes.NODE, req.node)]
+        ),
+        static_summary=fetch_summary(req),
+    )
+
+
+def fetch_summary(req: ArtifactFetchRequest) -> str:
+    """What the Temporal UI shows beside the workflow's ID."""
+    wanted = f" for {req.model}" if req.model else ""
+    return f"{req.node} fetches {req.manifest}{wanted} from the mirror"
+
+
+def failed_view(req: ArtifactFetchRequest, err: WorkflowFailureError) -> ArtifactFetchView:
+    """A fetch that failed, was cancelled or was terminated, in the node's words."""
+    cause = err.cause
+    error = cause.message if isinstance(cause, FailureError) else str(cause)
+    return ArtifactFetchView(
+        node=req.node,
+        manifest=req.manifest,
+        model=req.model,
+        state=ArtifactFetchState.FAILED,
+        error=error or str(err),
+        error_type=getattr(cause, "type", None) or type(cause).__name__,
+    )
+
+
+class ArtifactFetchActivities:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    @activity.defn(name=ControlActivity.AWAIT_ARTIFACT_FETCH)
+    async def await_fetch(self, req: ArtifactFetchRequest) -> ArtifactFetchView:
+        """The fetch's outcome: DONE, or FAILED with the node's reason (a failure is an answer,
+        not an error: retrying the wait would not change it)."""
+        # The queue this activity came from is the control queue of the workflow that asked.
+        handle = await start_or_join_fetch(self.client, req, activity.info().task_queue)
+        waiting = asyncio.ensure_future(handle.result())
+        try:
+            while True:
+                activity.heartbeat()
+                done, _ = await asyncio.wait({waiting}, timeout=HEARTBEAT_S)
+                if done:
+                    break
+        finally:
+            waiting.cancel()  # cancelled: stop waiting; the fetch itself goes on
+        try:
+            return waiting.result()
+        except WorkflowFailureError as err:
+            return failed_view(req, err)
