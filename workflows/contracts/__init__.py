@@ -17,6 +17,8 @@ from workflows.contracts.agent_activities import (
     LaunchResult,
     ReadyRequest,
     ReadyResult,
+    SetAdaptersRequest,
+    SetAdaptersResult,
     ShardRef,
     StopResult,
 )
@@ -55,6 +57,7 @@ from workflows.contracts.ledger import (
     WorkflowStatuses,
 )
 from workflows.contracts.models import (
+    RUNTIME_LORA_ENGINES,
     Autoscale,
     AutoscaleState,
     ExternalKv,
@@ -103,6 +106,7 @@ from workflows.contracts.replicas import (
     ReplicaState,
     ReplicaView,
     StopReplica,
+    UpdateAdapters,
 )
 from workflows.contracts.server_config import (
     NodesFile,
@@ -117,6 +121,7 @@ ReplicaCarried.model_rebuild(_types_namespace=_LEDGER_TYPES)
 ReplicaInput.model_rebuild(_types_namespace=_LEDGER_TYPES)
 
 __all__ = [
+    "RUNTIME_LORA_ENGINES",
     "Allocation",
     "AllocationLookup",
     "ArtifactFile",
@@ -195,10 +200,13 @@ __all__ = [
     "RoutingTable",
     "RoutingTableRequest",
     "ScaleRequest",
+    "SetAdaptersRequest",
+    "SetAdaptersResult",
     "ShardAllocation",
     "ShardRef",
     "StopReplica",
     "StopResult",
+    "UpdateAdapters",
     "VerifyEnginesRequest",
     "VerifyEnginesResult",
     "WorkflowIds",
