@@ -2,7 +2,8 @@
 
 An adapter answers, for its engine: how it is installed and checked again later, the commands
 and environment one shard of a replica runs with, what says it is ready, the Prometheus metrics
-that tell its load and where it serves them, and whether it publishes KV-cache events. The node
+that tell its load and where it serves them, whether it publishes KV-cache events, and whether
+it loads LoRA adapters while it runs. The node
 agent and engines/metrics.py (through which the gateway reads metric names and paths) ask the
 registry (engines/registry.py) for an adapter by name instead of telling engines apart
 themselves; adding an engine is one module holding its adapter, registered there.
@@ -53,6 +54,20 @@ class Readiness:
 
     health: str = "/health"
     models: str = "/v1/models"
+
+
+@dataclass(frozen=True)
+class RuntimeAdapters:
+    """How a running engine loads and unloads LoRA adapters (activities/agent/adapter_loading.py
+    does it, with the engine key): POST `load` {"lora_name", "lora_path"}, POST `unload`
+    {"lora_name"}, and `listing` (an OpenAI model list) names each adapter served, with its
+    path as `root` and the base model as `parent`. The engine offers them only when started
+    with `enable_env` in its environment (the adapter's environment() sets it)."""
+
+    load: str
+    unload: str
+    listing: str
+    enable_env: tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -111,6 +126,9 @@ class Engine(ABC):
     readiness: ClassVar[Readiness] = Readiness()
     # Whether it publishes KV-cache events the router can subscribe to (a profile's kv_events).
     kv_events: ClassVar[bool] = False
+    # How it loads and unloads LoRA adapters while it runs; None: its adapters are given at
+    # launch, and a changed list restarts the replica (workflows RUNTIME_LORA_ENGINES agrees).
+    runtime_adapters: ClassVar[RuntimeAdapters | None] = None
 
     @abstractmethod
     def install(

@@ -5,6 +5,14 @@ The API key travels as VLLM_API_KEY, never `--api-key` (every user of the node c
 command line in /proc). vLLM guards only /v1 (and /v2, /inference) with it: /metrics and
 /health stay open, so the port must never be exposed beyond the node.
 
+A profile with LoRA adapters starts them with `--enable-lora --lora-modules NAME=PATH ...` and
+with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, which adds /v1/load_lora_adapter and
+/v1/unload_lora_adapter (under the key, like all of /v1): the agent loads adapters added to the
+model later, and unloads those removed, without a restart. The gateway never forwards those
+paths (it proxies only the completion and embedding endpoints). How many adapters one batch
+mixes and their largest rank stay vLLM's defaults (--max-loras 1, --max-lora-rank 16) unless
+the profile's args say otherwise: an adapter of a higher rank is refused when it is loaded.
+
 Multi-node, as vLLM documents it:
 - "mp" (vLLM's own multi-process executor): every node runs `vllm serve` with `--nnodes N
   --node-rank R --master-addr LEADER --master-port P`; the workers (rank > 0) add `--headless`
@@ -18,7 +26,7 @@ from __future__ import annotations
 
 import json
 
-from engines.adapter import KvPublisher, MetricNames, ShardLaunch
+from engines.adapter import KvPublisher, MetricNames, RuntimeAdapters, ShardLaunch
 from engines.commands import Command, ShardPlace, check_reserved, tcp_endpoint
 from engines.python_env import PythonEnvEngine
 from workflows.contracts import ModelSpec, Profile
@@ -26,6 +34,13 @@ from workflows.engine_plan import VLLM
 from workflows.placement.ports import KV_PUB, KV_REPLAY
 
 API_KEY_ENV = "VLLM_API_KEY"
+# vLLM reads it as "1" or "true", any case (vllm/envs.py).
+RUNTIME_LORA = RuntimeAdapters(
+    load="/v1/load_lora_adapter",
+    unload="/v1/unload_lora_adapter",
+    listing="/v1/models",
+    enable_env=("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True"),
+)
 # The CPU attention backend refuses 16 (vLLM's GPU default); 32 and its multiples work.
 CPU_BLOCK_SIZE = 32
 # Set explicitly with KV events, so the router hashes blocks of the size the engine caches
@@ -242,8 +257,9 @@ def launch_commands(
 def engine_env(
     key: str, profile: Profile, place: ShardPlace | None = None, *, cpu: bool
 ) -> dict[str, str]:
-    """The key, no hub access (weights are local), and on the CPU a KV cache sized from the
-    profile's memory budget: half of it, in whole GiB, at least one. VLLM_HOST_IP is this
+    """The key, no hub access (weights are local), runtime LoRA loading with adapters, and on
+    the CPU a KV cache sized from the profile's memory budget: half of it, in whole GiB, at
+    least one. VLLM_HOST_IP is this
     node's own address (never the leader's), on every node. Under Ray the server attaches to
     the replica's own head, not whichever cluster it finds first."""
     env = {API_KEY_ENV: key, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -254,6 +270,9 @@ def engine_env(
         env["OMP_NUM_THREADS"] = str(profile.cpu_cores)
     if profile.kv_events:
         env["PYTHONHASHSEED"] = KV_HASH_SEED
+    if profile.lora:
+        name, value = RUNTIME_LORA.enable_env
+        env[name] = value
     if place is not None and place.multi_node and profile.launch == "ray":
         env["RAY_ADDRESS"] = f"{place.leader}:{place.rendezvous_port}"
     return env
@@ -267,6 +286,7 @@ class Vllm(PythonEnvEngine):
         kv_usage="vllm:kv_cache_usage_perc",
     )
     kv_events = True  # over ZMQ, with --kv-events-config (kv_events_config above)
+    runtime_adapters = RUNTIME_LORA
 
     def commands(self, shard: ShardLaunch) -> list[Command]:
         ports = shard.ports

@@ -13,7 +13,10 @@ sent to a llama.cpp replica that loads adapters carries them all at scale 0. A c
 does not grant.
 
 So a llama.cpp replica can serve only the adapters its route lists, and each one's body differs
-by index: `UpstreamBodies` builds each variant once, on first use."""
+by index: `UpstreamBodies` builds each variant once, on first use. A vLLM replica's adapters can
+change while it runs (the agent loads and unloads them, and the replica publishes its route
+with the new list): a by-name replica whose route lists adapters is chosen only for those, so
+an adapter just added goes to the replicas that loaded it already."""
 
 from __future__ import annotations
 
@@ -41,9 +44,12 @@ def adapter_index(route: Route, adapter: str) -> int | None:
 
 
 def serves_adapter(route: Route, adapter: str) -> bool:
-    """Whether the route can serve the adapter: a llama.cpp replica only those it loaded; an
-    engine serving adapters by name answers an unknown one itself (404)."""
-    return route.engine != BY_INDEX_ENGINE or adapter in route.adapters
+    """Whether the route can serve the adapter: a replica only those its route lists, except
+    that a by-name engine's route listing none (a route from before routes listed adapters)
+    is left to answer an unknown one itself (404)."""
+    if adapter in route.adapters:
+        return True
+    return route.engine != BY_INDEX_ENGINE and not route.adapters
 
 
 def unserved(routes: Iterable[Route], adapter: str | None) -> set[str]:

@@ -64,6 +64,7 @@ _FORBIDDEN: dict[str, str] = {
     "CUDA_DEVICE_ORDER": "llmgw sets it: PCI_BUS_ID, so CUDA numbers GPUs as placement does",
     "VLLM_HOST_IP": "llmgw sets it: each node's own address",
     "VLLM_API_KEY": "llmgw sets it: the engine key only the gateway holds",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "llmgw sets it with adapters: it loads new ones at runtime",
     "LLAMA_API_KEY": "llmgw sets it: the engine key only the gateway holds",
     "SGLANG_API_KEY": "llmgw sets it: the engine key only the gateway holds",
     "RAY_ADDRESS": "llmgw sets it: the replica's own Ray head",

@@ -8,7 +8,10 @@ Moving a replica (its node drains, is lost or removed) starts a successor first.
 replica keeps serving until its successor says it is ready; one on a lost node stops at once.
 A rolling update is the same move, one replica at a time: when a replica reports a profile
 fingerprint the catalog no longer has, a successor starts from the current definition and the
-old one stops once the successor serves.
+old one stops once the successor serves. Except when only the LoRA adapters of a profile whose
+engine loads them at runtime (vLLM) changed: the replica is told the new definition
+(`update_adapters`) and loads and unloads them in its running engine; only if it cannot is it
+replaced.
 
 An external model (engine "external": servers llmgw does not run) has no replica workflows and
 places nothing: this workflow publishes one ready route per URL to the ledger itself, replaces
@@ -52,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         ReplicaView,
         ScaleRequest,
         StopReplica,
+        UpdateAdapters,
         WorkflowStatuses,
     )
     from workflows.dead_replicas import free_dead_replicas, retry_unstopped
@@ -59,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.messages import MODEL_REPLICA_READY
     from workflows.model_calls import engine_loads, set_idle, workflow_statuses
     from workflows.model_rules import (
+        adapters_to_tell,
         check_scale,
         model_view,
         stale_indices,
@@ -84,6 +89,10 @@ REMOVAL_STOPS_LATE_REPLICAS_PATCH = "model-removal-stops-replicas-of-a-late-remo
 # load, and so undid a removal or a scale that arrived while it asked: a removed model kept a
 # replica and never closed. Now a change made meanwhile wins, and it looks again next time.
 AUTOSCALE_YIELDS_TO_CHANGES_PATCH = "model-autoscale-yields-to-changes-made-while-it-looked"
+# A changed LoRA adapter list rolled every replica. Now a replica whose engine loads adapters at
+# runtime (vLLM) and whose profile changed only in its adapters is told the new definition
+# (the replica's `update_adapters` signal) and keeps serving; runs from before keep rolling.
+ADAPTERS_AT_RUNTIME_PATCH = "model-tells-replicas-new-adapters-instead-of-rolling"
 
 
 @workflow.defn(name="Model")
@@ -136,6 +145,7 @@ class ModelWorkflow:
         await self._replace()
         await self._retire_replaced()
         await self._reconcile()
+        await self._tell_adapters()
         await self._roll()
         await self._publish_idle()
         await self._publish_external()
@@ -242,6 +252,7 @@ class ModelWorkflow:
         index = self._index_of(ready.replica_id)
         if index is not None and ready.fingerprint:
             self.state.fingerprints[index] = ready.fingerprint
+            self.state.restart_fingerprints[index] = ready.restart_fingerprint
             self.dirty = True
         if any(replica_id(name, s) == ready.replica_id for s in self.state.retiring.values()):
             if ready.replica_id not in self.state.ready_replicas:
@@ -307,6 +318,27 @@ class ModelWorkflow:
 
     def _stale(self) -> list[int]:
         return stale_indices(self.state)
+
+    async def _tell_adapters(self) -> None:
+        """Tell each replica that takes adapter changes at runtime, once per definition, to
+        serve this one's adapters (it answers with replica_ready, or is replaced if it cannot:
+        model_rules.adapter_updates)."""
+        if self.state.removing or self.state.spec.external:
+            return
+        told = adapters_to_tell(self.state)
+        if not told or not workflow.patched(ADAPTERS_AT_RUNTIME_PATCH):
+            return
+        self.state.adapters_at_runtime = True
+        spec = self.state.spec
+        version = spec.adapters_version()
+        for index in told:
+            self.state.adapters_told[index] = version
+            handle = workflow.get_external_workflow_handle(replica_workflow_id(spec.name, index))
+            try:
+                await handle.signal(ReplicaWorkflow.update_adapters, UpdateAdapters(model=spec))
+            except ApplicationError as err:
+                # Its workflow is closed: the next check of the replicas finds it dead.
+                workflow.logger.warning("%s: cannot tell it new adapters (%s)", handle.id, err)
 
     async def _roll(self) -> None:
         """One stale replica at a time: wait until the last move is over before the next."""
@@ -391,7 +423,7 @@ class ModelWorkflow:
             self.state.retiring.pop(index, None)
             if index in self.state.indices:
                 self.state.indices.remove(index)
-            self.state.fingerprints.pop(index, None)
+            self._forget_fingerprints(index)
             for old, successor in list(self.state.retiring.items()):
                 if successor == index and not self.state.removing:
                     del self.state.retiring[old]
@@ -420,12 +452,20 @@ class ModelWorkflow:
                         await self._stop_replica(index, self._moved(req))
                     continue
                 self.state.indices.remove(old)
-                self.state.fingerprints.pop(old, None)
+                self._forget_fingerprints(old)
                 successor = await self._start_replica()
                 if req.wait_for_successor and not self.state.removing:
                     self.state.retiring[old] = successor
                 else:
                     await self._stop_replica(old, self._moved(req))
+
+    def _forget_fingerprints(self, index: int) -> None:
+        for known in (
+            self.state.fingerprints,
+            self.state.restart_fingerprints,
+            self.state.adapters_told,
+        ):
+            known.pop(index, None)
 
     @staticmethod
     def _moved(req: ReplaceReplicas) -> StopReplica:

@@ -1,6 +1,7 @@
-"""The model workflow's pure decisions: which replicas it watches and which are stale, whether a
-scale request fits the model, its view, and the routes of an external model's URLs (with their
-KV-event sources, Profile.external_kv).
+"""The model workflow's pure decisions: which replicas it watches, which are stale and which
+take a new adapter list without a restart, whether a scale request fits the model, its view,
+and the routes of an external model's URLs (with their KV-event sources,
+Profile.external_kv).
 
 Pure: the model workflow (workflows/model.py) runs them inside the sandbox, and replays them;
 `llmgw ledger rebuild` rebuilds an external model's routes with external_route.
@@ -75,10 +76,36 @@ def check_scale(spec: ModelSpec, replicas: int) -> None:
 
 
 def stale_indices(state: ModelState) -> list[int]:
-    """Replicas serving a profile the catalog no longer has: a rolling update replaces them."""
+    """Replicas serving a profile the catalog no longer has: a rolling update replaces them.
+    Once the model tells replicas new adapters (ModelState.adapters_at_runtime), those that
+    take them at runtime (adapter_updates) are not stale."""
     current = set(state.spec.fingerprints())
     known = state.fingerprints
-    return [i for i in state.indices if i in known and known[i] not in current]
+    updating = set(adapter_updates(state)) if state.adapters_at_runtime else set()
+    return [
+        i for i in state.indices if i in known and known[i] not in current and i not in updating
+    ]
+
+
+def adapter_updates(state: ModelState) -> list[int]:
+    """Replicas whose profile changed only in its LoRA adapters, on an engine that loads them
+    at runtime: their fingerprint is stale, the restart fingerprint they reported is current
+    (ModelSpec.restart_fingerprint). A replica that could not load them reports none, and is
+    replaced like any stale one."""
+    current = set(state.spec.fingerprints())
+    restartless = set(state.spec.restart_fingerprints()) - {""}
+    known, restart = state.fingerprints, state.restart_fingerprints
+    return [
+        i
+        for i in state.indices
+        if i in known and known[i] not in current and restart.get(i, "") in restartless
+    ]
+
+
+def adapters_to_tell(state: ModelState) -> list[int]:
+    """The adapter_updates not yet told about this definition."""
+    version = state.spec.adapters_version()
+    return [i for i in adapter_updates(state) if state.adapters_told.get(i) != version]
 
 
 def watched_indices(state: ModelState) -> list[int]:

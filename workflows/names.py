@@ -105,6 +105,8 @@ class NodeActivity:
     VERIFY_ENGINES = "node_verify_engines"
     ENGINE_LOAD = "node_engine_load"
     FETCH_ARTIFACT = "node_fetch_artifact"
+    # Load and unload a running engine's LoRA adapters (engines that can: Engine.runtime_adapters).
+    SET_ADAPTERS = "node_set_adapters"
 
 
 # Temporal Schedules: each starts a short fleet-wide workflow that signals every node.

@@ -70,6 +70,23 @@ AWAIT_FETCH_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
 )
 
+# Loading a running engine's new LoRA adapters (and unloading those it no longer lists): each
+# load reads an adapter's weights, seconds for the usual sizes. A few tries cover an agent
+# restart; an engine's refusal is final (the replica is then replaced instead), as is an engine
+# that is gone or cannot load adapters at runtime.
+SET_ADAPTERS_TIMEOUT = timedelta(minutes=5)
+SET_ADAPTERS_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=2),
+    maximum_attempts=3,
+    non_retryable_error_types=[
+        "AdapterRefused",
+        "EngineGone",
+        "NoRuntimeAdapters",
+        "WeightsMissing",
+    ],
+)
+SET_ADAPTERS_GIVE_UP = SET_ADAPTERS_TIMEOUT * 3 + timedelta(minutes=5)
+
 SUPERVISE_TIMEOUT = timedelta(days=1)
 SUPERVISE_HEARTBEAT = timedelta(seconds=20)
 SUPERVISE_RETRY = RetryPolicy(

@@ -4,6 +4,11 @@ place -> start the engine on its node -> wait until /health and /v1/models answe
 supervise (a long heartbeating activity on the node) -> on exit, restart with backoff -> on stop,
 stop the engine, drop the route, release the resources.
 
+While it serves, a new adapter list from its model (`update_adapters`, for engines that load
+adapters at runtime) is fetched to its nodes and loaded into the running engine by the node's
+agent, and the route republished with it; a replica that cannot tells its model, which
+replaces it.
+
 Every step is idempotent on its far side (placement per replica id, launch adopts a process it
 already started), so a control worker killed mid-step resumes without a second engine or a
 second reservation.
@@ -37,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         Allocation,
         EngineExit,
         LaunchResult,
+        ModelSpec,
         PlacementRequest,
         ReleaseRequest,
         ReplicaInput,
@@ -45,8 +51,10 @@ with workflow.unsafe.imports_passed_through():
         ReplicaState,
         ReplicaView,
         Route,
+        SetAdaptersRequest,
         ShardAllocation,
         StopReplica,
+        UpdateAdapters,
     )
     from workflows.ledger_activity import call_ledger, node_gone
     from workflows.messages import MODEL_REPLICA_READY
@@ -57,6 +65,7 @@ with workflow.unsafe.imports_passed_through():
         fetch_artifacts,
         label,
         request_placement,
+        set_adapters,
         start_launch,
         start_stop,
         start_supervise,
@@ -64,11 +73,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.replica_rules import (
         artifacts_to_fetch,
+        new_adapter_artifacts,
         new_replica_state,
         profile_fingerprint,
+        profile_index,
         replica_route,
         short_reason,
         taken_ports,
+        takes_adapters_at_runtime,
     )
     from workflows.replica_rules import restart_backoff as restart_backoff  # re-exported
 
@@ -82,6 +94,7 @@ PATCH_MOVE_OFF_CRASH_LOOP = "replica-move-off-crash-looping-node"
 PATCH_CONTINUE_AS_NEW = "replica-continue-as-new"
 PATCH_SKIP_TAKEN_PORTS = "replica-skips-ports-taken-by-others"
 PATCH_SHARED_FETCH = "replica-fetches-through-artifact-fetch-workflow"
+PATCH_ADAPTERS_AT_RUNTIME = "replica-loads-new-adapters-into-its-running-engine"
 
 
 @workflow.defn(name="Replica")
@@ -117,6 +130,12 @@ class ReplicaWorkflow:
     @workflow.signal(name="stop")
     def stop(self, req: StopReplica) -> None:
         self.s.stop = req
+
+    @workflow.signal(name="update_adapters")
+    def update_adapters(self, req: UpdateAdapters) -> None:
+        """Its model's new definition, differing for this replica at most in its adapters:
+        taken at the next launch, or loaded into the running engine (_update_adapters)."""
+        self.s.next_model = req.model
 
     @workflow.signal(name="engine_exited")
     def engine_exited(self, report: EngineExit) -> None:
@@ -277,6 +296,7 @@ class ReplicaWorkflow:
         shards = alloc.shards_or_leader()
         leader = shards[0]
         self.s.exit_report = None
+        self._launch_with_next_model(alloc)
         artifacts = artifacts_to_fetch(self.inp.model, alloc.profile_index)
         await self._set_state(ReplicaState.STARTING, "fetching the weights" if artifacts else "")
         if artifacts:
@@ -329,10 +349,14 @@ class ReplicaWorkflow:
         await self._set_state(ReplicaState.READY)
         await self._tell_model_ready()
         watched = [start_supervise(self.inp.replica_id, leader), *workers]
-        ended = await self._first(watched)
-        if isinstance(ended, EngineExit):
-            return ended
-        return await self._end_all(alloc, watched, ended)
+        while True:
+            ended = await self._first(watched, lambda: self.s.next_model is not None)
+            if ended is None:
+                await self._update_adapters(alloc, lambda: any(h.done() for h in watched))
+                continue
+            if isinstance(ended, EngineExit):
+                return ended
+            return await self._end_all(alloc, watched, ended)
 
     async def _launch(
         self, alloc: Allocation, shard: ShardAllocation
@@ -351,16 +375,21 @@ class ReplicaWorkflow:
         return launched
 
     async def _first(
-        self, handles: Sequence[ActivityHandle[Any]]
-    ) -> ActivityHandle[Any] | EngineExit:
+        self, handles: Sequence[ActivityHandle[Any]], wake: Callable[[], bool] = lambda: False
+    ) -> ActivityHandle[Any] | EngineExit | None:
         """The first activity to finish, unless a stop is asked for or an agent reports the
-        engine gone first: then every activity is cancelled and the interruption returned."""
+        engine gone first: then every activity is cancelled and the interruption returned.
+        None when `wake` turned true first (the activities run on)."""
         await workflow.wait_condition(
-            lambda: any(h.done() for h in handles) or bool(self.s.stop or self.s.exit_report)
+            lambda: (
+                any(h.done() for h in handles) or bool(self.s.stop or self.s.exit_report) or wake()
+            )
         )
         done = next((h for h in handles if h.done()), None)
         if done is not None:
             return done
+        if not (self.s.stop or self.s.exit_report):
+            return None
         await cancel_all(handles)
         if self.s.exit_report is not None:
             return self.s.exit_report
@@ -389,15 +418,101 @@ class ReplicaWorkflow:
     def _exit(self, reason: str) -> EngineExit:
         return EngineExit(replica_id=self.inp.replica_id, reason=reason)
 
-    async def _tell_model_ready(self) -> None:
-        """A replica started to replace another lets its model stop the old one now."""
+    async def _tell_model_ready(self, *, adapters_at_runtime: bool = True) -> None:
+        """A replica started to replace another lets its model stop the old one now. It says
+        which profile it serves, and whether its engine takes adapter changes without a
+        restart (`adapters_at_runtime` False: it could not, so its model replaces it)."""
         if not self.s.parent_workflow_id:
             return
         # Addressed by ID without a run, so it reaches the model after a continue-as-new too.
         model = workflow.get_external_workflow_handle(self.s.parent_workflow_id)
+        restart = ""
+        if adapters_at_runtime:
+            restart = self.inp.model.restart_fingerprint(profile_index(self.s))
         with contextlib.suppress(ApplicationError):
-            ready = ReplicaReady(replica_id=self.inp.replica_id, fingerprint=self._fingerprint())
+            ready = ReplicaReady(
+                replica_id=self.inp.replica_id,
+                fingerprint=self._fingerprint(),
+                restart_fingerprint=restart,
+            )
             await model.signal(MODEL_REPLICA_READY, ready)
+
+    # --- adapters changed while it runs -----------------------------------------------------
+
+    def _launch_with_next_model(self, alloc: Allocation) -> None:
+        """A definition its model sent while the engine was not serving: the launch about to
+        happen takes its adapters, when nothing else of the profile changed."""
+        new = self.s.next_model
+        if new is None or not takes_adapters_at_runtime(self.inp.model, new, alloc.profile_index):
+            return  # any other change: told once it serves (_update_adapters), and replaced
+        if workflow.patched(PATCH_ADAPTERS_AT_RUNTIME):
+            self.inp.model = new
+            self.s.next_model = None
+
+    async def _update_adapters(self, alloc: Allocation, ended: Callable[[], bool]) -> None:
+        """Serve the definition its model sent: fetch its new adapters' artifacts, have the
+        engine load and unload adapters, and publish the route with the new list. A replica
+        that cannot (another change came with it, the fetch failed, the engine refused) keeps
+        serving what it has and tells its model, which replaces it. A stop, or the engine's
+        end (`ended`), interrupts it: the caller's loop then takes that in hand."""
+        new = self.s.next_model
+        self.s.next_model = None
+        if new is None or not workflow.patched(PATCH_ADAPTERS_AT_RUNTIME):
+            return
+        index = alloc.profile_index
+        shards = alloc.shards_or_leader()
+        why_not = "its profile changed in more than its adapters"
+        if takes_adapters_at_runtime(self.inp.model, new, index):
+
+            def interrupted() -> bool:
+                return bool(self.s.stop or self.s.exit_report) or ended()
+
+            loaded = await self._load_adapters(new, index, shards, interrupted)
+            if loaded is None:
+                self.s.next_model = self.s.next_model or new  # taken at the next launch
+                return
+            why_not = loaded
+        if why_not:
+            workflow.logger.warning("%s: %s: to be replaced", self.inp.replica_id, why_not)
+            await self._set_state(ReplicaState.READY, f"{why_not}: to be replaced")
+            await self._tell_model_ready(adapters_at_runtime=False)
+            return
+        self.inp.model = new
+        await self._set_state(ReplicaState.READY)
+        await self._tell_model_ready()
+
+    async def _load_adapters(
+        self,
+        new: ModelSpec,
+        index: int,
+        shards: Sequence[ShardAllocation],
+        interrupted: Callable[[], bool],
+    ) -> str | None:
+        """Fetch and load `new`'s adapters in the running engine: "" once it serves them, else
+        why not; None when `interrupted` first."""
+        wanted = new.profiles[index].lora
+        if wanted == self.inp.model.profiles[index].lora:
+            return ""
+        artifacts = new_adapter_artifacts(self.inp.model, new, index)
+        if artifacts:
+            nodes = list(dict.fromkeys(shard.node for shard in shards))
+            why_not = await fetch_artifacts(artifacts, nodes, interrupted)
+            if interrupted():
+                return None
+            if why_not is not None:
+                return f"adapters not loaded: {why_not}"
+        request = SetAdaptersRequest(
+            replica_id=self.inp.replica_id, model=new.name, adapters=wanted
+        )
+        try:
+            loaded = await set_adapters(request, shards[0], interrupted)
+        except ActivityError as err:
+            return f"adapters not loaded: {err.cause}"
+        if loaded is None:
+            return None
+        if self.s.kv is not None:
+            self.s.kv = self.s.kv.model_copy(update={"adapters": loaded.adapters})
+        return ""
 
     # --- stopping ---------------------------------------------------------------------------
 

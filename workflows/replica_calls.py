@@ -33,6 +33,8 @@ with workflow.unsafe.imports_passed_through():
         ReadyRequest,
         ReadyResult,
         ReplicaView,
+        SetAdaptersRequest,
+        SetAdaptersResult,
         ShardAllocation,
         ShardRef,
         StopResult,
@@ -157,6 +159,29 @@ async def await_shared_fetches(
         if fetched.state != ArtifactFetchState.DONE:
             return f"fetching the weights failed on {node}: {fetched.error}"
     return None
+
+
+async def set_adapters(
+    req: SetAdaptersRequest, leader: ShardAllocation, interrupted: Callable[[], bool]
+) -> SetAdaptersResult | None:
+    """Have the leader's engine (the one serving HTTP) load and unload adapters until it serves
+    exactly `req.adapters`. None when `interrupted` (a stop, the engine's exit) turned true
+    first: the call is cancelled. Raises ActivityError when it failed."""
+    handle = workflow.start_activity(
+        NodeActivity.SET_ADAPTERS,
+        req,
+        task_queue=node_task_queue(leader.node),
+        start_to_close_timeout=options.SET_ADAPTERS_TIMEOUT,
+        schedule_to_close_timeout=options.SET_ADAPTERS_GIVE_UP,
+        retry_policy=options.SET_ADAPTERS_RETRY,
+        result_type=SetAdaptersResult,
+    )
+    await workflow.wait_condition(lambda: handle.done() or interrupted())
+    if not handle.done():
+        await cancel_all([handle])
+        return None
+    result: SetAdaptersResult = handle.result()
+    return result
 
 
 def start_wait_ready(replica_id: str, leader: ShardAllocation) -> ActivityHandle[ReadyResult]:

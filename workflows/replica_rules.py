@@ -1,6 +1,7 @@
 """The replica workflow's pure decisions: how long to back off, how an engine's exit reads in a
 view or route, whether a launch was refused over ports another program holds, a new replica's
-state, and the route a replica publishes.
+state, the route a replica publishes, and whether a new definition's adapters can be loaded
+into its running engine.
 
 Pure: the replica workflow (workflows/replica.py) runs them inside the sandbox, and replays them.
 """
@@ -101,3 +102,20 @@ def artifacts_to_fetch(model: ModelSpec, profile: int) -> list[str]:
     if 0 <= profile < len(model.profiles):
         wanted += [a.artifact for a in model.profiles[profile].lora if a.artifact]
     return list(dict.fromkeys(wanted))
+
+
+def takes_adapters_at_runtime(current: ModelSpec, new: ModelSpec, profile: int) -> bool:
+    """Whether a replica running `current`'s profile `profile` can serve `new` by loading and
+    unloading adapters in its engine: the profile is there in both and differs at most in its
+    adapters, on an engine that loads them at runtime (ModelSpec.restart_fingerprint)."""
+    if not (0 <= profile < len(current.profiles) and profile < len(new.profiles)):
+        return False
+    restart = current.restart_fingerprint(profile)
+    return bool(restart) and restart == new.restart_fingerprint(profile)
+
+
+def new_adapter_artifacts(current: ModelSpec, new: ModelSpec, profile: int) -> list[str]:
+    """The mirror artifacts of `new`'s adapters on `profile` that `current`'s do not have: what
+    the replica's nodes fetch before its engine loads them."""
+    held = set(artifacts_to_fetch(current, profile))
+    return [a for a in artifacts_to_fetch(new, profile) if a not in held]

@@ -18,10 +18,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
+import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.agent import procfs
+from activities.agent.adapter_loading import AdapterRefused, NoRuntimeAdapters, set_adapters
 from activities.agent.artifact_store import ArtifactStore
 from activities.agent.config import AgentConfig
 from activities.agent.discovery import discover_inventory
@@ -54,6 +56,8 @@ from workflows.contracts import (
     Profile,
     ReadyRequest,
     ReadyResult,
+    SetAdaptersRequest,
+    SetAdaptersResult,
     ShardAllocation,
     ShardRef,
     StopResult,
@@ -118,6 +122,7 @@ class NodeAgentActivities:
             self.stop_engine,
             self.verify_engines,
             self.engine_load,
+            self.set_adapters,
         ]
 
     # --- discovery and installs ----------------------------------------------------------
@@ -470,6 +475,62 @@ class NodeAgentActivities:
             )
 
         return EngineLoadReport(engines=list(await asyncio.gather(*map(one, req.replica_ids))))
+
+    @activity.defn(name=NodeActivity.SET_ADAPTERS)
+    async def set_adapters(self, req: SetAdaptersRequest) -> SetAdaptersResult:
+        """Load and unload the running engine's LoRA adapters until it serves exactly those
+        asked for, through its runtime endpoints (engines/adapter.py RuntimeAdapters) with its
+        key. An adapter from the mirror must have been fetched here first."""
+        spec = self._supervisor.read_spec(req.replica_id)
+        if spec is None or not self._supervisor.is_alive(req.replica_id):
+            raise _not_retryable(
+                f"replica {req.replica_id} has no running engine on node {self._config.node}",
+                "EngineGone",
+            )
+        engine = find(spec.engine) if spec.engine else None
+        runtime = engine.runtime_adapters if engine is not None else None
+        if runtime is None:
+            raise _not_retryable(
+                f"engine {spec.engine or 'unknown'} of {req.replica_id} loads adapters only "
+                "at launch",
+                "NoRuntimeAdapters",
+            )
+        try:
+            lora = adapters_on_node(
+                Profile(lora=req.adapters), req.model, self._config.artifacts_root
+            ).lora
+        except WeightsMissing as err:
+            raise _not_retryable(f"{err} on node {self._config.node}", "WeightsMissing") from None
+        wanted = {adapter.name: adapter.path for adapter in lora}
+        host = f"[{self._config.address}]" if ":" in self._config.address else self._config.address
+        try:
+            changes = await set_adapters(
+                f"http://{host}:{spec.port}",
+                engine_key(self._config.node_secret, req.replica_id),
+                runtime,
+                wanted,
+            )
+        except AdapterRefused as err:
+            raise _not_retryable(f"{req.replica_id}: {err}", "AdapterRefused") from None
+        except NoRuntimeAdapters as err:
+            raise _not_retryable(f"{req.replica_id}: {err}", "NoRuntimeAdapters") from None
+        except httpx.HTTPError as err:
+            # Retried: the engine may be busy, or restarting (then the retry finds it gone).
+            raise ApplicationError(
+                f"{req.replica_id}: its engine did not answer ({type(err).__name__})",
+                type="EngineUnreachable",
+            ) from None
+        activity.logger.info(
+            "%s: adapters loaded %s, unloaded %s",
+            req.replica_id,
+            [name for name, _ in changes.load],
+            changes.unload,
+        )
+        return SetAdaptersResult(
+            adapters=wanted,
+            loaded=[name for name, _ in changes.load],
+            unloaded=changes.unload,
+        )
 
     @activity.defn(name=NodeActivity.STOP_ENGINE)
     async def stop_engine(self, req: ShardRef) -> StopResult:

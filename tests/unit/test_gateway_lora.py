@@ -90,6 +90,18 @@ def test_llamacpp_serves_only_the_adapters_it_loaded_by_name_engines_any() -> No
     assert unserved([loaded, bare], None) == set()
 
 
+def test_a_vllm_replica_listing_adapters_is_chosen_only_for_those() -> None:
+    """While a new adapter is loaded into a model's vLLM replicas one by one, its requests go
+    to those that list it already, not to one that would answer 404."""
+    updated = a_route("a", engine="vllm", adapters=["sql", "poem"])
+    not_yet = a_route("b", engine="vllm", adapters=["sql"])
+    assert unserved([updated, not_yet], "poem") == {"b"}
+    assert unserved([updated, not_yet], "sql") == set()
+    with pytest.raises(ApiError) as refused:
+        ensure_adapter_served("smol", "gone", [updated, not_yet])
+    assert refused.value.code == "adapter_not_found"
+
+
 def test_an_adapter_no_ready_replica_loads_is_a_404_naming_it() -> None:
     with pytest.raises(ApiError) as refused:
         ensure_adapter_served("smol", "chat", [a_route("a", adapters=["sql"]), a_route("b")])

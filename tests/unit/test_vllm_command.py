@@ -207,3 +207,11 @@ def test_key_only_in_the_environment() -> None:
     assert env["OMP_NUM_THREADS"] == "3"
     assert engine_env("k", profile(memory_mb=512), cpu=True)["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert "VLLM_CPU_KVCACHE_SPACE" not in engine_env("k", profile(), cpu=False)
+
+
+def test_adapters_start_with_the_runtime_endpoints_turned_on() -> None:
+    """Adapters added to the model later are loaded through /v1/load_lora_adapter, which vLLM
+    serves only when started with this variable; without adapters there is no LoRA at all."""
+    with_lora = profile(lora=[{"name": "sql", "path": "/a/sql"}])
+    assert engine_env("k", with_lora, cpu=True)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in engine_env("k", profile(), cpu=True)

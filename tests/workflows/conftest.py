@@ -134,13 +134,22 @@ class Cluster:
         self.task_queue = task_queue  # this test's control queue
         self.started: list[WorkflowHandle[Any, Any]] = []
 
-    async def add_node(self, cores: int = 8, engine_state: EngineState = EngineState.INSTALLED):
+    async def add_node(
+        self,
+        cores: int = 8,
+        engine_state: EngineState = EngineState.INSTALLED,
+        engine: str = "llamacpp",
+        version: str = "1",
+    ):
         record = NodeRecord(
             inventory=NodeInventory(name=self.node, cpu_cores=cores, memory_mb=16384),
             state=NodeState.READY,
             engines={
-                "llamacpp": EngineStatus(
-                    engine="llamacpp", version="1", state=engine_state, path="/x/llama-server"
+                engine: EngineStatus(
+                    engine=engine,
+                    version=version,
+                    state=engine_state,
+                    path="/x/llama-server" if engine == "llamacpp" else f"/x/{engine}",
                 )
             },
         )

@@ -29,6 +29,8 @@ from workflows.contracts import (
     PortsInUse,
     ReadyRequest,
     ReadyResult,
+    SetAdaptersRequest,
+    SetAdaptersResult,
     ShardRef,
     StopResult,
     VerifyEnginesRequest,
@@ -90,6 +92,11 @@ class FakeAgent:
         self.fetch_progress = FetchProgressReport(
             done=3 << 30, total=8 << 30, current="model.gguf", note="fetching"
         )
+        # replica id -> the adapters its engine serves (name -> path): those it was launched
+        # with, then those set at runtime; each runtime call, in order; its failure, if given.
+        self.adapters: dict[str, dict[str, str]] = {}
+        self.adapter_calls: list[SetAdaptersRequest] = []
+        self.adapters_error: ApplicationError | None = None
 
     def all(self) -> list:
         return [
@@ -102,6 +109,7 @@ class FakeAgent:
             self.verify_engines,
             self.engine_load,
             self.fetch_artifact,
+            self.set_adapters,
         ]
 
     def kill(self, replica_id: str, code: int = -9) -> None:
@@ -203,12 +211,35 @@ class FakeAgent:
             return LaunchResult(pid=current.pid, adopted=True, command=["llama-server"], kv=self.kv)
         self.launches.append(req.replica_id)
         self.launch_times.append(time.monotonic())
+        self.adapters[req.replica_id] = {a.name: a.path for a in profile.lora}
         engine = FakeEngine(pid=next(_pids))
         self.engines[req.replica_id] = engine
         if self.crash_on_start:
             engine.exit_code = 1
             engine.exited.set()
         return LaunchResult(pid=engine.pid, adopted=False, command=["llama-server"], kv=self.kv)
+
+    @activity.defn(name=NodeActivity.SET_ADAPTERS)
+    async def set_adapters(self, req: SetAdaptersRequest) -> SetAdaptersResult:
+        self.adapter_calls.append(req)
+        if self.adapters_error is not None:
+            raise self.adapters_error
+        wanted_artifacts = [a.artifact for a in req.adapters if a.artifact]
+        missing = [a for a in wanted_artifacts if a not in self.artifacts]
+        if missing:
+            raise ApplicationError(
+                f"artifact {missing[0]} is not fetched on node {self.node}",
+                type="WeightsMissing",
+                non_retryable=True,
+            )
+        served = self.adapters.get(req.replica_id, {})
+        wanted = {a.name: a.path for a in req.adapters}
+        self.adapters[req.replica_id] = wanted
+        return SetAdaptersResult(
+            adapters=wanted,
+            loaded=[n for n, p in wanted.items() if served.get(n) != p],
+            unloaded=[n for n, p in served.items() if wanted.get(n) != p],
+        )
 
     @activity.defn(name=NodeActivity.WAIT_READY)
     async def wait_ready(self, req: ReadyRequest) -> ReadyResult:

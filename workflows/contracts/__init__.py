@@ -17,6 +17,8 @@ from workflows.contracts.agent_activities import (
     LaunchResult,
     ReadyRequest,
     ReadyResult,
+    SetAdaptersRequest,
+    SetAdaptersResult,
     ShardRef,
     StopResult,
 )
@@ -62,6 +64,7 @@ from workflows.contracts.ledger import (
     WorkflowStatuses,
 )
 from workflows.contracts.models import (
+    RUNTIME_LORA_ENGINES,
     Autoscale,
     AutoscaleState,
     ExternalKv,
@@ -110,6 +113,7 @@ from workflows.contracts.replicas import (
     ReplicaState,
     ReplicaView,
     StopReplica,
+    UpdateAdapters,
 )
 from workflows.contracts.server_config import (
     NodesFile,
@@ -124,6 +128,7 @@ ReplicaCarried.model_rebuild(_types_namespace=_LEDGER_TYPES)
 ReplicaInput.model_rebuild(_types_namespace=_LEDGER_TYPES)
 
 __all__ = [
+    "RUNTIME_LORA_ENGINES",
     "Allocation",
     "AllocationLookup",
     "ArtifactFetchRequest",
@@ -206,10 +211,13 @@ __all__ = [
     "RoutingTable",
     "RoutingTableRequest",
     "ScaleRequest",
+    "SetAdaptersRequest",
+    "SetAdaptersResult",
     "ShardAllocation",
     "ShardRef",
     "StopReplica",
     "StopResult",
+    "UpdateAdapters",
     "VerifyEnginesRequest",
     "VerifyEnginesResult",
     "WorkflowIds",

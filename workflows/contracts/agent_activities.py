@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from workflows.contracts.ledger import Allocation, KvSource
-from workflows.contracts.models import ModelSpec
+from workflows.contracts.models import LoraAdapter, ModelSpec
 
 
 class DiscoverRequest(BaseModel):
@@ -49,3 +49,21 @@ class ShardRef(BaseModel):
 class StopResult(BaseModel):
     replica_id: str
     was_running: bool
+
+
+class SetAdaptersRequest(BaseModel):
+    """Make a running engine serve exactly these LoRA adapters, loading and unloading them
+    through its runtime endpoints (engines/adapter.py RuntimeAdapters)."""
+
+    replica_id: str
+    model: str
+    # As the profile names them: an adapter with an artifact is found in it on the node.
+    adapters: list[LoraAdapter] = Field(default_factory=list)
+
+
+class SetAdaptersResult(BaseModel):
+    # Name -> path of every adapter the engine serves now, as it was given the path (the KV
+    # router keys an adapter's blocks by both: gateway/routing/kv_blocks.py).
+    adapters: dict[str, str] = Field(default_factory=dict)
+    loaded: list[str] = Field(default_factory=list)
+    unloaded: list[str] = Field(default_factory=list)

@@ -8,6 +8,12 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field, model_validator
 
+# Engines that load and unload LoRA adapters while they run (vLLM's /v1/load_lora_adapter and
+# /v1/unload_lora_adapter): a change to a profile's adapter list reaches their running replicas
+# without a restart. Each one's adapter in engines/ says how (Engine.runtime_adapters);
+# tests/unit/test_engine_registry.py keeps the two in step.
+RUNTIME_LORA_ENGINES = frozenset({"vllm"})
+
 
 class LoraAdapter(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -90,10 +96,18 @@ class Profile(BaseModel):
         """GPUs the replica uses in all."""
         return self.gpus_per_node * self.nodes
 
-    def fingerprint_fields(self) -> dict[str, object]:
+    @property
+    def adapters_at_runtime(self) -> bool:
+        """Its engine takes a new adapter list while it runs. Only with adapters: an engine
+        started without any runs without LoRA (vLLM's --enable-lora), so the first adapter,
+        or the removal of the last, needs a restart."""
+        return self.engine in RUNTIME_LORA_ENGINES and bool(self.lora)
+
+    def fingerprint_fields(self, *, without_adapters: bool = False) -> dict[str, object]:
         """The profile as its fingerprint sees it. Fields added since fingerprints were first
         recorded count only when set, so a running replica's fingerprint, and with it the
-        decision to roll it, does not change when llmgw is upgraded."""
+        decision to roll it, does not change when llmgw is upgraded. `without_adapters`: the
+        adapter list counts only as "some adapters" (ModelSpec.restart_fingerprint)."""
         data = self.model_dump()
         for added in ("urls", "upstream_model", "external_kv"):
             if not data[added]:
@@ -101,6 +115,8 @@ class Profile(BaseModel):
         for adapter in data["lora"]:
             if not adapter["artifact"]:
                 del adapter["artifact"]
+        if without_adapters:
+            data["lora"] = "loaded at runtime"
         return data
 
 
@@ -171,10 +187,20 @@ class ModelSpec(BaseModel):
     def profile_fingerprint(self, index: int) -> str:
         """What a running replica on this profile was started from: when it differs from the
         catalog's, the replica is stale and a rolling update replaces it."""
-        fields: dict[str, object] = {
-            "weights": self.weights,
-            "profile": self.profiles[index].fingerprint_fields(),
-        }
+        return self._fingerprint(index, without_adapters=False)
+
+    def restart_fingerprint(self, index: int) -> str:
+        """For a profile whose engine loads adapters at runtime (Profile.adapters_at_runtime):
+        its fingerprint without the adapter list, which a running replica takes without a
+        restart. A replica whose profile_fingerprint is stale but whose restart fingerprint is
+        current is told the new list instead of being replaced. "" for any other profile."""
+        if not self.profiles[index].adapters_at_runtime:
+            return ""
+        return self._fingerprint(index, without_adapters=True)
+
+    def _fingerprint(self, index: int, *, without_adapters: bool) -> str:
+        profile = self.profiles[index].fingerprint_fields(without_adapters=without_adapters)
+        fields: dict[str, object] = {"weights": self.weights, "profile": profile}
         if self.artifact:  # counted only when set, as Profile.fingerprint_fields explains
             fields["artifact"] = self.artifact
         blob = json.dumps(
@@ -186,6 +212,13 @@ class ModelSpec(BaseModel):
 
     def fingerprints(self) -> list[str]:
         return [self.profile_fingerprint(i) for i in range(len(self.profiles))]
+
+    def restart_fingerprints(self) -> list[str]:
+        return [self.restart_fingerprint(i) for i in range(len(self.profiles))]
+
+    def adapters_version(self) -> str:
+        """Which definition a replica was told to load the adapters of: its fingerprints."""
+        return ",".join(self.fingerprints())
 
 
 class ScaleRequest(BaseModel):
@@ -223,6 +256,9 @@ class ReplicaReady(BaseModel):
 
     replica_id: str
     fingerprint: str = ""
+    # Its restart fingerprint (ModelSpec.restart_fingerprint): set when its engine takes
+    # adapter changes while it runs. "" from replicas that cannot, and from those before it.
+    restart_fingerprint: str = ""
 
 
 class ModelWake(BaseModel):
@@ -252,6 +288,14 @@ class ModelState(BaseModel):
     retiring: dict[int, int] = Field(default_factory=dict)
     # Replica index -> the profile fingerprint it last reported serving with.
     fingerprints: dict[int, str] = Field(default_factory=dict)
+    # Replica index -> the restart fingerprint it last reported (ReplicaReady).
+    restart_fingerprints: dict[int, str] = Field(default_factory=dict)
+    # Replica index -> the spec (ModelSpec.adapters_version) it was last told to load the
+    # adapters of, so each change is told once.
+    adapters_told: dict[int, str] = Field(default_factory=dict)
+    # Set once this run tells replicas new adapters rather than replacing them (a patch:
+    # workflows/model.py): stale_indices then leaves those replicas alone.
+    adapters_at_runtime: bool = False
     autoscale: AutoscaleState = Field(default_factory=AutoscaleState)
     # Engine external: the routes this model published, replica id -> endpoint.
     external_routes: dict[str, str] = Field(default_factory=dict)

@@ -46,6 +46,14 @@ class StopReplica(BaseModel):
     engine_gone: bool = False
 
 
+class UpdateAdapters(BaseModel):
+    """The model's new definition, sent to a running replica whose engine loads adapters at
+    runtime and whose profile changed only in its adapters: it loads and unloads them in the
+    engine rather than restart, and serves under this definition from then on."""
+
+    model: ModelSpec
+
+
 class EngineExit(BaseModel):
     """An engine process ended (or was found gone). Sent as the supervise activity's result and,
     when an agent restarts and finds a shard dead, as a signal to the replica workflow."""
@@ -99,6 +107,9 @@ class ReplicaCarried(BaseModel):
     taken_ports: dict[str, list[int]] = Field(default_factory=dict)
     stop: StopReplica | None = None
     exit_report: EngineExit | None = None
+    # A new definition its model sent (UpdateAdapters), not taken yet: its adapters are loaded
+    # once the engine serves, or it is launched with them.
+    next_model: ModelSpec | None = None
     # Where the leader's KV-cache events can be read, as its last launch reported it.
     kv: KvSource | None = None
     # The placement and stop retry ladders: the next wait.
