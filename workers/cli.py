@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=8004,
         help="the mirror of model artifacts for this machine's agent, on loopback (0: none)",
     )
+    up.add_argument(
+        "--agent-metrics-port",
+        type=int,
+        default=8005,
+        help="the agent's Prometheus metrics (GPU telemetry, engine load), on loopback (0: none)",
+    )
     up.add_argument("--ui-port", type=int, default=8233, help="Temporal web UI port")
     up.add_argument("--headless", action="store_true", help="no Temporal web UI")
     up.add_argument("--no-demo", action="store_true", help="do not define the demo model")
@@ -89,6 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="the control plane's mirror of model artifacts, e.g. http://control:8004 "
         "(default: none; models with an artifact cannot start here)",
+    )
+    agent.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics (GPU telemetry, engine load) at this port "
+        "(default 0: not served)",
+    )
+    agent.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="the address the metrics listen on (default loopback; Prometheus on another "
+        "machine needs the node's address)",
     )
     agent.add_argument(
         "--join",
@@ -220,6 +239,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 temporal_port=args.temporal_port,
                 kv_feed_port=args.kv_feed_port,
                 mirror_port=args.mirror_port,
+                metrics_port=args.agent_metrics_port,
                 ui_port=None if args.headless else args.ui_port,
                 demo=not args.no_demo,
                 engine_paths=parse_engine_paths(args.engine_path),
@@ -249,6 +269,8 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 stop_engines_on_exit=args.stop_engines_on_exit,
                 kv_feed_port=args.kv_feed_port,
                 mirror=args.mirror,
+                metrics_host=args.metrics_host,
+                metrics_port=args.metrics_port,
             ),
         )
     elif args.command == "bench":

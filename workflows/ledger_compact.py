@@ -81,6 +81,7 @@ def compact_record(record: NodeRecord) -> NodeRecord:
         imex=inv.imex,
         problems=inv.problems,
         artifacts=inv.artifacts,
+        metrics_url=inv.metrics_url,
     )
     return record.model_copy(update={"inventory": inventory})
 

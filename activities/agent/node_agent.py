@@ -136,7 +136,9 @@ class NodeAgentActivities:
         """This machine as discovery sees it, with the mirror's artifacts it holds. Blocking."""
         inventory = discover_inventory(self._config.node, self._config.address)
         held = ArtifactStore(self._config.artifacts_root).complete()
-        return inventory.model_copy(update={"artifacts": held})
+        return inventory.model_copy(
+            update={"artifacts": held, "metrics_url": self._config.metrics_url}
+        )
 
     @activity.defn(name=NodeActivity.INSTALL_ENGINE)
     async def install_engine(self, req: EngineInstallRequest) -> EngineStatus:

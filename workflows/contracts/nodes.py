@@ -140,6 +140,9 @@ class NodeInventory(BaseModel):
     # The mirror's artifacts this node holds complete, by their hints (artifact_names.
     # artifact_hint): placement prefers nodes that need not fetch a model's weights.
     artifacts: list[str] = Field(default_factory=list)
+    # The agent's Prometheus metrics (GPU telemetry, engine load), read by `llmgw nodes` and
+    # `llmgw top`; "" when it serves none. The figures themselves never enter a workflow.
+    metrics_url: str = ""
 
     def comparable(self) -> dict[str, object]:
         """The inventory without what changes on every look (memory in use, processes), so a
