@@ -33,6 +33,13 @@ def parse_engine_paths(values: list[str]) -> dict[str, str]:
     return paths
 
 
+def refresh_interval(value: str) -> float:
+    seconds = float(value)
+    if not 0.5 <= seconds <= 3600:
+        raise argparse.ArgumentTypeError("between 0.5 and 3600 seconds")
+    return seconds
+
+
 def build_parser() -> argparse.ArgumentParser:
     local = argparse.ArgumentParser(add_help=False)
     local.add_argument("--state-dir", help="default $LLMGW_STATE_DIR or ~/.local/state/llmgw")
@@ -155,6 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("status", parents=[common], help="nodes and replicas")
     sub.add_parser("nodes", parents=[common], help="nodes, their hardware and engines")
+    top = sub.add_parser(
+        "top", parents=[common], help="a live view of nodes, GPUs, replicas, traffic and quotas"
+    )
+    top.add_argument(
+        "--admin",
+        default="http://127.0.0.1:8001",
+        metavar="URL",
+        help="the gateway's admin listener, on this machine (default http://127.0.0.1:8001)",
+    )
+    top.add_argument(
+        "--every", type=refresh_interval, default=2.0, metavar="SECONDS", help="default 2"
+    )
     add_node_parsers(sub, common)
     # bench/ sits above workers/ (it drives these processes), so the CLI hands a benchmark to its
     # module by name instead of importing it.
