@@ -3,11 +3,9 @@ test rewrites), send-keys presses what an operator presses, capture-pane reads t
 
 import os
 import shutil
-import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from activities.agent.gpu_telemetry import TelemetryReading, parse_telemetry_xml
 from activities.agent.node_metrics import NodeReading
 from activities.agent.node_metrics import render as render_metrics
 from tests.machine_tools import MACHINES
+from tests.tmux_kit import Tmux
 from workers.node_telemetry import parse_agent_metrics
 from workers.top_data import (
     GpuRow,
@@ -31,43 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 # Where to keep the screens the test saw, for docs/top.md (unset: not kept).
 SCREENS = os.environ.get("LLMGW_TOP_SCREENS")
-
-
-class Tmux:
-    def __init__(self) -> None:
-        # A server of its own: nothing of the operator's tmux is touched.
-        self.socket = f"llmgw-top-{uuid.uuid4().hex[:8]}"
-        self.session = "top"
-
-    def run(self, *args: str) -> str:
-        done = subprocess.run(
-            ["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=True
-        )
-        return done.stdout
-
-    def screen(self) -> str:
-        return self.run("capture-pane", "-p", "-t", self.session)
-
-    def keys(self, *keys: str) -> None:
-        self.run("send-keys", "-t", self.session, *keys)
-
-    def alive(self) -> bool:
-        done = subprocess.run(
-            ["tmux", "-L", self.socket, "list-panes", "-t", self.session, "-F", "#{pane_dead}"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return done.returncode == 0 and done.stdout.strip() == "0"
-
-    def until(self, check: Callable[[str], bool], what: str, within_s: float = 15.0) -> str:
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if check(screen):
-                return screen
-            time.sleep(0.1)
-        raise AssertionError(f"{what} not on screen within {within_s}s:\n{self.screen()}")
 
 
 def h100_gpus() -> list[GpuRow]:
@@ -155,22 +117,10 @@ def write(path: Path, top: TopData) -> None:
 def tmux(tmp_path: Path) -> Iterator[tuple[Tmux, Path]]:
     source = tmp_path / "top.json"
     write(source, data(0.0, 0, 40, "loading"))
-    term = Tmux()
     command = f"{sys.executable} -m tests.top_standin {source} 0.5"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"}
-    subprocess.run(
-        [
-            *("tmux", "-L", term.socket, "-f", "/dev/null", "new-session", "-d"),
-            *("-s", term.session, "-x", "120", "-y", "30", "-c", str(ROOT), command),
-        ],
-        check=True,
-        env=env,
-    )
-    term.run("set-option", "-t", term.session, "remain-on-exit", "on")
-    try:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with Tmux.running(command, ROOT, env) as term:
         yield term, source
-    finally:
-        subprocess.run(["tmux", "-L", term.socket, "kill-server"], check=False)
 
 
 def keep(name: str, screen: str) -> None:
@@ -212,9 +162,6 @@ def test_top_shows_the_cluster_refreshes_in_place_and_quits_on_q(
 
     assert term.alive()
     term.keys("q")
-    deadline = time.monotonic() + 10
-    while term.alive() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not term.alive(), term.screen()
+    term.until_exited()
     # curses gave the terminal back: the console's screen is gone.
     assert "gpu-node-7" not in term.screen()
