@@ -298,27 +298,47 @@ def _pynvml() -> Any:
     return pynvml
 
 
-def read_nvml_telemetry(module: Any = None) -> list[GpuSample]:
-    """Every card and MIG instance through NVML. `module` is pynvml or a fake of it; raises
-    GpuToolMissing where NVML cannot be loaded, GpuToolFailed when it fails."""
-    nvml = module if module is not None else _pynvml()
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as err:
-        raise GpuToolMissing(f"NVML unavailable: {err}") from err
-    try:
-        samples: list[GpuSample] = []
-        for index in range(nvml.nvmlDeviceGetCount()):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            card = _nvml_card(nvml, handle, index)
-            samples.append(card)
-            samples.extend(_nvml_instances(nvml, handle, card))
-        return samples
-    except nvml.NVMLError as err:
-        raise GpuToolFailed(f"NVML failed: {err}") from err
-    finally:
-        with contextlib.suppress(nvml.NVMLError):
-            nvml.nvmlShutdown()
+class NvmlTelemetry:
+    """Every card and MIG instance through NVML, read again on each call. `module` is pynvml or
+    a fake of it.
+
+    NVML stays initialised between readings: on a machine without persistence mode, each
+    nvmlInit can wake the driver for every GPU, too slow to repeat every two seconds. After
+    a failure it is shut down and initialised afresh at the next reading (a driver reload
+    invalidates every handle). Reads raise GpuToolMissing where NVML cannot be loaded,
+    GpuToolFailed when it fails.
+    """
+
+    def __init__(self, module: Any = None) -> None:
+        self._module = module
+        self._nvml: Any = None  # the module, once nvmlInit succeeded
+
+    def read(self) -> list[GpuSample]:
+        nvml = self._nvml
+        if nvml is None:
+            nvml = self._module if self._module is not None else _pynvml()
+            try:
+                nvml.nvmlInit()
+            except nvml.NVMLError as err:
+                raise GpuToolMissing(f"NVML unavailable: {err}") from err
+            self._nvml = nvml
+        try:
+            samples: list[GpuSample] = []
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                card = _nvml_card(nvml, handle, index)
+                samples.append(card)
+                samples.extend(_nvml_instances(nvml, handle, card))
+            return samples
+        except nvml.NVMLError as err:
+            self.close()
+            raise GpuToolFailed(f"NVML failed: {err}") from err
+
+    def close(self) -> None:
+        nvml, self._nvml = self._nvml, None
+        if nvml is not None:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlShutdown()
 
 
 def read_smi_telemetry(binary: str = "nvidia-smi", run: Runner = run_command) -> list[GpuSample]:
@@ -342,7 +362,7 @@ class TelemetryReading:
 
 
 def read_telemetry(
-    nvml: Callable[[], list[GpuSample]] = read_nvml_telemetry,
+    nvml: Callable[[], list[GpuSample]],
     smi: Callable[[], list[GpuSample]] = read_smi_telemetry,
 ) -> TelemetryReading:
     """NVML first (a library call, milliseconds); nvidia-smi (a process, up to a second on

@@ -23,7 +23,12 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from activities.agent.gpu_telemetry import GpuSample, TelemetryReading, read_telemetry
+from activities.agent.gpu_telemetry import (
+    GpuSample,
+    NvmlTelemetry,
+    TelemetryReading,
+    read_telemetry,
+)
 from activities.http_site import start_site
 from workflows.contracts import EngineLoad
 
@@ -244,13 +249,14 @@ class NodeMetricsService:
         self,
         node: str,
         read_engines: ReadEngines,
-        read_gpus: Callable[[], TelemetryReading] = read_telemetry,
+        read_gpus: Callable[[], TelemetryReading] | None = None,
         every_s: float = READ_EVERY_S,
     ) -> None:
         self.node = node
         self.reading = NodeReading()
         self._read_engines = read_engines
-        self._read_gpus = read_gpus
+        self._nvml = NvmlTelemetry()
+        self._read_gpus = read_gpus or (lambda: read_telemetry(self._nvml.read))
         self._every_s = every_s
         self._loop_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
@@ -289,3 +295,4 @@ class NodeMetricsService:
             await asyncio.gather(self._loop_task, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
+        self._nvml.close()

@@ -8,8 +8,8 @@ import pytest
 
 from activities.agent.gpu_telemetry import (
     GpuSample,
+    NvmlTelemetry,
     parse_telemetry_xml,
-    read_nvml_telemetry,
     read_smi_telemetry,
     read_telemetry,
 )
@@ -153,7 +153,7 @@ class Card:
 
 
 class FakeNvml:
-    """The slice of pynvml's module API that read_nvml_telemetry calls."""
+    """The slice of pynvml's module API that NvmlTelemetry calls."""
 
     NVMLError = NVMLError
     NVML_DEVICE_MIG_ENABLE = 1
@@ -167,16 +167,22 @@ class FakeNvml:
     def __init__(self, cards: list[Card], init_error: str = "") -> None:
         self.cards = cards
         self.init_error = init_error
+        self.count_error = ""
+        self.inits = 0
         self.shut_down = False
 
     def nvmlInit(self) -> None:
         if self.init_error:
             raise NVMLError(self.init_error)
+        self.inits += 1
+        self.shut_down = False
 
     def nvmlShutdown(self) -> None:
         self.shut_down = True
 
     def nvmlDeviceGetCount(self) -> int:
+        if self.count_error:
+            raise NVMLError(self.count_error)
         return len(self.cards)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> Card:
@@ -248,7 +254,8 @@ def test_nvml_reads_every_figure_and_shuts_down() -> None:
         reasons=0x4 | 0x40,  # SW power cap, HW thermal slowdown
     )
     nvml = FakeNvml([card])
-    (sample,) = read_nvml_telemetry(nvml)
+    reader = NvmlTelemetry(nvml)
+    (sample,) = reader.read()
     assert sample.utilization_pct == 50.0
     assert (sample.memory_used_mb, sample.memory_total_mb) == (20 * 1024, 80 * 1024)
     assert (sample.power_w, sample.power_limit_w) == (250.0, 700.0)
@@ -260,13 +267,31 @@ def test_nvml_reads_every_figure_and_shuts_down() -> None:
         "sw_power_cap",
         "hw_thermal_slowdown",
     }
+    # Initialised once, kept for the next reading, shut down when the agent stops.
+    reader.read()
+    assert (nvml.inits, nvml.shut_down) == (1, False)
+    reader.close()
     assert nvml.shut_down
+
+
+def test_nvml_is_initialised_afresh_after_a_failure() -> None:
+    card = Card("NVIDIA H100 80GB HBM3", "GPU-a", Memory(80 * 1024 * MIB, 0))
+    nvml = FakeNvml([card])
+    reader = NvmlTelemetry(nvml)
+    reader.read()
+    nvml.count_error = "GPU is lost"
+    with pytest.raises(GpuToolFailed, match="GPU is lost"):
+        reader.read()
+    assert nvml.shut_down
+    nvml.count_error = ""
+    assert [s.uuid for s in reader.read()] == ["GPU-a"]
+    assert nvml.inits == 2
 
 
 def test_nvml_leaves_out_what_a_board_does_not_support() -> None:
     card = Card("NVIDIA GeForce RTX 4090", "GPU-g", Memory(24 * 1024 * MIB, 0))
     card.ecc, card.remapped, card.power_mw, card.util = None, None, None, None
-    (sample,) = read_nvml_telemetry(FakeNvml([card]))
+    (sample,) = NvmlTelemetry(FakeNvml([card])).read()
     assert sample.ecc_uncorrected is None
     assert sample.remapped_rows_correctable is None
     assert sample.power_w is None
@@ -278,7 +303,7 @@ def test_nvml_mig_instances_are_numbered_as_discovery_numbers_them() -> None:
     mig = Card("NVIDIA A100-SXM4-80GB MIG 3g.40gb", "MIG-1", Memory(40192 * MIB, 11891 * MIB))
     card = Card("NVIDIA A100-SXM4-80GB", "GPU-p", Memory(81920 * MIB, 0), util=None, migs={2: mig})
     card.mig_mode = 1
-    samples = read_nvml_telemetry(FakeNvml([card]))
+    samples = NvmlTelemetry(FakeNvml([card])).read()
     assert [(s.index, s.parent, s.uuid) for s in samples] == [
         (0, None, "GPU-p"),
         (1002, 0, "MIG-1"),
@@ -288,7 +313,7 @@ def test_nvml_mig_instances_are_numbered_as_discovery_numbers_them() -> None:
 
 def test_nvml_unavailable_is_missing_not_failed() -> None:
     with pytest.raises(GpuToolMissing, match="NVML unavailable"):
-        read_nvml_telemetry(FakeNvml([], init_error="Driver Not Loaded"))
+        NvmlTelemetry(FakeNvml([], init_error="Driver Not Loaded")).read()
 
 
 def test_nvml_first_then_nvidia_smi() -> None:
