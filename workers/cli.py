@@ -319,6 +319,8 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
         # No Temporal client here, so a plain exit (and SystemExit for tests) is safe.
         run_store_command(args, where)
     else:
+        if args.command == "top" and not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise SystemExit("llmgw top needs a terminal; `llmgw status` prints the cluster once")
         code = 0
         try:
             if args.command == "ledger":
@@ -332,6 +334,8 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
         except ValueError as err:
             print(f"invalid input: {err}", file=sys.stderr)
             code = 2
+        except KeyboardInterrupt:
+            code = 130  # Ctrl-C (in `llmgw top`, say): the terminal is already given back
         # The Temporal client's native runtime can call into Python while the interpreter
         # finalizes and abort it ("PyGILState_Release ... must be current"), turning a command
         # that succeeded into exit status 134. Nothing is left to clean up here: leave directly.

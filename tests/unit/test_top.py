@@ -2,7 +2,10 @@
 hand-made readings."""
 
 import curses
+import subprocess
+import sys
 from datetime import date
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +34,7 @@ from workflows.contracts import (
 )
 
 GIB = 1024**3
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def gpu(index: int, util: float, used_gib: float, temp: float, power: float) -> GpuRow:
@@ -336,3 +340,17 @@ def test_cluster_rows_join_the_ledger_with_the_agents_figures() -> None:
 def test_before_the_first_reading(pane: int) -> None:
     lines = render(Screen(None, []), UiState(pane=pane), 80, 10)
     assert lines[0].startswith("llmgw top  reading...")
+
+
+def test_top_without_a_terminal_says_so_before_reaching_anything() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.cli", "top", "--temporal", "127.0.0.1:9"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "llmgw top needs a terminal" in done.stderr
