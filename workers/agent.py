@@ -227,10 +227,17 @@ async def start_metrics(
         raise SystemExit(
             f"cannot serve metrics on {opts.metrics_host}:{opts.metrics_port}: {err}"
         ) from None
-    host = f"[{opts.metrics_host}]" if ":" in opts.metrics_host else opts.metrics_host
-    config.metrics_url = f"http://{host}:{port}/metrics"
+    config.metrics_url = metrics_url(opts.metrics_host, port, opts.address)
     log.info("metrics on %s", config.metrics_url)
     return service
+
+
+def metrics_url(host: str, port: int, node_address: str) -> str:
+    """Where others reach the metrics: a wildcard listener (0.0.0.0, ::) is reached at the
+    node's own address, the one engines listen on."""
+    if host in ("", "0.0.0.0", "::"):
+        host = node_address
+    return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
 
 
 async def serve_agent(

@@ -22,7 +22,7 @@ from activities.agent.supervisor import ShardSpec
 from engines.adapter import KvPublisher
 from engines.local_port import free_port
 from workers import paths
-from workers.agent import AgentOptions, start_metrics
+from workers.agent import AgentOptions, metrics_url, start_metrics
 from workflows.artifact_names import COMPLETE_MARKER
 from workflows.contracts import (
     Allocation,
@@ -558,3 +558,10 @@ async def test_the_agents_metrics_url_is_in_its_inventory(tmp_path: Path) -> Non
         assert 'llmgw_node_info{node="node-a"' in page
     finally:
         await service.stop()
+
+
+def test_a_wildcard_metrics_listener_is_reached_at_the_nodes_address() -> None:
+    assert metrics_url("127.0.0.1", 8005, "10.0.0.7") == "http://127.0.0.1:8005/metrics"
+    assert metrics_url("0.0.0.0", 8005, "10.0.0.7") == "http://10.0.0.7:8005/metrics"
+    assert metrics_url("::", 8005, "fd00::7") == "http://[fd00::7]:8005/metrics"
+    assert metrics_url("10.0.0.9", 8005, "10.0.0.7") == "http://10.0.0.9:8005/metrics"
