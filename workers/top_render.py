@@ -263,6 +263,10 @@ def _traffic(data: TopData, rates: list[ModelRates], sort: str) -> list[str]:
 # The screen -----------------------------------------------------------------------------
 
 
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
+
+
 def _summary(screen: Screen) -> str:
     data = screen.data
     if data is None:
@@ -272,8 +276,8 @@ def _summary(screen: Screen) -> str:
     rates = [r.requests_per_s for r in screen.rates if r.requests_per_s is not None]
     parts = [
         "llmgw top",
-        f"{len(data.nodes)} nodes",
-        f"{gpus} GPUs",
+        _count(len(data.nodes), "node"),
+        _count(gpus, "GPU"),
         f"{ready}/{len(data.replicas)} replicas ready",
         f"{sum(rates):.1f} req/s" if rates else "- req/s",
     ]
