@@ -3,12 +3,22 @@ what an operator presses, capture-pane to read the screen."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+def keep_screen(name: str, screen: str) -> None:
+    """Keep a screen the test saw, for the docs (docs/top.md), in the directory
+    LLMGW_TOP_SCREENS names; unset: not kept."""
+    where = os.environ.get("LLMGW_TOP_SCREENS")
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        (Path(where) / f"{name}.txt").write_text(screen)
 
 
 class Tmux:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import curses
+import logging
 import time
 from typing import Any
 
@@ -91,7 +92,10 @@ async def console(window: Any, source: TopSource, every_s: float) -> None:
 
 
 async def run_console(source: TopSource, every_s: float) -> None:
-    """Take the terminal, run the console, and give the terminal back however it ends."""
+    """Take the terminal, run the console, and give the terminal back however it ends. Log
+    records are dropped meanwhile: written to stderr they would land on the screen (what could
+    not be read is on the screen's third line instead)."""
+    logging.disable(logging.CRITICAL)
     window = curses.initscr()
     try:
         curses.noecho()
@@ -104,3 +108,4 @@ async def run_console(source: TopSource, every_s: float) -> None:
         curses.nocbreak()
         curses.echo()
         curses.endwin()
+        logging.disable(logging.NOTSET)

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.system import REPO, System, wait_ready
-from tests.tmux_kit import Tmux
+from tests.tmux_kit import Tmux, keep_screen
 from workers.node_telemetry import parse_agent_metrics
 
 pytestmark = [
@@ -53,10 +53,12 @@ async def test_top_shows_the_node_and_replica_follows_traffic_and_quits(
         nodes = term.until(lambda s: system.node in s, "the node", within_s=30)
         assert "ready" in nodes
         assert "!" not in nodes.splitlines()[2]  # everything could be read
+        keep_screen("live-nodes", nodes)
         term.keys("Tab")
         replicas = term.until(lambda s: replica in s, "the replica")
         (row,) = [line for line in replicas.splitlines() if line.startswith(replica)]
         assert row.split()[:4] == [replica, "toptraffic", "ready", system.node]
+        keep_screen("live-replicas", replicas)
 
         client = openai.OpenAI(base_url=system.base_url, api_key=system.api_key)
         term.keys("Tab")
@@ -70,6 +72,6 @@ async def test_top_shows_the_node_and_replica_follows_traffic_and_quits(
             rows = [line.split() for line in screen.splitlines()]
             return any(r[:1] == ["toptraffic"] and r[1] not in ("-", "0.0") for r in rows)
 
-        term.until(traffic_shown, "requests per second for the model", within_s=20)
+        keep_screen("live-traffic", term.until(traffic_shown, "requests per second", within_s=20))
         term.keys("q")
         term.until_exited()

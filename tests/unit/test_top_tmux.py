@@ -14,7 +14,7 @@ from activities.agent.gpu_telemetry import TelemetryReading, parse_telemetry_xml
 from activities.agent.node_metrics import NodeReading
 from activities.agent.node_metrics import render as render_metrics
 from tests.machine_tools import MACHINES
-from tests.tmux_kit import Tmux
+from tests.tmux_kit import Tmux, keep_screen
 from workers.node_telemetry import parse_agent_metrics
 from workers.top_data import (
     GpuRow,
@@ -28,8 +28,6 @@ from workers.top_data import (
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-# Where to keep the screens the test saw, for docs/top.md (unset: not kept).
-SCREENS = os.environ.get("LLMGW_TOP_SCREENS")
 
 
 def h100_gpus() -> list[GpuRow]:
@@ -123,12 +121,6 @@ def tmux(tmp_path: Path) -> Iterator[tuple[Tmux, Path]]:
         yield term, source
 
 
-def keep(name: str, screen: str) -> None:
-    if SCREENS:
-        Path(SCREENS).mkdir(parents=True, exist_ok=True)
-        (Path(SCREENS) / f"{name}.txt").write_text(screen)
-
-
 def test_top_shows_the_cluster_refreshes_in_place_and_quits_on_q(
     tmux: tuple[Tmux, Path],
 ) -> None:
@@ -144,13 +136,13 @@ def test_top_shows_the_cluster_refreshes_in_place_and_quits_on_q(
         lambda s: "2/2 replicas ready" in s.splitlines()[0] and "97%" in s, "the refreshed figures"
     )
     assert "40%" not in nodes  # GPU 0's new figure replaced the old one
-    keep("nodes", nodes)
+    keep_screen("nodes", nodes)
 
     term.keys("Tab")
     replicas = term.until(lambda s: "[Replicas]" in s, "the replicas pane")
     (chat,) = [line for line in replicas.splitlines() if line.startswith("chat-0")]
     assert chat.split()[:4] == ["chat-0", "chat", "ready", "gpu-node-7"]
-    keep("replicas", replicas)
+    keep_screen("replicas", replicas)
 
     term.keys("Tab")
     # 20 requests in the 2 s between the two readings.
@@ -158,7 +150,7 @@ def test_top_shows_the_cluster_refreshes_in_place_and_quits_on_q(
     time.sleep(1.5)  # three more readings of the same file: the rate stays
     assert "10.0" in term.screen()
     assert "team-a" in traffic
-    keep("traffic", traffic)
+    keep_screen("traffic", traffic)
 
     assert term.alive()
     term.keys("q")
