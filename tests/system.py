@@ -42,6 +42,7 @@ class System:
         self.temporal_port = free_port()
         self.kv_feed_port = free_port()
         self.mirror_port = free_port()
+        self.agent_metrics_port = free_port()
         self.process: subprocess.Popen[str] | None = None
         self.output: list[str] = []
 
@@ -60,6 +61,7 @@ class System:
             "--port", str(self.port), "--temporal-port", str(self.temporal_port),
             "--admin-port", str(self.admin_port), "--kv-feed-port", str(self.kv_feed_port),
             "--mirror-port", str(self.mirror_port),
+            "--agent-metrics-port", str(self.agent_metrics_port),
         ]  # fmt: skip
         if not self.demo:
             cmd.append("--no-demo")

@@ -1,5 +1,6 @@
 """The operator's commands that go through Temporal: status, nodes and models, printed as
-tables. Keys, usage and the store itself are in workers/store_commands.py."""
+tables, and the live console `top`. Keys, usage and the store itself are in
+workers/store_commands.py."""
 
 import argparse
 import sys
@@ -40,6 +41,11 @@ async def run_command(args: argparse.Namespace, where: Locations) -> None:
         await node_command(client, where, args)
     elif args.command == "model":
         await model_command(args, client)
+    elif args.command == "top":
+        from workers.top import run_console
+        from workers.top_source import LiveSource
+
+        await run_console(LiveSource(client, args.admin), args.every)
 
 
 async def status(client: Client) -> None:

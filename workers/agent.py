@@ -9,6 +9,7 @@ workflows about engines that died while it was away, and stops engines no workfl
 import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum
@@ -27,6 +28,7 @@ from temporalio.worker import Worker
 from activities.agent.artifact_activity import ArtifactActivities
 from activities.agent.kv_service import KvService
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
+from activities.agent.node_metrics import EngineLoadSample, NodeMetricsService
 from activities.control.node_admin import node_handle
 from workers.connect import connect_with_retry
 from workers.paths import Locations
@@ -34,6 +36,7 @@ from workers.signals import stop_event, wait_or_stop
 from workflows import options
 from workflows.contracts import (
     EngineExit,
+    EngineLoadRequest,
     NodeHeartbeat,
     NodeInventory,
     NodeRegistration,
@@ -78,6 +81,10 @@ class AgentOptions:
     kv_feed_port: int = 0
     # The control plane's mirror for model artifacts; "": fetch requests must name one.
     mirror: str = ""
+    # Prometheus /metrics (GPU telemetry, engine load) on metrics_host:metrics_port; port 0:
+    # not served (activities/agent/node_metrics.py).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
 
 
 class NodeRemoved(Exception):
@@ -178,11 +185,15 @@ async def run_agent(where: Locations, opts: AgentOptions) -> None:
     )
     kv = KvService(config)
     agent = NodeAgentActivities(config, on_launch=kv.poke, own_ports=kv.listening_ports)
-    # Before Temporal is reached: gateways keep reading what engines cache while it is away.
+    # Before Temporal is reached: gateways keep reading what engines cache while it is away,
+    # and Prometheus keeps seeing the GPUs.
     await kv.start(agent.supervisor)
+    metrics = await start_metrics(opts, config, agent)
     try:
         await serve_agent(where, opts, config, agent)
     finally:
+        if metrics is not None:
+            await metrics.stop()
         await kv.stop()
 
 
@@ -191,6 +202,49 @@ async def run_agent(where: Locations, opts: AgentOptions) -> None:
 # and an install's build progress reach the Temporal UI and `llmgw fetches` / `llmgw nodes`
 # only when sent, so sooner. Heartbeats are not history events: this costs RPCs, not history.
 HEARTBEAT_THROTTLE = timedelta(seconds=10)
+
+
+def engine_reader(agent: NodeAgentActivities) -> Callable[[], Awaitable[list[EngineLoadSample]]]:
+    """Each running engine's load, read from its own metrics as the autoscaler's activity
+    reads it."""
+
+    async def read() -> list[EngineLoadSample]:
+        shards = await asyncio.to_thread(agent.supervisor.shards)
+        running = [s for s in shards if not s.launching]
+        request = EngineLoadRequest(replica_ids=[s.replica_id for s in running])
+        report = await agent.engine_load(request)
+        return [
+            EngineLoadSample(spec.replica_id, spec.engine, load)
+            for spec, load in zip(running, report.engines, strict=True)
+        ]
+
+    return read
+
+
+async def start_metrics(
+    opts: AgentOptions, config: AgentConfig, agent: NodeAgentActivities
+) -> NodeMetricsService | None:
+    """Serve the node's metrics when asked to, and put their URL in the inventory."""
+    if not opts.metrics_port:
+        return None
+    service = NodeMetricsService(opts.node, engine_reader(agent))
+    try:
+        port = await service.start(opts.metrics_host, opts.metrics_port)
+    except OSError as err:
+        raise SystemExit(
+            f"cannot serve metrics on {opts.metrics_host}:{opts.metrics_port}: {err}"
+        ) from None
+    config.metrics_url = metrics_url(opts.metrics_host, port, opts.address)
+    log.info("metrics on %s", config.metrics_url)
+    return service
+
+
+def metrics_url(host: str, port: int, node_address: str) -> str:
+    """Where others reach the metrics: a wildcard listener (0.0.0.0, ::) is reached at the
+    node's own address, the one engines listen on."""
+    if host in ("", "0.0.0.0", "::"):
+        host = node_address
+    return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
 
 
 async def serve_agent(

@@ -33,6 +33,13 @@ def parse_engine_paths(values: list[str]) -> dict[str, str]:
     return paths
 
 
+def refresh_interval(value: str) -> float:
+    seconds = float(value)
+    if not 0.5 <= seconds <= 3600:
+        raise argparse.ArgumentTypeError("between 0.5 and 3600 seconds")
+    return seconds
+
+
 def build_parser() -> argparse.ArgumentParser:
     local = argparse.ArgumentParser(add_help=False)
     local.add_argument("--state-dir", help="default $LLMGW_STATE_DIR or ~/.local/state/llmgw")
@@ -62,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=8004,
         help="the mirror of model artifacts for this machine's agent, on loopback (0: none)",
     )
+    up.add_argument(
+        "--agent-metrics-port",
+        type=int,
+        default=8005,
+        help="the agent's Prometheus metrics (GPU telemetry, engine load), on loopback (0: none)",
+    )
     up.add_argument("--ui-port", type=int, default=8233, help="Temporal web UI port")
     up.add_argument("--headless", action="store_true", help="no Temporal web UI")
     up.add_argument("--no-demo", action="store_true", help="do not define the demo model")
@@ -89,6 +102,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="the control plane's mirror of model artifacts, e.g. http://control:8004 "
         "(default: none; models with an artifact cannot start here)",
+    )
+    agent.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve Prometheus metrics (GPU telemetry, engine load) at this port "
+        "(default 0: not served)",
+    )
+    agent.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="the address the metrics listen on (default loopback; Prometheus on another "
+        "machine needs the node's address)",
     )
     agent.add_argument(
         "--join",
@@ -138,6 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("nodes", parents=[common], help="nodes, their hardware and engines")
     sub.add_parser(
         "fetches", parents=[common], help="models' weights being fetched onto nodes, and how far"
+    )
+    top = sub.add_parser(
+        "top", parents=[common], help="a live view of nodes, GPUs, replicas, traffic and quotas"
+    )
+    top.add_argument(
+        "--admin",
+        default="http://127.0.0.1:8001",
+        metavar="URL",
+        help="the gateway's admin listener, on this machine (default http://127.0.0.1:8001)",
+    )
+    top.add_argument(
+        "--every", type=refresh_interval, default=2.0, metavar="SECONDS", help="default 2"
     )
     add_node_parsers(sub, common)
     # bench/ sits above workers/ (it drives these processes), so the CLI hands a benchmark to its
@@ -223,6 +261,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 temporal_port=args.temporal_port,
                 kv_feed_port=args.kv_feed_port,
                 mirror_port=args.mirror_port,
+                metrics_port=args.agent_metrics_port,
                 ui_port=None if args.headless else args.ui_port,
                 demo=not args.no_demo,
                 engine_paths=parse_engine_paths(args.engine_path),
@@ -252,6 +291,8 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 stop_engines_on_exit=args.stop_engines_on_exit,
                 kv_feed_port=args.kv_feed_port,
                 mirror=args.mirror,
+                metrics_host=args.metrics_host,
+                metrics_port=args.metrics_port,
             ),
         )
     elif args.command == "bench":
@@ -281,6 +322,8 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
         # No Temporal client here, so a plain exit (and SystemExit for tests) is safe.
         run_store_command(args, where)
     else:
+        if args.command == "top" and not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise SystemExit("llmgw top needs a terminal; `llmgw status` prints the cluster once")
         code = 0
         try:
             if args.command == "ledger":
@@ -294,6 +337,8 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
         except ValueError as err:
             print(f"invalid input: {err}", file=sys.stderr)
             code = 2
+        except KeyboardInterrupt:
+            code = 130  # Ctrl-C (in `llmgw top`, say): the terminal is already given back
         # The Temporal client's native runtime can call into Python while the interpreter
         # finalizes and abort it ("PyGILState_Release ... must be current"), turning a command
         # that succeeded into exit status 134. Nothing is left to clean up here: leave directly.

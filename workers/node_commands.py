@@ -15,6 +15,7 @@ from temporalio.service import RPCError
 from activities.control.node_admin import add_node, node_handle
 from gateway.store import open_store
 from workers.join import JoinToken
+from workers.node_telemetry import gpu_headline, node_warnings, read_agents
 from workers.paths import Locations
 from workers.progress import engine_lines, ledger_snapshot
 from workers.tables import table
@@ -83,12 +84,25 @@ async def show_nodes(client: Client) -> None:
     state = await ledger_snapshot(client)
     rows = []
     notes: list[str] = []
+    unread: list[str] = []
+    warnings: list[str] = []
+    telemetry = await read_agents(
+        {name: record.inventory.metrics_url for name, record in state.nodes.items()}
+    )
     for name, record in sorted(state.nodes.items()):
         inv = record.inventory
         flags = "avx2" if "avx2" in inv.cpu_flags else "NO AVX2"
         cpus = f"{inv.cpu_cores} ({flags})" if inv.cpu_cores else "-"
         engines = "; ".join(await engine_lines(client, record)) or "none"
         why = why_not_placeable(record)
+        figures = telemetry[name]
+        if isinstance(figures, str):
+            now = "?" if inv.gpus else "-"
+            if inv.gpus:  # a CPU node has no GPU figures to miss
+                unread.append(f"  {name}: {figures}")
+        else:
+            now = gpu_headline(figures.cards())
+            warnings.extend(f"  {name}: {w}" for w in node_warnings(figures))
         rows.append(
             [
                 name,
@@ -96,16 +110,23 @@ async def show_nodes(client: Client) -> None:
                 cpus,
                 str(inv.memory_mb or "-"),
                 gpu_summary(record),
+                now,
                 engines,
                 "yes" if not why else "no",
             ]
         )
         notes.extend(f"  {name}: {reason}" for reason in why)
-    headers = ["NODE", "STATE", "CPUS", "MEMORY MB", "GPUS", "ENGINES", "PLACEABLE"]
+    headers = ["NODE", "STATE", "CPUS", "MEMORY MB", "GPUS", "GPU NOW", "ENGINES", "PLACEABLE"]
     print(table(headers, rows))
     if notes:
         print("\nnot placeable because:")
         print("\n".join(notes))
+    if warnings:
+        print("\nGPU warnings:")
+        print("\n".join(warnings))
+    if unread:
+        print("\nno GPU figures from:")
+        print("\n".join(unread))
 
 
 async def show_node(client: Client, name: str) -> None:

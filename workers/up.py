@@ -49,6 +49,9 @@ class UpOptions:
     # The mirror of model artifacts (llmgw mirror serve), on loopback, for this machine's agent;
     # 0: not served, and models defined from a source cannot start here.
     mirror_port: int = 8004
+    # This machine's agent serves its Prometheus metrics (GPU telemetry, engine load) here, on
+    # loopback, for `llmgw nodes`, `llmgw top` and Prometheus; 0: not served.
+    metrics_port: int = 8005
     demo: bool = True
     engine_paths: dict[str, str] = field(default_factory=dict)
     config_file: Path | None = None
@@ -105,6 +108,7 @@ def start_children(where: Locations, opts: UpOptions) -> Children:
     children = Children(env=child_env(where))
     agent_args = ["agent", "--node", opts.node, "--stop-engines-on-exit"]
     agent_args += ["--kv-feed-port", str(opts.kv_feed_port)]
+    agent_args += ["--metrics-port", str(opts.metrics_port)]
     if opts.mirror_port:
         agent_args += ["--mirror", f"http://127.0.0.1:{opts.mirror_port}"]
     for engine, path in opts.engine_paths.items():

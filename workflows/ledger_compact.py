@@ -82,6 +82,7 @@ def compact_record(record: NodeRecord) -> NodeRecord:
         problems=inv.problems,
         artifacts=inv.artifacts,
         artifact_disk_free_mb=inv.artifact_disk_free_mb,
+        metrics_url=inv.metrics_url,
     )
     return record.model_copy(update={"inventory": inventory})
 

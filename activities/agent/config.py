@@ -30,6 +30,9 @@ class AgentConfig:
     # The control plane's mirror (activities/control/mirror_server.py) as this node reaches it,
     # for fetch requests that name none; "": only requests that name one can fetch.
     mirror: str = ""
+    # Where this agent serves its Prometheus metrics (node_metrics.py), as discovery reports
+    # it in the inventory for `llmgw nodes` and `llmgw top`; "": not served.
+    metrics_url: str = ""
 
     @property
     def has_nvidia(self) -> bool:

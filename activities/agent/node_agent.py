@@ -141,7 +141,11 @@ class NodeAgentActivities:
         """This machine as discovery sees it, with the artifacts it holds and room for more."""
         inventory = discover_inventory(self._config.node, self._config.address)
         store = ArtifactStore(self._config.artifacts_root)
-        held = {"artifacts": store.complete(), "artifact_disk_free_mb": store.disk_free_mb()}
+        held = {
+            "artifacts": store.complete(),
+            "artifact_disk_free_mb": store.disk_free_mb(),
+            "metrics_url": self._config.metrics_url,
+        }
         return inventory.model_copy(update=held)
 
     @activity.defn(name=NodeActivity.INSTALL_ENGINE)

@@ -57,6 +57,7 @@ class UpProcess:
             sys.executable, "-m", "workers.cli", "up", "--node", NODE, "--headless", "--no-demo",
             "--port", str(self.port), "--admin-port", str(self.admin_port),
             "--temporal-port", str(self.temporal_port), "--kv-feed-port", str(self.kv_feed_port),
+            "--agent-metrics-port", str(free_port()),
         ]  # fmt: skip
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(

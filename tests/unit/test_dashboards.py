@@ -1,6 +1,7 @@
 """The Grafana dashboards and the Prometheus scrape config in deploy/ ask only for what llmgw
-serves: every metric a panel queries is one the gateway exports (or an engine's, as its adapter
-names it), and Prometheus scrapes where the gateway listens by default."""
+serves: every metric a panel queries is one the gateway or a node agent exports (or an
+engine's, as its adapter names it), and Prometheus scrapes where the gateway and `llmgw up`'s
+agent listen by default."""
 
 import json
 import re
@@ -11,13 +12,18 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
+from activities.agent.gpu_telemetry import GpuSample, TelemetryReading
+from activities.agent.node_metrics import METRICS_PATH, EngineLoadSample, NodeReading, render
 from engines.registry import engines
 from gateway.front_door import ADMIN_ONLY_PATHS
 from gateway.kv_feeds import FeedCounters
 from gateway.kv_publishers import PublisherCounters
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
+from workers.up import UpOptions
+from workflows.contracts import EngineLoad
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
@@ -85,12 +91,46 @@ def _populated_gateway_metrics() -> GatewayMetrics:
     return metrics
 
 
+def _populated_agent_metrics() -> str:
+    """An agent's page with one of everything: a card with every figure and wear signal, a
+    MIG instance, and an engine read."""
+    card = GpuSample(
+        index=0,
+        uuid="GPU-a",
+        name="H100",
+        utilization_pct=50,
+        memory_used_mb=1,
+        memory_total_mb=2,
+        temperature_c=60,
+        power_w=300,
+        power_limit_w=700,
+        ecc_corrected=1,
+        ecc_uncorrected=0,
+        retired_pages_single_bit=0,
+        retired_pages_double_bit=0,
+        remapped_rows_correctable=0,
+        remapped_rows_uncorrectable=0,
+        remap_pending=False,
+        remap_failed=False,
+        throttle={"sw_power_cap": True},
+    )
+    mig = GpuSample(index=1000, uuid="MIG-a", name="m", parent=0, memory_used_mb=1)
+    engine = EngineLoadSample("m-0", "vllm", EngineLoad(replica_id="m-0", running=1))
+    reading = NodeReading(TelemetryReading([card, mig], "nvml"), [engine], read_at=0.0)
+    return render("node-a", reading).decode()
+
+
+def _agent_families() -> list[Any]:
+    return list(text_string_to_metric_families(_populated_agent_metrics()))
+
+
 def exported_names() -> set[str]:
     names = {
         sample.name
         for family in _populated_gateway_metrics().registry.collect()
         for sample in family.samples
     }
+    names |= {sample.name for family in _agent_families() for sample in family.samples}
     for engine in engines():
         declared = engine.metrics
         if declared is not None:
@@ -108,6 +148,10 @@ def test_the_populated_registry_shows_every_family() -> None:
     names = {sample.name for family in families for sample in family.samples}
     assert {f"llmgw_kv_feed_{f.name}_total" for f in fields(FeedCounters)} <= names
     assert {f"llmgw_kv_publisher_{f.name}_total" for f in fields(PublisherCounters)} <= names
+    agent = _agent_families()
+    assert all(family.samples for family in agent), [f.name for f in agent if not f.samples]
+    # The node agent's own families are named for what they measure.
+    assert all(f.name.startswith(("llmgw_node_", "llmgw_gpu_")) for f in agent)
 
 
 def _queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
@@ -130,7 +174,7 @@ def _queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def test_there_are_dashboards() -> None:
-    assert [path.name for path in DASHBOARDS] == ["llmgw-gateway.json"]
+    assert [path.name for path in DASHBOARDS] == ["llmgw-gateway.json", "llmgw-nodes.json"]
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda path: path.name)
@@ -162,13 +206,25 @@ def test_panels_use_the_datasource_variable(path: Path) -> None:
                 assert item["datasource"]["uid"] == "${datasource}", panel["title"]
 
 
-def test_prometheus_scrapes_the_gateway_admin_listener() -> None:
+def _jobs() -> dict[str, Any]:
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    (job,) = config["scrape_configs"]
+    return {job["job_name"]: job for job in config["scrape_configs"]}
+
+
+def test_prometheus_scrapes_the_gateway_admin_listener() -> None:
+    job = _jobs()["llmgw-gateway"]
     defaults = GatewaySettings()
     assert job["metrics_path"] in ADMIN_ONLY_PATHS  # served on the admin listener only
     targets = [t for c in job["static_configs"] for t in c["targets"]]
     assert targets == [f"{defaults.admin_host}:{defaults.admin_port}"]
+
+
+def test_prometheus_scrapes_the_agent_that_llmgw_up_starts() -> None:
+    assert set(_jobs()) == {"llmgw-gateway", "llmgw-agents"}
+    job = _jobs()["llmgw-agents"]
+    assert job["metrics_path"] == METRICS_PATH
+    targets = [t for c in job["static_configs"] for t in c["targets"]]
+    assert targets == [f"127.0.0.1:{UpOptions(node='n').metrics_port}"]
 
 
 def test_grafana_provisioning_parses() -> None:

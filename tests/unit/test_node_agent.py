@@ -23,6 +23,7 @@ from activities.agent.supervisor import ShardSpec
 from engines.adapter import KvPublisher
 from engines.local_port import free_port
 from workers import paths
+from workers.agent import AgentOptions, metrics_url, start_metrics
 from workflows.artifact_names import COMPLETE_MARKER
 from workflows.contracts import (
     Allocation,
@@ -542,3 +543,29 @@ def test_a_kv_feed_on_an_ipv6_address_is_named_in_brackets(tmp_path: Path) -> No
     source = NodeAgentActivities(config)._kv_source(publisher)
     assert source == KvSource(feed="http://[fd00::1]:8003", block_size=16, hash_seed=None)
     assert NodeAgentActivities(config)._kv_source(None) is None
+
+
+async def test_the_agents_metrics_url_is_in_its_inventory(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    agent = NodeAgentActivities(config)
+    assert await start_metrics(AgentOptions(node="node-a"), config, agent) is None
+    service = await start_metrics(
+        AgentOptions(node="node-a", metrics_port=free_port()), config, agent
+    )
+    assert service is not None
+    try:
+        inventory = await ActivityEnvironment().run(agent.discover, DiscoverRequest(node="node-a"))
+        assert inventory.metrics_url == f"http://127.0.0.1:{service.port}/metrics"
+        await service.read_once()
+        async with httpx.AsyncClient() as client:
+            page = (await client.get(inventory.metrics_url)).text
+        assert 'llmgw_node_info{node="node-a"' in page
+    finally:
+        await service.stop()
+
+
+def test_a_wildcard_metrics_listener_is_reached_at_the_nodes_address() -> None:
+    assert metrics_url("127.0.0.1", 8005, "10.0.0.7") == "http://127.0.0.1:8005/metrics"
+    assert metrics_url("0.0.0.0", 8005, "10.0.0.7") == "http://10.0.0.7:8005/metrics"
+    assert metrics_url("::", 8005, "fd00::7") == "http://[fd00::7]:8005/metrics"
+    assert metrics_url("10.0.0.9", 8005, "10.0.0.7") == "http://10.0.0.9:8005/metrics"

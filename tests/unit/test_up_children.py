@@ -1,4 +1,5 @@
-"""What `llmgw up` starts its children with: its agent serves the KV feed on the port asked."""
+"""What `llmgw up` starts its children with: its agent serves the KV feed and its metrics on the
+ports asked."""
 
 from pathlib import Path
 
@@ -21,3 +22,12 @@ def test_up_gives_its_agent_a_kv_feed_port(tmp_path: Path) -> None:
     assert args[args.index("--kv-feed-port") + 1] == "9123"
     off = agent_args(UpOptions(node="n", kv_feed_port=0), tmp_path)
     assert off[off.index("--kv-feed-port") + 1] == "0"
+
+
+def test_up_gives_its_agent_a_metrics_port(tmp_path: Path) -> None:
+    parser = build_parser()
+    assert parser.parse_args(["up"]).agent_metrics_port == 8005
+    assert parser.parse_args(["agent"]).metrics_port == 0  # a standalone agent: not served
+    assert parser.parse_args(["agent"]).metrics_host == "127.0.0.1"
+    args = agent_args(UpOptions(node="n", metrics_port=9124), tmp_path)
+    assert args[args.index("--metrics-port") + 1] == "9124"

@@ -146,6 +146,9 @@ class NodeInventory(BaseModel):
     # comes or goes. None: not known (an agent from before it was reported, or a disk it could
     # not read): placement then never refuses the node for space.
     artifact_disk_free_mb: int | None = None
+    # The agent's Prometheus metrics (GPU telemetry, engine load), read by `llmgw nodes` and
+    # `llmgw top`; "" when it serves none. The figures themselves never enter a workflow.
+    metrics_url: str = ""
 
     def comparable(self) -> dict[str, object]:
         """The inventory without what changes on every look (memory in use, processes), so a

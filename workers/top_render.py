@@ -1,0 +1,329 @@
+"""`llmgw top` drawn as text: a pure function from what was read and the operator's choices
+(pane, sort, scroll) to the screen's lines for a given width and height, and the keys that
+change those choices. workers/top.py puts the lines on a curses screen; tests read them.
+"""
+
+from __future__ import annotations
+
+import curses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from workers.tables import table
+from workers.top_data import GpuRow, KeyQuota, ModelRates, NodeRow, ReplicaRow, TopData
+
+PANES = ("Nodes", "Replicas", "Traffic")
+SORTS: dict[str, tuple[str, ...]] = {
+    "Nodes": ("name", "util", "memory", "temperature"),
+    "Replicas": ("name", "model", "state", "load"),
+    "Traffic": ("requests/s", "name"),
+}
+HELP = "q quit  tab/left/right pane  s sort  up/down scroll  r refresh"
+_GIB = 1024**3
+_TAB = 9
+
+
+@dataclass(frozen=True)
+class UiState:
+    pane: int = 0
+    sorts: tuple[int, ...] = (0, 0, 0)
+    scroll: int = 0
+
+    @property
+    def pane_name(self) -> str:
+        return PANES[self.pane]
+
+    @property
+    def sort_name(self) -> str:
+        return SORTS[self.pane_name][self.sorts[self.pane]]
+
+
+QUIT = "quit"
+REFRESH = "refresh"
+
+
+def handle_key(ui: UiState, key: int) -> tuple[UiState, str | None]:
+    """The new choices after a key, and QUIT or REFRESH when the key asks for one."""
+    if key in (ord("q"), ord("Q")):
+        return ui, QUIT
+    if key in (ord("r"), ord("R")):
+        return ui, REFRESH
+    if key in (_TAB, curses.KEY_RIGHT):
+        return replace(ui, pane=(ui.pane + 1) % len(PANES), scroll=0), None
+    if key in (curses.KEY_BTAB, curses.KEY_LEFT):
+        return replace(ui, pane=(ui.pane - 1) % len(PANES), scroll=0), None
+    if key in (ord("s"), ord("S")):
+        sorts = list(ui.sorts)
+        sorts[ui.pane] = (sorts[ui.pane] + 1) % len(SORTS[ui.pane_name])
+        return replace(ui, sorts=tuple(sorts), scroll=0), None
+    if key == curses.KEY_DOWN:
+        return replace(ui, scroll=ui.scroll + 1), None
+    if key == curses.KEY_UP:
+        return replace(ui, scroll=max(0, ui.scroll - 1)), None
+    if key == curses.KEY_NPAGE:
+        return replace(ui, scroll=ui.scroll + 10), None
+    if key == curses.KEY_PPAGE:
+        return replace(ui, scroll=max(0, ui.scroll - 10)), None
+    return ui, None
+
+
+@dataclass(frozen=True)
+class Screen:
+    """One refresh's worth: the data (None before the first reading), the rates worked out
+    against the refresh before, and when it was read."""
+
+    data: TopData | None
+    rates: list[ModelRates]
+    refreshed: str = ""  # "12:00:01"
+    every_s: float = 2.0
+    reading: bool = False  # a refresh is under way
+
+
+# Figures --------------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def _gib(used: float | None, total: float | None) -> str:
+    if used is None or not total:
+        return "-"
+    return f"{used / _GIB:.0f}/{total / _GIB:.0f}"
+
+
+def _temp(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}C"
+
+
+def _watts(power: float | None, limit: float | None) -> str:
+    if power is None:
+        return "-"
+    return f"{power:.0f}/{limit:.0f}" if limit else f"{power:.0f}"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _known(values: Sequence[float | None]) -> list[float]:
+    return [v for v in values if v is not None]
+
+
+def _node_util(node: NodeRow) -> float | None:
+    values = _known([g.utilization_pct for g in _cards(node)])
+    return sum(values) / len(values) if values else None
+
+
+def _sum(values: Sequence[float | None]) -> float | None:
+    known = _known(values)
+    return sum(known) if known else None
+
+
+def _cards(node: NodeRow) -> list[GpuRow]:
+    return [g for g in node.gpus if g.parent is None]
+
+
+def _node_memory_share(node: NodeRow) -> float:
+    used = _sum([g.memory_used for g in _cards(node)]) or 0.0
+    total = _sum([g.memory_total for g in _cards(node)]) or 0.0
+    return used / total if total else 0.0
+
+
+def _node_temp(node: NodeRow) -> float | None:
+    temps = _known([g.temperature_c for g in _cards(node)])
+    return max(temps) if temps else None
+
+
+# Panes ----------------------------------------------------------------------------------
+
+
+def _node_state(node: NodeRow) -> str:
+    if node.draining:
+        return f"{node.state},draining"
+    return f"{node.state},cordoned" if node.cordoned else node.state
+
+
+def _nodes(data: TopData, sort: str) -> list[str]:
+    def by(key: Callable[[NodeRow], float]) -> list[NodeRow]:
+        return sorted(data.nodes, key=lambda n: (-key(n), n.name))
+
+    if sort == "util":
+        nodes = by(lambda n: _node_util(n) or 0.0)
+    elif sort == "memory":
+        nodes = by(_node_memory_share)
+    elif sort == "temperature":
+        nodes = by(lambda n: _node_temp(n) or 0.0)
+    else:
+        nodes = sorted(data.nodes, key=lambda n: n.name)
+    rows = []
+    for node in nodes:
+        cards = _cards(node)
+        rows.append(
+            [
+                node.name,
+                _node_state(node),
+                str(len(cards)) if cards else ("?" if node.telemetry_problem else "0"),
+                _pct(_node_util(node)),
+                _gib(_sum([g.memory_used for g in cards]), _sum([g.memory_total for g in cards])),
+                _temp(_node_temp(node)),
+                _watts(_sum([g.power_w for g in cards]), _sum([g.power_limit_w for g in cards])),
+                node.telemetry_problem,
+            ]
+        )
+        for gpu in node.gpus:
+            label = f"  gpu {gpu.index}" if gpu.parent is None else f"    mig {gpu.index}"
+            rows.append(
+                [
+                    label,
+                    gpu.name,
+                    "",
+                    _pct(gpu.utilization_pct),
+                    _gib(gpu.memory_used, gpu.memory_total),
+                    _temp(gpu.temperature_c),
+                    _watts(gpu.power_w, gpu.power_limit_w),
+                    gpu.warning,
+                ]
+            )
+    headers = ["NODE", "STATE", "GPUS", "UTIL", "MEM GiB", "TEMP", "POWER W", "NOTE"]
+    return table(headers, rows).splitlines()
+
+
+def _load(replica: ReplicaRow) -> float:
+    return (replica.running or 0.0) + (replica.waiting or 0.0)
+
+
+def _replicas(data: TopData, sort: str) -> list[str]:
+    keys: dict[str, Callable[[ReplicaRow], tuple[object, ...]]] = {
+        "name": lambda r: (r.replica_id,),
+        "model": lambda r: (r.model, r.replica_id),
+        "state": lambda r: (r.state, r.replica_id),
+        "load": lambda r: (-_load(r), r.replica_id),
+    }
+    rows = [
+        [
+            r.replica_id,
+            r.model,
+            r.state,
+            r.node,
+            r.engine,
+            _num(r.running, 0),
+            _num(r.waiting, 0),
+            r.detail,
+        ]
+        for r in sorted(data.replicas, key=keys[sort])
+    ]
+    headers = ["REPLICA", "MODEL", "STATE", "NODE", "ENGINE", "RUNNING", "WAITING", "DETAIL"]
+    return table(headers, rows).splitlines()
+
+
+def _budget(key: KeyQuota) -> str:
+    if key.token_budget is None:
+        return "-"
+    share = key.budget_spent / key.token_budget
+    return f"{key.budget_spent}/{key.token_budget} {share:.0%} per {key.budget_period}"
+
+
+def _traffic(data: TopData, rates: list[ModelRates], sort: str) -> list[str]:
+    if sort == "name":
+        ordered = sorted(rates, key=lambda r: r.model)
+    else:
+        ordered = sorted(rates, key=lambda r: (-(r.requests_per_s or 0.0), r.model))
+    model_rows = [
+        [
+            r.model,
+            _num(r.requests_per_s),
+            _num(r.tokens_per_s, 0),
+            _pct(None if r.error_share is None else 100 * r.error_share),
+            _pct(None if r.cache_share is None else 100 * r.cache_share),
+        ]
+        for r in ordered
+    ]
+    lines = table(["MODEL", "REQ/S", "TOK/S", "ERRORS", "CACHE HITS"], model_rows).splitlines()
+
+    def spent(key: KeyQuota) -> float:
+        return key.budget_spent / key.token_budget if key.token_budget else 0.0
+
+    keys = sorted(data.keys, key=lambda k: (-spent(k), k.name))
+    key_rows = [
+        [
+            k.name,
+            str(k.requests_today),
+            str(k.tokens_today),
+            _budget(k),
+            str(k.rpm) if k.rpm else "-",
+            str(k.tpm) if k.tpm else "-",
+        ]
+        for k in keys
+    ]
+    headers = ["KEY", "REQUESTS TODAY", "TOKENS TODAY", "TOKEN BUDGET", "RPM", "TPM"]
+    return [*lines, "", *table(headers, key_rows).splitlines()]
+
+
+# The screen -----------------------------------------------------------------------------
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
+
+
+def _summary(screen: Screen) -> str:
+    data = screen.data
+    if data is None:
+        return "llmgw top  reading..."
+    gpus = sum(len(_cards(n)) for n in data.nodes)
+    ready = sum(1 for r in data.replicas if r.state == "ready")
+    rates = [r.requests_per_s for r in screen.rates if r.requests_per_s is not None]
+    parts = [
+        "llmgw top",
+        _count(len(data.nodes), "node"),
+        _count(gpus, "GPU"),
+        f"{ready}/{len(data.replicas)} replicas ready",
+        f"{sum(rates):.1f} req/s" if rates else "- req/s",
+    ]
+    if data.in_flight is not None:
+        parts.append(f"{data.in_flight:.0f} in flight")
+    refreshed = f"refreshed {screen.refreshed}" if screen.refreshed else ""
+    parts.append(f"{refreshed}, every {screen.every_s:g}s" + (" *" if screen.reading else ""))
+    return "  ".join(parts)
+
+
+def _tabs(ui: UiState) -> str:
+    tabs = " ".join(f"[{p}]" if i == ui.pane else f" {p} " for i, p in enumerate(PANES))
+    return f"{tabs}   sort: {ui.sort_name}"
+
+
+def _fit(line: str, width: int) -> str:
+    return line[:width].ljust(width)
+
+
+def render(screen: Screen, ui: UiState, width: int, height: int) -> list[str]:
+    """Exactly `height` lines of exactly `width` characters."""
+    if width <= 0 or height <= 0:
+        return []
+    data = screen.data
+    problems = data.problems if data is not None else []
+    head = [_summary(screen), _tabs(ui)]
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        head.append(f"! {problems[0]}{more}")
+    else:
+        head.append("")
+    if data is None:
+        body: list[str] = []
+    elif ui.pane_name == "Nodes":
+        body = _nodes(data, ui.sort_name)
+    elif ui.pane_name == "Replicas":
+        body = _replicas(data, ui.sort_name)
+    else:
+        body = _traffic(data, screen.rates, ui.sort_name)
+    room = max(0, height - len(head) - 1)
+    if body:
+        # The column headings stay; the rows below them scroll.
+        heading, rows = body[0], body[1:]
+        start = min(ui.scroll, max(0, len(rows) - (room - 1)))
+        body = [heading, *rows[start : start + max(0, room - 1)]]
+    lines = [*head, *body[:room]]
+    lines += [""] * (height - 1 - len(lines))
+    lines.append(HELP)
+    return [_fit(line, width) for line in lines[:height]]
