@@ -282,7 +282,11 @@ async def _waiting_on(handle: WorkflowHandle[Any, Any]) -> str:
     children = [c.workflow_id for c in described.pending_children]
     events = (await handle.fetch_history()).events[-8:]
     last = [WorkflowEventType.Name(e.event_type) for e in events]
-    return f"pending activities {activities}, children {children}, last events {last}"
+    try:  # every long-lived llmgw workflow answers "describe": what it holds, as it sees it
+        view = str(await asyncio.wait_for(handle.query("describe"), 5))[:1500]
+    except Exception as err:  # noqa: BLE001 - a diagnostic: say why there is none
+        view = f"(no describe: {err!r})"
+    return f"pending activities {activities}, children {children}, last events {last}; {view}"
 
 
 async def started_children(client: Client, workflow_id: str) -> list[str]:
