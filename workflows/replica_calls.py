@@ -89,6 +89,17 @@ def start_launch(
     )
 
 
+async def all_done_unless_stopped(
+    handles: Sequence[ActivityHandle[Any]], stopped: Callable[[], bool]
+) -> bool:
+    """True once every activity is done; False when a stop came first (each is cancelled)."""
+    await workflow.wait_condition(lambda: all(h.done() for h in handles) or stopped())
+    if all(h.done() for h in handles):
+        return True
+    await cancel_all(handles)
+    return False
+
+
 async def fetch_artifacts(
     artifacts: Sequence[str], nodes: Sequence[str], stopped: Callable[[], bool]
 ) -> str | None:
@@ -110,9 +121,7 @@ async def fetch_artifacts(
         )
         for node, artifact in wanted
     ]
-    await workflow.wait_condition(lambda: all(h.done() for h in handles) or stopped())
-    if not all(h.done() for h in handles):
-        await cancel_all(handles)
+    if not await all_done_unless_stopped(handles, stopped):
         return "stop requested"
     for (node, _), handle in zip(wanted, handles, strict=True):
         try:
@@ -147,9 +156,7 @@ async def await_shared_fetches(
         )
         for node, artifact in wanted
     ]
-    await workflow.wait_condition(lambda: all(h.done() for h in handles) or stopped())
-    if not all(h.done() for h in handles):
-        await cancel_all(handles)
+    if not await all_done_unless_stopped(handles, stopped):
         return "stop requested"
     for (node, _), handle in zip(wanted, handles, strict=True):
         try:
