@@ -110,18 +110,52 @@ async def cluster(
     workflows send their activities and children to their own queue), and its node's
     activities on `node:<unique name>`, so no other test's worker takes a task of this one
     and a test that leaves a worker busy slows only itself."""
+    async with cluster_on(env.client, control_client(env), server_config) as made:
+        yield made
+
+
+@pytest.fixture
+async def dev_cluster(server_config: Path) -> AsyncIterator["Cluster"]:
+    """A cluster as above on a real Temporal dev server of its own, with its own ledger: for
+    a test whose run the time-skipping test server gets wrong. That server can leave a workflow
+    task STARTED for good when a completion cancels a timer whose fire it already holds (its
+    bug temporalio/sdk-java#3088): a replica told to stop at that moment never closes. Timers
+    run in real time here, so such a test waits out every one."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binary("temporal"), data_converter=pydantic_data_converter
+    )
+    try:
+        await ensure_search_attributes(env.client)
+        ledger_worker = Worker(
+            env.client,
+            task_queue=CONTROL_TASK_QUEUE,
+            workflows=CONTROL_WORKFLOWS,
+            activities=control_activities(env.client, server_config),
+        )
+        async with ledger_worker:
+            await ensure_ledger(env.client)
+            async with cluster_on(env.client, env.client, server_config) as made:
+                yield made
+    finally:
+        await env.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def cluster_on(
+    client: Client, activities_client: Client, server_config: Path
+) -> AsyncIterator["Cluster"]:
     node = unique("n1")
     agent = FakeAgent(node)
     queue = unique("control")
     control = Worker(
-        env.client,
+        client,
         task_queue=queue,
         workflows=CONTROL_WORKFLOWS,
-        activities=control_activities(control_client(env), server_config),
+        activities=control_activities(activities_client, server_config),
     )
-    on_node = Worker(env.client, task_queue=node_task_queue(node), activities=agent.all())
+    on_node = Worker(client, task_queue=node_task_queue(node), activities=agent.all())
     async with control, on_node:
-        cluster = Cluster(env.client, node, agent, queue)
+        cluster = Cluster(client, node, agent, queue)
         yield cluster
         await cluster.close()
 
