@@ -59,3 +59,9 @@ class AgentConfig:
     def secrets_dir(self) -> Path:
         """Secrets engines' env references by name (activities/agent/node_secrets.py)."""
         return self.agent_dir / "secrets"
+
+    def http_base(self, port: int) -> str:
+        """http://<address>:<port> for something served on this node's address (an IPv6
+        address in brackets)."""
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{port}"

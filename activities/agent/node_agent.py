@@ -398,12 +398,11 @@ class NodeAgentActivities:
 
     def _kv_source(self, publisher: KvPublisher | None) -> KvSource | None:
         """Where gateways learn what the engine caches: this agent's feed, when it has one."""
-        port, address = self._config.kv_feed_port, self._config.address
+        port = self._config.kv_feed_port
         if publisher is None or port <= 0:
             return None
-        host = f"[{address}]" if ":" in address else address
         return KvSource(
-            feed=f"http://{host}:{port}",
+            feed=self._config.http_base(port),
             block_size=publisher.block_size,
             hash_seed=publisher.hash_seed,
             adapters=dict(publisher.adapters),
@@ -506,10 +505,9 @@ class NodeAgentActivities:
         except WeightsMissing as err:
             raise _not_retryable(f"{err} on node {self._config.node}", "WeightsMissing") from None
         wanted = {adapter.name: adapter.path for adapter in lora}
-        host = f"[{self._config.address}]" if ":" in self._config.address else self._config.address
         try:
             changes = await set_adapters(
-                f"http://{host}:{spec.port}",
+                self._config.http_base(spec.port),
                 engine_key(self._config.node_secret, req.replica_id),
                 runtime,
                 wanted,
