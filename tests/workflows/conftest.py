@@ -7,6 +7,7 @@ import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,16 @@ async def cluster(
         yield made
 
 
+async def start_dev_server() -> WorkflowEnvironment:
+    """A real Temporal dev server of the test's own. The SDK gives it 5 s to start by default,
+    which a loaded 2-core machine missed once in `make test`."""
+    return await WorkflowEnvironment.start_local(
+        dev_server_existing_path=binary("temporal"),
+        data_converter=pydantic_data_converter,
+        dev_server_startup_timeout=timedelta(seconds=60),
+    )
+
+
 @pytest.fixture
 async def dev_cluster(server_config: Path) -> AsyncIterator["Cluster"]:
     """A cluster as above on a real Temporal dev server of its own, with its own ledger: for
@@ -121,9 +132,7 @@ async def dev_cluster(server_config: Path) -> AsyncIterator["Cluster"]:
     task STARTED for good when a completion cancels a timer whose fire it already holds (its
     bug temporalio/sdk-java#3088): a replica told to stop at that moment never closes. Timers
     run in real time here, so such a test waits out every one."""
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=binary("temporal"), data_converter=pydantic_data_converter
-    )
+    env = await start_dev_server()
     try:
         await ensure_search_attributes(env.client)
         ledger_worker = Worker(

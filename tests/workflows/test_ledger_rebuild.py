@@ -9,13 +9,11 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.control.ledger_calls import LEDGER_CLOSED, allocate
-from tests.workflows.conftest import binary, eventually, unique
+from tests.workflows.conftest import eventually, start_dev_server, unique
 from tests.workflows.fake_agent import FakeAgent
 from workers.agent import register
 from workers.control import control_activities, ensure_ledger
@@ -47,9 +45,7 @@ from workflows.names import (
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[Client]:
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=binary("temporal"), data_converter=pydantic_data_converter
-    )
+    env = await start_dev_server()
     config = tmp_path / "llmgw.yaml"
     config.write_text("")
     try:
