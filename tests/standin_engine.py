@@ -14,6 +14,9 @@ Replies are deterministic: the last user message's first words, echoed back.
 Fault injection through the environment:
   STANDIN_DIE_AFTER_CHUNKS=N  exit(1) in the middle of a stream after N chunks.
   STANDIN_TOKEN_DELAY_S=F     sleep F seconds between streamed chunks (load tests).
+  STANDIN_FAIL_LOAD=TEXT      exit(1) while loading, after logging the way vLLM does when its
+                              engine core fails: the cause (TEXT) first, then the exceptions
+                              it caused, ending in one that says "see root cause above".
 """
 
 from __future__ import annotations
@@ -284,6 +287,21 @@ def build_app(args: argparse.Namespace) -> web.Application:
     return app
 
 
+def fail_loading(cause: str, delay_s: float) -> None:
+    time.sleep(delay_s)
+    lines = [
+        "ERROR EngineCore failed to start.",
+        "Traceback (most recent call last):",
+        '  File "core.py", line 12, in run_engine_core',
+        "    raise RuntimeError(",
+        f"RuntimeError: {cause}",
+        "Traceback (most recent call last):",
+        '  File "utils.py", line 1431, in wait_for_engine_startup',
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if args.version:
@@ -291,6 +309,10 @@ def main(argv: list[str]) -> int:
         print(VERSION_LINE, file=sys.stderr)
         print("built with standin for python", file=sys.stderr)
         return 0
+    failure = os.environ.get("STANDIN_FAIL_LOAD")
+    if failure:
+        fail_loading(failure, args.load_delay)
+        return 1
     if not Path(args.model).is_file():
         print(f"error: failed to open model file {args.model}", file=sys.stderr, flush=True)
         return 1

@@ -423,7 +423,7 @@ class NodeAgentActivities:
 
         # Every engine's Readiness is the same today; a shard's spec does not record its engine,
         # so an engine that differed would need it there first.
-        return await wait_ready(
+        result = await wait_ready(
             req.port,
             engine_key(self._config.node_secret, req.replica_id),
             req.timeout_s,
@@ -433,6 +433,12 @@ class NodeAgentActivities:
             host=self._config.address,
             gpu_check=gpu_check,
         )
+        if not result.ready and not self._supervisor.is_alive(req.replica_id):
+            # Why it died, in one redacted line: the replica's status shows it to the operator.
+            cause = self._supervisor.failure_line(req.replica_id)
+            if cause:
+                result = result.model_copy(update={"detail": f"{result.detail}: {cause}"})
+        return result
 
     @activity.defn(name=NodeActivity.SUPERVISE_ENGINE)
     async def supervise_engine(self, req: ShardRef) -> EngineExit:

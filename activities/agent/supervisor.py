@@ -41,6 +41,10 @@ from workflows.contracts import EngineExit, LaunchResult, StopResult
 __all__ = ["LAUNCH_ID_ENV", "ReplicaBusy", "ShardSpec", "ShardSupervisor", "describe_exit"]
 
 LOG_TAIL_BYTES = 4096
+# How far back a failure's cause is looked for: a vLLM start that fails prints its root cause
+# and then tens of KB of the tracebacks it caused.
+CAUSE_SEARCH_BYTES = 256 * 1024
+_START_MARK = "=== llmgw "
 # An engine's log is rotated once at (re)start when it has grown past this.
 LOG_ROTATE_BYTES = 16 * 1024 * 1024
 _KILL_WAIT_S = 5.0
@@ -214,6 +218,12 @@ class ShardSupervisor:
         except OSError:
             return ""
 
+    def failure_line(self, replica_id: str) -> str:
+        """One redacted line on why the engine's latest run failed (exit_reason.error_line),
+        looked for only in what that run wrote: the log keeps earlier runs above it."""
+        tail = self.log_tail(replica_id, CAUSE_SEARCH_BYTES)
+        return error_line(tail[max(0, tail.rfind(_START_MARK)) :])
+
     # --- launch --------------------------------------------------------------------------
 
     def launch(
@@ -291,7 +301,7 @@ class ShardSupervisor:
         # 0600: engine output can include prompts.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
-        os.write(fd, f"=== llmgw {stamp}: starting {command[0]} ===\n".encode())
+        os.write(fd, f"{_START_MARK}{stamp}: starting {command[0]} ===\n".encode())
         return fd
 
     def _start(
@@ -362,7 +372,7 @@ class ShardSupervisor:
         engine output can hold prompts, and this goes into workflow history."""
         reason = f"engine process {spec.pid} {how or describe_exit(code)}"
         if code != 0:
-            line = error_line(self.log_tail(spec.replica_id))
+            line = self.failure_line(spec.replica_id)
             if line:
                 reason += f": {line}"
         return EngineExit(replica_id=spec.replica_id, exit_code=code, reason=reason)

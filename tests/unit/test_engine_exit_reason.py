@@ -1,6 +1,7 @@
 """What leaves a node when an engine ends: the exit and one redacted line, never its output."""
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,3 +61,43 @@ async def test_a_crash_reports_its_error_line_and_keeps_the_prompt_on_the_node(
     assert "launch codes" not in wire
     assert "log_tail" not in wire
     assert "launch codes" in supervisor.log_tail("m-0")  # still on the node, for an operator
+
+
+def test_the_first_exception_is_the_cause_when_later_ones_say_see_above() -> None:
+    """vLLM's API server logs its engine core's exception, then its own: the first one is
+    what went wrong."""
+    log = "\n".join(
+        [
+            "(EngineCore pid=7) ERROR 12-03 06:50:01 [core.py:708] EngineCore failed to start.",
+            "(EngineCore pid=7) ERROR 12-03 06:50:01 [core.py:708] Traceback (most recent call):",
+            "(EngineCore pid=7) ERROR 12-03 06:50:01 [core.py:708]     raise ValueError(",
+            "(EngineCore pid=7) ERROR 12-03 06:50:01 [core.py:708] ValueError: not enough KV"
+            " cache memory for 2048 tokens",
+            "Traceback (most recent call last):",
+            "    raise RuntimeError(",
+            "RuntimeError: Engine core initialization failed. See root cause above.",
+            "resource_tracker: There appear to be 2 leaked shared_memory objects",
+        ]
+    )
+    assert error_line(log) == (
+        "(EngineCore pid=7) ERROR 12-03 06:50:01 [core.py:708] ValueError: not enough KV cache"
+        " memory for 2048 tokens"
+    )
+
+
+def test_a_failure_is_explained_from_the_latest_run_only(supervisor: ShardSupervisor) -> None:
+    """The log keeps earlier runs; an old run's exception is not this run's cause."""
+    old = "import sys; print('KeyError: an old crash', file=sys.stderr); sys.exit(1)"
+    new = "import sys; print('fatal: out of memory', file=sys.stderr); sys.exit(1)"
+    for code in (old, new):
+        supervisor.launch("m-1", "wf", [sys.executable, "-c", code], {}, "fp", 18002)
+        wait_until_dead(supervisor, "m-1")
+    assert "an old crash" in supervisor.log_tail("m-1")
+    assert supervisor.failure_line("m-1") == "fatal: out of memory"
+
+
+def wait_until_dead(supervisor: ShardSupervisor, replica: str) -> None:
+    deadline = time.monotonic() + 10
+    while supervisor.is_alive(replica):
+        assert time.monotonic() < deadline, f"{replica} still running"
+        time.sleep(0.02)

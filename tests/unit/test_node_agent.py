@@ -569,3 +569,28 @@ def test_a_wildcard_metrics_listener_is_reached_at_the_nodes_address() -> None:
     assert metrics_url("0.0.0.0", 8005, "10.0.0.7") == "http://10.0.0.7:8005/metrics"
     assert metrics_url("::", 8005, "fd00::7") == "http://[fd00::7]:8005/metrics"
     assert metrics_url("10.0.0.9", 8005, "10.0.0.7") == "http://10.0.0.9:8005/metrics"
+
+
+async def test_an_engine_dying_while_loading_is_explained_by_its_root_cause(
+    tmp_path: Path, weights: Path
+) -> None:
+    """The replica's status says why: the first exception the engine logged, not the last
+    ("see root cause above")."""
+    failing = tmp_path / "failing-llama-server"
+    failing.write_text(
+        '#!/bin/sh\nSTANDIN_FAIL_LOAD="not enough KV cache memory for 2048 tokens"'
+        f' exec {STANDIN} "$@"\n'
+    )
+    failing.chmod(0o755)
+    config = replace(make_config(tmp_path), engine_paths={"llamacpp": str(failing)})
+    agent = NodeAgentActivities(config)
+    port = free_port()
+    env, _beats = recording_env()
+    try:
+        await env.run(agent.start_engine, launch_request(weights, port))
+        ready = await env.run(agent.wait_ready, ReadyRequest(replica_id="smollm2-0", port=port))
+    finally:
+        agent.stop_all_engines()
+    assert not ready.ready
+    assert ready.detail.startswith("engine process exited while loading")
+    assert ready.detail.endswith(": RuntimeError: not enough KV cache memory for 2048 tokens")
