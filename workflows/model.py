@@ -93,6 +93,10 @@ AUTOSCALE_YIELDS_TO_CHANGES_PATCH = "model-autoscale-yields-to-changes-made-whil
 # runtime (vLLM) and whose profile changed only in its adapters is told the new definition
 # (the replica's `update_adapters` signal) and keeps serving; runs from before keep rolling.
 ADAPTERS_AT_RUNTIME_PATCH = "model-tells-replicas-new-adapters-instead-of-rolling"
+# A removal that arrived while a pass was publishing an external model's routes ended the model
+# with those routes still in the ledger: gateways kept sending a removed model's requests to its
+# URLs. Now the model closes only once every route it published is withdrawn.
+REMOVAL_WITHDRAWS_EXTERNAL_ROUTES_PATCH = "model-removal-waits-for-external-routes-withdrawn"
 
 
 @workflow.defn(name="Model")
@@ -135,6 +139,8 @@ class ModelWorkflow:
         state = self.state
         if not state.removing or state.stopping or state.unstopped:
             return False
+        if workflow.patched(REMOVAL_WITHDRAWS_EXTERNAL_ROUTES_PATCH) and state.external_routes:
+            return False  # the loop's next pass withdraws them (the removal left it dirty)
         # Replicas not yet told to stop: the removal came after this pass had stopped replicas.
         return not state.indices or not workflow.patched(REMOVAL_STOPS_LATE_REPLICAS_PATCH)
 
