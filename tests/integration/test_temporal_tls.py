@@ -1,0 +1,157 @@
+"""llmgw's processes reach a real Temporal through mutual TLS, in a namespace of their own.
+
+`temporal server start-dev` cannot serve TLS, so the dev server sits behind a TLS proxy that
+demands a client certificate (tests/tls_kit.py). What this proves: the client settings as the CLI
+builds them (flags and variables, workers/temporal_flags.py) give a TLS handshake that a server
+requiring mTLS accepts, with the CA, client certificate and server-name override honoured, and
+that workers poll and complete workflows through it. What it does not: a Temporal server's own TLS
+configuration, or an API key checked by a server (the dev server checks none).
+"""
+
+import argparse
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tests.tls_kit import Issued, MutualTLSProxy, TestCA
+from workers.cli import build_parser, locations
+from workers.connect import connect_with_retry
+from workers.paths import Locations
+from workers.search_attributes import ensure_search_attributes
+from workers.temporal_server import temporal_binary
+from workflows.client import connect
+from workflows.search_attributes import ALL
+
+pytestmark = pytest.mark.integration
+
+NAMESPACE = "llmgw-tls-test"
+SERVER_NAME = "temporal.llmgw.internal"  # the only name on the server's certificate
+
+
+@workflow.defn(sandboxed=False)
+class Echo:
+    @workflow.run
+    async def run(self, text: str) -> str:
+        return f"echo {text}"
+
+
+@pytest.fixture(scope="module")
+async def dev_server() -> AsyncIterator[WorkflowEnvironment]:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        data_converter=pydantic_data_converter,
+        dev_server_startup_timeout=timedelta(seconds=60),
+        dev_server_extra_args=["--namespace", NAMESPACE],
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> TestCA:
+    return TestCA(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def client_cert(ca: TestCA) -> Issued:
+    return ca.issue("llmgw-control")
+
+
+@pytest.fixture
+async def proxy(dev_server: WorkflowEnvironment, ca: TestCA) -> AsyncIterator[MutualTLSProxy]:
+    server = ca.issue("temporal-frontend", server_names=[SERVER_NAME])
+    address = dev_server.client.service_client.config.target_host
+    async with MutualTLSProxy(upstream=address, server=server, client_ca=ca.cert_file) as made:
+        yield made
+
+
+def cli_locations(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> Locations:
+    """Locations as `llmgw` builds them for a command line, with no llmgw variable around."""
+    for name in ("LLMGW_TEMPORAL_ADDRESS", "LLMGW_TEMPORAL_NAMESPACE", "LLMGW_TEMPORAL_TLS_CA"):
+        monkeypatch.delenv(name, raising=False)
+    args: argparse.Namespace = build_parser().parse_args(argv)
+    return locations(args)
+
+
+async def test_a_worker_serves_workflows_over_mutual_tls_in_its_namespace(
+    proxy: MutualTLSProxy, ca: TestCA, client_cert: Issued, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The address from a flag, the rest from variables, as the systemd env file gives them.
+    monkeypatch.setenv("LLMGW_TEMPORAL_TLS_CERT", str(client_cert.cert))
+    monkeypatch.setenv("LLMGW_TEMPORAL_TLS_KEY", str(client_cert.key))
+    monkeypatch.setenv("LLMGW_TEMPORAL_TLS_SERVER_NAME", SERVER_NAME)
+    argv = ["control", "--temporal", proxy.address, "--temporal-namespace", NAMESPACE]
+    where = cli_locations([*argv, "--temporal-tls-ca", str(ca.cert_file)], monkeypatch)
+
+    client = await connect_with_retry(where, attempts=1)
+    assert client.namespace == NAMESPACE
+    # What `llmgw control` does first on a cluster: register its search attributes.
+    await ensure_search_attributes(client)
+    queue = f"tls-{uuid.uuid4().hex[:8]}"
+    async with Worker(client, task_queue=queue, workflows=[Echo]):
+        result = await client.execute_workflow(
+            Echo.run, "over mTLS", id=f"echo-{queue}", task_queue=queue
+        )
+    assert result == "echo over mTLS"
+    assert set(proxy.clients) == {"llmgw-control"}
+
+    # The workflow and the attributes are in that namespace of the real server, not in default.
+    plain: Client = await connect(proxy.upstream, namespace=NAMESPACE)
+    described = await plain.get_workflow_handle(f"echo-{queue}").describe()
+    assert described.status == WorkflowExecutionStatus.COMPLETED
+    names = await ensure_registered_names(plain)
+    assert {key.name for key in ALL} <= names
+
+
+async def ensure_registered_names(client: Client) -> set[str]:
+    from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
+
+    known = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=client.namespace)
+    )
+    return set(known.custom_attributes)
+
+
+async def test_a_client_without_its_certificate_is_turned_away(
+    proxy: MutualTLSProxy, ca: TestCA, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    argv = ["status", "--temporal", proxy.address, "--temporal-namespace", NAMESPACE]
+    argv += ["--temporal-tls-ca", str(ca.cert_file), "--temporal-tls-server-name", SERVER_NAME]
+    where = cli_locations(argv, monkeypatch)
+    with pytest.raises(RuntimeError):
+        await connect_with_retry(where, attempts=1)
+    assert proxy.clients == []
+
+
+async def test_the_server_certificate_is_checked_against_the_given_ca_and_name(
+    proxy: MutualTLSProxy,
+    ca: TestCA,
+    client_cert: Issued,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mutual = [
+        "--temporal-tls-cert",
+        str(client_cert.cert),
+        "--temporal-tls-key",
+        str(client_cert.key),
+    ]
+    base = ["status", "--temporal", proxy.address, "--temporal-namespace", NAMESPACE, *mutual]
+    other_ca = TestCA(tmp_path, name="another CA")
+    wrong_ca = [*base, "--temporal-tls-ca", str(other_ca.cert_file)]
+    # The certificate names SERVER_NAME only, not the 127.0.0.1 the address has.
+    no_name = [*base, "--temporal-tls-ca", str(ca.cert_file)]
+    for argv, why in ((wrong_ca, "UnknownIssuer"), (no_name, "NotValidForName")):
+        with pytest.raises(RuntimeError, match=why):
+            await connect_with_retry(cli_locations(argv, monkeypatch), attempts=1)
+    assert proxy.clients == []
