@@ -9,6 +9,9 @@ configuration, or an API key checked by a server (the dev server checks none).
 """
 
 import argparse
+import os
+import shutil
+import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -33,7 +36,10 @@ from workflows.search_attributes import ALL
 pytestmark = pytest.mark.integration
 
 NAMESPACE = "llmgw-tls-test"
-SERVER_NAME = "temporal.llmgw.internal"  # the only name on the server's certificate
+SERVER_NAME = "temporal.llmgw.internal"
+MAKE_CERTS = (
+    Path(__file__).resolve().parents[2] / "deploy" / "make-certs.sh"
+)  # the only name on the server's certificate
 
 
 @workflow.defn(sandboxed=False)
@@ -75,10 +81,15 @@ async def proxy(dev_server: WorkflowEnvironment, ca: TestCA) -> AsyncIterator[Mu
         yield made
 
 
-def cli_locations(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> Locations:
-    """Locations as `llmgw` builds them for a command line, with no llmgw variable around."""
-    for name in ("LLMGW_TEMPORAL_ADDRESS", "LLMGW_TEMPORAL_NAMESPACE", "LLMGW_TEMPORAL_TLS_CA"):
-        monkeypatch.delenv(name, raising=False)
+@pytest.fixture(autouse=True)
+def no_temporal_settings_around(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sets the variables it means; none leak in from the shell running the tests."""
+    for name in [n for n in os.environ if n.startswith("LLMGW_TEMPORAL_")]:
+        monkeypatch.delenv(name)
+
+
+def cli_locations(argv: list[str]) -> Locations:
+    """Locations as `llmgw` builds them for a command line and the environment."""
     args: argparse.Namespace = build_parser().parse_args(argv)
     return locations(args)
 
@@ -91,7 +102,7 @@ async def test_a_worker_serves_workflows_over_mutual_tls_in_its_namespace(
     monkeypatch.setenv("LLMGW_TEMPORAL_TLS_KEY", str(client_cert.key))
     monkeypatch.setenv("LLMGW_TEMPORAL_TLS_SERVER_NAME", SERVER_NAME)
     argv = ["control", "--temporal", proxy.address, "--temporal-namespace", NAMESPACE]
-    where = cli_locations([*argv, "--temporal-tls-ca", str(ca.cert_file)], monkeypatch)
+    where = cli_locations([*argv, "--temporal-tls-ca", str(ca.cert_file)])
 
     client = await connect_with_retry(where, attempts=1)
     assert client.namespace == NAMESPACE
@@ -123,11 +134,11 @@ async def ensure_registered_names(client: Client) -> set[str]:
 
 
 async def test_a_client_without_its_certificate_is_turned_away(
-    proxy: MutualTLSProxy, ca: TestCA, monkeypatch: pytest.MonkeyPatch
+    proxy: MutualTLSProxy, ca: TestCA
 ) -> None:
     argv = ["status", "--temporal", proxy.address, "--temporal-namespace", NAMESPACE]
     argv += ["--temporal-tls-ca", str(ca.cert_file), "--temporal-tls-server-name", SERVER_NAME]
-    where = cli_locations(argv, monkeypatch)
+    where = cli_locations(argv)
     with pytest.raises(RuntimeError):
         await connect_with_retry(where, attempts=1)
     assert proxy.clients == []
@@ -138,7 +149,6 @@ async def test_the_server_certificate_is_checked_against_the_given_ca_and_name(
     ca: TestCA,
     client_cert: Issued,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     mutual = [
         "--temporal-tls-cert",
@@ -153,5 +163,34 @@ async def test_the_server_certificate_is_checked_against_the_given_ca_and_name(
     no_name = [*base, "--temporal-tls-ca", str(ca.cert_file)]
     for argv, why in ((wrong_ca, "UnknownIssuer"), (no_name, "NotValidForName")):
         with pytest.raises(RuntimeError, match=why):
-            await connect_with_retry(cli_locations(argv, monkeypatch), attempts=1)
+            await connect_with_retry(cli_locations(argv), attempts=1)
     assert proxy.clients == []
+
+
+async def test_the_certificates_deploy_makes_carry_a_worker_over_mutual_tls(
+    dev_server: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """deploy/make-certs.sh, as docs/operations.md runs it, makes certificates the client
+    accepts: Temporal's names the server `temporal` (dialled at 127.0.0.1), llmgw's is taken by
+    a server requiring its CA."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: deploy/make-certs.sh needs it")
+    made = tmp_path / "tls"
+    subprocess.run([str(MAKE_CERTS), str(made), "10.0.0.1"], check=True, capture_output=True)
+    assert not (made / "ca.key").exists()  # the CA's key stays apart from what services mount
+    server = Issued(made / "temporal.pem", made / "temporal.key")
+    upstream = dev_server.client.service_client.config.target_host
+    async with MutualTLSProxy(upstream=upstream, server=server, client_ca=made / "ca.pem") as tls:
+        monkeypatch.setenv("LLMGW_TEMPORAL_TLS_CA", str(made / "ca.pem"))
+        monkeypatch.setenv("LLMGW_TEMPORAL_TLS_CERT", str(made / "llmgw.pem"))
+        monkeypatch.setenv("LLMGW_TEMPORAL_TLS_KEY", str(made / "llmgw.key"))
+        monkeypatch.setenv("LLMGW_TEMPORAL_TLS_SERVER_NAME", "temporal")
+        argv = ["agent", "--temporal", tls.address, "--temporal-namespace", NAMESPACE]
+        client = await connect_with_retry(cli_locations(argv), attempts=1)
+        queue = f"certs-{uuid.uuid4().hex[:8]}"
+        async with Worker(client, task_queue=queue, workflows=[Echo]):
+            result = await client.execute_workflow(
+                Echo.run, "made certs", id=f"echo-{queue}", task_queue=queue
+            )
+    assert result == "echo made certs"
+    assert set(tls.clients) == {"llmgw"}

@@ -9,7 +9,9 @@ start with these settings was not verified by a test.
 """
 
 import json
+import os
 import re
+import subprocess
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,11 @@ def load(path: Path) -> list[Any]:
             assert word.startswith("#") or line.startswith(" ") or word in DOCKERFILE_WORDS, (
                 f"{rel(path)}: {line!r}"
             )
+        return [text]
+    if name.endswith(".sh"):
+        checked = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert checked.returncode == 0, f"{rel(path)}: {checked.stderr}"
+        assert os.access(path, os.X_OK), f"{rel(path)} is not executable"
         return [text]
     if name.endswith((".md", ".sql", ".dockerignore", ".gitignore")):
         assert text.strip(), f"{rel(path)} is empty"
