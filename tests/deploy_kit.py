@@ -138,6 +138,20 @@ def _strip_prefixes(words: list[str]) -> list[str]:
     return words
 
 
+def _inside_container(words: list[str]) -> list[str]:
+    """`docker compose exec gateway llmgw ...`, `kubectl exec POD -- llmgw ...` -> `llmgw ...`"""
+    if words[:1] not in (["docker"], ["kubectl"]):
+        return words
+    if "--" in words:
+        return words[words.index("--") + 1 :]
+    if "exec" in words:
+        rest = words[words.index("exec") + 1 :]
+        while rest and rest[0].startswith("-"):  # exec's own options (-T), then the service
+            rest = rest[1:]
+        return rest[1:]
+    return []
+
+
 def commands_in_script(script: str, where: str) -> Iterator[Command]:
     """`llmgw` invocations in a shell script (`sh -c`, a README's code block): one per command,
     lines joined where they end in a backslash."""
@@ -153,7 +167,7 @@ def commands_in_script(script: str, where: str) -> Iterator[Command]:
             if word not in (";", "&&", "||", "|"):
                 segment.append(word)
                 continue
-            segment = _strip_prefixes(segment)
+            segment = _strip_prefixes(_inside_container(segment))
             if segment and is_llmgw(segment[0]):
                 yield Command(where, segment)
             segment = []
