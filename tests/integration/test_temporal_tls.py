@@ -194,3 +194,22 @@ async def test_the_certificates_deploy_makes_carry_a_worker_over_mutual_tls(
             )
     assert result == "echo made certs"
     assert set(tls.clients) == {"llmgw"}
+
+
+async def test_an_api_key_from_its_file_rides_along_over_tls(
+    proxy: MutualTLSProxy, ca: TestCA, client_cert: Issued, tmp_path: Path
+) -> None:
+    """The dev server checks no API key, so this shows what the client was given and that a
+    connection carrying one works over TLS, not that a server accepted the key."""
+    key_file = tmp_path / "temporal-api-key"
+    key_file.write_text("tc-test-key-0123\n")
+    key_file.chmod(0o600)
+    argv = ["status", "--temporal", proxy.address, "--temporal-namespace", NAMESPACE]
+    argv += ["--temporal-tls-ca", str(ca.cert_file), "--temporal-tls-server-name", SERVER_NAME]
+    argv += ["--temporal-tls-cert", str(client_cert.cert)]
+    argv += ["--temporal-tls-key", str(client_cert.key)]
+    argv += ["--temporal-api-key-file", str(key_file)]
+    client = await connect_with_retry(cli_locations(argv), attempts=1)
+    assert client.api_key == "tc-test-key-0123"
+    await client.count_workflows()  # a call with the key attached gets through (or raises)
+    assert proxy.clients == ["llmgw-control"]
