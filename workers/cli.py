@@ -17,7 +17,10 @@ from workers.model_commands import add_model_parsers
 from workers.node_commands import add_node_parsers, parse_labels
 from workers.paths import Locations, default_node_name
 from workers.store_commands import STORE_COMMANDS, add_store_parsers, run_store_command
+from workers.temporal_flags import add_temporal_arguments, namespace_from, security_from
 from workflows import options
+from workflows.client import PLAINTEXT
+from workflows.temporal_security import TemporalSecurityError
 
 # The modules under bench/ that `llmgw bench NAME` runs (`make bench-NAME` runs the same).
 BENCHMARKS = ("placement", "gateway", "abuse", "routing", "chaos")
@@ -44,9 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     local = argparse.ArgumentParser(add_help=False)
     local.add_argument("--state-dir", help="default $LLMGW_STATE_DIR or ~/.local/state/llmgw")
     local.add_argument("--database-url", help="PostgreSQL URL, default $LLMGW_DATABASE_URL")
-    # `up` runs its own Temporal server, so only the other commands take an address.
+    # `up` runs its own Temporal server, so only the other commands take an address, a
+    # namespace and TLS settings.
     common = argparse.ArgumentParser(add_help=False, parents=[local])
-    common.add_argument("--temporal", help="Temporal address, default $LLMGW_TEMPORAL_ADDRESS")
+    add_temporal_arguments(common)
 
     parser = argparse.ArgumentParser(prog="llmgw", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -200,17 +204,34 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    where = Locations.resolve(
-        getattr(args, "state_dir", None),
-        getattr(args, "temporal", None),
-        getattr(args, "database_url", None),
-    )
     try:
+        where = locations(args)
         dispatch(args, where)
+    except TemporalSecurityError as err:
+        raise SystemExit(f"Temporal connection settings: {err}") from None
     except ValidationError as err:
         raise SystemExit(f"invalid input: {err}") from None
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def locations(args: argparse.Namespace) -> Locations:
+    """Where things are, and how this command reaches Temporal. Only commands that take
+    --temporal connect to it; `up` runs its own plaintext dev server, and the rest (doctor,
+    secret, mirror) never connect, so a TLS variable meant for others does not stop them."""
+    connects = hasattr(args, "temporal")
+    where = Locations.resolve(
+        getattr(args, "state_dir", None),
+        getattr(args, "temporal", None),
+        getattr(args, "database_url", None),
+        namespace=namespace_from(args, os.environ) if connects else None,
+        security=security_from(args, os.environ) if connects else PLAINTEXT,
+    )
+    if connects and args.command not in STORE_COMMANDS:
+        # Every file read once now: a missing key stops the process at start with its name,
+        # rather than after two minutes of connection retries.
+        where.security.check()
+    return where
 
 
 def lost_after(args: argparse.Namespace) -> float:

@@ -14,11 +14,16 @@ log = logging.getLogger(__name__)
 async def connect_with_retry(where: Locations, attempts: int = 60) -> Client:
     for attempt in range(1, attempts + 1):
         try:
-            return await connect(where.temporal, where.namespace)
+            return await connect(where.temporal, where.namespace, where.security)
         except RuntimeError as err:
             if attempt == attempts:
                 raise
             if attempt == 1:
-                log.warning("waiting for Temporal at %s: %s", where.temporal, err)
+                log.warning(
+                    "waiting for Temporal at %s (%s): %s",
+                    where.temporal,
+                    where.security.describe(),
+                    err,
+                )
             await asyncio.sleep(min(0.2 * attempt, 2.0))
     raise AssertionError("unreachable")

@@ -10,8 +10,10 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from workflows.client import DEFAULT_NAMESPACE, DEFAULT_TEMPORAL_ADDRESS
+from workers.temporal_flags import namespace_from, security_from
+from workflows.client import DEFAULT_TEMPORAL_ADDRESS, PLAINTEXT
 from workflows.names import reserved_node_name
+from workflows.temporal_security import TemporalSecurity
 
 
 def default_state_dir() -> Path:
@@ -46,6 +48,8 @@ class Locations:
     temporal: str
     namespace: str
     database_url: str | None
+    # TLS and API-key settings: file paths, never a secret's value (workflows/temporal_security.py).
+    security: TemporalSecurity = PLAINTEXT
 
     @classmethod
     def resolve(
@@ -53,13 +57,17 @@ class Locations:
         state_dir: str | None = None,
         temporal: str | None = None,
         database_url: str | None = None,
+        namespace: str | None = None,
+        security: TemporalSecurity | None = None,
     ) -> "Locations":
+        """Raises TemporalSecurityError (a ValueError) for TLS settings that cannot work."""
         return cls(
             state_dir=Path(state_dir).expanduser() if state_dir else default_state_dir(),
             cache_dir=default_cache_dir(),
             temporal=temporal or os.environ.get("LLMGW_TEMPORAL_ADDRESS", DEFAULT_TEMPORAL_ADDRESS),
-            namespace=os.environ.get("LLMGW_TEMPORAL_NAMESPACE", DEFAULT_NAMESPACE),
+            namespace=namespace or namespace_from(None, os.environ),
             database_url=database_url or os.environ.get("LLMGW_DATABASE_URL") or None,
+            security=security if security is not None else security_from(None, os.environ),
         )
 
     def config_file(self, given: str | None = None) -> Path | None:

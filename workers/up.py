@@ -28,6 +28,7 @@ from workers.paths import Locations
 from workers.progress import engine_lines, ledger_snapshot
 from workers.secret_files import write_secret_file
 from workers.signals import stop_event, wait_or_stop
+from workers.temporal_flags import SECURITY_VARIABLES
 from workers.temporal_server import TemporalDevServer
 from workflows.contracts import ReplicaState
 from workflows.engine_keys import node_secret
@@ -95,6 +96,10 @@ def child_env(where: Locations) -> dict[str, str]:
     env = dict(os.environ)
     env["LLMGW_STATE_DIR"] = str(where.state_dir)
     env["LLMGW_TEMPORAL_ADDRESS"] = where.temporal
+    # The children talk to the plaintext dev server `up` runs, whatever TLS settings this shell
+    # has for a cluster elsewhere.
+    for variable in SECURITY_VARIABLES:
+        env.pop(variable, None)
     if where.database_url:
         env["LLMGW_DATABASE_URL"] = where.database_url
     # This environment's tools first: engines and the stand-in engine find the same Python.

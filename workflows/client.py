@@ -1,15 +1,27 @@
-"""How every llmgw process talks to Temporal: one place that sets the data converter."""
+"""How every llmgw process talks to Temporal: one place that sets the data converter and the
+connection's security (TLS, mutual TLS, API key: workflows/temporal_security.py)."""
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from workflows.temporal_security import TemporalSecurity
+
 DEFAULT_TEMPORAL_ADDRESS = "127.0.0.1:7233"
 DEFAULT_NAMESPACE = "default"
+PLAINTEXT = TemporalSecurity()
 
 
 async def connect(
-    address: str = DEFAULT_TEMPORAL_ADDRESS, namespace: str = DEFAULT_NAMESPACE
+    address: str = DEFAULT_TEMPORAL_ADDRESS,
+    namespace: str = DEFAULT_NAMESPACE,
+    security: TemporalSecurity = PLAINTEXT,
 ) -> Client:
+    # Read here, at each connect, and passed to the client only: a key never sits in a setting
+    # that a log line or a workflow input could carry.
     return await Client.connect(
-        address, namespace=namespace, data_converter=pydantic_data_converter
+        address,
+        namespace=namespace,
+        data_converter=pydantic_data_converter,
+        tls=security.tls_config(),
+        api_key=security.api_key(),
     )
