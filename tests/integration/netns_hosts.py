@@ -12,6 +12,7 @@ namespaces (agents, engines, servers) and deletes them, veths and bridge include
 
 import contextlib
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -60,6 +61,10 @@ class Host:
     name: str  # "ctl", "n1", ...: also its switch port's name
     netns: str  # unique to this run
     address: str
+
+
+# `llmgw-<pid of the test process>-<4 hex>-<host>`: a run's namespaces, told by its pid.
+RUN_NETNS = re.compile(r"^llmgw-(\d+)-[0-9a-f]{4}-")
 
 
 class Network:
@@ -152,6 +157,24 @@ class Network:
                 problems.append(str(err))
         self._made.clear()
         return problems
+
+
+def sweep_abandoned() -> list[str]:
+    """Remove what a run killed before its finalizers (SIGKILL, a lost machine) left: namespaces
+    named by a test process that no longer exists, with whatever still runs in them."""
+    abandoned = []
+    for line in ip("netns", "list").splitlines():
+        name = line.split(" ", 1)[0]
+        found = RUN_NETNS.match(name)
+        if found is None or Path(f"/proc/{found.group(1)}").exists():
+            continue
+        for pid in _pids_in(name):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(NetnsError):
+            ip("netns", "del", name)
+            abandoned.append(name)
+    return abandoned
 
 
 def _pids_in(netns: str) -> list[int]:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.fleet import pid_alive
 from tests.integration.multi_host import Cluster
-from tests.integration.netns_hosts import Network, why_unavailable
+from tests.integration.netns_hosts import Network, sweep_abandoned, why_unavailable
 from workflows.contracts import NodeState, ReplicaState
 
 pytestmark = pytest.mark.integration
@@ -31,6 +31,7 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clu
     why = why_unavailable()
     if why is not None:
         pytest.skip(f"no network namespaces here: {why}")
+    sweep_abandoned()
     network = Network()
     cluster: Cluster | None = None
     try:
