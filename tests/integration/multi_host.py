@@ -24,6 +24,7 @@ from workflows.contracts import LedgerState
 TEMPORAL_PORT = 7233
 GATEWAY_PORT = 8000
 ADMIN_PORT = 8001
+MIRROR_PORT = 8004
 AGENT_METRICS_PORT = 8005
 HEARTBEAT_EVERY_S = 1
 
@@ -96,6 +97,10 @@ class Cluster:
             # Every replica in turn, so that a few requests reach every host's engine.
             "--routing", "round_robin",
         ), env)  # fmt: skip
+        # The model mirror, which nodes fetch artifacts from across the network.
+        self._start("ctl", "mirror", self.llmgw_cmd(
+            "mirror", "serve", "--host", self.ctl.address, "--port", str(MIRROR_PORT),
+        ), env)  # fmt: skip
         probe_log = self.root / "logs" / "ctl-probe.log"
         self._probe = self.network.popen(
             "ctl",
@@ -105,12 +110,18 @@ class Cluster:
         self.processes.append(self._probe)
         await self.until(self._ledger_answers, 120, "the ledger to answer on ctl")
         await self.until(self._gateway_answers, 60, "the gateway to answer on ctl")
+        await self.until(self._mirror_answers, 60, "the mirror to answer on ctl")
 
     async def _ledger_answers(self) -> bool:
         return "ledger" in await self.ask({"op": "ledger"})
 
     async def _gateway_answers(self) -> bool:
         return (await self.http("GET", f"{self.gateway}/healthz")).get("status") == 200
+
+    async def _mirror_answers(self) -> bool:
+        # Any answer will do: without a node's token it is 401.
+        url = f"http://{self.ctl.address}:{MIRROR_PORT}/mirror/v1/manifests/x"
+        return "status" in await self.http("GET", url)
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """`llmgw ARGS` on ctl."""
@@ -136,6 +147,7 @@ class Cluster:
             "--heartbeat-every", str(HEARTBEAT_EVERY_S),
             "--lost-after", str(lost_after), "--gone-after", str(gone_after),
             "--metrics-host", host.address, "--metrics-port", str(AGENT_METRICS_PORT),
+            "--mirror", f"http://{self.ctl.address}:{MIRROR_PORT}",
             "--stop-engines-on-exit",
         )  # fmt: skip
         state_dir.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,16 @@
 """llmgw across hosts: each host a Linux network namespace of its own on this machine, cabled to a
 switch namespace (tests/integration/netns_hosts.py). Host `ctl` (10.77.0.1) runs Temporal, the
 control worker and the gateway; hosts n1, n2 and n3 run an agent each, joined with tokens over
-the network. Replicas spread over the hosts and serve through the gateway; a host cut off (its
+the network. Replicas spread over the hosts and serve through the gateway; a model's weights go
+from ctl's mirror to the hosts that run it, each fetching its own copy; a host cut off (its
 cable pulled) is unreachable and its route withdrawn, and after the heal it serves from the same
 engine process; a host cut off past its grace has its replica placed on another host.
 
 Needs root (CI runs the suite as root); skipped, saying why, where namespaces cannot be made."""
 
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,7 @@ from workflows.contracts import NodeState, ReplicaState
 pytestmark = pytest.mark.integration
 
 MODEL = "spread"
+MIRRORED = "mirrored"
 NODES = ("n1", "n2", "n3")
 # Liveness, short for the test: silent LOST_AFTER_S, a node is unreachable. n1's and n2's
 # partitions heal well within their GONE_AFTER_S; n3 is cut off past its own, shorter one.
@@ -59,30 +63,30 @@ async def nodes_ready(cluster: Cluster, names: tuple[str, ...]) -> bool:
     )
 
 
-async def ready_by_node(cluster: Cluster) -> dict[str, list[str]]:
+async def ready_by_node(cluster: Cluster, model: str = MODEL) -> dict[str, list[str]]:
     state = await cluster.ledger()
     placed: dict[str, list[str]] = {}
     for route in state.routes.values():
-        if route.model == MODEL and route.state == ReplicaState.READY:
+        if route.model == model and route.state == ReplicaState.READY:
             placed.setdefault(route.node, []).append(route.replica_id)
     return placed
 
 
-async def serving(cluster: Cluster, count: int) -> bool:
+async def serving(cluster: Cluster, count: int, model: str = MODEL) -> bool:
     """`count` ready replicas in the ledger, each engine answering /health from ctl, and the
     gateway routing to all of them."""
     state = await cluster.ledger()
-    ready = [r for r in state.routes.values() if r.model == MODEL and r.state == ReplicaState.READY]
+    ready = [r for r in state.routes.values() if r.model == model and r.state == ReplicaState.READY]
     if len(ready) != count:
         return False
     for route in ready:
         if (await cluster.http("GET", f"{route.endpoint}/health")).get("status") != 200:
             return False
-    return await cluster.gateway_ready_replicas(MODEL) == count
+    return await cluster.gateway_ready_replicas(model) == count
 
 
-async def chats(cluster: Cluster, n: int, tag: str) -> list[int]:
-    return [await cluster.chat(MODEL, f"{tag} request {i}") for i in range(n)]
+async def chats(cluster: Cluster, n: int, tag: str, model: str = MODEL) -> list[int]:
+    return [await cluster.chat(model, f"{tag} request {i}") for i in range(n)]
 
 
 def engine_tokens(metrics: str, replica: str) -> float:
@@ -131,6 +135,31 @@ async def test_replicas_spread_over_hosts_and_serve_through_the_gateway(cluster,
 
     # The gateway takes replicas in turn: every host's engine served, as its agent counts.
     await cluster.until(every_host_served, 30, "every host's engine to count tokens")
+
+
+async def test_a_model_from_the_mirror_is_fetched_by_its_hosts_over_the_network(cluster, tmp_path):
+    weights = tmp_path / "mirrored.gguf"
+    weights.write_bytes(b"GGUF " + os.urandom(256 * 1024))
+    cluster.cli("model", "add", MIRRORED, "--from", str(weights), "--replicas", "2",
+                "--cpu-cores", "1", "--memory-mb", "64")  # fmt: skip
+    await cluster.until(lambda: serving(cluster, 2, MIRRORED), 120, "two mirrored replicas")
+    placed = await ready_by_node(cluster, MIRRORED)
+    assert len(placed) == 2, placed  # one core left on each host: two hosts
+    for name, [replica] in placed.items():
+        # The host holds its own copy, fetched from ctl's mirror, and its engine runs that copy.
+        [fetched] = (cluster.nodes[name].state_dir / "artifacts").glob(f"*/{weights.name}")
+        assert fetched.read_bytes() == weights.read_bytes()
+        engine = cluster.nodes[name].engine_pids()[replica]
+        assert str(fetched).encode() in Path(f"/proc/{engine}/cmdline").read_bytes()
+    assert await chats(cluster, 4, "mirrored", MIRRORED) == [200] * 4
+
+    cluster.cli("model", "rm", MIRRORED)
+
+    async def released() -> bool:
+        state = await cluster.ledger()
+        return not any(a.replica_id.startswith(f"{MIRRORED}-") for a in state.allocations.values())
+
+    await cluster.until(released, 60, "the mirrored model's replicas released")
 
 
 async def test_a_cut_off_host_is_withdrawn_and_after_the_heal_serves_from_the_same_engine(
@@ -192,7 +221,7 @@ async def test_a_host_gone_past_its_grace_has_its_replica_placed_elsewhere(clust
         return not pid_alive(orphan)
 
     # Its replica workflow ended when it moved: the agent, heard again, stops the engine.
-    await cluster.until(orphan_stopped, 90, "n3's orphaned engine stopped")
+    await cluster.until(orphan_stopped, 120, "n3's orphaned engine stopped")
     placed = await ready_by_node(cluster)
     assert sum(len(v) for v in placed.values()) == 3, placed
     assert "n3" not in placed, placed
