@@ -49,8 +49,10 @@ def why_unavailable() -> str | None:
     try:
         ip("netns", "add", probe)
         ip("-n", probe, "link", "add", "probe0", "type", "veth", "peer", "name", "probe1")
+        ip("-n", probe, "link", "add", "probe2", "type", "bridge")
+        ip("netns", "exec", probe, "true")
     except NetnsError as err:
-        return f"this machine refuses network namespaces or veth pairs ({err})"
+        return f"this machine refuses network namespaces, veth pairs or bridges ({err})"
     finally:
         subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
     return None
