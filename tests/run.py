@@ -3,7 +3,8 @@ the workflow suite again with continue-as-new forced every few events (LLMGW_TES
 skips that second pass).
 
 PostgreSQL is required here: the store tests would otherwise skip on a machine without it, and
-CI would pass having tested one backend of two.
+CI would pass having tested one backend of two. Run as root (as CI is), so are network
+namespaces, for the multi-host test (tests/integration/test_multi_host.py).
 
 The second pass is the proof that no workflow loses state or pending work to continue-as-new:
 with LLMGW_TEST_CONTINUE_AS_NEW_EVERY every long-lived workflow continues at each safe point
@@ -25,6 +26,9 @@ FORCED_CONTINUE_AS_NEW_EVERY = "40"
 
 def main() -> int:
     os.environ.setdefault("LLMGW_REQUIRE_POSTGRES", "1")
+    if os.geteuid() == 0:
+        # Root can make network namespaces: the multi-host test must run, not skip.
+        os.environ.setdefault("LLMGW_REQUIRE_NETNS", "1")
     args = sys.argv[1:]
     code = pytest.main(["-p", "no:cacheprovider", "--durations=10", "tests", *args])
     if code == NO_TESTS_COLLECTED:

@@ -78,7 +78,8 @@ def port_free(address: str, port: int) -> bool:
     ports on one and some on the other (trtllm-serve's inner port and vLLM's KV replay port are
     on 127.0.0.1), and a program holding it on either would stop the shard from starting."""
     for host in dict.fromkeys([address, LOOPBACK]):
-        with socket.socket() as sock:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((host, port))

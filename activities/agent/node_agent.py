@@ -459,7 +459,7 @@ class NodeAgentActivities:
         # trtllm-serve serves its metrics on a path of its own; a spec written before the
         # engine was recorded gets the usual one.
         path = metrics_path(spec.engine) if spec.engine else DEFAULT_METRICS_PATH
-        return f"http://{self._config.address}:{spec.port}{path}"
+        return f"{self._config.http_base(spec.port)}{path}"
 
     @activity.defn(name=NodeActivity.ENGINE_LOAD)
     async def engine_load(self, req: EngineLoadRequest) -> EngineLoadReport:

@@ -594,3 +594,31 @@ async def test_an_engine_dying_while_loading_is_explained_by_its_root_cause(
     assert not ready.ready
     assert ready.detail.startswith("engine process exited while loading")
     assert ready.detail.endswith(": RuntimeError: not enough KV cache memory for 2048 tokens")
+
+
+async def test_an_agent_on_an_ipv6_address_sees_its_engine_ready_and_reads_its_load(
+    tmp_path: Path, weights: Path
+) -> None:
+    # The port check bound an IPv4 socket to an IPv6 address (every port read "in use"), and
+    # unbracketed, http://::1:PORT names no port: readiness never saw the engine, and reading its
+    # load (for routing, metrics and drains) failed the activity.
+    agent = NodeAgentActivities(replace(make_config(tmp_path), address="::1"))
+    port = free_port()
+    req = launch_request(weights, port)
+    req = req.model_copy(
+        update={"allocation": req.allocation.model_copy(update={"address": "::1"})}
+    )
+    try:
+        launched = await ActivityEnvironment().run(agent.start_engine, req)
+        assert launched.command[1:3] == ["--host", "::1"]
+        ready = await ActivityEnvironment().run(
+            agent.wait_ready, ReadyRequest(replica_id="smollm2-0", port=port)
+        )
+        assert ready.ready, ready.detail
+        report = await ActivityEnvironment().run(
+            agent.engine_load, EngineLoadRequest(replica_ids=["smollm2-0"])
+        )
+        [load] = report.engines
+        assert load.seen
+    finally:
+        agent.stop_all_engines()
