@@ -42,11 +42,12 @@ class Command:
 def accepted_variables() -> set[str]:
     """Every LLMGW_* name written in llmgw's own code, less test knobs and the refused name."""
     names: set[str] = set()
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                    names.update(LLMGW_VARIABLE.findall(node.value))
+    # `make test`'s runner too: its knobs (LLMGW_REQUIRE_*) are an operator's to set.
+    sources = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
+    for path in [*sources, ROOT / "tests" / "run.py"]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names.update(LLMGW_VARIABLE.findall(node.value))
     return {n for n in names if not n.startswith("LLMGW_TEST_") and n != REFUSED_KEY_VARIABLE}
 
 
