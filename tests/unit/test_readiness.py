@@ -77,6 +77,10 @@ async def test_wrong_key_is_never_ready_and_says_401(
 ) -> None:
     port = free_port()
     proc = start(engines, port, weights, load_delay=0.1)
+    # Loaded first (with the right key), so that the short wait below is all spent on the key:
+    # on a busy machine the stand-in alone can take longer than that to start.
+    loaded = await wait_ready(port, KEY, 60.0, lambda: None, lambda: proc.poll() is None, 0.1)
+    assert loaded.ready, loaded.detail
     result = await wait_ready(
         port, "some-other-key", 1.5, lambda: None, lambda: proc.poll() is None, poll_s=0.1
     )
