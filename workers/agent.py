@@ -34,6 +34,7 @@ from workers.connect import connect_with_retry
 from workers.paths import Locations
 from workers.signals import stop_event, wait_or_stop
 from workflows import options
+from workflows.addresses import http_base
 from workflows.contracts import (
     EngineExit,
     EngineLoadRequest,
@@ -244,7 +245,7 @@ def metrics_url(host: str, port: int, node_address: str) -> str:
     node's own address, the one engines listen on."""
     if host in ("", "0.0.0.0", "::"):
         host = node_address
-    return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
+    return f"{http_base(host, port)}/metrics"
 
 
 async def serve_agent(

@@ -17,6 +17,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from activities.control.ledger_calls import ledger_status
 from workers.connect import connect_with_retry
 from workers.paths import Locations
+from workflows.addresses import http_base
 from workflows.contracts import (
     Allocation,
     LedgerState,
@@ -80,7 +81,7 @@ def _replica_route(view: ReplicaView, alloc: Allocation | None, model: ModelView
         replica_id=view.replica_id,
         model=view.model,
         node=alloc.node if alloc is not None else "",
-        endpoint=f"http://{alloc.address}:{alloc.port}" if alloc is not None else "",
+        endpoint=http_base(alloc.address, alloc.port) if alloc is not None else "",
         engine=engine,
         state=view.state,
         fingerprint=fingerprint,

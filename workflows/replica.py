@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     # its own copy (the package is loaded inside it), which tests could not set.
     import workflows.history_budget as history_budget
     from workflows import options
+    from workflows.addresses import http_base
     from workflows.contracts import (
         Allocation,
         EngineExit,
@@ -539,7 +540,7 @@ class ReplicaWorkflow(ReplicaAdapterSteps):
         self._label()
         alloc = self.s.allocation
         assert alloc is not None
-        endpoint = f"http://{alloc.address}:{alloc.port}"
+        endpoint = http_base(alloc.address, alloc.port)
         await call_ledger(ControlActivity.LEDGER_SET_ROUTE, self._route(alloc.node, endpoint))
 
     def _route(self, node: str, endpoint: str) -> Route:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engines.adapter import InstallPlace
 from engines.install_llamacpp import nvidia_driver_loaded
+from workflows.addresses import http_base
 
 
 @dataclass
@@ -63,5 +64,4 @@ class AgentConfig:
     def http_base(self, port: int) -> str:
         """http://<address>:<port> for something served on this node's address (an IPv6
         address in brackets)."""
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"http://{host}:{port}"
+        return http_base(self.address, port)

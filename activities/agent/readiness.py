@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import httpx
 
 from engines.adapter import Readiness
+from workflows.addresses import http_base
 from workflows.contracts import ReadyResult
 
 POLL_S = 0.5
@@ -129,7 +130,7 @@ async def wait_ready(
     and, when `gpu_check` is given (a shard on GPUs; it returns '' when every GPU holds the
     engine's memory, else the problem), the GPUs are in use. It is run in a thread: it runs
     nvidia-smi."""
-    base = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    base = http_base(host, port)
     steps: tuple[tuple[str, dict[str, str]], ...] = (
         (paths.health, {}),
         (paths.models, {"Authorization": f"Bearer {key}"}),
