@@ -109,6 +109,7 @@ class SharedLimits:
         self._owed_spent: dict[PoolRef, int] = {}
         self._owed_return: dict[PoolRef, int] = {}
         self._demand: dict[PoolRef, int] = {}  # units asked for since the last round
+        self._last_demand: dict[PoolRef, int] = {}  # ... and in the round before
         self._limits: dict[str, KeyLimits] = {}  # keys with leases: their limits as last seen
         self._lockouts_to_send: list[tuple[str, float]] = []
         # One store call at a time: a lease's holding is whatever the last call said.
@@ -172,7 +173,7 @@ class SharedLimits:
                     give_back=self._owed_return.get(pool, 0),
                     need=shortfall(held, in_use, least),
                     want=shortfall(held, in_use, most),
-                    slack=self._demand.get(pool, 0),
+                    slack=self._expected(pool),
                 )
             )
         return changes
@@ -200,10 +201,17 @@ class SharedLimits:
         async with self._lock:
             if final:
                 self._demand.clear()
+                self._last_demand.clear()
             changes = [self._settling(pool, now) for pool in self._pools()]
-            self._demand.clear()
+            self._last_demand, self._demand = self._demand, {}
             await self._call([c for c in changes if c is not None], background=True)
         await self._share_lockouts()
+
+    def _expected(self, pool: PoolRef) -> int:
+        """Units this gateway expects to use on the pool before its next round: twice what
+        it asked for in the last round or this one, whichever is more. Leasing that much at a
+        time keeps a steady key off the store between rounds."""
+        return 2 * max(self._demand.get(pool, 0), self._last_demand.get(pool, 0))
 
     def _pools(self) -> list[PoolRef]:
         return sorted(
@@ -223,7 +231,7 @@ class SharedLimits:
                 self._owed_spent[pool] = self._owed_spent.get(pool, 0) + spent
                 held -= spent
         in_use = self._book.in_use(pool.key_id, pool.kind, now) if current else 0
-        keep = self._demand.get(pool, 0) if current else 0
+        keep = self._expected(pool) if current else 0
         back = spare(held, in_use, keep)
         if back:
             self._owed_return[pool] = self._owed_return.get(pool, 0) + back
