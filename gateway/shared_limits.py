@@ -43,6 +43,8 @@ from gateway.store_health import StoreHealth
 
 log = logging.getLogger(__name__)
 
+# The longest a lease round trip may take before the store counts as unreachable.
+STORE_CALL_TIMEOUT_S = 5.0
 # Units a gateway used come back as they leave its 60-second window, and another gateway's
 # spare units at its next round: a second is a fair first retry either way.
 RATE_RETRY_S = 1.0
@@ -111,6 +113,8 @@ class SharedLimits:
         self._demand: dict[PoolRef, int] = {}  # units asked for since the last round
         self._last_demand: dict[PoolRef, int] = {}  # ... and in the round before
         self._limits: dict[str, KeyLimits] = {}  # keys with leases: their limits as last seen
+        # Pools the store refused a need since the last round, as it answered then.
+        self._refusals: dict[PoolRef, LeaseState] = {}
         self._lockouts_to_send: list[tuple[str, float]] = []
         # One store call at a time: a lease's holding is whatever the last call said.
         self._lock = asyncio.Lock()
@@ -136,9 +140,16 @@ class SharedLimits:
             self._demand[pool] = self._demand.get(pool, 0) + amount
         verdict: Reservation | Denied | None = None
         for _ in range(2):  # a second round when requests in between took the new lease
-            if self._top_ups(pools, need, now):
+            changes = self._top_ups(pools, need, now)
+            if changes:
+                known = self._known_refusal(changes)
+                if known is not None:
+                    return self._denied(known, limits, need, now)
                 async with self._lock:
                     changes = self._top_ups(pools, need, now)
+                    known = self._known_refusal(changes)
+                    if known is not None:
+                        return self._denied(known, limits, need, now)
                     if changes:
                         refused = await self._call(changes)
                         if refused is not None:
@@ -148,6 +159,16 @@ class SharedLimits:
                 return verdict
         assert isinstance(verdict, Denied)
         return self._reworded(verdict, limits, need)
+
+    def _known_refusal(self, changes: list[LeaseChange]) -> LeaseState | None:
+        """A pool the store refused since the last round, for a need no smaller than this
+        one's: refused again without asking. Fifty requests past a budget cost one round trip,
+        not fifty in a row (during which the admitted ones could settle and skew the count)."""
+        for change in changes:
+            known = self._refusals.get(change.pool)
+            if known is not None and change.need > _available(known):
+                return known
+        return None
 
     def _held_limits(self, limits: KeyLimits, pools: dict[LimitKind, PoolRef]) -> HeldLimits:
         def held(kind: LimitKind) -> int | None:
@@ -204,6 +225,8 @@ class SharedLimits:
                 self._last_demand.clear()
             changes = [self._settling(pool, now) for pool in self._pools()]
             self._last_demand, self._demand = self._demand, {}
+            # Other gateways gave back what they do not use at their rounds: ask again.
+            self._refusals.clear()
             await self._call([c for c in changes if c is not None], background=True)
         await self._share_lockouts()
 
@@ -236,8 +259,11 @@ class SharedLimits:
         if back:
             self._owed_return[pool] = self._owed_return.get(pool, 0) + back
             held -= back
-        self._held[pool] = held
         spent_owed, return_owed = self._owed_spent.get(pool, 0), self._owed_return.get(pool, 0)
+        if held or current:
+            self._held[pool] = held
+        else:
+            self._held.pop(pool, None)  # a pool this gateway is done with
         if not spent_owed and not return_owed:
             return None
         return LeaseChange(pool, spent=spent_owed, give_back=return_owed)
@@ -248,7 +274,10 @@ class SharedLimits:
         """One round trip; returns the first pool that refused a need, if any."""
         now = time.time()
         try:
-            states = await self._store.sync_leases(self.holder, self.ttl_s, changes)
+            # Bounded: a store that hangs (a partition without resets) counts as lost.
+            states = await asyncio.wait_for(
+                self._store.sync_leases(self.holder, self.ttl_s, changes), STORE_CALL_TIMEOUT_S
+            )
         except Exception as exc:
             self.health.failed(now)
             if background:
@@ -260,7 +289,7 @@ class SharedLimits:
                 code="store_unreachable",
                 headers={"Retry-After": "2"},
             ) from exc
-        self.health.succeeded()
+        self.health.succeeded(time.time())
         refused = None
         for change, state in zip(changes, states, strict=True):
             pool = change.pool
@@ -270,16 +299,20 @@ class SharedLimits:
                 self._held[pool] = state.held
             else:
                 self._held.pop(pool, None)
-            if state.refused and refused is None:
-                refused = state
+            if state.refused:
+                self._refusals[pool] = state
+                refused = refused or state
+            else:
+                self._refusals.pop(pool, None)
         return refused
 
     async def _share_lockouts(self) -> None:
         sending, self._lockouts_to_send = self._lockouts_to_send, []
         try:
-            for client, seconds in sending:
-                await self._store.lock_out(client, seconds)
-            active = await self._store.lockouts()
+            async with asyncio.timeout(STORE_CALL_TIMEOUT_S):
+                for client, seconds in sending:
+                    await self._store.lock_out(client, seconds)
+                active = await self._store.lockouts()
         except Exception:
             self._lockouts_to_send = sending + self._lockouts_to_send
             raise
@@ -316,7 +349,8 @@ class SharedLimits:
         in_flight = max(state.leased, 0)
         message = (
             f"This key has spent {state.spent} of its budget of {limit} tokens per "
-            f"{limits.budget_period} (UTC), {in_flight} more are held by requests in flight, "
+            f"{limits.budget_period} (UTC), {in_flight} more are held by requests in flight "
+            "(leased by the gateways), "
             f"and this request may use up to {need.least}."
         )
         if need.least > limit:
@@ -337,6 +371,13 @@ class SharedLimits:
             f"in flight hold the rest; this request may use up to {need.least}.",
             denied.retry_after_s if denied.retry_after_s is not None else IN_FLIGHT_RETRY_S,
         )
+
+
+def _available(state: LeaseState) -> int:
+    """What the pool could still grant when the store answered."""
+    if state.limit is None:
+        return 1 << 62
+    return max(state.limit - state.spent - state.leased, 0)
 
 
 def _period_end(period_start: str, period: str) -> float:

@@ -10,15 +10,20 @@ class StoreHealth:
     def __init__(self, grace_s: float) -> None:
         # How long a gateway that lost its store keeps serving the keys it knows.
         self.grace_s = grace_s
-        self._failing_since: float | None = None  # time.time() of the first failed call
+        # time.time() of the last call that succeeded before the current outage; None when
+        # the store answers.
+        self._failing_since: float | None = None
+        self._last_success: float | None = None
         self.refusals = 0  # requests refused for want of the store
 
-    def succeeded(self) -> None:
+    def succeeded(self, now: float) -> None:
         self._failing_since = None
+        self._last_success = now
 
     def failed(self, now: float) -> None:
+        # The outage began after the last call that worked, not when a call gave up on it.
         if self._failing_since is None:
-            self._failing_since = now
+            self._failing_since = self._last_success if self._last_success is not None else now
 
     def refused(self) -> None:
         self.refusals += 1
@@ -28,7 +33,7 @@ class StoreHealth:
         return self._failing_since is None
 
     def down_for(self, now: float | None = None) -> float:
-        """Seconds since the first failed call of the current outage; 0 when reachable."""
+        """Seconds since the last call that worked, during an outage; 0 when reachable."""
         if self._failing_since is None:
             return 0.0
         return max((time.time() if now is None else now) - self._failing_since, 0.0)

@@ -4,6 +4,7 @@ once; what a round cannot deliver stays owed."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from gateway.lockout import FailedAuthLimiter
-from gateway.quota import QuotaBook, Reservation
+from gateway.quota import Denied, QuotaBook, Reservation
 from gateway.shared_limits import HeldLimits, Need, SharedLimits
 from gateway.store import KeyLimits, Store, open_store
 from gateway.store.lease_rules import LeaseChange, LeaseState, PoolRef
@@ -89,3 +90,22 @@ async def test_spend_is_reported_once_even_across_a_failed_round(tmp_path: Path)
     await real.close()
     assert state.spent == 21
     assert limits.health.reachable
+
+
+async def test_fifty_requests_past_a_budget_cost_few_round_trips(tmp_path: Path) -> None:
+    real = open_store(None, tmp_path)
+    await real.init()
+    record, _ = await real.create_key("five", limits=KeyLimits(token_budget=50))
+    store, book = Counting(real), QuotaBook()
+    limits = shared(store, book)
+    verdicts = await asyncio.gather(
+        *(admit(limits, book, record.key_id, record.limits) for _ in range(50))
+    )
+    await real.close()
+    admitted = [v for v in verdicts if isinstance(v, Reservation)]
+    refused = [v for v in verdicts if isinstance(v, Denied)]
+    assert len(admitted) == 5
+    assert {d.reason for d in refused} == {"budget"}
+    assert "budget of 50 tokens" in refused[0].message
+    # Slices shrink near the limit (a few trips), then one refusal answers all the rest.
+    assert store.trips <= 8, f"{store.trips} round trips"
