@@ -31,6 +31,8 @@ LimitKind = Literal["rpm", "tpm", "budget"]
 KINDS: Final[tuple[LimitKind, ...]] = ("rpm", "tpm", "budget")
 # Of what is left past a request's own need, a slice takes at most this fraction.
 SLICE_DIVISOR: Final = 4
+# The window rpm and tpm count over (gateway/quota.py).
+RATE_WINDOW_S: Final = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +140,8 @@ def shortfall(held: int, in_use: int, amount: int) -> int:
 
 def lease_ttl_s(outage_grace_s: float, sync_interval_s: float) -> float:
     """How long the store keeps a lease that is not renewed. Longer than the outage grace
-    (a gateway cut off from the store spends its leases for that long, then refuses), with a
+    (a gateway cut off from the store spends its leases for that long, then refuses), and
+    than a rate window (the units a dead gateway used in its last minute still count), with a
     margin for the round trip and a few missed syncs, so nobody else is granted units that a
     cut-off gateway may still spend."""
-    return outage_grace_s + max(10.0, 5 * sync_interval_s)
+    return max(outage_grace_s, RATE_WINDOW_S) + max(10.0, 5 * sync_interval_s)

@@ -77,9 +77,11 @@ def test_spare_keeps_what_is_in_use_and_the_expected_demand() -> None:
     assert shortfall(held=10, in_use=2, amount=5) == 0
 
 
-def test_a_lease_outlives_the_outage_grace() -> None:
-    assert lease_ttl_s(30.0, 0.5) > 30.0
-    assert lease_ttl_s(0.0, 5.0) >= 25.0
+def test_a_lease_outlives_the_outage_grace_and_a_rate_window() -> None:
+    assert lease_ttl_s(300.0, 0.5) > 300.0
+    # A dead gateway's last minute of requests still counts against rpm.
+    assert lease_ttl_s(0.0, 0.5) > 60.0
+    assert lease_ttl_s(0.0, 5.0) >= 85.0
 
 
 def test_many_gateways_leasing_from_one_pool_never_pass_the_limit() -> None:
