@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 
+from gateway.errors import ApiError
 from gateway.lockout import FailedAuthLimiter
 from gateway.quota import Denied, QuotaBook, Reservation
 from gateway.shared_limits import HeldLimits, Need, SharedLimits
@@ -109,3 +110,35 @@ async def test_fifty_requests_past_a_budget_cost_few_round_trips(tmp_path: Path)
     assert "budget of 50 tokens" in refused[0].message
     # Slices shrink near the limit (a few trips), then one refusal answers all the rest.
     assert store.trips <= 8, f"{store.trips} round trips"
+
+
+async def test_without_the_store_a_gateway_spends_what_it_holds_then_refuses(
+    tmp_path: Path,
+) -> None:
+    real = open_store(None, tmp_path)
+    await real.init()
+    record, _ = await real.create_key("held", limits=KeyLimits(token_budget=10_000))
+    store, book = Counting(real), QuotaBook()
+    limits = shared(store, book)
+    key_id = record.key_id
+    before = [await admit(limits, book, key_id, record.limits) for _ in range(4)]
+    pool = PoolRef(key_id, "budget", time.strftime("%Y-%m-%d", time.gmtime()))
+    room = limits.held(pool) - book.in_use(key_id, "budget", time.time())
+    store.cut = True
+    with pytest.raises(ConnectionError):
+        await limits.sync()
+    trips = store.trips
+    during = [await admit(limits, book, key_id, record.limits) for _ in range(room // 10)]
+    with pytest.raises(ApiError) as refused:
+        await admit(limits, book, key_id, record.limits)
+    limits.check_store(time.time())  # within the grace: no refusal for that
+    with pytest.raises(ApiError) as lost:
+        limits.check_store(time.time() + limits.health.grace_s + 1)
+    await real.close()
+    assert all(isinstance(v, Reservation) for v in before + during)
+    assert room >= 20, "the lease held more than the requests so far"
+    assert store.trips == trips, "the held lease was spent without the store"
+    assert refused.value.status == 503
+    assert refused.value.code == "store_unreachable"
+    assert lost.value.status == 503
+    assert limits.health.refusals == 2
