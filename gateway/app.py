@@ -36,7 +36,9 @@ from gateway.quota_sync import KeyRefresh, routes_then_keys
 from gateway.route_source import RouteRefresher, RouteSource
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
+from gateway.shared_limits import SharedLimits
 from gateway.store import Store
+from gateway.store_health import StoreHealth
 from gateway.upstream_keys import EngineKeys
 from gateway.usage import UsageRecorder
 
@@ -96,6 +98,13 @@ def create_app(
         body_parser = BodyParser(
             settings.inline_parse_bytes, settings.body_parse_workers, settings.body_parse_wait_s
         )
+        quota = QuotaBook()
+        lockout = FailedAuthLimiter(
+            max_failures=settings.auth_failures_before_lockout,
+            lockout_s=settings.auth_lockout_s,
+        )
+        health = StoreHealth(settings.store_outage_grace_s)
+        limits = SharedLimits(store, quota, lockout, health, settings.quota_sync_interval_s)
         # Closed however start-up ends: a store that fails here must not leave the session's
         # connector open (aiohttp warns about it at exit, and it holds sockets).
         try:
@@ -110,11 +119,9 @@ def create_app(
                 cache_salts=CacheSalts(master_secret),
                 session=session,
                 metrics=GatewayMetrics(),
-                quota=QuotaBook(),
-                lockout=FailedAuthLimiter(
-                    max_failures=settings.auth_failures_before_lockout,
-                    lockout_s=settings.auth_lockout_s,
-                ),
+                quota=quota,
+                limits=limits,
+                lockout=lockout,
                 router=Router(policy=settings.routing_policy, kv_index=kv_index),
                 key_inflight=KeyInFlight(),
                 body_parser=body_parser,
@@ -123,6 +130,7 @@ def create_app(
                 kv_publishers=kv_publishers,
             )
             state.metrics.watch_kv(kv_feeds, kv_publishers)
+            state.metrics.watch_store(health)
             key_refresh = KeyRefresh(state)
             await key_refresh.run()
             app.state.gateway = state
@@ -132,6 +140,7 @@ def create_app(
                 ),
                 PeriodicTask("keys-refresh", settings.key_refresh_interval_s, key_refresh.run),
                 PeriodicTask("usage-flush", settings.usage_flush_interval_s, usage.flush),
+                PeriodicTask("quota-sync", settings.quota_sync_interval_s, limits.sync),
                 PeriodicTask(
                     "engine-scrape", settings.engine_scrape_interval_s, EngineScraper(state).run
                 ),
@@ -147,6 +156,11 @@ def create_app(
                     await usage.flush()
                 except Exception:
                     log.exception("usage could not be written at shutdown: %s", usage.pending())
+                try:
+                    # Spend reported and unused leases given back, for the other gateways.
+                    await limits.sync(final=True)
+                except Exception:
+                    log.exception("the shared limits' last round failed at shutdown")
         finally:
             try:
                 await kv_publishers.close()

@@ -22,6 +22,7 @@ from gateway.quota import QuotaBook
 from gateway.route_source import RouteRefresher
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
+from gateway.shared_limits import SharedLimits
 from gateway.store import ApiKey, Store
 from gateway.upstream_keys import EngineKeys
 from gateway.usage import UsageRecorder
@@ -46,6 +47,8 @@ class GatewayState:
     session: aiohttp.ClientSession
     metrics: GatewayMetrics
     quota: QuotaBook
+    # The keys' limits as every gateway on the store shares them (leases on `quota`'s limits).
+    limits: SharedLimits
     lockout: FailedAuthLimiter
     router: Router
     # Estimated prompt tokens each key has in flight (settings.max_inflight_prompt_tokens).

@@ -90,6 +90,17 @@ class FailedAuthLimiter:
         entry.count = 0  # after the lockout the client starts afresh
         return self._lockout_s
 
+    def lock(self, group: str, seconds: float, now: float) -> None:
+        """Lock out a client group another gateway locked out (`group` as `stored_group`
+        wrote it) for `seconds` from `now`; a longer lockout already here is kept."""
+        key = _group_from_stored(group)
+        entry = self._clients.get(key)
+        if entry is None:
+            if len(self._clients) >= self._max_clients:
+                self._clients.popitem(last=False)
+            entry = self._clients[key] = _Failures(now)
+        entry.locked_until = max(entry.locked_until, now + seconds)
+
     def succeeded(self, client: str, now: float) -> None:
         """A success does not wipe the client's recent failures: a client holding one valid key
         could otherwise interleave it with guesses and never be locked. Someone who mistyped a
@@ -113,6 +124,16 @@ def client_group(address: str) -> ClientGroup:
     if ":" not in address:
         return address  # IPv4, the common case, without the cost of parsing
     return _ipv6_group(address)
+
+
+def stored_group(client: str) -> str:
+    """The client's group as text, for the store: an IPv6 /64 as its integer in decimal, which
+    no IPv4 address or other name (they hold dots or letters) can be mistaken for."""
+    return str(client_group(client))
+
+
+def _group_from_stored(text: str) -> ClientGroup:
+    return int(text) if text.isdigit() else text
 
 
 # Parsing an IPv6 address takes several microseconds; a busy gateway sees the same clients

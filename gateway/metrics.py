@@ -21,6 +21,7 @@ from typing_extensions import override
 
 from gateway.kv_feeds import KvFeeds
 from gateway.kv_publishers import KvPublishers
+from gateway.store_health import StoreHealth
 
 # Seconds: a gateway hop is sub-millisecond, a long completion is minutes.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -173,6 +174,11 @@ class GatewayMetrics:
         if publishers is not None:
             self.registry.register(_KvPublisherCollector(publishers))
 
+    def watch_store(self, health: StoreHealth) -> None:
+        """Expose whether the store answers, for how long it has not, and the requests
+        refused for want of it, read at each scrape."""
+        self.registry.register(_StoreCollector(health))
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -289,3 +295,30 @@ class _KvPublisherCollector(_FamiliesCollector):
             for publisher, is_live in sorted(live.items()):
                 connected.add_metric([publisher], 1.0 if is_live else 0.0)
         return [*counters.values(), connected]
+
+
+class _StoreCollector(_FamiliesCollector):
+    def __init__(self, health: StoreHealth) -> None:
+        self._health = health
+
+    @override
+    def _families(self, with_samples: bool) -> list[Family]:
+        health = self._health
+        reachable = GaugeMetricFamily(
+            "llmgw_store_reachable",
+            "1 while the gateway's last store call succeeded, 0 while it cannot reach it.",
+        )
+        down = GaugeMetricFamily(
+            "llmgw_store_unreachable_seconds",
+            "Seconds since the store stopped answering (0 when it answers); past the outage "
+            "grace the gateway refuses every request.",
+        )
+        refused = CounterMetricFamily(
+            "llmgw_store_outage_refusals",
+            "Requests refused because the store could not be reached.",
+        )
+        if with_samples:
+            reachable.add_metric([], 1 if health.reachable else 0)
+            down.add_metric([], health.down_for())
+            refused.add_metric([], health.refusals)
+        return [reachable, down, refused]

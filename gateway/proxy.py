@@ -31,6 +31,7 @@ from gateway.body_parse import upstream_payload
 from gateway.cache_salt import salt_body, salted_prompt
 from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError
+from gateway.lockout import stored_group
 from gateway.lora import UpstreamBodies, ensure_adapter_served, unserved
 from gateway.quota import Denied, Reservation
 from gateway.relay import Accounting, ClientWatch, Relay
@@ -41,6 +42,7 @@ from gateway.request_body import (
 from gateway.request_limits import RequestLimits, check_request
 from gateway.routing import RequestKey, RoutingSnapshot, prompt_bytes
 from gateway.routing.queue_bound import full_replicas
+from gateway.shared_limits import Attempt, HeldLimits, Need
 from gateway.store import ApiKey
 from gateway.tokenize import cache_salt, request_token_ids
 from workflows.contracts import Route
@@ -116,6 +118,7 @@ async def _admit(state: GatewayState, scope: Scope, receive: Receive) -> Admitte
     as early as it can be known, and before anything costs an engine a thing."""
     client = scope["client"][0] if scope.get("client") else ""
     now = time.monotonic()
+    state.limits.check_store(time.time())
     locked_for = state.lockout.retry_after(client, now)
     if locked_for is not None:
         state.metrics.auth_failed("locked_out")
@@ -132,7 +135,10 @@ async def _admit(state: GatewayState, scope: Scope, receive: Receive) -> Admitte
             authorization.decode("latin-1") if authorization else None
         )
     except AuthFailed as err:
-        state.lockout.failed(client, now)
+        locked_for = state.lockout.failed(client, now)
+        if locked_for is not None:
+            # The other gateways on the store lock this client out too.
+            state.limits.locked_out(stored_group(client), locked_for)
         state.metrics.auth_failed(err.reason)
         raise
     raw = await read_body(receive, state.settings.max_body_bytes, headers.get(b"content-length"))
@@ -198,7 +204,7 @@ async def _serve_admitted(
     salt = salt_body(state.cache_salts, key, body, snapshot.ready(request.model))
     watch = ClientWatch(receive)
     try:
-        reservation, clamped = _reserve(state, key, request, prompt_estimate)
+        reservation, clamped = await _reserve(state, key, request, prompt_estimate)
         accounting = Accounting(state, key, request.model, reservation, prompt_estimate)
         routing_key: RequestKey | None = None  # built once no engine can have the prompt yet
         try:
@@ -273,43 +279,63 @@ def _deadline_s(state: GatewayState, client_timeout: bytes | None) -> float:
     return deadline
 
 
-def _reserve(
+async def _reserve(
     state: GatewayState, key: ApiKey, request: ProxiedRequest, prompt_estimate: int
 ) -> tuple[Reservation, bool]:
-    """Reserve this request's worst case against the key's limits, and clamp its max_tokens so
-    the worst case really is the worst case (an engine stops at max_tokens, per choice). True
-    when the body was changed.
+    """Reserve this request's worst case against the key's limits, shared with every gateway
+    on the store (gateway/shared_limits.py), and clamp its max_tokens so the worst case really
+    is the worst case (an engine stops at max_tokens, per choice). True when the body was
+    changed.
 
     The worst case counts every completion the request makes: n or best_of per prompt, times
     the prompts of a /v1/completions array (llama.cpp runs each as a task of its own)."""
-    clamped = False
     body = request.body
     now = time.time()
+    book = state.quota
+    fields: list[str] = []
+    prompts = 1
+    attempt: Attempt
     if request.path == EMBEDDINGS:
-        verdict = state.quota.reserve(key.key_id, key.limits, prompt_estimate, now)
+        need = Need(prompt_estimate, prompt_estimate)
+
+        def attempt(held: HeldLimits) -> Reservation | Denied:
+            return book.reserve(key.key_id, held, prompt_estimate, now)
+
     else:
         # Every length field present bounds the completion and is clamped (llama.cpp reads its
         # own n_predict first): one left unclamped would run past the reservation.
         fields, requested = completion_length(body)
         choices, prompts = choices_requested(request.path, body)
-        verdict = state.quota.reserve_completion(
-            key.key_id,
-            key.limits,
-            prompt_estimate,
-            requested,
-            now,
-            context_tokens=state.settings.assumed_context_tokens,
-            choices=choices,
-        )
-        if isinstance(verdict, Reservation):
-            verdict.prompts = prompts
-            if verdict.max_tokens is not None:
-                clamped = any(body.get(f) != verdict.max_tokens for f in fields)
-                for f in fields:
-                    body[f] = verdict.max_tokens
+        context = state.settings.assumed_context_tokens
+        ceiling = context if requested is None else min(max(requested, 0), context)
+        most = prompt_estimate + ceiling * choices
+        # With a budget the completion is clamped to what is left (down to a token a choice);
+        # without one, tpm reserves the whole worst case or nothing.
+        least = prompt_estimate + choices if key.limits.token_budget is not None else most
+        need = Need(least, most)
+
+        def attempt(held: HeldLimits) -> Reservation | Denied:
+            return book.reserve_completion(
+                key.key_id,
+                held,
+                prompt_estimate,
+                requested,
+                now,
+                context_tokens=context,
+                choices=choices,
+            )
+
+    verdict = await state.limits.reserve(key.key_id, key.limits, need, attempt, now)
     if isinstance(verdict, Denied):
         state.metrics.quota_rejected(verdict.reason)
         raise _quota_error(verdict.reason, verdict.message, verdict.retry_after_s)
+    clamped = False
+    if request.path != EMBEDDINGS:
+        verdict.prompts = prompts
+        if verdict.max_tokens is not None:
+            clamped = any(body.get(f) != verdict.max_tokens for f in fields)
+            for f in fields:
+                body[f] = verdict.max_tokens
     return verdict, clamped
 
 

@@ -351,6 +351,30 @@ class QuotaBook:
         state.period_start = max(state.period_start, start)
         state.spent = max(tokens, 0)
 
+    def in_use(self, key_id: str, kind: str, now: float) -> int:
+        """What the key has counted against one limit in this book: requests ("rpm") or tokens
+        ("tpm") in the last 60 seconds, or budget tokens spent and reserved ("budget"). A
+        gateway sharing limits with others holds at least this much of the key's lease."""
+        state = self._keys.get(key_id)
+        if state is None:
+            return 0
+        if kind == "budget":
+            return state.spent + state.reserved
+        window = state.requests if kind == "rpm" else state.tokens
+        if window is None:
+            return 0
+        window.advance(int(now))
+        return window.total
+
+    def take_spent(self, key_id: str) -> int:
+        """Hands over the budget tokens the key has spent in this book (to be reported to the
+        store's shared pool) and stops counting them here; reservations stay."""
+        state = self._keys.get(key_id)
+        if state is None:
+            return 0
+        spent, state.spent = state.spent, 0
+        return spent
+
     def forget(self, key_id: str) -> None:
         """Drops a revoked or deleted key; its reservations settle harmlessly afterwards."""
         self._keys.pop(key_id, None)

@@ -51,10 +51,14 @@ def uvicorn_config(
     )
 
 
-def listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A bound listening socket. `reuse_port`: several processes bind the same port and the
+    kernel spreads new connections among them (SO_REUSEPORT, `llmgw gateway --workers`)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as err:
@@ -64,13 +68,16 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(settings: GatewaySettings, store: Store, route_source: RouteSource) -> None:
+async def serve(
+    settings: GatewaySettings, store: Store, route_source: RouteSource, reuse_port: bool = False
+) -> None:
     """Serve the OpenAI API on settings.host:port and the admin API on its own loopback
     listener, until the process is told to stop (SIGINT/SIGTERM, handled by uvicorn). The
-    store stays the caller's to close."""
+    store stays the caller's to close. `reuse_port`: the public port is shared with the other
+    worker processes of one gateway."""
     if not ipaddress.ip_address(settings.admin_host).is_loopback:
         raise RuntimeError(f"the admin API listens on loopback only, not {settings.admin_host}")
-    public = listen(settings.host, settings.port)
+    public = listen(settings.host, settings.port, reuse_port)
     admin = listen(settings.admin_host, settings.admin_port)
     admin_address = admin.getsockname()[:2]
     server = uvicorn.Server(uvicorn_config(settings, store, route_source, admin_address))

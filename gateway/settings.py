@@ -18,6 +18,13 @@ class GatewaySettings(BaseModel):
     # How soon a revoked key stops working in a running gateway.
     key_refresh_interval_s: float = Field(default=1.0, gt=0, le=60)
     usage_flush_interval_s: float = Field(default=1.0, gt=0, le=60)
+    # Keys' limits are shared by every gateway on the store through leases
+    # (gateway/shared_limits.py): how often this gateway reports spend, gives back what it does
+    # not need and renews its leases, in one transaction for all keys.
+    quota_sync_interval_s: float = Field(default=0.5, gt=0, le=10)
+    # How long a gateway that cannot reach its store keeps serving the keys it knows, spending
+    # only the limits it holds; past it every request gets 503 until the store is back.
+    store_outage_grace_s: float = Field(default=30.0, ge=0, le=3600)
     upstream_connect_timeout_s: float = Field(default=5.0, gt=0)
     # Between two reads from an engine: long enough for a slow first token on a busy replica.
     upstream_read_timeout_s: float = Field(default=600.0, gt=0)

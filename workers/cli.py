@@ -158,6 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--port", type=int, default=8000)
     gw.add_argument("--admin-port", type=int, default=8001, help="admin API port, on loopback")
     gw.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gateway processes sharing --port (one core each); worker i's admin API listens "
+        "on --admin-port + i; limits are shared through the store (default 1)",
+    )
+    gw.add_argument(
         "--routing",
         choices=["prefix", "least_load", "round_robin"],
         default="prefix",
@@ -331,7 +338,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
             admin_port=args.admin_port,
             routing_policy=args.routing,
         )
-        gateway_main(where, settings)
+        gateway_main(where, settings, args.workers)
     elif args.command == "secret":
         from activities.agent.node_secrets import main as secret_main
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import uvloop
 
-from bench.gateway import litellm_arm, report
+from bench.gateway import litellm_arm, report, scale
 from bench.gateway.loadgen import LoadResult, build_request, run_load
 from bench.gateway.procs import (
     Child,
@@ -67,6 +67,8 @@ class Options:
     chunks: int
     gateway_loop: str
     workdir: Path
+    # The scale-out figures (bench/gateway/scale.py) after the arms.
+    scale_out: bool = True
     # The LiteLLM executable, or why there is none.
     litellm: Path | str = "not installed"
 
@@ -239,7 +241,13 @@ def measure(
     )
 
 
-def bench(options: Options, cores: Cores) -> list[ArmFigures]:
+@dataclass
+class ScaleFigures:
+    workers: list[scale.WorkerFigures]
+    quota: list[scale.QuotaFigures]
+
+
+def bench(options: Options, cores: Cores) -> tuple[list[ArmFigures], ScaleFigures]:
     port = free_port()
     standin = Child(
         "stand-in",
@@ -249,6 +257,7 @@ def bench(options: Options, cores: Cores) -> list[ArmFigures]:
     )
     upstream = f"http://{HOST}:{port}"
     figures: list[ArmFigures] = []
+    scaled = ScaleFigures([], [])
     try:
         wait_until(standin, lambda: port_open(port), START_TIMEOUT_S)
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
@@ -261,9 +270,19 @@ def bench(options: Options, cores: Cores) -> list[ArmFigures]:
                 except (StartFailed, litellm_arm.Unavailable) as exc:
                     print(f"  unavailable: {exc}", file=sys.stderr)
                     figures.append(ArmFigures(name=arm, unavailable=str(exc)))
+            if options.scale_out:
+                try:
+                    print("workers (not pinned):", file=sys.stderr)
+                    scaled.workers = scale.measure_workers(
+                        upstream, options.workdir, runner, options.duration_s, options.warmup_s
+                    )
+                    print("quota, two gateways on one store:", file=sys.stderr)
+                    scaled.quota = scale.measure_quota(upstream, options.workdir, runner)
+                except StartFailed as exc:
+                    print(f"  unavailable: {exc}", file=sys.stderr)
     finally:
         standin.stop()
-    return figures
+    return figures, scaled
 
 
 def setup_line(options: Options, cores: Cores) -> str:
@@ -324,6 +343,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", type=Path, help="also write the table here (Markdown)")
     parser.add_argument("--json", dest="json_out", type=Path, help="also write figures here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument(
+        "--no-scale",
+        action="store_true",
+        help="skip the scale-out figures (one worker vs two, quota with two gateways)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -346,9 +370,10 @@ def run(args: argparse.Namespace) -> int:
                 gateway_loop=args.gateway_loop,
                 workdir=workdir,
                 litellm=litellm,
+                scale_out=not args.no_scale,
             )
             pin_self(cores.load)
-            figures = bench(options, cores)
+            figures, scaled = bench(options, cores)
     except StartFailed as exc:
         print(f"the stand-in upstream did not start: {exc}", file=sys.stderr)
         return 1
@@ -360,12 +385,25 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     for line in report.error_lines(figures):
         print(line)
+    scale_lines = scale.lines(scaled.workers, scaled.quota)
+    if scale_lines:
+        print()
+        for line in scale_lines:
+            print(line)
     print(f"\n{setup}\ntook {time.monotonic() - started:.0f} s")
     if args.markdown is not None:
         args.markdown.write_text(report.markdown(figures, setup))
     if args.json_out is not None:
         args.json_out.write_text(
-            json.dumps({"setup": setup, "arms": [asdict(f) for f in figures]}, indent=2) + "\n"
+            json.dumps(
+                {
+                    "setup": setup,
+                    "arms": [asdict(f) for f in figures],
+                    "scale": asdict(scaled),
+                },
+                indent=2,
+            )
+            + "\n"
         )
     return 0
 

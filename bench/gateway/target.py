@@ -5,7 +5,10 @@ SQLite store and a static routing table of READY routes, one per `--upstream`.
         --state-dir D [--model M --engine E --node N --routing POLICY]
 
 Creates an API key named `bench` through the store and writes its plaintext to
-D/bench-api-key before serving, for the load generator to send as `Authorization: Bearer`.
+D/bench-api-key before serving, for the load generator to send as `Authorization: Bearer`
+(`--no-key`: another process on the same state directory made it). `--reuse-port` binds the
+port with SO_REUSEPORT, as each worker of `llmgw gateway --workers N` does, so several targets
+can share it and the store.
 Everything per request stays on: key check, model allowlist, routing, in-flight counts, usage
 recording and its flush loop. The replicas are `bench-0`, `bench-1`, ... on node N; for an
 engine that llmgw keys (llamacpp), the gateway derives each one's key from the store's master
@@ -24,7 +27,7 @@ from pathlib import Path
 import uvicorn
 
 from gateway.routing.policy import POLICIES
-from gateway.server import uvicorn_config
+from gateway.server import listen, uvicorn_config
 from gateway.settings import GatewaySettings
 from gateway.store import KeyLimits, KeyNameTaken, Store, open_store
 from workflows.contracts import ReplicaState, Route, RoutingTable
@@ -82,10 +85,25 @@ async def create_key(store: Store, key_file: Path, model: str) -> None:
         out.write(plaintext + "\n")
 
 
-async def serve(server: uvicorn.Server, store: Store, key_file: Path, model: str) -> None:
+async def serve(
+    server: uvicorn.Server,
+    store: Store,
+    key_file: Path | None,
+    model: str,
+    reuse_port: bool = False,
+) -> None:
+    config = server.config
     try:
-        await create_key(store, key_file, model)
-        await server.serve()
+        if key_file is not None:
+            await create_key(store, key_file, model)
+        if reuse_port:
+            sock = listen(config.host, config.port, reuse_port=True)
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                sock.close()
+        else:
+            await server.serve()
     finally:
         await store.close()
 
@@ -109,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="external")
     parser.add_argument("--node", default="bench")
     parser.add_argument("--routing", choices=POLICIES, default="prefix")
+    parser.add_argument("--reuse-port", action="store_true", help="share the port (SO_REUSEPORT)")
+    parser.add_argument("--no-key", action="store_true", help="do not create the bench key")
     args = parser.parse_args(argv)
     args.state_dir.mkdir(parents=True, exist_ok=True)
     settings = GatewaySettings(host=args.host, port=args.port, routing_policy=args.routing)
@@ -117,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     config = uvicorn_config(settings, store, routes)
     server = uvicorn.Server(config)
     with asyncio.Runner(loop_factory=loop_factory(args.loop, config)) as runner:
-        runner.run(serve(server, store, args.state_dir / KEY_FILENAME, args.model))
+        key_file = None if args.no_key else args.state_dir / KEY_FILENAME
+        runner.run(serve(server, store, key_file, args.model, args.reuse_port))
     return 0
 
 

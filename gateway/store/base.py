@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from datetime import date, datetime
 
+from gateway.store.lease_rules import LeaseChange, LeaseState
 from gateway.store.models import ApiKey, KeyLimits, StoreDump, UsageDelta, UsageRow
 
 # A fresh key_id colliding with an existing one is a 1-in-4-billion event; retrying a few times
@@ -106,3 +108,22 @@ class Store(ABC):
         identity (so importing twice changes nothing), secrets replace existing ones unless
         replace_secrets is False. A key whose name an other unrevoked key holds raises
         KeyNameTaken and nothing is written."""
+
+    @abstractmethod
+    async def sync_leases(
+        self, holder: str, ttl_s: float, changes: Sequence[LeaseChange]
+    ) -> list[LeaseState]:
+        """One gateway's round with the shared limits (gateway/store/lease_rules.py), in one
+        transaction: each change applied to its pool under the pool's lock (expired leases of
+        that pool reclaimed first), then every lease `holder` has renewed for `ttl_s`. The
+        key's limit is read from the key's row, so a changed or revoked key counts at once.
+        States come back in the order of `changes`."""
+
+    @abstractmethod
+    async def lock_out(self, client: str, seconds: float) -> None:
+        """Record that `client` (an address group, gateway/lockout.py) is locked out for
+        `seconds` from now, by the store's clock; a longer lockout already there is kept."""
+
+    @abstractmethod
+    async def lockouts(self) -> dict[str, float]:
+        """Every client locked out now, with the seconds its lockout has left."""

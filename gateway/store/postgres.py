@@ -6,14 +6,17 @@ one database by naming a schema in the URL: `postgresql://...?search_path=llmgw`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, date, datetime
 from typing import Any, cast
 
 import asyncpg
 
+from gateway.store import postgres_leases as leases
 from gateway.store import postgres_sql as sql
 from gateway.store.base import KEY_ID_ATTEMPTS, KeyNameTaken, Store
 from gateway.store.dump_rules import check_dump, name_conflicts, write_order
+from gateway.store.lease_rules import LeaseChange, LeaseState
 from gateway.store.models import ApiKey, KeyLimits, StoreDump, UsageDelta, UsageRow
 from gateway.store.records import (
     ADDED_KEY_COLUMNS,
@@ -79,6 +82,7 @@ class PostgresStore(Store):
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _INIT_LOCK_ID)
             await conn.execute(sql.SCHEMA)
+            await conn.execute(sql.LEASE_SCHEMA)
             await _upgrade(conn)
 
     async def close(self) -> None:
@@ -237,3 +241,20 @@ class PostgresStore(Store):
                 sql.UPSERT_KEY, [key_values(k, _same) for k in write_order(dump.keys)]
             )
             await conn.executemany(sql.PUT_USAGE, [usage_values(r, _same) for r in dump.usage])
+
+    async def sync_leases(
+        self, holder: str, ttl_s: float, changes: Sequence[LeaseChange]
+    ) -> list[LeaseState]:
+        pool = await self._get_pool()
+        async with pool.acquire() as conn, conn.transaction():
+            return await leases.sync_leases(conn, holder, ttl_s, changes)
+
+    async def lock_out(self, client: str, seconds: float) -> None:
+        pool = await self._get_pool()
+        async with pool.acquire() as conn, conn.transaction():
+            await leases.lock_out(conn, client, seconds)
+
+    async def lockouts(self) -> dict[str, float]:
+        pool = await self._get_pool()
+        async with pool.acquire() as conn:
+            return await leases.lockouts(conn)

@@ -131,3 +131,68 @@ KEY_COLUMNS_PRESENT = """
 SELECT column_name FROM information_schema.columns
 WHERE table_name = 'api_keys' AND table_schema = current_schema()
 """
+
+# Shared limits (gateway/store/lease_rules.py): one pool per key and limit, one lease per pool
+# and gateway. Times are Unix seconds by the database's clock, so gateways on several hosts
+# agree on when a lease expires.
+LEASE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS quota_pools (
+    key_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    period TEXT NOT NULL,
+    spent BIGINT NOT NULL DEFAULT 0,
+    leased BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (key_id, kind, period)
+);
+CREATE TABLE IF NOT EXISTS quota_leases (
+    key_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    period TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    held BIGINT NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (key_id, kind, period, holder)
+);
+CREATE INDEX IF NOT EXISTS quota_leases_holder ON quota_leases (holder);
+CREATE TABLE IF NOT EXISTS auth_lockouts (
+    client TEXT PRIMARY KEY,
+    locked_until DOUBLE PRECISION NOT NULL
+);
+"""
+NOW = "SELECT extract(epoch FROM clock_timestamp())::float8"
+KEY_LIMITS = "SELECT rpm, tpm, token_budget, revoked_at FROM api_keys WHERE key_id = $1"
+POOL_CREATE = """
+INSERT INTO quota_pools (key_id, kind, period, spent, leased) VALUES ($1, $2, $3, $4, 0)
+ON CONFLICT (key_id, kind, period) DO NOTHING
+"""
+# The pool's row lock serialises every change to the pool and its leases.
+POOL_GET = """
+SELECT spent, leased FROM quota_pools WHERE key_id = $1 AND kind = $2 AND period = $3
+FOR UPDATE
+"""
+POOL_PUT = """
+UPDATE quota_pools SET spent = $1, leased = $2 WHERE key_id = $3 AND kind = $4 AND period = $5
+"""
+POOL_REAP = """
+DELETE FROM quota_leases WHERE key_id = $1 AND kind = $2 AND period = $3 AND expires_at < $4
+RETURNING held
+"""
+LEASE_GET = """
+SELECT held FROM quota_leases WHERE key_id = $1 AND kind = $2 AND period = $3 AND holder = $4
+"""
+LEASE_PUT = """
+INSERT INTO quota_leases (key_id, kind, period, holder, held, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (key_id, kind, period, holder) DO UPDATE SET
+    held = excluded.held, expires_at = excluded.expires_at
+"""
+LEASE_DROP = """
+DELETE FROM quota_leases WHERE key_id = $1 AND kind = $2 AND period = $3 AND holder = $4
+"""
+LEASES_RENEW = "UPDATE quota_leases SET expires_at = $1 WHERE holder = $2"
+LOCKOUT_PUT = """
+INSERT INTO auth_lockouts AS l (client, locked_until) VALUES ($1, $2)
+ON CONFLICT (client) DO UPDATE SET locked_until = GREATEST(l.locked_until, excluded.locked_until)
+"""
+LOCKOUTS_FORGET = "DELETE FROM auth_lockouts WHERE locked_until < $1"
+LOCKOUTS_ACTIVE = "SELECT client, locked_until FROM auth_lockouts WHERE locked_until > $1"

@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gateway.store import sqlite_leases as leases
 from gateway.store import sqlite_sql as sql
 from gateway.store.base import KEY_ID_ATTEMPTS, KeyNameTaken, Store
 from gateway.store.dump_rules import check_dump, name_conflicts, write_order
+from gateway.store.lease_rules import LeaseChange, LeaseState
 from gateway.store.models import ApiKey, KeyLimits, StoreDump, UsageDelta, UsageRow
 from gateway.store.records import (
     ADDED_KEY_COLUMNS,
@@ -142,7 +145,7 @@ class SqliteStore(Store):
         await self._transaction(call)
 
     async def init(self) -> None:
-        await self._run(lambda conn: conn.executescript(sql.SCHEMA).close())
+        await self._run(lambda conn: conn.executescript(sql.SCHEMA + sql.LEASE_SCHEMA).close())
         # In a transaction, so two processes starting at once add each column once.
         await self._transaction(_upgrade)
 
@@ -328,3 +331,17 @@ class SqliteStore(Store):
             # Only a hand-edited dump gets here (a key renamed onto another's name).
             raise ValueError(f"the dump's keys clash with the store's: {exc}") from None
         self._secret = None  # the master secret may have been replaced
+
+    async def sync_leases(
+        self, holder: str, ttl_s: float, changes: Sequence[LeaseChange]
+    ) -> list[LeaseState]:
+        # One host's clock: every process sharing a SQLite file reads the same one.
+        return await self._transaction(
+            lambda conn: leases.sync_leases(conn, holder, ttl_s, changes, time.time())
+        )
+
+    async def lock_out(self, client: str, seconds: float) -> None:
+        await self._transaction(lambda conn: leases.lock_out(conn, client, seconds, time.time()))
+
+    async def lockouts(self) -> dict[str, float]:
+        return await self._run(lambda conn: leases.lockouts(conn, time.time()))

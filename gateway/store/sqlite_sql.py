@@ -126,3 +126,63 @@ SPENT_TOKENS = """
 SELECT COALESCE(SUM(prompt_tokens + completion_tokens), 0) FROM usage_daily
 WHERE key_id = ? AND day >= ?
 """
+
+# Shared limits (gateway/store/lease_rules.py): one pool per key and limit, one lease per pool
+# and gateway. Times are Unix seconds.
+LEASE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS quota_pools (
+    key_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    period TEXT NOT NULL,
+    spent INTEGER NOT NULL DEFAULT 0,
+    leased INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (key_id, kind, period)
+);
+CREATE TABLE IF NOT EXISTS quota_leases (
+    key_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    period TEXT NOT NULL,
+    holder TEXT NOT NULL,
+    held INTEGER NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (key_id, kind, period, holder)
+);
+CREATE INDEX IF NOT EXISTS quota_leases_holder ON quota_leases (holder);
+CREATE TABLE IF NOT EXISTS auth_lockouts (
+    client TEXT PRIMARY KEY,
+    locked_until REAL NOT NULL
+);
+"""
+KEY_LIMITS = "SELECT rpm, tpm, token_budget, revoked_at FROM api_keys WHERE key_id = ?"
+POOL_CREATE = """
+INSERT INTO quota_pools (key_id, kind, period, spent, leased) VALUES (?, ?, ?, ?, 0)
+ON CONFLICT (key_id, kind, period) DO NOTHING
+"""
+POOL_GET = "SELECT spent, leased FROM quota_pools WHERE key_id = ? AND kind = ? AND period = ?"
+POOL_PUT = """
+UPDATE quota_pools SET spent = ?, leased = ? WHERE key_id = ? AND kind = ? AND period = ?
+"""
+POOL_EXPIRED = """
+SELECT COALESCE(SUM(held), 0) FROM quota_leases
+WHERE key_id = ? AND kind = ? AND period = ? AND expires_at < ?
+"""
+POOL_REAP = """
+DELETE FROM quota_leases WHERE key_id = ? AND kind = ? AND period = ? AND expires_at < ?
+"""
+LEASE_GET = """
+SELECT held FROM quota_leases WHERE key_id = ? AND kind = ? AND period = ? AND holder = ?
+"""
+LEASE_PUT = """
+INSERT INTO quota_leases (key_id, kind, period, holder, held, expires_at)
+VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (key_id, kind, period, holder) DO UPDATE SET
+    held = excluded.held, expires_at = excluded.expires_at
+"""
+LEASE_DROP = "DELETE FROM quota_leases WHERE key_id = ? AND kind = ? AND period = ? AND holder = ?"
+LEASES_RENEW = "UPDATE quota_leases SET expires_at = ? WHERE holder = ?"
+LOCKOUT_PUT = """
+INSERT INTO auth_lockouts (client, locked_until) VALUES (?, ?)
+ON CONFLICT (client) DO UPDATE SET locked_until = MAX(locked_until, excluded.locked_until)
+"""
+LOCKOUTS_FORGET = "DELETE FROM auth_lockouts WHERE locked_until < ?"
+LOCKOUTS_ACTIVE = "SELECT client, locked_until FROM auth_lockouts WHERE locked_until > ?"

@@ -11,6 +11,7 @@ import pytest
 
 from bench.gateway import report
 from bench.gateway.loadgen import ResponseReader, build_request, run_load
+from bench.gateway.scale import QuotaFigures, WorkerFigures, lines
 from bench.gateway.standin import (
     Answers,
     StandinProtocol,
@@ -277,3 +278,22 @@ def test_tables_show_every_arm_and_why_one_is_missing() -> None:
     assert "| litellm | unavailable: installing LiteLLM failed: no network |" in md
     assert "- PASS  llmgw req/s >= 50% of hop's (c16 and c64): 60%" in md
     assert any("x LiteLLM" in line and "n/a" in line for line in report.ratio_lines(_figures()))
+
+
+# --- the scale-out lines ----------------------------------------------------------------------
+
+
+def test_scale_lines_give_the_workers_ratio_and_flag_a_budget_overrun() -> None:
+    workers = [WorkerFigures(1, 1000.0, 400.0, 0), WorkerFigures(2, 1800.0, 700.0, 0)]
+    quota = [
+        QuotaFigures("budget", 5_500, 300, 218, 82, 0, 5_450),
+        QuotaFigures("budget", 5_500, 300, 230, 70, 0, 5_600),
+        QuotaFigures("rpm", 200, 600, 200, 400, 0, None),
+    ]
+    text = lines(workers, quota)
+    assert "(x1.80)" in text[0]
+    assert "(x1.75)" in text[0]
+    assert "99% of the budget (within it)" in text[1]
+    assert "(OVER it)" in text[2]
+    assert "200 of 600 admitted" in text[3]
+    assert "100% of the limit" in text[3]

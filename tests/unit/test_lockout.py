@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.lockout import FailedAuthLimiter, client_group
+from gateway.lockout import FailedAuthLimiter, client_group, stored_group
 
 T = 1_000_000.0
 
@@ -114,3 +114,16 @@ def test_nonsense_settings_are_refused() -> None:
         FailedAuthLimiter(max_failures=0)
     with pytest.raises(ValueError, match="lockout_s and max_clients must be positive"):
         FailedAuthLimiter(max_clients=0)
+
+
+def test_a_lockout_from_another_gateway_holds_here_for_its_whole_group() -> None:
+    """What the store keeps (`stored_group`) locks out the same client group when another
+    gateway applies it: an IPv6 client's whole /64, an IPv4 address alone."""
+    limiter = FailedAuthLimiter()
+    limiter.lock(stored_group("2001:db8:1:2::5"), 30, now=100.0)
+    limiter.lock(stored_group("203.0.113.7"), 30, now=100.0)
+    assert limiter.retry_after("2001:db8:1:2::ffff", 110.0) == 20.0
+    assert limiter.retry_after("203.0.113.7", 110.0) == 20.0
+    assert limiter.retry_after("2001:db8:1:3::5", 110.0) is None
+    assert limiter.retry_after("203.0.113.8", 110.0) is None
+    assert limiter.retry_after("203.0.113.7", 131.0) is None
