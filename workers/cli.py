@@ -154,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--port", type=int, default=8000)
     gw.add_argument("--admin-port", type=int, default=8001, help="admin API port, on loopback")
     gw.add_argument(
+        "--temporal-ui",
+        default="",
+        metavar="URL",
+        help="the Temporal web UI the console links each workflow to (default: no links)",
+    )
+    gw.add_argument(
         "--routing",
         choices=["prefix", "least_load", "round_robin"],
         default="prefix",
@@ -310,7 +316,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
             admin_port=args.admin_port,
             routing_policy=args.routing,
         )
-        gateway_main(where, settings)
+        gateway_main(where, settings, args.temporal_ui)
     elif args.command == "secret":
         from activities.agent.node_secrets import main as secret_main
 
