@@ -88,15 +88,18 @@ def until(check: Callable[[], T | None], what: str, within_s: float = 20.0) -> T
     raise AssertionError(f"the console did not show {what} within {within_s:.0f} s ({last})")
 
 
-def screenshot(driver: Any, name: str, tmp: Path) -> Path:
-    """The whole page as PNG: the window grown to the page's height first (a screenshot holds
-    the viewport only)."""
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(WIDTH, min(int(height) + 40, 6000))
-    time.sleep(0.2)  # a relayout after the resize, before the capture
+def screenshot(driver: Any, name: str, tmp: Path, max_height: int = 2000) -> Path:
+    """The page as PNG, down to `max_height` pixels: the viewport set to the page's height
+    first (a screenshot holds the viewport only; the window's size counts the browser's own
+    frame too, so the viewport is set through DevTools)."""
+    height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+    metrics = {"width": WIDTH, "height": min(height, max_height), "deviceScaleFactor": 1}
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {**metrics, "mobile": False})
     target_dir = DOCS_SHOTS if os.environ.get("LLMGW_CONSOLE_SCREENSHOTS") == "1" else tmp
     target_dir.mkdir(parents=True, exist_ok=True)
     path = target_dir / f"{name}.png"
-    driver.save_screenshot(str(path))
-    driver.set_window_size(WIDTH, 900)
+    try:
+        driver.save_screenshot(str(path))
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     return path

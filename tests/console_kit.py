@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import uvicorn
 
 from gateway.deps import GatewayState
 from gateway.server import uvicorn_config
-from gateway.store import Store, open_store
+from gateway.store import KeyLimits, Store, UsageDelta, open_store
 from tests.console_standin import StandinCluster
 from tests.gateway_kit import CatalogSource, fast_settings
 
@@ -46,6 +47,31 @@ class ConsoleGateway:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
 
 
+USAGE_KEY = "team-a"
+USAGE_DAYS = 5
+
+
+async def seed_usage(store: Store) -> None:
+    """A key with a few days of use on two models, as the gateway would have recorded it."""
+    record, _ = await store.create_key(USAGE_KEY, limits=KeyLimits(token_budget=2_000_000))
+    today = datetime.now(UTC).date()
+    rows = []
+    for back in range(USAGE_DAYS):
+        day = today - timedelta(days=back)
+        for model, scale in (("deepseek", 3), ("qwen", 1)):
+            rows.append(
+                UsageDelta(
+                    key_id=record.key_id,
+                    model=model,
+                    day=day,
+                    requests=10 * scale * (back + 1),
+                    prompt_tokens=4000 * scale * (back + 1),
+                    completion_tokens=1000 * scale * (back + 1),
+                )
+            )
+    await store.add_usage(rows)
+
+
 @contextmanager
 def console_gateway(state_dir: Path) -> Iterator[ConsoleGateway]:
     ready = threading.Event()
@@ -66,6 +92,7 @@ def console_gateway(state_dir: Path) -> Iterator[ConsoleGateway]:
                 if task.done():
                     task.result()
                 await asyncio.sleep(0.01)
+            await seed_usage(store)
             held["gateway"] = ConsoleGateway(
                 f"http://127.0.0.1:{port}",
                 cluster,

@@ -91,7 +91,7 @@ def _record(name: str, gpus: list[GpuInfo], **kw: Any) -> NodeRecord:
     inventory = NodeInventory(
         name=name,
         address=f"10.0.0.{len(name) + 10}",
-        cpu_model="NVIDIA Grace" if gpus else "AMD EPYC 9354",
+        cpu_model="NVIDIA Grace" if name in RACK else "AMD EPYC 9354",
         cpu_cores=144 if gpus else 32,
         memory_mb=884_000 if gpus else 257_000,
         gpus=gpus,

@@ -82,7 +82,9 @@ async def console_asset(name: str) -> Response:
 
 def _cluster(state: State) -> ClusterCache:
     if state.console is None:
-        raise ApiError(501, "This gateway has no view of the cluster.", code="no_cluster")
+        # 404: to this gateway there are no nodes or models to command (`llmgw gateway` always
+        # has a view; an embedding or a test may not).
+        raise ApiError(404, "This gateway has no view of the cluster.", code="no_cluster")
     return state.console
 
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.browser_kit import browser_missing, chromium, console_errors, screenshot, until
-from tests.console_kit import ConsoleGateway, console_gateway
+from tests.console_kit import USAGE_DAYS, USAGE_KEY, ConsoleGateway, console_gateway
 from tests.console_standin import CPU_NODE, MIG_NODE, RACK, TEMPORAL_UI
 
 pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
@@ -229,6 +229,15 @@ def test_keys_created_limited_and_revoked_from_the_page(
         "the key's row",
     )
     assert "30 req/min" in row.text
+    # The seeded key's use: every (day, model) row, and a bar per day and model in the chart.
+    usage = [r.text for r in all_css(browser, "#keys-data table:last-of-type tbody tr")]
+    assert len(usage) == USAGE_DAYS * 2
+    assert all(USAGE_KEY in r for r in usage)
+    assert len(all_css(browser, "svg.chart rect")) == USAGE_DAYS * 2
+    team = next(r for r in all_css(browser, "#keys-data tr") if r.text.startswith(USAGE_KEY))
+    assert "2,000,000 tokens a day" in team.text
+    # Requests 10 x (3 + 1) x (1 + 2 + 3 + 4 + 5); tokens (4,000 + 1,000) x (3 + 1) x 15.
+    assert " 600 300,000" in team.text
     screenshot(browser, "keys", tmp_path)
 
     fill(browser, f"#limits-{row_key(gateway)}", "90\n")

@@ -108,4 +108,5 @@ async def test_a_gateway_without_a_cluster_view_still_shows_its_own_figures(
             k.name for k in await store.list_keys()
         ]
         response = await gw.client.post("/admin/v1/nodes/n/cordon", json={})
-        assert response.status_code == 501
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "no_cluster"

@@ -79,7 +79,7 @@ function usageChart(usage) {
     usage.filter((r) => r.day === day && (model === undefined || r.model === model)).reduce((n, r) => n + r.prompt_tokens + r.completion_tokens, 0);
   const peak = Math.max(...days.map((d) => total(d)), 1);
   const width = 40 * days.length + 40;
-  const chart = svg("svg", { viewBox: `0 0 ${width} 140`, class: "chart", role: "img", "aria-label": `Tokens per day, ${days[0]} to ${days[days.length - 1]}, highest ${peak}` });
+  const chart = svg("svg", { viewBox: `0 0 ${width} 140`, preserveAspectRatio: "xMinYMid meet", class: "chart", role: "img", "aria-label": `Tokens per day, ${days[0]} to ${days[days.length - 1]}, highest ${peak}` });
   days.forEach((day, i) => {
     let y = 120;
     models.forEach((model, m) => {
