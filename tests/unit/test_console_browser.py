@@ -225,12 +225,14 @@ def test_keys_created_limited_and_revoked_from_the_page(
     with httpx.Client(base_url=gateway.url, trust_env=False) as http:
         assert http.get("/v1/models", headers={"Authorization": f"Bearer {secret}"}).is_success
     row = until(
-        lambda: next(r for r in all_css(browser, "#keys-data tr") if "browser-made" in r.text),
+        lambda: next(
+            r for r in all_css(browser, 'table[data-table="keys"] tr') if "browser-made" in r.text
+        ),
         "the key's row",
     )
     assert "30 req/min" in row.text
     # The seeded key's use: every (day, model) row, and a bar per day and model in the chart.
-    usage = [r.text for r in all_css(browser, "#keys-data table:last-of-type tbody tr")]
+    usage = [r.text for r in all_css(browser, 'table[data-table="usage"] tbody tr')]
     assert len(usage) == USAGE_DAYS * 2
     assert all(USAGE_KEY in r for r in usage)
     assert len(all_css(browser, "svg.chart rect")) == USAGE_DAYS * 2

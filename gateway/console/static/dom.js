@@ -30,12 +30,13 @@ export function svg(tag, attrs = {}, ...children) {
   return el;
 }
 
-// A table with a caption (its accessible name) and column headers.
-export function table(caption, headers, rows, empty = "None.") {
-  if (!rows.length) return h("p", { class: "empty" }, `${caption}: ${empty}`);
+// A table with a caption (its accessible name) and column headers; `name` marks it (and the
+// line said in its place when it has no rows) for whoever looks it up.
+export function table(caption, headers, rows, empty = "None.", name = undefined) {
+  if (!rows.length) return h("p", { class: "empty", "data-table": name }, `${caption}: ${empty}`);
   return h(
     "table",
-    {},
+    { "data-table": name },
     h("caption", {}, caption),
     h("thead", {}, h("tr", {}, headers.map((text) => h("th", { scope: "col" }, text)))),
     h("tbody", {}, rows.map((cells) => h("tr", {}, cells.map((cell) => h("td", {}, cell))))),

@@ -56,7 +56,7 @@ export function keys(data, act) {
   });
   const names = new Map(gw.keys.map((k) => [k.key_id, k.name]));
   return [
-    table("Active keys (usage over the last 31 days)", ["Name", "Models", "Limits", "Requests", "Tokens", "Requests per minute", "Revoke"], rows, "no active key"),
+    table("Active keys (usage over the last 31 days)", ["Name", "Models", "Limits", "Requests", "Tokens", "Requests per minute", "Revoke"], rows, "no active key", "keys"),
     h("h3", {}, "Tokens per day"),
     usageChart(gw.usage),
     table(
@@ -66,6 +66,7 @@ export function keys(data, act) {
         .sort((a, b) => (a.day < b.day ? 1 : -1))
         .map((r) => [r.day, names.get(r.key_id) ?? r.key_id, r.model, num(r.requests), num(r.prompt_tokens), num(r.completion_tokens)]),
       "no request yet",
+      "usage",
     ),
   ];
 }
