@@ -44,10 +44,12 @@ class ClusterCache:
         self._lock = asyncio.Lock()
         self._data: dict[str, Any] | None = None
         self._at = 0.0
+        self._stale = False  # a command since: read again whatever the time
 
     async def read(self) -> dict[str, Any]:
         async with self._lock:
-            if self._data is None or time.monotonic() - self._at >= CLUSTER_READ_EVERY_S:
+            fresh = time.monotonic() - self._at < CLUSTER_READ_EVERY_S
+            if self._data is None or self._stale or not fresh:
                 try:
                     async with asyncio.timeout(CLUSTER_READ_TIMEOUT_S):
                         self._data = await self.cluster.read()
@@ -55,8 +57,10 @@ class ClusterCache:
                     problem = f"the cluster could not be read: {err or type(err).__name__}"
                     return {**(self._data or {}), "problems": [problem]}
                 self._at = time.monotonic()
+                self._stale = False
             return self._data
 
     def forget(self) -> None:
-        """After a command: the next poll reads the cluster again."""
-        self._data = None
+        """After a command: the next poll reads the cluster again (keeping this reading, shown
+        should that read fail)."""
+        self._stale = True

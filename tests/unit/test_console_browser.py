@@ -135,6 +135,13 @@ def test_nodes_show_gpus_mig_and_why_a_node_is_not_placeable(
     link = by_css(cpu, 'a[href*="/workflows/"]').get_attribute("href")
     assert link == f"{TEMPORAL_UI}/namespaces/default/workflows/node%3A{CPU_NODE}"
     screenshot(browser, "nodes", tmp_path)
+    # The summary's link takes keyboard focus to that node's details, on the same page.
+    click(browser, f'a[data-key="goto:{CPU_NODE}"]')
+    until(
+        lambda: browser.switch_to.active_element.get_attribute("id") == f"node-{CPU_NODE}",
+        "the node's details focused",
+    )
+    assert by_css(browser, "#page-nodes").is_displayed()
     assert console_errors(browser) == []
 
 

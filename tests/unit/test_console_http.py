@@ -4,11 +4,13 @@ real app and store, the stand-in cluster (tests/console_standin.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from gateway.console.routes import ASSETS, CONTENT_SECURITY_POLICY
+from gateway.console.source import ClusterCache
 from gateway.front_door import allowed_on
 from gateway.store import Store
 from tests.console_kit import ConsoleGateway, console_gateway
@@ -110,3 +112,33 @@ async def test_a_gateway_without_a_cluster_view_still_shows_its_own_figures(
         response = await gw.client.post("/admin/v1/nodes/n/cordon", json={})
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "no_cluster"
+
+
+class FlakyCluster:
+    """Reads once, then fails as an unreachable Temporal would."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    async def read(self) -> dict[str, Any]:
+        self.reads += 1
+        if self.reads > 1:
+            raise ConnectionError("Temporal at 127.0.0.1:7233 is not answering")
+        return {"nodes": [{"name": "n1"}], "problems": []}
+
+    async def node_command(self, node: str, action: str, reason: str) -> str:
+        raise AssertionError("not asked")
+
+    async def scale(self, model: str, replicas: int) -> str:
+        raise AssertionError("not asked")
+
+
+async def test_a_failed_read_keeps_the_last_cluster_and_says_why() -> None:
+    cache = ClusterCache(FlakyCluster())
+    assert (await cache.read())["nodes"] == [{"name": "n1"}]
+    cache.forget()  # as after a command: the next poll reads again
+    data = await cache.read()
+    assert data["nodes"] == [{"name": "n1"}]
+    assert data["problems"] == [
+        "the cluster could not be read: Temporal at 127.0.0.1:7233 is not answering"
+    ]
