@@ -124,6 +124,17 @@ async def test_the_console_on_a_live_cluster(system: System, tmp_path: Path) -> 
         screenshot(browser, "live-keys", tmp_path)
         assert console_errors(browser) == []
 
+        # The request's routing decision and its status, as this gateway counted them.
+        show(browser, console, "routing")
+        decisions = until(
+            lambda: css(browser, 'table[data-table="decisions"]').text, "the decisions"
+        )
+        assert DEMO_MODEL in decisions
+        statuses = css(browser, 'table[data-table="requests"]').text
+        assert f"{DEMO_MODEL} 200" in statuses
+        screenshot(browser, "live-routing", tmp_path)
+        assert console_errors(browser) == []
+
         # A drain from the page: the only node is draining, yet its replica, with nowhere
         # else to go, keeps serving in the same engine until a successor is ready elsewhere.
         show(browser, console, "nodes")

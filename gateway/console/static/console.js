@@ -141,6 +141,7 @@ function wireForms() {
 
 document.getElementById("main").addEventListener("focusout", () => setTimeout(draw, 0));
 window.addEventListener("hashchange", () => {
+  say("");  // an answer belongs to the page it was given on
   showPage();
   const target = document.getElementById(location.hash.slice(1));
   (target && target.tagName === "H3" ? target : document.getElementById("main")).focus();

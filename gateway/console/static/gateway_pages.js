@@ -123,7 +123,8 @@ export function routing(data) {
       ["Model", "Reason", "Decisions", "Cache hit"],
       gw.decisions.map((d) => [d.model, d.reason, num(d.count), d.cache_hit ? "yes" : "no"]),
       "none yet",
+      "decisions",
     ),
-    table("Requests by status", ["Model", "Status", "Requests"], gw.requests.map((r) => [r.model, r.status, num(r.count)]), "none yet"),
+    table("Requests by status", ["Model", "Status", "Requests"], gw.requests.map((r) => [r.model, r.status, num(r.count)]), "none yet", "requests"),
   ];
 }
