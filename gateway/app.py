@@ -20,6 +20,8 @@ from gateway.admin_routes import require_local
 from gateway.auth import AuthFailed, KeyCache
 from gateway.body_parse import BodyParser
 from gateway.cache_salt import CacheSalts
+from gateway.console import routes as console_routes
+from gateway.console.source import ClusterCache, ClusterConsole
 from gateway.deps import GatewayState, State
 from gateway.engine_scrape import EngineScraper
 from gateway.errors import install_error_handlers
@@ -74,10 +76,12 @@ def create_app(
     store: Store,
     route_source: RouteSource,
     admin_address: tuple[str, int] | None = None,
+    cluster: ClusterConsole | None = None,
 ) -> FrontDoor:
     """The store belongs to the caller (it opens and closes it); the app calls `init()` and reads
     the master secret at start-up. `admin_address`: the admin listener's socket address, when
-    the admin API has a listener of its own (gateway/front_door.py)."""
+    the admin API has a listener of its own (gateway/front_door.py). `cluster`: what the web
+    console reads the cluster through and sends node and scale commands to."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -128,6 +132,7 @@ def create_app(
                 kv_index=kv_index,
                 kv_feeds=kv_feeds,
                 kv_publishers=kv_publishers,
+                console=ClusterCache(cluster) if cluster is not None else None,
             )
             state.metrics.watch_kv(kv_feeds, kv_publishers)
             state.metrics.watch_store(health)
@@ -187,6 +192,8 @@ def create_app(
     app.include_router(admin_models.router)
     app.include_router(admin_keys.router)
     app.include_router(admin_usage.router)
+    app.include_router(console_routes.pages)
+    app.include_router(console_routes.api)
 
     # Served on the admin listener only (gateway/front_door.py): it names every model. Behind
     # the admin API's gate as well, so a browser page on that machine (DNS rebinding) cannot

@@ -12,6 +12,7 @@ from engines.kv_index import KvBlockIndex
 from gateway.auth import KeyCache
 from gateway.body_parse import BodyParser
 from gateway.cache_salt import CacheSalts
+from gateway.console.source import ClusterCache
 from gateway.inflight import InFlight
 from gateway.key_inflight import KeyInFlight
 from gateway.kv_feeds import KvFeeds
@@ -63,6 +64,9 @@ class GatewayState:
     kv_publishers: KvPublishers
     # model -> the key its external endpoints want (refreshed from the store); gateway-only.
     upstream_keys: dict[str, str] = field(default_factory=dict)
+    # The web console's view of the cluster (gateway/console/); None when the process running
+    # the gateway gave it none (the console then shows the gateway's own figures only).
+    console: ClusterCache | None = None
 
     def upstream_auth(self, route: Route) -> str | None:
         """The bearer the gateway shows this replica: an external endpoint's own key (or none),

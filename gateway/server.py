@@ -8,6 +8,7 @@ import socket
 import uvicorn
 
 from gateway.app import create_app
+from gateway.console.source import ClusterConsole
 from gateway.http_limits import HttpLimits, limited_protocol
 from gateway.route_source import RouteSource
 from gateway.settings import GatewaySettings
@@ -27,11 +28,12 @@ def uvicorn_config(
     store: Store,
     route_source: RouteSource,
     admin_address: tuple[str, int] | None = None,
+    cluster: ClusterConsole | None = None,
 ) -> uvicorn.Config:
     """Without `admin_address` the admin API shares the one listener (tests); `serve` gives it
     a loopback listener of its own."""
     return uvicorn.Config(
-        create_app(settings, store, route_source, admin_address),
+        create_app(settings, store, route_source, admin_address, cluster),
         host=settings.host,
         port=settings.port,
         # httptools (llhttp) under the bounds uvicorn leaves out; measured faster than h11, and
@@ -69,7 +71,11 @@ def listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
 
 
 async def serve(
-    settings: GatewaySettings, store: Store, route_source: RouteSource, reuse_port: bool = False
+    settings: GatewaySettings,
+    store: Store,
+    route_source: RouteSource,
+    cluster: ClusterConsole | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Serve the OpenAI API on settings.host:port and the admin API on its own loopback
     listener, until the process is told to stop (SIGINT/SIGTERM, handled by uvicorn). The
@@ -80,7 +86,7 @@ async def serve(
     public = listen(settings.host, settings.port, reuse_port)
     admin = listen(settings.admin_host, settings.admin_port)
     admin_address = admin.getsockname()[:2]
-    server = uvicorn.Server(uvicorn_config(settings, store, route_source, admin_address))
+    server = uvicorn.Server(uvicorn_config(settings, store, route_source, admin_address, cluster))
     try:
         await server.serve(sockets=[public, admin])
     except SystemExit as exc:

@@ -165,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
         "on --admin-port + i; limits are shared through the store (default 1)",
     )
     gw.add_argument(
+        "--temporal-ui",
+        default="",
+        metavar="URL",
+        help="the Temporal web UI the console links each workflow to (default: no links)",
+    )
+    gw.add_argument(
         "--routing",
         choices=["prefix", "least_load", "round_robin"],
         default="prefix",
@@ -338,7 +344,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
             admin_port=args.admin_port,
             routing_policy=args.routing,
         )
-        gateway_main(where, settings, args.workers)
+        gateway_main(where, settings, args.workers, args.temporal_ui)
     elif args.command == "secret":
         from activities.agent.node_secrets import main as secret_main
 

@@ -26,6 +26,7 @@ from gateway.server import serve
 from gateway.settings import GatewaySettings
 from gateway.store import open_store
 from workers.connect import connect_with_retry
+from workers.console_cluster import TemporalClusterConsole
 from workers.paths import Locations
 
 log = logging.getLogger(__name__)
@@ -35,20 +36,26 @@ STOP_GRACE_S = 30.0
 
 
 async def run_gateway(
-    where: Locations, settings: GatewaySettings, reuse_port: bool = False
+    where: Locations, settings: GatewaySettings, temporal_ui: str = "", reuse_port: bool = False
 ) -> None:
     store = open_store(where.database_url, where.state_dir)
     client = await connect_with_retry(where)
     try:
-        await serve(settings, store, TemporalRouteSource(client), reuse_port)
+        await serve(
+            settings,
+            store,
+            TemporalRouteSource(client),
+            TemporalClusterConsole(client, temporal_ui),
+            reuse_port,
+        )
     finally:
         await store.close()
 
 
-def _run(where: Locations, settings: GatewaySettings, reuse_port: bool) -> None:
+def _run(where: Locations, settings: GatewaySettings, temporal_ui: str, reuse_port: bool) -> None:
     # uvloop: the gateway's hot path was measured on it (docs/benchmarks.md).
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(run_gateway(where, settings, reuse_port))
+        runner.run(run_gateway(where, settings, temporal_ui, reuse_port))
 
 
 def worker_settings(settings: GatewaySettings, index: int) -> GatewaySettings:
@@ -67,22 +74,24 @@ def check_workers(settings: GatewaySettings, workers: int) -> None:
         raise ValueError("--admin-port plus --workers passes port 65535")
 
 
-def main(where: Locations, settings: GatewaySettings, workers: int = 1) -> None:
+def main(
+    where: Locations, settings: GatewaySettings, workers: int = 1, temporal_ui: str = ""
+) -> None:
     check_workers(settings, workers)
     if workers == 1:
-        _run(where, settings, reuse_port=False)
+        _run(where, settings, temporal_ui, reuse_port=False)
         return
-    sys.exit(_supervise(where, settings, workers))
+    sys.exit(_supervise(where, settings, workers, temporal_ui))
 
 
-def _supervise(where: Locations, settings: GatewaySettings, workers: int) -> int:
+def _supervise(where: Locations, settings: GatewaySettings, workers: int, temporal_ui: str) -> int:
     """Start the workers; when told to stop, or when one of them dies, stop them all. A
     worker that died is not replaced: the process manager restarts the gateway as a whole."""
     context = multiprocessing.get_context("spawn")  # no inherited event loop or threads
     processes: list[BaseProcess] = [
         context.Process(
             target=_run,
-            args=(where, worker_settings(settings, i), True),
+            args=(where, worker_settings(settings, i), temporal_ui, True),
             name=f"llmgw-gateway-{i}",
         )
         for i in range(workers)

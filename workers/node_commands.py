@@ -195,24 +195,48 @@ async def node_add(client: Client, where: Locations, args: argparse.Namespace) -
     print("The token opens this node's engines: pass it as a secret, not in a ticket.")
 
 
-async def node_signal(client: Client, args: argparse.Namespace) -> None:
-    view = await describe(client, args.name)
+class NodeCommandRefused(Exception):
+    """A node command that was not sent, with why (no such node, replicas still on it)."""
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing  # no such node (or command)
+
+
+async def send_node_command(
+    client: Client, name: str, action: str, reason: str = "", force: bool = False
+) -> tuple[bool, list[str]]:
+    """Signal `action` (cordon, uncordon, drain, rm) on the node's workflow after the checks
+    every caller gets (the CLI and the web console's admin API alike), and wait a little to see
+    the ledger take it. Returns whether it was seen taken, and the replicas on the node then."""
+    if action not in NODE_SIGNALS:
+        raise NodeCommandRefused(f"no node command {action!r}", missing=True)
+    view = await describe(client, name)
     if view is None or view.record.state == NodeState.REMOVED:
-        raise SystemExit(f"no node {args.name!r}")
+        raise NodeCommandRefused(f"no node {name!r}", missing=True)
     state = await ledger_snapshot(client)
-    here = [a.replica_id for a in state.allocations.values() if a.node == args.name]
-    if args.action == "rm" and here and not args.force and view.record.state != NodeState.LOST:
-        raise SystemExit(
-            f"node {args.name} still runs {', '.join(sorted(here))}: `llmgw node drain "
-            f"{args.name}` first, or rm --force to stop them now (requests to them fail)"
+    here = sorted(a.replica_id for a in state.allocations.values() if a.node == name)
+    if action == "rm" and here and not force and view.record.state != NodeState.LOST:
+        raise NodeCommandRefused(
+            f"node {name} still runs {', '.join(here)}: `llmgw node drain "
+            f"{name}` first, or rm --force to stop them now (requests to them fail)"
         )
-    signal = NODE_SIGNALS[args.action]
-    await node_handle(client, args.name).signal(signal, NodeCommand(reason=args.reason or ""))
-    seen = await _seen(client, args.name, args.action)
+    signal = NODE_SIGNALS[action]
+    await node_handle(client, name).signal(signal, NodeCommand(reason=reason))
+    return await _seen(client, name, action), here
+
+
+async def node_signal(client: Client, args: argparse.Namespace) -> None:
+    try:
+        seen, here = await send_node_command(
+            client, args.name, args.action, args.reason or "", getattr(args, "force", False)
+        )
+    except NodeCommandRefused as err:
+        raise SystemExit(str(err)) from None
     status = "done" if seen else "sent (the control worker has not taken it yet)"
     print(f"node {args.name}: {args.action} {status}")
     if args.action == "drain" and here:
-        print(f"moving {', '.join(sorted(here))}; `llmgw node show {args.name}` shows progress")
+        print(f"moving {', '.join(here)}; `llmgw node show {args.name}` shows progress")
 
 
 async def _seen(client: Client, name: str, action: str) -> bool:

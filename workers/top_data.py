@@ -15,11 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from gateway.console.figures import CACHE_REASONS
 from workers.node_telemetry import GpuFigures, NodeTelemetry
 from workflows.contracts import LedgerState
-
-# Routing reasons that sent a request to a replica already holding its prompt's prefix.
-CACHE_REASONS = frozenset({"kv_prefix", "prefix"})
 
 
 class GpuRow(BaseModel):

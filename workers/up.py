@@ -120,6 +120,8 @@ def start_children(where: Locations, opts: UpOptions) -> Children:
         agent_args += ["--engine-path", f"{engine}={path}"]
     gateway_args = ["gateway", "--host", opts.host, "--port", str(opts.port)]
     gateway_args += ["--admin-port", str(opts.admin_port)]
+    if opts.ui_port:
+        gateway_args += ["--temporal-ui", f"http://127.0.0.1:{opts.ui_port}"]
     control_args = ["control"]
     if opts.config_file is not None:
         control_args += ["--config", str(opts.config_file)]
@@ -192,6 +194,7 @@ def banner(opts: UpOptions, where: Locations, api_key: str) -> str:
         f"  OpenAI API:   {base}/v1",
         f"  API key:      {api_key}",
         f"  Admin API:    http://127.0.0.1:{opts.admin_port}/admin/v1 (this machine only)",
+        f"  Console:      http://127.0.0.1:{opts.admin_port}/admin/console/ (this machine only)",
         f"  Temporal UI:  {ui}",
         f"  State:        {where.state_dir}",
     ]
