@@ -46,6 +46,7 @@ from activities.control.ledger_calls import (
 )
 from bench.simulated_fleet import GPUS_PER_NODE, replica_mix, route_for, simulated_node
 from engines.local_port import free_port
+from gateway.route_book import add_page, start_book
 from workers.temporal_server import TemporalDevServer
 from workflows.client import connect
 from workflows.contracts import (
@@ -53,6 +54,7 @@ from workflows.contracts import (
     NodeRecord,
     PlacementRequest,
     Route,
+    RoutingTableRequest,
 )
 from workflows.ledger import NO_PLACEMENT, ClusterLedgerWorkflow
 from workflows.ledger_compact import unpack_state
@@ -269,6 +271,7 @@ async def bench(options: Options, address: str) -> dict[str, Any]:
         state = unpack_state(packed)
         plain = await timed_query(handle, ClusterLedgerWorkflow.snapshot)
         table = await timed_query(handle, ClusterLedgerWorkflow.routing_table)
+        paged = await paged_table(handle)
         history = await history_figures(client)
 
     updates = sum(history.update_count.values())
@@ -322,6 +325,7 @@ async def bench(options: Options, address: str) -> dict[str, Any]:
             "packed_snapshot_query_ms": round(packed_ms, 1),
             "snapshot_query": plain,
             "routing_table_query": table,
+            "routing_table_paged": paged,
         },
         "history": {
             "runs": [r.__dict__ for r in reversed(history.runs)],
@@ -359,6 +363,36 @@ async def timed_query(
         "ok": True,
         "bytes": json_bytes(answer),
         "ms": round(1000 * (time.perf_counter() - t), 1),
+    }
+
+
+async def paged_table(handle: WorkflowHandle[ClusterLedgerWorkflow, None]) -> dict[str, object]:
+    """The table as a gateway reads it (gateway/route_source.py): page by page, then what it
+    is sent when nothing routed has changed."""
+    t = time.perf_counter()
+    sizes: list[int] = []
+    first = await handle.query(
+        ClusterLedgerWorkflow.routing_table, RoutingTableRequest(deltas=True)
+    )
+    sizes.append(json_bytes(first))
+    book = start_book(first)
+    cursor = first.next_after
+    while cursor:
+        ask = RoutingTableRequest(epoch=book.epoch, deltas=True, after=cursor)
+        page = await handle.query(ClusterLedgerWorkflow.routing_table, ask)
+        sizes.append(json_bytes(page))
+        add_page(book, page)
+        cursor = page.next_after
+    whole_ms = 1000 * (time.perf_counter() - t)
+    again = await handle.query(ClusterLedgerWorkflow.routing_table, book.asking())
+    return {
+        "pages": len(sizes),
+        "routes": len(book.routes),
+        "largest_page_bytes": max(sizes),
+        "total_bytes": sum(sizes),
+        "ms": round(whole_ms, 1),
+        "poll_answer_bytes": json_bytes(again),
+        "poll_unchanged": again.unchanged,
     }
 
 
@@ -410,7 +444,17 @@ def report(f: dict[str, Any]) -> None:
     )
     print(f"  packed_snapshot query: {st['packed_snapshot_query_ms']:.0f} ms")
     print(_query_line("snapshot (plain)", st["snapshot_query"]))
-    print(_query_line("routing_table", st["routing_table_query"]))
+    print(
+        _query_line(
+            "routing_table (whole, as a gateway from before deltas asks)", st["routing_table_query"]
+        )
+    )
+    pg = st["routing_table_paged"]
+    print(
+        f"  routing_table as a gateway reads it: {pg['routes']:,} routes in {pg['pages']} pages, "
+        f"largest {_size(pg['largest_page_bytes'])}, {_size(pg['total_bytes'])} in all, "
+        f"{pg['ms']:.0f} ms; then a poll with nothing changed: {pg['poll_answer_bytes']} B"
+    )
     print("ledger history:")
     print(
         f"  {len(h['runs'])} runs ({h['continue_as_new']} continue-as-new), "

@@ -119,7 +119,10 @@ def carried_state(state: LedgerState | PackedLedgerState | None) -> LedgerState:
     """What a ledger run starts from: nothing (a new cluster), a plain state (a run started
     before packing existed), or a packed one. Nodes are compacted either way."""
     if state is None:
-        return LedgerState()
+        return LedgerState(route_log_floor=0)
     plain = unpack_state(state) if isinstance(state, PackedLedgerState) else state
     plain.nodes = {name: compact_record(record) for name, record in plain.nodes.items()}
+    if plain.route_log_floor is None:
+        # A state from before the route log: nothing before this version is logged.
+        plain.route_log_floor = plain.version
     return plain

@@ -73,12 +73,16 @@ def test_compact_record_drops_what_changes_and_keeps_what_placement_reads():
 
 def test_packed_state_round_trips_and_compacts_nodes():
     state = fleet(20, 60, compact=False)
+    state.version = 41
     packed = pack_state(state)
     assert unpack_state(packed) == state
     carried = carried_state(packed)
     assert carried.allocations == state.allocations
     assert carried.nodes == {n: compact_record(r) for n, r in state.nodes.items()}
-    assert carried_state(None) == LedgerState()
+    # A new ledger's route log is complete from its start; one carried from before the log
+    # existed is complete only from the version it was carried at.
+    assert carried_state(None) == LedgerState(route_log_floor=0)
+    assert carried.route_log_floor == state.version
     assert carried_state(state.model_copy(deep=True)).nodes == carried.nodes
 
 
