@@ -44,9 +44,9 @@ from activities.control.ledger_calls import (
     ledger_handle,
     update_ledger,
 )
+from bench.placement_table import paged_table
 from bench.simulated_fleet import GPUS_PER_NODE, replica_mix, route_for, simulated_node
 from engines.local_port import free_port
-from gateway.route_book import add_page, start_book
 from workers.temporal_server import TemporalDevServer
 from workflows.client import connect
 from workflows.contracts import (
@@ -54,7 +54,6 @@ from workflows.contracts import (
     NodeRecord,
     PlacementRequest,
     Route,
-    RoutingTableRequest,
 )
 from workflows.ledger import NO_PLACEMENT, ClusterLedgerWorkflow
 from workflows.ledger_compact import unpack_state
@@ -363,36 +362,6 @@ async def timed_query(
         "ok": True,
         "bytes": json_bytes(answer),
         "ms": round(1000 * (time.perf_counter() - t), 1),
-    }
-
-
-async def paged_table(handle: WorkflowHandle[ClusterLedgerWorkflow, None]) -> dict[str, object]:
-    """The table as a gateway reads it (gateway/route_source.py): page by page, then what it
-    is sent when nothing routed has changed."""
-    t = time.perf_counter()
-    sizes: list[int] = []
-    first = await handle.query(
-        ClusterLedgerWorkflow.routing_table, RoutingTableRequest(deltas=True)
-    )
-    sizes.append(json_bytes(first))
-    book = start_book(first)
-    cursor = first.next_after
-    while cursor:
-        ask = RoutingTableRequest(epoch=book.epoch, deltas=True, after=cursor)
-        page = await handle.query(ClusterLedgerWorkflow.routing_table, ask)
-        sizes.append(json_bytes(page))
-        add_page(book, page)
-        cursor = page.next_after
-    whole_ms = 1000 * (time.perf_counter() - t)
-    again = await handle.query(ClusterLedgerWorkflow.routing_table, book.asking())
-    return {
-        "pages": len(sizes),
-        "routes": len(book.routes),
-        "largest_page_bytes": max(sizes),
-        "total_bytes": sum(sizes),
-        "ms": round(whole_ms, 1),
-        "poll_answer_bytes": json_bytes(again),
-        "poll_unchanged": again.unchanged,
     }
 
 

@@ -16,7 +16,7 @@ engines first), so a placement checks nodes from the front until one fits instea
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, TypeVar
 
 from workflows.contracts import Allocation, LedgerState, NodeRecord
@@ -25,6 +25,8 @@ from workflows.placement.fabric import NodeFabrics, node_fabrics
 from workflows.placement.usage import NodeUsage
 
 EMPTY = NodeUsage()
+# Distinct multi-node questions whose idle-node verdicts are kept (idle_verdict).
+IDLE_QUESTIONS = 8
 T = TypeVar("T", bound=tuple[Any, ...])
 
 
@@ -45,6 +47,9 @@ class PlacementIndex:
         # name -> (engine processes, -free cores, name); and all of them sorted
         self._cpu_key: dict[str, tuple[int, int, str]] = {}
         self._by_cpu: list[tuple[int, int, str]] = []
+        # What why_not said of a node nothing is placed on, by what it was asked (see
+        # idle_verdict); the most recent few questions only.
+        self._idle_verdicts: dict[Hashable, dict[str, bool]] = {}
         for alloc in state.allocations.values():
             for node in {s.node for s in alloc.shards_or_leader()}:
                 self.usage.setdefault(node, NodeUsage()).add(alloc, node)
@@ -84,6 +89,8 @@ class PlacementIndex:
         """The node's record was replaced or removed: what is read of it is worked out again."""
         self._usable.pop(name, None)
         self._fabrics.pop(name, None)
+        for verdicts in self._idle_verdicts.values():
+            verdicts.pop(name, None)
         node = self._state.nodes.get(name)
         if node is not None:
             by_class: dict[str, list[int]] = {}
@@ -121,6 +128,21 @@ class PlacementIndex:
         """(engine processes, -free cores, name) of every node, in that order."""
         return self._by_cpu
 
+    def idle_verdict(self, name: str, question: Hashable, check: Callable[[], bool]) -> bool:
+        """check() for a node nothing is placed on, remembered by `question` (all a check of
+        such a node depends on besides its record: the profile, the weights, their size).
+        A multi-node placement checks every node with enough free GPUs, and on a large fleet
+        most of those are idle: thousands of identical checks a placement otherwise."""
+        verdicts = self._idle_verdicts.get(question)
+        if verdicts is None:
+            if len(self._idle_verdicts) >= IDLE_QUESTIONS:
+                del self._idle_verdicts[next(iter(self._idle_verdicts))]
+            verdicts = self._idle_verdicts[question] = {}
+        found = verdicts.get(name)
+        if found is None:
+            found = verdicts[name] = check()
+        return found
+
     # --- keeping the orders ----------------------------------------------------------------
 
     def _reorder(self, name: str) -> None:
@@ -133,6 +155,9 @@ class PlacementIndex:
         if node is None:
             return
         used = self.used(name)
+        if used is not EMPTY:
+            for verdicts in self._idle_verdicts.values():
+                verdicts.pop(name, None)
         counts = {
             cls: sum(1 for index in usable if index not in used.gpus)
             for cls, usable in self._usable.get(name, {}).items()

@@ -16,7 +16,7 @@ from workflows.contracts import (
 from workflows.placement.checks import choose_gpus, profile_label, why_not
 from workflows.placement.disk import MB, holds, must_fetch, size_text
 from workflows.placement.fabric import choose_group
-from workflows.placement.index import PlacementIndex
+from workflows.placement.index import EMPTY, PlacementIndex
 from workflows.placement.ports import extra_port_names, free_ports
 
 CLUSTER = "(cluster)"
@@ -173,6 +173,15 @@ def _first_fit(
             if fits(name):
                 return _allocate(state, index, req, number, profile, [name], "", "")
         return None
+    question = (profile.model_dump_json(), req.artifact, req.artifact_size)
+
+    def fits_here(name: str) -> bool:
+        if index.used(name) is EMPTY and name not in req.exclude_ports:
+            # An idle node is judged on its record and the question alone: remembered.
+            checked = name not in req.exclude_nodes
+            return checked and index.idle_verdict(name, question, lambda: fits(name))
+        return fits(name)
+
     may = list(_preferred(state, index, req, profile))
     fabrics = {name: index.fabrics(state.nodes[name]) for name in may}
     order = _order(state, index, req, profile)
@@ -181,10 +190,10 @@ def _first_fit(
     if gpus:
         # An NVLink domain wins over any network, and choose_group reads only the nodes in
         # one to find it: check those first, the rest only when no domain has room.
-        in_domain = [n for n in may if fabrics[n].nvlink_domain is not None and fits(n)]
+        in_domain = [n for n in may if fabrics[n].nvlink_domain is not None and fits_here(n)]
         group = choose_group(in_domain, fabrics, profile.nodes, order, gpus)
     if group is None:
-        fitting = [name for name in may if fits(name)]
+        fitting = [name for name in may if fits_here(name)]
         group = choose_group(fitting, fabrics, profile.nodes, order, gpus)
     if group is None:
         return None
