@@ -18,6 +18,7 @@ LOG_LIMIT entries (about 50 bytes each). Pure: the ledger runs it in the workflo
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_right
 from collections.abc import Callable
 
@@ -100,20 +101,21 @@ def page(
     state: LedgerState, after: str, epoch: str, served: Callable[[Route], Route]
 ) -> RoutingTable:
     """The routes with replica ids after `after`, in id order, up to PAGE_ROUTES or PAGE_BYTES."""
-    ids = sorted(state.routes)
-    start = bisect_right(ids, after) if after else 0
+    # The next page's ids without sorting the whole table for each page (40 pages at 40,000).
+    rest = [i for i in state.routes if i > after] if after else list(state.routes)
+    ids = heapq.nsmallest(PAGE_ROUTES, rest)
     routes: list[Route] = []
     size = 0
-    end = start
-    while end < len(ids) and len(routes) < PAGE_ROUTES and size < PAGE_BYTES:
-        route = served(state.routes[ids[end]])
+    for replica in ids:
+        if size >= PAGE_BYTES:
+            break
+        route = served(state.routes[replica])
         routes.append(route)
         size += len(route.model_dump_json(exclude_defaults=True))
-        end += 1
     return RoutingTable(
         version=state.version,
         epoch=epoch,
         routes=routes,
         idle_models=state.idle_models,
-        next_after=ids[end - 1] if end < len(ids) else "",
+        next_after=routes[-1].replica_id if len(routes) < len(rest) else "",
     )
