@@ -73,13 +73,21 @@ class ClusterLedgerWorkflow:
     def __init__(self, state: LedgerState | PackedLedgerState | None = None) -> None:
         self.state = carried_state(state)
         # Built once a run from the allocations, then kept: never carried, never in history.
-        self.index = PlacementIndex(self.state)
+        # Built on first use, not here: a new run's first activation already unpacks the whole
+        # state, and Temporal fails an activation that runs over 2 s.
+        self._index: PlacementIndex | None = None
 
     @workflow.run
     async def run(self, state: LedgerState | PackedLedgerState | None = None) -> None:  # noqa: ARG002 - read by __init__ (@workflow.init), before any handler
         await workflow.wait_condition(lambda: history_budget.time_to_continue(forced=False))
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(pack_state(self.state))
+
+    @property
+    def index(self) -> PlacementIndex:
+        if self._index is None:
+            self._index = PlacementIndex(self.state)
+        return self._index
 
     def _changed(self) -> LedgerAck:
         self.state.version += 1
@@ -101,7 +109,8 @@ class ClusterLedgerWorkflow:
         else:
             # Only what placement and `llmgw nodes` read: the node workflow keeps the rest.
             self.state.nodes[name] = compact_record(record)
-        self.index.node_changed(name)
+        if self._index is not None:  # else built from this state when first used
+            self._index.node_changed(name)
         ack = self._changed()
         # Routes on a node that stops serving are withdrawn in what gateways read (served_route)
         # rather than rewritten here: when an unreachable node is heard again, its replicas'

@@ -24,6 +24,7 @@ from workflows.ledger_compact import (
     unpack_state,
 )
 from workflows.placement import explain, place
+from workflows.route_log import note_change
 
 
 def fleet(nodes: int, replicas: int, compact: bool) -> LedgerState:
@@ -80,8 +81,12 @@ def test_packed_state_round_trips_and_compacts_nodes():
     carried = carried_state(state.model_copy(deep=True))
     assert carried.allocations == state.allocations
     assert carried.nodes == {n: compact_record(r) for n, r in state.nodes.items()}
-    # A ledger packs only compacted nodes, and they come back as they went.
-    assert carried_state(pack_state(carried)) == carried
+    # A ledger packs only compacted nodes, and they come back as they went, with its route log.
+    carried.version += 1
+    note_change(carried, replica_id="m-0")
+    again = carried_state(pack_state(carried))
+    assert again == carried
+    assert [c.replica_id for c in again.route_log] == ["m-0"]
     # A new ledger's route log is complete from its start; one carried from before the log
     # existed is complete only from the version it was carried at.
     assert carried_state(None) == LedgerState(route_log_floor=0)

@@ -1,11 +1,11 @@
 """What placement reads of every node, kept between placements instead of rebuilt for each.
 
 Rebuilding every node's usage from every allocation, and checking every node in full, cost
-placement about 250 ms at 10,000 nodes. The ledger keeps one PlacementIndex for its run: built
-once from the state a run starts with, then told of each allocation placed or released and of
-each node record that changes. It is never carried through continue-as-new (the allocations
-are; the index is rebuilt from them), so it adds nothing to the ledger's state or history, and
-a replay rebuilds the same index.
+placement hundreds of milliseconds at 10,000 nodes. The ledger keeps one PlacementIndex for its
+run: built once from its state when first needed, then told of each allocation placed or
+released and of each node record that changes. It is never carried through continue-as-new
+(the allocations are; the index is rebuilt from them), so it adds nothing to the ledger's state
+or history, and a replay rebuilds the same index.
 
 Per node it holds the usage of every shard on it (usage.py) and which replicas have a shard
 there (so a release recounts only the nodes it touches); and it keeps the nodes in the orders
