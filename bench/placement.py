@@ -44,6 +44,7 @@ from activities.control.ledger_calls import (
     ledger_handle,
     update_ledger,
 )
+from bench.placement_table import paged_table
 from bench.simulated_fleet import GPUS_PER_NODE, replica_mix, route_for, simulated_node
 from engines.local_port import free_port
 from workers.temporal_server import TemporalDevServer
@@ -269,6 +270,7 @@ async def bench(options: Options, address: str) -> dict[str, Any]:
         state = unpack_state(packed)
         plain = await timed_query(handle, ClusterLedgerWorkflow.snapshot)
         table = await timed_query(handle, ClusterLedgerWorkflow.routing_table)
+        paged = await paged_table(handle)
         history = await history_figures(client)
 
     updates = sum(history.update_count.values())
@@ -322,6 +324,7 @@ async def bench(options: Options, address: str) -> dict[str, Any]:
             "packed_snapshot_query_ms": round(packed_ms, 1),
             "snapshot_query": plain,
             "routing_table_query": table,
+            "routing_table_paged": paged,
         },
         "history": {
             "runs": [r.__dict__ for r in reversed(history.runs)],
@@ -410,7 +413,17 @@ def report(f: dict[str, Any]) -> None:
     )
     print(f"  packed_snapshot query: {st['packed_snapshot_query_ms']:.0f} ms")
     print(_query_line("snapshot (plain)", st["snapshot_query"]))
-    print(_query_line("routing_table", st["routing_table_query"]))
+    print(
+        _query_line(
+            "routing_table (whole, as a gateway from before deltas asks)", st["routing_table_query"]
+        )
+    )
+    pg = st["routing_table_paged"]
+    print(
+        f"  routing_table as a gateway reads it: {pg['routes']:,} routes in {pg['pages']} pages, "
+        f"largest {_size(pg['largest_page_bytes'])}, {_size(pg['total_bytes'])} in all, "
+        f"{pg['ms']:.0f} ms; then a poll with nothing changed: {pg['poll_answer_bytes']} B"
+    )
     print("ledger history:")
     print(
         f"  {len(h['runs'])} runs ({h['continue_as_new']} continue-as-new), "

@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from temporalio.client import Client, WorkflowHandle
 
+from gateway.route_book import RouteBook, add_page, apply_delta, start_book
 from gateway.routing import RoutingSnapshot
 from workflows import model_client
 from workflows.contracts import (
@@ -29,6 +30,9 @@ from workflows.model import ModelWorkflow
 from workflows.names import LEDGER_WORKFLOW_ID
 
 log = logging.getLogger(__name__)
+# A whole table of 200 pages is 200,000 routes (workflows/route_log.py: PAGE_ROUTES): more is a
+# ledger answering wrongly, not a fleet.
+MAX_PAGES = 200
 
 
 class RouteSource(Protocol):
@@ -52,33 +56,73 @@ class ModelCatalog(Protocol):
 
 
 class TemporalRouteSource:
-    """Reads the table with a query on the ledger workflow (a query is not recorded in history
-    and costs a few milliseconds). It says which table it holds, and the ledger sends the routes
-    only when that one is out of date."""
+    """Reads the table with queries on the ledger workflow (a query is not recorded in history
+    and costs a few milliseconds). It says which table it holds, and the ledger sends nothing
+    when no route changed, the routes that changed when it can, and otherwise the whole table
+    a page at a time (route_book.py, workflows/route_log.py)."""
 
     def __init__(self, client: Client, rpc_timeout: timedelta = timedelta(seconds=2)) -> None:
         self._client = client
         self._rpc_timeout = rpc_timeout
-        self._held: RoutingTable | None = None
+        self._book: RouteBook | None = None
+        self._table: RoutingTable | None = None
 
     async def fetch(self) -> RoutingTable:
         handle: WorkflowHandle[ClusterLedgerWorkflow, None] = self._client.get_workflow_handle(
             LEDGER_WORKFLOW_ID
         )
-        held = self._held
-        # The first ask sends nothing, as gateways did before the ledger took what they hold.
-        args = [RoutingTableRequest(epoch=held.epoch, version=held.version)] if held else []
+        whole = RoutingTableRequest(deltas=True)
+        book = self._book
+        answer = await self._ask(handle, book.asking() if book is not None else whole)
+        if book is not None and self._table is not None and (answer.delta or answer.unchanged):
+            updated = apply_delta(book, answer)
+            if updated is book:
+                # No route changed: the same object, so the refresher keeps its snapshot
+                # without comparing.
+                self._table.version = book.version
+                return self._table
+            if updated is not None:
+                return self._hold(updated)
+            log.info(
+                "routing table answer does not follow version %d: reading it whole", book.version
+            )
+            answer = await self._ask(handle, whole)
+        return self._hold(await self._read_whole(handle, answer))
+
+    async def _read_whole(
+        self, handle: WorkflowHandle[ClusterLedgerWorkflow, None], first: RoutingTable
+    ) -> RouteBook:
+        """The whole table from its first page: the later pages, then a delta for whatever
+        changed while they were read."""
+        book = start_book(first)
+        cursor, pages = first.next_after, 1
+        while cursor:
+            if pages >= MAX_PAGES:
+                raise ValueError(f"routing table longer than {MAX_PAGES} pages")
+            ask = RoutingTableRequest(epoch=book.epoch, deltas=True, after=cursor)
+            page = await self._ask(handle, ask)
+            add_page(book, page)
+            cursor, pages = page.next_after, pages + 1
+        if pages > 1:
+            # One that does not follow (too much changed meanwhile) leaves the book at its
+            # first page's version, and the next fetch asks from there.
+            book = apply_delta(book, await self._ask(handle, book.asking())) or book
+        return book
+
+    async def _ask(
+        self, handle: WorkflowHandle[ClusterLedgerWorkflow, None], request: RoutingTableRequest
+    ) -> RoutingTable:
         table = await handle.query(
-            ClusterLedgerWorkflow.routing_table, args=args, rpc_timeout=self._rpc_timeout
+            ClusterLedgerWorkflow.routing_table, args=[request], rpc_timeout=self._rpc_timeout
         )
         if not isinstance(table, RoutingTable):
             raise TypeError(f"ledger answered {type(table).__name__}, not RoutingTable")
-        if table.unchanged:
-            if held is None or (table.epoch, table.version) != (held.epoch, held.version):
-                raise ValueError(f"ledger said version {table.version} is unchanged, not held")
-            return held  # the same object: the refresher keeps its snapshot without comparing
-        self._held = table
         return table
+
+    def _hold(self, book: RouteBook) -> RoutingTable:
+        self._book = book
+        self._table = book.table()
+        return self._table
 
     async def apply_model(self, spec: ModelSpec) -> ModelView:
         return await model_client.apply_model(self._client, spec)

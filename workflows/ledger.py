@@ -41,8 +41,9 @@ with workflow.unsafe.imports_passed_through():
         pack_state,
     )
     from workflows.names import EXTERNAL_NODE
-    from workflows.placement import place
+    from workflows.placement import PlacementIndex, place
     from workflows.placement.refusal import summarise_refusal
+    from workflows.route_log import answer, forget_changes, note_change
 
 NO_PLACEMENT = "NoPlacement"
 # `place` answers a refusal as its result, summarised, rather than failing with every node's
@@ -53,6 +54,11 @@ PLACE_RETURNS_REFUSAL = "ledger-place-returns-refusal"
 # before the marker a size is set aside, so a history in which an older ledger placed such a
 # request (a rolling upgrade of the control workers) replays as it ran.
 PLACE_CHECKS_DISK = "ledger-place-checks-disk"
+# The ledger logs what changes gateways' routes, and sends a gateway that takes deltas only
+# what changed since its version (workflows/route_log.py). Before the marker nothing was
+# logged: a history from then replays forgetting the log at each change, so no delta is ever
+# made from a log with holes in it.
+ROUTE_DELTAS = "ledger-route-deltas"
 # The longest route detail the ledger keeps (see set_route).
 MAX_ROUTE_DETAIL = 512
 
@@ -66,6 +72,10 @@ class ClusterLedgerWorkflow:
     @workflow.init
     def __init__(self, state: LedgerState | PackedLedgerState | None = None) -> None:
         self.state = carried_state(state)
+        # Built once a run from the allocations, then kept: never carried, never in history.
+        # Built on first use, not here: a new run's first activation already unpacks the whole
+        # state, and Temporal fails an activation that runs over 2 s.
+        self._index: PlacementIndex | None = None
 
     @workflow.run
     async def run(self, state: LedgerState | PackedLedgerState | None = None) -> None:  # noqa: ARG002 - read by __init__ (@workflow.init), before any handler
@@ -73,22 +83,43 @@ class ClusterLedgerWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(pack_state(self.state))
 
+    @property
+    def index(self) -> PlacementIndex:
+        if self._index is None:
+            self._index = PlacementIndex(self.state)
+        return self._index
+
     def _changed(self) -> LedgerAck:
         self.state.version += 1
         return LedgerAck(version=self.state.version)
 
+    def _routes_changed(self, replica_id: str = "", node: str = "") -> None:
+        """What gateways see changed at this version (called after _changed)."""
+        if workflow.patched(ROUTE_DELTAS):
+            note_change(self.state, replica_id=replica_id, node=node)
+        else:
+            forget_changes(self.state)
+
     @workflow.update(name="upsert_node")
     def upsert_node(self, record: NodeRecord) -> LedgerAck:
         name = record.inventory.name
+        before = self.state.nodes.get(name)
         if record.state == NodeState.REMOVED:
             self.state.nodes.pop(name, None)
         else:
             # Only what placement and `llmgw nodes` read: the node workflow keeps the rest.
             self.state.nodes[name] = compact_record(record)
+        if self._index is not None:  # else built from this state when first used
+            self._index.node_changed(name)
+        ack = self._changed()
         # Routes on a node that stops serving are withdrawn in what gateways read (served_route)
         # rather than rewritten here: when an unreachable node is heard again, its replicas'
-        # routes are ready again with nothing restarted.
-        return self._changed()
+        # routes are ready again with nothing restarted. served_route reads only the node's
+        # state, so only a change of state changes what gateways see.
+        after = self.state.nodes.get(name)
+        if (before.state if before else None) != (after.state if after else None):
+            self._routes_changed(node=name)
+        return ack
 
     def served_route(self, route: Route) -> Route:
         """A route as gateways see it, whatever its replica last said (a replica cannot tell
@@ -111,7 +142,7 @@ class ClusterLedgerWorkflow:
     def place(self, req: PlacementRequest) -> Allocation | PlacementRefusal:
         if req.artifact_size and not workflow.patched(PLACE_CHECKS_DISK):
             req = req.model_copy(update={"artifact_size": 0})
-        decision = place(self.state, req)
+        decision = place(self.state, req, self.index)
         if isinstance(decision, PlacementRefused) and workflow.patched(PLACE_RETURNS_REFUSAL):
             summary = summarise_refusal(decision.reasons)
             return PlacementRefusal(replica_id=req.replica_id, summary=summary)
@@ -123,30 +154,45 @@ class ClusterLedgerWorkflow:
                 type=NO_PLACEMENT,
                 non_retryable=True,
             )
-        self.state.allocations[req.replica_id] = decision
+        if req.replica_id not in self.state.allocations:  # else a retry: already counted
+            self.state.allocations[req.replica_id] = decision
+            self.index.add(decision)
         self._changed()
         return decision
 
     @workflow.update(name="release")
     def release(self, req: ReleaseRequest) -> LedgerAck:
-        self.state.allocations.pop(req.replica_id, None)
-        self.state.routes.pop(req.replica_id, None)
-        return self._changed()
+        alloc = self.state.allocations.pop(req.replica_id, None)
+        if alloc is not None:
+            self.index.remove(alloc)
+        route = self.state.routes.pop(req.replica_id, None)
+        ack = self._changed()
+        if route is not None:
+            self._routes_changed(replica_id=req.replica_id)
+        return ack
 
     @workflow.update(name="set_route")
     def set_route(self, route: Route) -> LedgerAck:
-        # Every gateway reads the whole table in one query answer (2 MB at most): a detail is a
-        # line for an operator, not a document.
+        # Gateways read routes a page of a thousand at a time: a detail is a line for an
+        # operator, not a document.
         route.detail = route.detail[:MAX_ROUTE_DETAIL]
+        before = self.state.routes.get(route.replica_id)
         if route.state == ReplicaState.STOPPED:
             self.state.routes.pop(route.replica_id, None)
+            after = None
         else:
-            self.state.routes[route.replica_id] = route
-        return self._changed()
+            self.state.routes[route.replica_id] = after = route
+        ack = self._changed()
+        if before != after:  # a replica saying again what it said sends gateways nothing
+            self._routes_changed(replica_id=route.replica_id)
+        return ack
 
     @workflow.query(name="routing_table")
     def routing_table(self, held: RoutingTableRequest | None = None) -> RoutingTable:
         epoch = workflow.info().first_execution_run_id
+        if held is not None and held.deltas:
+            return answer(self.state, held, epoch, self.served_route)
+        # A gateway from before deltas: the whole table in one answer, as it expects.
         version = self.state.version
         if held is not None and (held.epoch, held.version) == (epoch, version):
             return RoutingTable(version=version, epoch=epoch, unchanged=True)
@@ -161,8 +207,11 @@ class ClusterLedgerWorkflow:
     def set_idle(self, idle: ModelIdle) -> LedgerAck:
         models = set(self.state.idle_models)
         models = models | {idle.model} if idle.idle else models - {idle.model}
-        self.state.idle_models = sorted(models)
-        return self._changed()
+        before, self.state.idle_models = self.state.idle_models, sorted(models)
+        ack = self._changed()
+        if before != self.state.idle_models:
+            self._routes_changed()
+        return ack
 
     @workflow.query(name="model_routes")
     def model_routes(self, model: ModelName) -> RoutingTable:

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.route_source import RouteRefresher, TemporalRouteSource
 from gateway.routing import RequestKey, Router, RoutingSnapshot
-from workflows.contracts import ReplicaState, Route, RoutingTable
+from workflows.contracts import ReplicaState, Route, RoutingTable, RoutingTableRequest
 from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import LEDGER_WORKFLOW_ID
 
@@ -204,7 +204,70 @@ async def test_temporal_source_queries_the_ledger_for_its_routing_table() -> Non
     source = TemporalRouteSource(client, rpc_timeout=timedelta(seconds=1))  # type: ignore[arg-type]
     assert await source.fetch() == expected
     assert client.workflow_ids == [LEDGER_WORKFLOW_ID]
-    assert client.handle.calls == [(ClusterLedgerWorkflow.routing_table, [], timedelta(seconds=1))]
+    # The first ask holds nothing, and says it takes deltas and pages.
+    ask = RoutingTableRequest(deltas=True)
+    assert client.handle.calls == [
+        (ClusterLedgerWorkflow.routing_table, [ask], timedelta(seconds=1))
+    ]
+
+
+class ScriptedHandle:
+    """A ledger that answers each query with the next of its scripted answers."""
+
+    def __init__(self, *answers: RoutingTable) -> None:
+        self.answers = list(answers)
+        self.asked: list[RoutingTableRequest] = []
+
+    async def query(self, query: Any, *, args: Any, rpc_timeout: Any) -> Any:
+        self.asked.append(args[0])
+        return self.answers.pop(0)
+
+
+async def test_temporal_source_pages_applies_deltas_and_rereads_after_a_gap() -> None:
+    epoch = "ledger-1"
+    handle = ScriptedHandle(
+        # The whole table in two pages, then a delta for what changed while they were read.
+        RoutingTable(version=4, epoch=epoch, routes=[route("m-0")], next_after="m-0"),
+        RoutingTable(version=5, epoch=epoch, routes=[route("m-1")]),
+        RoutingTable(version=6, epoch=epoch, delta=True, since=4, routes=[route("m-2")]),
+        # A placement: nothing routed changed.
+        RoutingTable(version=7, epoch=epoch, unchanged=True),
+        # m-0 removed, m-1 draining.
+        RoutingTable(
+            version=8,
+            epoch=epoch,
+            delta=True,
+            since=7,
+            routes=[route("m-1", state=ReplicaState.STOPPING)],
+            removed=["m-0"],
+        ),
+        # A delta from a version this gateway never held: read the whole table again.
+        RoutingTable(version=12, epoch=epoch, delta=True, since=10, routes=[route("m-9")]),
+        RoutingTable(version=12, epoch=epoch, routes=[route("m-1"), route("m-3")]),
+    )
+    source = TemporalRouteSource(FakeClient(handle))  # type: ignore[arg-type]
+
+    def held(t: RoutingTable) -> dict[str, ReplicaState]:
+        return {r.replica_id: r.state for r in t.routes}
+
+    first = await source.fetch()
+    assert held(first) == dict.fromkeys(["m-0", "m-1", "m-2"], ReplicaState.READY)
+    assert first.version == 6
+    assert handle.asked[1].after == "m-0"
+    assert (handle.asked[2].epoch, handle.asked[2].version) == (epoch, 4)
+
+    unchanged = await source.fetch()
+    assert unchanged is first, "nothing routed changed: the same table, not rebuilt"
+    assert unchanged.version == 7
+
+    changed = await source.fetch()
+    assert held(changed) == {"m-1": ReplicaState.STOPPING, "m-2": ReplicaState.READY}
+    assert changed.version == 8
+
+    reread = await source.fetch()
+    assert held(reread) == {"m-1": ReplicaState.READY, "m-3": ReplicaState.READY}
+    assert handle.asked[-1] == RoutingTableRequest(deltas=True)
+    assert not handle.answers
 
 
 async def test_temporal_source_refuses_a_wrongly_typed_answer() -> None:

@@ -24,6 +24,7 @@ from workflows.ledger_compact import (
     unpack_state,
 )
 from workflows.placement import explain, place
+from workflows.route_log import note_change
 
 
 def fleet(nodes: int, replicas: int, compact: bool) -> LedgerState:
@@ -73,13 +74,23 @@ def test_compact_record_drops_what_changes_and_keeps_what_placement_reads():
 
 def test_packed_state_round_trips_and_compacts_nodes():
     state = fleet(20, 60, compact=False)
+    state.version = 41
     packed = pack_state(state)
     assert unpack_state(packed) == state
-    carried = carried_state(packed)
+    # A plain state (a run started before packing) has its nodes compacted when carried.
+    carried = carried_state(state.model_copy(deep=True))
     assert carried.allocations == state.allocations
     assert carried.nodes == {n: compact_record(r) for n, r in state.nodes.items()}
-    assert carried_state(None) == LedgerState()
-    assert carried_state(state.model_copy(deep=True)).nodes == carried.nodes
+    # A ledger packs only compacted nodes, and they come back as they went, with its route log.
+    carried.version += 1
+    note_change(carried, replica_id="m-0")
+    again = carried_state(pack_state(carried))
+    assert again == carried
+    assert [c.replica_id for c in again.route_log] == ["m-0"]
+    # A new ledger's route log is complete from its start; one carried from before the log
+    # existed is complete only from the version it was carried at.
+    assert carried_state(None) == LedgerState(route_log_floor=0)
+    assert carried.route_log_floor == state.version
 
 
 def test_the_ledger_takes_a_plain_or_a_packed_state_through_the_data_converter():

@@ -17,6 +17,7 @@ from workflows.contracts import (
     ReleaseRequest,
     ReplicaState,
     Route,
+    RoutingTable,
     RoutingTableRequest,
 )
 from workflows.ledger import NO_PLACEMENT, ClusterLedgerWorkflow
@@ -135,6 +136,52 @@ async def test_a_gateway_is_sent_the_routes_only_when_its_table_is_out_of_date(c
     assert not answer.unchanged
     assert replica in {r.replica_id for r in answer.routes}
     await release(cluster, replica)
+
+
+async def test_a_gateway_taking_deltas_is_sent_only_what_changed(cluster):
+    await cluster.add_node(cores=8)
+    handle = cluster.client.get_workflow_handle(LEDGER_WORKFLOW_ID)
+    source = TemporalRouteSource(cluster.client)
+    whole = await source.fetch()
+
+    async def since(version: int) -> RoutingTable:
+        asking = RoutingTableRequest(epoch=whole.epoch, version=version, deltas=True)
+        return await handle.query(ClusterLedgerWorkflow.routing_table, asking)
+
+    # A placement changes no route: the gateway is sent nothing but the new version.
+    replica = unique("dl") + "-0"
+    alloc = await place(cluster, replica)
+    assert isinstance(alloc, Allocation)
+    quiet = await since(whole.version)
+    assert quiet.unchanged
+    assert quiet.version > whole.version
+    assert not quiet.routes
+    assert await source.fetch() is whole, "the held table: nothing rebuilt"
+
+    held = whole.version
+    route = Route(
+        replica_id=replica,
+        model=alloc.model,
+        node=alloc.node,
+        endpoint=f"http://{alloc.address}:{alloc.port}",
+        engine="llamacpp",
+        state=ReplicaState.READY,
+    )
+    await update_ledger(cluster.client, ClusterLedgerWorkflow.set_route, route)
+    delta = await since(held)
+    assert delta.delta
+    assert [r.replica_id for r in delta.routes] == [replica]
+    seen = await source.fetch()
+    assert replica in {r.replica_id for r in seen.routes}
+
+    # The same route said again moves the version, and sends nothing.
+    await update_ledger(cluster.client, ClusterLedgerWorkflow.set_route, route)
+    assert (await since(seen.version)).unchanged
+
+    await release(cluster, replica)
+    gone = await since(seen.version)
+    assert gone.removed == [replica]
+    assert replica not in {r.replica_id for r in (await source.fetch()).routes}
 
 
 async def test_a_node_short_of_disk_for_the_weights_is_refused_unless_it_holds_them(cluster):

@@ -197,7 +197,10 @@ class Route(BaseModel):
 
 
 class RoutingTable(BaseModel):
-    # Bumped on every change, so a gateway can tell whether anything moved.
+    """The ledger's answer to a gateway: the whole table (a legacy asker), one page of it, the
+    routes that changed since the asker's version (a delta), or that nothing did."""
+
+    # Bumped on every change to the ledger, so a gateway can tell whether anything moved.
     version: int = 0
     routes: list[Route] = Field(default_factory=list)
     # Models scaled to zero that a request wakes: the gateway holds the request meanwhile.
@@ -205,16 +208,41 @@ class RoutingTable(BaseModel):
     # The ledger's first run id: versions count within one ledger, and a ledger started afresh
     # begins again at 0, so a version alone could match a table it never had.
     epoch: str = ""
-    # The asker already holds this epoch and version: no routes are sent (at 4,000 replicas the
-    # table is ~800 KB, and every gateway asks twice a second).
+    # No route changed since the asker's version: no routes are sent. To an asker that takes
+    # deltas, `version` may be newer than its own (a placement moved the ledger, no route).
     unchanged: bool = False
+    # The routes that changed since `since` (the asker's version): `routes` replace the
+    # asker's by replica id, `removed` are gone. False: `routes` are (a page of) the table.
+    delta: bool = False
+    since: int = -1
+    removed: list[str] = Field(default_factory=list)
+    # A page of the whole table, by replica id: "" on the last page, else the id to ask for
+    # the next page after (RoutingTableRequest.after). A whole table at 40,000 routes is about
+    # 9 MB, past Temporal's 4 MB query answer; a page stays near 200 KB.
+    next_after: str = ""
 
 
 class RoutingTableRequest(BaseModel):
-    """What the asking gateway already holds; the defaults hold nothing."""
+    """What the asking gateway already holds; the defaults hold nothing. An asker that leaves
+    `deltas` False (a gateway from before them) is sent the whole table in one answer."""
 
     epoch: str = ""
     version: int = -1
+    # The asker applies deltas and pages (gateway/route_book.py).
+    deltas: bool = False
+    # Asking for the page of the whole table after this replica id (the last answer's
+    # next_after); "" for a first page or a delta.
+    after: str = ""
+
+
+class RouteChange(BaseModel):
+    """One entry of the ledger's route log: at `version`, this replica's route changed, or
+    every route on this node (its state, which gateways see routes through, changed), or with
+    neither the idle models changed."""
+
+    version: int
+    replica_id: str = ""
+    node: str = ""
 
 
 class ModelIdle(BaseModel):
@@ -253,6 +281,11 @@ class LedgerState(BaseModel):
     routes: dict[str, Route] = Field(default_factory=dict)
     idle_models: list[str] = Field(default_factory=list)
     version: int = 0
+    # What changed gateways' routes lately, oldest first, bounded (workflows/route_log.py); and
+    # the version from which it is complete (an asker at an older one gets the whole table).
+    # None in a state from before the log: then the version it was carried at.
+    route_log: list[RouteChange] = Field(default_factory=list)
+    route_log_floor: int | None = None
 
 
 class LedgerAck(BaseModel):

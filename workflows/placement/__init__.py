@@ -5,6 +5,7 @@ a model did not land ("llamacpp installing: building llama-server 45%", "2 of 8 
 4 wanted"). A model's profiles are tried in order and the first that fits somewhere wins.
 
 - usage.py: what allocations already hold on each node (every shard counts)
+- index.py: that usage and what placement reads of each node, kept between placements
 - checks.py: whether one node can take one shard of a profile, and which GPUs it gets
 - disk.py: whether a node that must fetch a model's weights has the disk for them
 - fabric.py: which nodes a multi-node replica can span (NVLink domain, InfiniBand, RoCE)
@@ -12,13 +13,14 @@ a model did not land ("llamacpp installing: building llama-server 45%", "2 of 8 
 """
 
 from workflows.placement.checks import profile_label, why_not
+from workflows.placement.index import PlacementIndex
 from workflows.placement.place import CLUSTER, explain, place
-from workflows.placement.usage import NodeUsage, cluster_usage, free_port, node_usage
+from workflows.placement.usage import NodeUsage, free_port, node_usage
 
 __all__ = [
     "CLUSTER",
     "NodeUsage",
-    "cluster_usage",
+    "PlacementIndex",
     "explain",
     "free_port",
     "node_usage",

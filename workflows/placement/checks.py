@@ -117,10 +117,11 @@ def gpu_problem(node: NodeRecord, profile: Profile, used: set[int]) -> str | Non
                 return (
                     f"fp8 needs compute capability 8.9 or newer; {cls} is {gpu.compute_capability}"
                 )
-    free = free_gpus(node, cls, used)
-    if len(free) >= profile.gpus_per_node:
+    # Counted, not listed: free_gpus sorts, and this runs for every node a placement checks.
+    free = sum(1 for g in of_class if g.index not in used and not unusable_reason(g))
+    if free >= profile.gpus_per_node:
         return None
-    why = f"{len(free)} of {len(of_class)} {cls} free, {profile.gpus_per_node} wanted"
+    why = f"{free} of {len(of_class)} {cls} free, {profile.gpus_per_node} wanted"
     broken = [f"GPU {gpu_label(g.index)}: {r}" for g in of_class if (r := unusable_reason(g))]
     return f"{why} ({'; '.join(broken)})" if broken else why
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 from workflows.contracts import (
     Allocation,
@@ -13,11 +13,11 @@ from workflows.contracts import (
     Profile,
     ShardAllocation,
 )
-from workflows.placement.checks import choose_gpus, free_gpus, profile_label, why_not
+from workflows.placement.checks import choose_gpus, profile_label, why_not
 from workflows.placement.disk import MB, holds, must_fetch, size_text
-from workflows.placement.fabric import choose_group, node_fabrics
+from workflows.placement.fabric import choose_group
+from workflows.placement.index import EMPTY, PlacementIndex
 from workflows.placement.ports import extra_port_names, free_ports
-from workflows.placement.usage import NodeUsage, cluster_usage
 
 CLUSTER = "(cluster)"
 NO_NODES = "no nodes have registered"
@@ -25,21 +25,31 @@ NO_NODES = "no nodes have registered"
 _PROBE = "(explain)"
 
 
-def place(state: LedgerState, req: PlacementRequest) -> Allocation | PlacementRefused:
+def place(
+    state: LedgerState, req: PlacementRequest, index: PlacementIndex | None = None
+) -> Allocation | PlacementRefused:
     """Place one replica: the first of its profiles that fits somewhere wins.
 
-    Idempotent per replica id: a retried call gets the allocation it already has.
+    Idempotent per replica id: a retried call gets the allocation it already has. `index`:
+    the caller's PlacementIndex of `state` (the ledger keeps one); built here when not given.
+    A placement checks only the nodes it would prefer until one fits; only a refusal checks
+    every node, for every node's reason.
     """
     existing = state.allocations.get(req.replica_id)
     if existing is not None:
         return existing
     if not state.nodes:
         return PlacementRefused(replica_id=req.replica_id, reasons={CLUSTER: NO_NODES})
-    usage = cluster_usage(state)
-    refusals: list[dict[str, str]] = []
-    for index, profile in enumerate(req.profiles):
-        alloc, reasons = _try(state, usage, req, index, profile, req.exclude_nodes)
+    if index is None:
+        index = PlacementIndex(state)
+    for number, profile in enumerate(req.profiles):
+        alloc = _first_fit(state, index, req, number, profile)
         if alloc is not None:
+            return alloc
+    refusals: list[dict[str, str]] = []
+    for number, profile in enumerate(req.profiles):
+        alloc, reasons = _try(state, index, req, number, profile, req.exclude_nodes)
+        if alloc is not None:  # _first_fit and _try agree (tests hold them to it)
             return alloc
         refusals.append(reasons)
     return PlacementRefused(replica_id=req.replica_id, reasons=_merge(req.profiles, refusals))
@@ -55,14 +65,14 @@ def explain(state: LedgerState, model: ModelSpec | Sequence[Profile]) -> list[st
         profiles, artifact, size = list(model), "", 0
     if not state.nodes:
         return [NO_NODES]
-    usage = cluster_usage(state)
+    index = PlacementIndex(state)
     probe = PlacementRequest(
         replica_id=_PROBE, model="", profiles=profiles, artifact=artifact, artifact_size=size
     )
     lines: list[str] = []
-    for index, profile in enumerate(profiles):
-        alloc, reasons = _try(state, usage, probe, index, profile, ())
-        head = f"profile {index + 1} ({profile_label(profile)})"
+    for number, profile in enumerate(profiles):
+        alloc, reasons = _try(state, index, probe, number, profile, ())
+        head = f"profile {number + 1} ({profile_label(profile)})"
         chosen = [s.node for s in alloc.shards] if alloc is not None else []
         if alloc is None:
             lines.append(f"{head}: fits nowhere")
@@ -106,46 +116,118 @@ def _merge(profiles: Sequence[Profile], refusals: list[dict[str, str]]) -> dict[
     return merged
 
 
-def _try(
-    state: LedgerState,
-    usage: dict[str, NodeUsage],
-    req: PlacementRequest,
-    index: int,
-    profile: Profile,
-    exclude: Collection[str],
-) -> tuple[Allocation | None, dict[str, str]]:
-    """The allocation for this profile, or None; and why each node that cannot take it can't."""
-    empty = NodeUsage()
-    reasons: dict[str, str] = {}
-    fits: list[str] = []
-    for name, node in sorted(state.nodes.items()):
-        busy = req.exclude_ports.get(name, ())
-        used = usage.get(name, empty)
-        reason = why_not(node, profile, used, exclude, busy, req.artifact, req.artifact_size)
-        if reason is None:
-            fits.append(name)
-        else:
-            reasons[name] = reason
+def _order(
+    state: LedgerState, index: PlacementIndex, req: PlacementRequest, profile: Profile
+) -> Callable[[str], tuple[object, ...]]:
+    """Which fitting node placement prefers: the smallest key wins."""
 
     def order(name: str) -> tuple[object, ...]:
-        used = usage.get(name, empty)
+        used = index.used(name)
         # First the nodes holding the model's weights: the others must fetch them first.
         fetch = must_fetch(state.nodes[name], req.artifact)
         if profile.gpu_class is not None:
             # GPU replicas bin-pack: the tightest node that fits, keeping whole nodes free for
             # replicas that need all of one.
-            free = len(free_gpus(state.nodes[name], profile.gpu_class, used.gpus))
-            return (fetch, free, name)
+            return (fetch, index.free_gpu_count(name, profile.gpu_class), name)
         # CPU replicas spread: nothing stops two sharing cores, so fewer neighbours is faster.
         free_cores = state.nodes[name].inventory.cpu_cores - used.cpu_cores
         return (fetch, used.shards, -free_cores, name)
 
+    return order
+
+
+def _preferred(
+    state: LedgerState, index: PlacementIndex, req: PlacementRequest, profile: Profile
+) -> Iterator[str]:
+    """The nodes that may fit, in _order's order: for a GPU profile only those with enough
+    free GPUs of its class (why_not refuses the rest whatever else they have)."""
+
+    def walk() -> Iterator[str]:
+        if profile.gpu_class is not None:
+            return (name for _, name in index.gpu_nodes(profile.gpu_class, profile.gpus_per_node))
+        return (key[-1] for key in index.cpu_nodes())
+
+    if not req.artifact:
+        yield from walk()
+        return
+    yield from (name for name in walk() if not must_fetch(state.nodes[name], req.artifact))
+    yield from (name for name in walk() if must_fetch(state.nodes[name], req.artifact))
+
+
+def _first_fit(
+    state: LedgerState, index: PlacementIndex, req: PlacementRequest, number: int, profile: Profile
+) -> Allocation | None:
+    """What _try allocates for this profile, found by checking nodes in the order placement
+    prefers them and stopping at the first that fits (one node), or checking only the nodes
+    that may fit (several); None where _try would refuse. No reasons: a refusal asks _try."""
+
+    def fits(name: str) -> bool:
+        node = state.nodes[name]
+        busy = req.exclude_ports.get(name, ())
+        used = index.used(name)
+        exclude = req.exclude_nodes
+        return why_not(node, profile, used, exclude, busy, req.artifact, req.artifact_size) is None
+
+    if profile.nodes == 1:
+        for name in _preferred(state, index, req, profile):
+            if fits(name):
+                return _allocate(state, index, req, number, profile, [name], "", "")
+        return None
+    question = (profile.model_dump_json(), req.artifact, req.artifact_size)
+
+    def fits_here(name: str) -> bool:
+        if index.used(name) is EMPTY and name not in req.exclude_ports:
+            # An idle node is judged on its record and the question alone: remembered.
+            checked = name not in req.exclude_nodes
+            return checked and index.idle_verdict(name, question, lambda: fits(name))
+        return fits(name)
+
+    may = list(_preferred(state, index, req, profile))
+    fabrics = {name: index.fabrics(state.nodes[name]) for name in may}
+    order = _order(state, index, req, profile)
+    gpus = profile.gpu_class is not None
+    group = None
+    if gpus:
+        # An NVLink domain wins over any network, and choose_group reads only the nodes in
+        # one to find it: check those first, the rest only when no domain has room.
+        in_domain = [n for n in may if fabrics[n].nvlink_domain is not None and fits_here(n)]
+        group = choose_group(in_domain, fabrics, profile.nodes, order, gpus)
+    if group is None:
+        fitting = [name for name in may if fits_here(name)]
+        group = choose_group(fitting, fabrics, profile.nodes, order, gpus)
+    if group is None:
+        return None
+    chosen, fabric, domain = group.nodes, group.fabric, group.nvlink_domain
+    return _allocate(state, index, req, number, profile, chosen, fabric, domain)
+
+
+def _try(
+    state: LedgerState,
+    index: PlacementIndex,
+    req: PlacementRequest,
+    number: int,
+    profile: Profile,
+    exclude: Collection[str],
+) -> tuple[Allocation | None, dict[str, str]]:
+    """The allocation for this profile, or None; and why each node that cannot take it can't.
+    Checks every node: for a refusal and for `llmgw model why`."""
+    reasons: dict[str, str] = {}
+    fits: list[str] = []
+    for name, node in sorted(state.nodes.items()):
+        busy = req.exclude_ports.get(name, ())
+        used = index.used(name)
+        reason = why_not(node, profile, used, exclude, busy, req.artifact, req.artifact_size)
+        if reason is None:
+            fits.append(name)
+        else:
+            reasons[name] = reason
+    order = _order(state, index, req, profile)
     if not fits:
         return None, reasons
     if profile.nodes == 1:
         chosen, fabric, domain = [min(fits, key=order)], "", ""
     else:
-        fabrics = {name: node_fabrics(state.nodes[name]) for name in fits}
+        fabrics = {name: index.fabrics(state.nodes[name]) for name in fits}
         group = choose_group(fits, fabrics, profile.nodes, order, profile.gpu_class is not None)
         if group is None:
             for name in fits:
@@ -163,14 +245,14 @@ def _try(
             )
             return None, reasons
         chosen, fabric, domain = group.nodes, group.fabric, group.nvlink_domain
-    return _allocate(state, usage, req, index, profile, chosen, fabric, domain), reasons
+    return _allocate(state, index, req, number, profile, chosen, fabric, domain), reasons
 
 
 def _allocate(
     state: LedgerState,
-    usage: dict[str, NodeUsage],
+    index: PlacementIndex,
     req: PlacementRequest,
-    index: int,
+    number: int,
     profile: Profile,
     chosen: list[str],
     fabric: str,
@@ -180,7 +262,7 @@ def _allocate(
     shards: list[ShardAllocation] = []
     for rank, name in enumerate(chosen):
         node = state.nodes[name]
-        used = usage.get(name, NodeUsage())
+        used = index.used(name)
         names = extra_port_names(profile, rank)
         ports = free_ports(node, used.ports, 1 + len(names), req.exclude_ports.get(name, ()))
         assert ports is not None, "why_not checked it"
@@ -209,7 +291,7 @@ def _allocate(
         port=leader.port,
         cpu_cores=profile.cpu_cores,
         memory_mb=profile.memory_mb,
-        profile_index=index,
+        profile_index=number,
         shards=shards,
         fabric=fabric,
         nvlink_domain=domain,

@@ -38,15 +38,6 @@ def node_usage(state: LedgerState, node: str) -> NodeUsage:
     return usage
 
 
-def cluster_usage(state: LedgerState) -> dict[str, NodeUsage]:
-    """node_usage for every node an allocation touches, in one pass over the allocations."""
-    usage: dict[str, NodeUsage] = {}
-    for alloc in state.allocations.values():
-        for node in {s.node for s in alloc.shards_or_leader()}:
-            usage.setdefault(node, NodeUsage()).add(alloc, node)
-    return usage
-
-
 def free_port(node: NodeRecord, taken: set[int]) -> int | None:
     """The lowest engine port in the node's range no shard holds."""
     for port in range(node.port_min, node.port_max + 1):
