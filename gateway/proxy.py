@@ -488,6 +488,14 @@ def _failed(state: GatewayState, model: str, route: Route, reason: str, detail: 
     state.router.breaker.failed(route.replica_id, time.monotonic())
 
 
+def needs_own_timer(remaining: float, read_timeout: float) -> bool:
+    """Whether waiting for a replica's answer needs a timer of the request's own, or whether
+    the session's read timeout ends it no later than the deadline would, give or take the
+    slack. With the defaults (both 600 s) the deadline left is the read timeout less the time
+    spent admitting the request: the slack spares that case a timer per request."""
+    return remaining < read_timeout - min(DEADLINE_SLACK_S, read_timeout * DEADLINE_SLACK_SHARE)
+
+
 async def _post(
     state: GatewayState, route: Route, request: ProxiedRequest, payload: bytes, remaining: float
 ) -> aiohttp.ClientResponse:
@@ -499,12 +507,8 @@ async def _post(
     if secret:
         headers["Authorization"] = f"Bearer {secret}"
     url = upstream_url(route, request.path)
-    read_timeout = state.settings.upstream_read_timeout_s
-    if remaining >= read_timeout - min(DEADLINE_SLACK_S, read_timeout * DEADLINE_SLACK_SHARE):
-        # The usual case: the deadline is no shorter than the session's own timeouts, which
-        # then bound the wait without a timer of this request's own. With the defaults (both
-        # 600 s) the deadline is the read timeout less the time spent admitting the request;
-        # the slack lets that case skip a timer per request too.
+    if not needs_own_timer(remaining, state.settings.upstream_read_timeout_s):
+        # The usual case: the session's own timeouts bound the wait.
         return await state.session.post(url, data=payload, headers=headers)
     # Until the response starts: bounded by the request's deadline, so a hung replica still
     # leaves time to try another. Reads after that follow the session's read timeout.

@@ -1,6 +1,7 @@
 """The streaming relay's own shortcuts, as an engine and a client see them: the body a stream
 sends upstream is the client's own plus the usage option, a stream ends with its [DONE] and
-the engine's connection is kept for the next request."""
+the engine's connection is kept for the next request; and when the wait for an engine's answer
+needs a timer of the request's own."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from gateway.body_parse import with_member
+from gateway.proxy import needs_own_timer
 from gateway.store import Store
 from tests.gateway_kit import MODEL, FakeRouteSource, route, running_gateway, serving, sse_events
 
@@ -140,3 +142,22 @@ def test_a_member_is_added_to_the_clients_own_bytes(raw: bytes, expected: bytes)
 def test_adding_a_member_to_what_is_not_an_object_is_refused() -> None:
     with pytest.raises(ValueError, match="JSON object"):
         with_member(b'["model"]', b'"n":1')
+
+
+@pytest.mark.parametrize(
+    ("remaining", "read_timeout", "own_timer"),
+    [
+        (599.99, 600.0, False),  # the default deadline, less the time admission took
+        (599.5, 600.0, False),
+        (598.0, 600.0, True),  # a client's own, shorter timeout
+        (30.0, 600.0, True),
+        (9.95, 10.0, False),
+        (9.8, 10.0, True),  # a short read timeout gets a proportionally short slack
+        (1.0, 1.5, True),
+        (700.0, 600.0, False),
+    ],
+)
+def test_only_a_deadline_shorter_than_the_read_timeout_gets_a_timer(
+    remaining: float, read_timeout: float, own_timer: bool
+) -> None:
+    assert needs_own_timer(remaining, read_timeout) is own_timer
