@@ -177,6 +177,16 @@ def upstream_payload(request: ProxiedRequest, raw: bytes, changed: bool) -> byte
     return b"{" + request.bulk + b"," + head[1:]
 
 
+def with_member(raw: bytes, member: bytes) -> bytes:
+    """`raw`, a JSON object's bytes, with `member` (`"name":value`, a name the object does not
+    have) added as its last member: the client's bytes and a few more, not a serialisation."""
+    head = raw.rstrip()
+    if not head.endswith(b"}"):
+        raise ValueError("not a JSON object's bytes")
+    head = head[:-1].rstrip()
+    return head + (b"" if head.endswith(b"{") else b",") + member + b"}"
+
+
 class BodyParser:
     """Bodies up to `inline_bytes` are prepared on the event loop (a 64 KB body is at most ~16k
     JSON values: ~10 ms); larger ones in a pool of `workers` processes, started on first use.

@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.asgi import headers_of, read_body, send_error
 from gateway.auth import AuthFailed, ensure_adapter_allowed, ensure_model_allowed
 from gateway.billing import choices_requested, completion_length
-from gateway.body_parse import upstream_payload
+from gateway.body_parse import upstream_payload, with_member
 from gateway.cache_salt import salt_body, salted_prompt
 from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError
@@ -60,6 +60,12 @@ SESSION_HEADER = b"x-session-id"
 WANTED_HEADERS = frozenset(
     {b"authorization", b"content-length", CLIENT_TIMEOUT_HEADER, SESSION_HEADER}
 )
+# What every stream asks of its engine (as its stream_options; see _serve_admitted).
+USAGE_OPTION = b'"stream_options":{"include_usage":true}'
+# How far a request's remaining deadline may fall short of the upstream read timeout and still be
+# left to that timeout (no timer of the request's own): at most this long, and this share of it.
+DEADLINE_SLACK_S = 1.0
+DEADLINE_SLACK_SHARE = 0.01
 # Statuses that mean "this replica cannot take it now", not "this request is wrong": another
 # replica may well serve it.
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
@@ -213,11 +219,15 @@ async def _serve_admitted(
             # Accounting settles once, so after the relay has settled this does nothing.
             upstream_model = snapshot.upstream_model(request.model)
             changed = (
-                clamped
-                or salt is not None
-                or request.adapter is not None
-                or request.stream
-                or bool(upstream_model)
+                clamped or salt is not None or request.adapter is not None or bool(upstream_model)
+            )
+            # A stream whose body asks nothing of stream_options gets include_usage appended to
+            # the client's own bytes: serialising the whole body again would cost more.
+            append_usage = (
+                request.stream
+                and not changed
+                and request.bulk is None
+                and "stream_options" not in body
             )
             if request.adapter is not None:
                 # vLLM and SGLang serve a LoRA adapter under its own name (--lora-modules,
@@ -232,7 +242,13 @@ async def _serve_admitted(
                 # Always ask for usage, so a streamed request is accounted like any other.
                 options = body.get("stream_options") or {}
                 body["stream_options"] = {**options, "include_usage": True}
-            payload = UpstreamBodies(request, raw, upstream_payload(request, raw, changed))
+            payload = UpstreamBodies(
+                request,
+                raw,
+                with_member(raw, USAGE_OPTION)
+                if append_usage
+                else upstream_payload(request, raw, changed or request.stream),
+            )
             session = headers.get(SESSION_HEADER)
             # For replicas that publish KV events: the prompt's tokens, from an engine.
             token_ids = await request_token_ids(state, request, snapshot.ready(request.model))
@@ -498,6 +514,14 @@ def _failed(state: GatewayState, model: str, route: Route, reason: str, detail: 
     state.router.breaker.failed(route.replica_id, time.monotonic())
 
 
+def needs_own_timer(remaining: float, read_timeout: float) -> bool:
+    """Whether waiting for a replica's answer needs a timer of the request's own, or whether
+    the session's read timeout ends it no later than the deadline would, give or take the
+    slack. With the defaults (both 600 s) the deadline left is the read timeout less the time
+    spent admitting the request: the slack spares that case a timer per request."""
+    return remaining < read_timeout - min(DEADLINE_SLACK_S, read_timeout * DEADLINE_SLACK_SHARE)
+
+
 async def _post(
     state: GatewayState, route: Route, request: ProxiedRequest, payload: bytes, remaining: float
 ) -> aiohttp.ClientResponse:
@@ -509,9 +533,8 @@ async def _post(
     if secret:
         headers["Authorization"] = f"Bearer {secret}"
     url = upstream_url(route, request.path)
-    if remaining >= state.settings.upstream_read_timeout_s:
-        # The usual case: the deadline is no shorter than the session's own timeouts, which
-        # then bound the wait without a timer of this request's own.
+    if not needs_own_timer(remaining, state.settings.upstream_read_timeout_s):
+        # The usual case: the session's own timeouts bound the wait.
         return await state.session.post(url, data=payload, headers=headers)
     # Until the response starts: bounded by the request's deadline, so a hung replica still
     # leaves time to try another. Reads after that follow the session's read timeout.

@@ -154,6 +154,7 @@ class _Abortable(Protocol):
     def abort(self) -> None: ...
     def get_extra_info(self, name: str, default: Any = None) -> Any: ...
     def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None: ...
+    def get_write_buffer_size(self) -> int: ...
 
 
 def transport_of(channel: object) -> _Abortable | None:
@@ -162,8 +163,9 @@ def transport_of(channel: object) -> _Abortable | None:
     everything queued. uvicorn's `receive` and `send` are methods of the request's cycle, which
     holds the transport; `receive` is taken, since middleware wraps `send` (front_door.py)."""
     transport = getattr(getattr(channel, "__self__", None), "transport", None)
-    if callable(getattr(transport, "abort", None)) and callable(
-        getattr(transport, "set_write_buffer_limits", None)
+    if all(
+        callable(getattr(transport, name, None))
+        for name in ("abort", "set_write_buffer_limits", "get_write_buffer_size")
     ):
         return transport
     return None
@@ -305,26 +307,34 @@ class Relay:
             send, {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
         )
         stream_filter = self._filter
+        counted = stream_filter.usage_filter
+        upstream = self._upstream.content
         first = True
+        last = b""  # the end of the stream, sent as the end of the response
         try:
-            async for chunk in self._upstream.content.iter_any():
+            # iter_any hands over everything aiohttp has buffered at once: a client that keeps
+            # up gets one write per upstream read, however many events it holds.
+            async for chunk in upstream.iter_any():
                 out = stream_filter.feed(chunk)
                 if not out:
                     continue
                 if first:
                     first = False
                     self._state.metrics.first_token(self._model, time.perf_counter() - started)
+                if counted.saw_done and upstream.at_eof():
+                    # [DONE], an engine's last event, came in the read that ended the upstream
+                    # response (with its chunked terminator): it ends the client's response in
+                    # the same write, one write less per stream.
+                    last = out
+                    break
                 await self._send(
                     send, {"type": "http.response.body", "body": out, "more_body": True}
                 )
-            rest = stream_filter.finish()
-            if rest:
-                await self._send(
-                    send, {"type": "http.response.body", "body": rest, "more_body": True}
-                )
-            if stream_filter.usage_filter.saw_done:
+            # An event the stream ended without its blank line, if any.
+            last += stream_filter.finish()
+            if counted.saw_done:
                 self._watch.finished = True
-                await self._send(send, {"type": "http.response.body", "body": b""})
+                await self._send(send, {"type": "http.response.body", "body": last})
                 return
             reason = "The model replica ended the stream early."
         except (TimeoutError, aiohttp.ClientError, EventTooLarge) as exc:
@@ -334,13 +344,22 @@ class Relay:
         self._watch.finished = True
         ending = data_event(error_body(reason, SERVER_ERROR, None, "upstream_stream_error"))
         await self._send(
-            send, {"type": "http.response.body", "body": ending + data_event(b"[DONE]")}
+            send, {"type": "http.response.body", "body": last + ending + data_event(b"[DONE]")}
         )
 
     async def _send(self, send: Send, message: dict[str, Any]) -> None:
         """One write to a streaming client, which must complete within the write timeout:
         uvicorn's send only waits while the connection's buffer is full, so a write that does
-        not complete is a client that has not read for that long."""
+        not complete is a client that has not read for that long.
+
+        The timer is set only when the write may wait: a transport pauses its writer once more
+        than STREAM_BUFFER_HIGH bytes are queued and resumes it once no more than
+        STREAM_BUFFER_LOW are, so with LOW or fewer queued uvicorn's send returns without
+        awaiting. A client that keeps up (the usual case) then costs no timer per write."""
+        transport = self._watch.transport
+        if transport is not None and transport.get_write_buffer_size() <= STREAM_BUFFER_LOW:
+            await send(message)
+            return
         try:
             async with asyncio.timeout(self._state.settings.stream_write_timeout_s):
                 await send(message)
