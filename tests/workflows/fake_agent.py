@@ -26,6 +26,8 @@ from workflows.contracts import (
     LaunchRequest,
     LaunchResult,
     NodeInventory,
+    NodeWatch,
+    NodeWatchReport,
     PortsInUse,
     ReadyRequest,
     ReadyResult,
@@ -97,6 +99,14 @@ class FakeAgent:
         self.adapters: dict[str, dict[str, str]] = {}
         self.adapter_calls: list[SetAdaptersRequest] = []
         self.adapters_error: ApplicationError | None = None
+        # The liveness watch. silent: the agent holds it without a word, as a hung or cut-off
+        # agent would; stopping: it returns saying so, as an agent told to stop does. beats:
+        # heartbeats sent, the latest of which is each heartbeat's details.
+        self.boot_id = "boot-1"
+        self.silent = False
+        self.stopping = False
+        self.beats = 0
+        self.watches = 0
 
     def all(self) -> list:
         return [
@@ -110,7 +120,27 @@ class FakeAgent:
             self.engine_load,
             self.fetch_artifact,
             self.set_adapters,
+            self.watch,
         ]
+
+    @activity.defn(name=NodeActivity.WATCH_LIVENESS)
+    async def watch(self, req: NodeWatch) -> NodeWatchReport:
+        self.watches += 1
+        timeout = activity.info().heartbeat_timeout
+        every = min(0.2, timeout.total_seconds() / 4) if timeout else 0.2
+        deadline = time.monotonic() + req.report_after_s
+        while True:
+            if not self.silent:
+                self.beats += 1
+                activity.heartbeat(self.beats)
+                if self.stopping:
+                    return NodeWatchReport(boot_id=self.boot_id, stopping=True)
+                digest = self.inventory.digest()
+                if req.inventory_digest and digest != req.inventory_digest:
+                    return NodeWatchReport(boot_id=self.boot_id, inventory=self.inventory)
+                if time.monotonic() >= deadline:
+                    return NodeWatchReport(boot_id=self.boot_id)
+            await asyncio.sleep(every)
 
     def kill(self, replica_id: str, code: int = -9) -> None:
         engine = self.engines[replica_id]

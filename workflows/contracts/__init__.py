@@ -102,6 +102,8 @@ from workflows.contracts.nodes import (
     NodeRegistration,
     NodeState,
     NodeView,
+    NodeWatch,
+    NodeWatchReport,
     VerifyEnginesRequest,
     VerifyEnginesResult,
 )
@@ -185,6 +187,8 @@ __all__ = [
     "NodeState",
     "NodeStatus",
     "NodeView",
+    "NodeWatch",
+    "NodeWatchReport",
     "NodesFile",
     "NodesFileRequest",
     "OnboardingProgress",
