@@ -23,6 +23,7 @@ What the workflow learns from how a watch ends:
   signals, and the workflow goes back to judging those for this boot.
 """
 
+import asyncio
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import Enum
@@ -79,6 +80,11 @@ def classify(error: BaseException | None, late: timedelta) -> Verdict:
     return Verdict.FAILED
 
 
+def _retrieved(done: "asyncio.Future[NodeWatchReport]") -> None:
+    if not done.cancelled():
+        done.exception()
+
+
 @dataclass
 class Outcome:
     verdict: Verdict
@@ -113,15 +119,16 @@ class Watch:
         self.not_before = None
         self.window, self.asked_at = window, workflow.now()
         self.handle = start_watch(queue, watch, window, heartbeat)
+        # Its end is judged when the workflow gets to it; one that ends as the run closes is
+        # not an error never retrieved.
+        self.handle.add_done_callback(_retrieved)
 
     def drop(self) -> None:
         """Cancel the watch in flight (a new agent registered: the old one may hold it)."""
         if self.handle is None:
             return
         handle, self.handle = self.handle, None
-        handle.cancel()
-        # Its cancellation is not awaited: take it when it comes, so nothing reports it lost.
-        handle.add_done_callback(lambda done: done.cancelled() or done.exception())
+        handle.cancel()  # its cancellation is not awaited
 
     async def outcome(self) -> Outcome:
         """The finished watch's verdict; the watch is no longer in flight."""

@@ -104,6 +104,11 @@ class FakeAgent:
         # heartbeats sent, the latest of which is each heartbeat's details.
         self.boot_id = "boot-1"
         self.silent = False
+        # crashed: a silent watch ignores its cancellation for crash_linger_s, so that its
+        # worker's shutdown stops taking tasks at once but tells Temporal nothing, as a killed
+        # process would.
+        self.crashed = False
+        self.crash_linger_s = 4.0
         self.stopping = False
         self.beats = 0
         self.watches = 0
@@ -140,7 +145,12 @@ class FakeAgent:
                     return NodeWatchReport(boot_id=self.boot_id, inventory=self.inventory)
                 if time.monotonic() >= deadline:
                     return NodeWatchReport(boot_id=self.boot_id)
-            await asyncio.sleep(every)
+            try:
+                await asyncio.sleep(every)
+            except asyncio.CancelledError:
+                if self.silent and self.crashed:
+                    await asyncio.sleep(self.crash_linger_s)
+                raise
 
     def kill(self, replica_id: str, code: int = -9) -> None:
         engine = self.engines[replica_id]
