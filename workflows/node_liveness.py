@@ -119,7 +119,7 @@ class NodeLiveness:
         if not workflow.patched(AGENT_CALLS_WATCH_LIVENESS):
             return await call
         if self._watching():
-            return await self._while_watched(call)
+            await self._while_watched(call)  # until it is done, or the agent proves old
         while not call.done():
             timeout = self._until_lost()
             due = workflow.now() + timeout if timeout is not None else None
@@ -138,11 +138,12 @@ class NodeLiveness:
                     raise AgentSilent(f"no heartbeat for {silent}s") from None
         return await call
 
-    async def _while_watched(self, call: asyncio.Future[T]) -> T:
-        """_while_heard for a watched node: the call's result, unless a watch that ends
-        meanwhile finds the node silent (it is then unreachable): the call is cancelled and
-        AgentSilent raised."""
-        while not call.done():
+    async def _while_watched(self, call: asyncio.Future[T]) -> None:
+        """_while_heard for a watched node: wait until the call is done, unless a watch that
+        ends meanwhile finds the node silent (it is then unreachable): the call is cancelled
+        and AgentSilent raised. Returns early if the agent turns out to heartbeat with
+        signals."""
+        while not call.done() and self._watching():
             self._keep_watch()
             timeout = None if self.watch.running() else self.watch.pause_left()
             with contextlib.suppress(TimeoutError):
@@ -158,7 +159,6 @@ class NodeLiveness:
                     await call
                 silent = int(self._silent_for().total_seconds())
                 raise AgentSilent(f"no heartbeat for {silent}s")
-        return await call
 
     def _watching(self) -> bool:
         return self.by_watch and not self.signal_beats
@@ -189,7 +189,7 @@ class NodeLiveness:
 
     def _keep_watch(self) -> None:
         """Keep a watch in flight whenever an agent may answer one."""
-        if self.view is None or self._state() not in WATCHED:
+        if self.view is None or self._state() not in WATCHED or not self._watching():
             return
         if self.watch.running() or self.watch.pause_left() is not None:
             return

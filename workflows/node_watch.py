@@ -46,6 +46,8 @@ with workflow.unsafe.imports_passed_through():
 # What the Python SDK's worker raises for an activity it has no function for: an agent from
 # before the watch.
 NOT_REGISTERED = "NotFoundError"
+# What it reports for an activity still running when its worker shuts down: the agent stops.
+WORKER_SHUTDOWN = "WorkerShutdown"
 
 
 class Verdict(Enum):
@@ -75,7 +77,9 @@ def classify(error: BaseException | None, late: timedelta) -> Verdict:
         return Verdict.SUSPECT  # heartbeat or start-to-close: it was taken, then went quiet
     if isinstance(cause, ApplicationError) and cause.type == NOT_REGISTERED:
         return Verdict.OLD_AGENT
-    if isinstance(cause, CancelledError):
+    if isinstance(cause, CancelledError) or (
+        isinstance(cause, ApplicationError) and cause.type == WORKER_SHUTDOWN
+    ):
         return Verdict.HEARD  # the agent's worker shut down and said so
     return Verdict.FAILED
 

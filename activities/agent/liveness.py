@@ -38,6 +38,9 @@ class NodePulse:
         self.engines_running = 0
         self._changed = asyncio.Event()
         self._stopping = asyncio.Event()
+        # Said once: a watch taken after that is held until the worker shuts down, rather
+        # than answered at once and asked again, over and over, while the agent stops.
+        self._stop_told = False
         self._watching = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -67,7 +70,8 @@ class NodePulse:
         return f"node {self.node} (boot {self.boot_id[:8]}): {engines} engine(s) running"
 
     def _report(self, digest: str) -> NodeWatchReport | None:
-        stopping = self._stopping.is_set()
+        stopping = self._stopping.is_set() and not self._stop_told
+        self._stop_told = self._stop_told or stopping
         changed = bool(digest) and self.inventory is not None and self.inventory.digest() != digest
         if not (stopping or changed):
             return None
@@ -97,7 +101,8 @@ class NodePulse:
                 if left <= 0:
                     return NodeWatchReport(boot_id=self.boot_id)
                 self._changed.clear()
-                waits = [asyncio.ensure_future(e.wait()) for e in (self._changed, self._stopping)]
+                events = [self._changed] if self._stop_told else [self._changed, self._stopping]
+                waits = [asyncio.ensure_future(event.wait()) for event in events]
                 try:
                     await asyncio.wait(waits, timeout=min(every, left))
                 finally:

@@ -101,7 +101,8 @@ class FakeAgent:
         self.adapters_error: ApplicationError | None = None
         # The liveness watch. silent: the agent holds it without a word, as a hung or cut-off
         # agent would; stopping: it returns saying so, as an agent told to stop does. beats:
-        # heartbeats sent, the latest of which is each heartbeat's details.
+        # heartbeats sent, the latest of which is each heartbeat's details. A watch taken once
+        # the agent said it stops is held until its worker shuts down.
         self.boot_id = "boot-1"
         self.silent = False
         # crashed: a silent watch ignores its cancellation for crash_linger_s, so that its
@@ -110,6 +111,7 @@ class FakeAgent:
         self.crashed = False
         self.crash_linger_s = 4.0
         self.stopping = False
+        self.stop_told = False
         self.beats = 0
         self.watches = 0
 
@@ -138,7 +140,8 @@ class FakeAgent:
             if not self.silent:
                 self.beats += 1
                 activity.heartbeat(self.beats)
-                if self.stopping:
+                if self.stopping and not self.stop_told:  # said once, as the real agent does
+                    self.stop_told = True
                     return NodeWatchReport(boot_id=self.boot_id, stopping=True)
                 digest = self.inventory.digest()
                 if req.inventory_digest and digest != req.inventory_digest:

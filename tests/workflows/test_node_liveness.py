@@ -27,6 +27,7 @@ async def agent_worker(client: Client, agent: FakeAgent, watch: bool = True) -> 
     watch says the agent stops, then its worker shuts down. watch=False: an agent from before
     the liveness watch."""
     activities = [a for a in agent.all() if watch or a != agent.watch]
+    agent.stopping = agent.stop_told = False  # a new process
     async with Worker(client, task_queue=node_task_queue(agent.node), activities=activities):
         try:
             yield
