@@ -8,13 +8,14 @@ signals, so `llmgw node ...` and `temporal workflow signal` do the same thing. T
 signal `refresh` to look at the machine again or re-verify its engines. Every change is copied
 to the ledger, which placement reads.
 
-Liveness has two steps, judged from how each watch ends (or, for signals, from a timer). A node
-silent past its grace is unreachable: the ledger withdraws its
-routes, and nothing else changes (its engines may well be serving; a partition that heals
+Liveness has two steps, judged from how each watch ends, or for signals from a timer
+(workflows/node_liveness.py). A node silent past its grace is unreachable: the ledger withdraws
+its routes, and nothing else changes (its engines may well be serving; a partition that heals
 restarts nothing). Silent past the longer gone grace it is lost: its models start its replicas
-elsewhere. Silence the control plane caused is no evidence: a liveness timer that fires late
-(Temporal or the control worker was away, so heartbeats could not arrive) gives the node a fresh
-grace instead. A draining node keeps serving until each replica's successor is ready elsewhere.
+elsewhere. Silence the control plane caused is no evidence: a heartbeat timeout is only probed,
+and a watch or timer that ran out late (Temporal or the control worker was away, so heartbeats
+could not arrive) gives the node a fresh grace instead. A draining node keeps serving until
+each replica's successor is ready elsewhere.
 """
 
 import asyncio
