@@ -225,7 +225,9 @@ class NodeLiveness:
             self.changed_inventory = report.inventory
         elif verdict == Verdict.FAILED:
             workflow.logger.warning("node %s failed its watch: %s", name, outcome.detail)
-            self.watch.not_before = now + options.NODE_WATCH_RETRY_PAUSE
+            # Within half the grace, so that the next watch still has the other half.
+            pause = min(options.NODE_WATCH_RETRY_PAUSE, self._heartbeat())
+            self.watch.not_before = now + pause
         elif verdict == Verdict.OLD_AGENT:
             workflow.logger.info("node %s's agent heartbeats with signals", name)
             self.signal_beats = True

@@ -158,7 +158,8 @@ NODE_WATCH_PERIOD = timedelta(
     seconds=float(os.environ.get("LLMGW_TEST_NODE_WATCH_PERIOD_S", "") or 15 * 60)
 )
 # A watch the agent failed (not a timeout: the agent answered, so it is alive) is asked again
-# after this long, so a broken agent cannot make its workflow spin.
+# after this long (at most half the node's grace), so a broken agent cannot make its workflow
+# spin.
 NODE_WATCH_RETRY_PAUSE = timedelta(seconds=10)
 # Node workflow steps on the control queue and the node's own queue.
 ENGINE_PLAN_TIMEOUT = timedelta(seconds=30)

@@ -112,6 +112,8 @@ class FakeAgent:
         self.crash_linger_s = 4.0
         self.stopping = False
         self.stop_told = False
+        # Set: every watch fails at once with it (a broken agent).
+        self.watch_error: ApplicationError | None = None
         self.beats = 0
         self.watches = 0
 
@@ -133,6 +135,8 @@ class FakeAgent:
     @activity.defn(name=NodeActivity.WATCH_LIVENESS)
     async def watch(self, req: NodeWatch) -> NodeWatchReport:
         self.watches += 1
+        if self.watch_error is not None:
+            raise self.watch_error
         timeout = activity.info().heartbeat_timeout
         every = min(0.2, timeout.total_seconds() / 4) if timeout else 0.2
         deadline = time.monotonic() + req.report_after_s

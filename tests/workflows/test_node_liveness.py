@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities.control.ledger_calls import update_ledger
 from tests.history_reading import node_states_published
 from tests.workflows.conftest import Cluster, eventually, record_history, signals_handled, unique
 from tests.workflows.fake_agent import FakeAgent
-from tests.workflows.test_node import ask, ledger_record, register, registration
+from tests.workflows.test_node import ask, ledger_record, node_handle, register, registration
 from workflows.contracts import EngineState, NodeHeartbeat, NodeState
 from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import NodeActivity, node_task_queue, node_workflow_id
@@ -222,3 +223,21 @@ async def old_agent(cluster: Cluster, node: str) -> None:
         await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
         await state_is(cluster, node, NodeState.READY)
     await record_history(handle, "NodeWatchOldAgent")
+
+
+async def test_an_agent_that_fails_its_watch_is_alive_but_not_asked_in_a_loop(cluster):
+    cluster.agent.watch_error = ApplicationError("watch broke", non_retryable=True)
+    await register(cluster, cluster.node, registration(cluster.node, lost_after_s=4))
+    await installed(cluster)
+    watches = cluster.agent.watches
+    # A sleep on purpose: two graces of real time. A failed watch is an agent that answered:
+    # the node stays ready, and the watch is asked again after a pause (half the grace), not
+    # at once.
+    await asyncio.sleep(8)
+    assert (await ledger_record(cluster)).state == NodeState.READY
+    assert 2 <= cluster.agent.watches - watches <= 6
+    # Then it goes silent: the failed-watch pause does not hide that.
+    cluster.agent.watch_error = None
+    cluster.agent.silent = True
+    await state_is(cluster, cluster.node, NodeState.UNREACHABLE)
+    await record_history(node_handle(cluster), "NodeWatchFailed")
