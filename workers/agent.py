@@ -1,5 +1,6 @@
-"""`llmgw agent`: one per machine. Registers the node, heartbeats, and runs the node's
-activities (installs, engine processes) on its own task queue. With a KV feed port, it also
+"""`llmgw agent`: one per machine. Registers the node, holds its liveness watch (heartbeats to
+Temporal that cost the node workflow no history: activities/agent/liveness.py), and runs the
+node's activities (installs, engine processes) on its own task queue. With a KV feed port, it also
 serves its engines' KV-cache events to gateways (activities/agent/kv_service.py).
 
 Engines outlive the agent: a restarted agent adopts what is still running, tells replica
@@ -8,7 +9,6 @@ workflows about engines that died while it was away, and stops engines no workfl
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -27,6 +27,7 @@ from temporalio.worker import Worker
 
 from activities.agent.artifact_activity import ArtifactActivities
 from activities.agent.kv_service import KvService
+from activities.agent.liveness import NodePulse
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
 from activities.agent.node_metrics import EngineLoadSample, NodeMetricsService
 from activities.control.node_admin import node_handle
@@ -38,7 +39,6 @@ from workflows.addresses import http_base
 from workflows.contracts import (
     EngineExit,
     EngineLoadRequest,
-    NodeHeartbeat,
     NodeInventory,
     NodeRegistration,
     NodeView,
@@ -56,11 +56,11 @@ from workflows.replica import ReplicaWorkflow
 
 log = logging.getLogger("llmgw.agent")
 # One call to Temporal from the agent's own loop: long enough for a busy server, short enough
-# that a frozen one does not stall heartbeats (they retry at once, see serve_node).
+# that a frozen one does not stall the loop.
 DESCRIBE_TIMEOUT = timedelta(seconds=10)
-# After a heartbeat that did not arrive, the next one goes this soon: when the control plane
-# comes back, the node is heard within a second or two, well inside its fresh grace.
-HEARTBEAT_RETRY_S = 1.0
+# On stopping, how long the agent waits for its liveness watch to tell the node workflow (the
+# next watch then waits for the agent's successor rather than timing out).
+HAND_OVER_S = 2.0
 
 
 @dataclass
@@ -253,8 +253,9 @@ async def serve_agent(
 ) -> None:
     client = await connect_with_retry(where)
     stop = stop_event()
+    pulse = NodePulse(opts.node, opts.heartbeat_s)
     # Fetches of model artifacts from the mirror sit beside the engine activities.
-    activities = [*agent.all(), *ArtifactActivities(config).all()]
+    activities = [*agent.all(), *ArtifactActivities(config).all(), pulse.watch]
     worker = Worker(
         client,
         task_queue=node_task_queue(opts.node),
@@ -264,7 +265,7 @@ async def serve_agent(
     removed = False
     try:
         async with worker:
-            await serve_node(client, agent, opts, node_identity(config.node_secret), stop)
+            await serve_node(client, agent, opts, node_identity(config.node_secret), stop, pulse)
     except NodeRemoved:
         removed = True
         log.warning("node %s was removed from the cluster; stopping its engines", opts.node)
@@ -279,14 +280,15 @@ async def serve_node(
     opts: AgentOptions,
     identity: str,
     stop: asyncio.Event,
+    pulse: NodePulse,
 ) -> None:
-    """Register, then heartbeat until stopped, looking at the machine and its engines again
-    every `look_every_s`."""
-    boot_id = uuid.uuid4().hex
+    """Register, then look at the machine and its engines again every `look_every_s` until
+    stopped. The node's liveness is `pulse`'s watch, which the worker runs."""
     inventory = await asyncio.to_thread(agent.inventory_now)
+    pulse.look(inventory, await running_engines(agent))
     reg = NodeRegistration(
         inventory=inventory,
-        boot_id=boot_id,
+        boot_id=pulse.boot_id,
         identity=identity,
         labels=opts.labels,
         engine_paths=opts.engine_paths,
@@ -312,27 +314,31 @@ async def serve_node(
     handle = node_handle(client, opts.node)
     loop = asyncio.get_running_loop()
     next_look = loop.time() + opts.look_every_s
-    changed: NodeInventory | None = None
-    while not stop.is_set():
-        if loop.time() >= next_look:
-            next_look = loop.time() + opts.look_every_s
-            changed = await look_again(agent, inventory)
-            await reconcile_shards(client, agent)
-        beat = NodeHeartbeat(boot_id=boot_id, inventory=changed)
-        delivered = False
-        try:
-            await handle.signal(NodeWorkflow.heartbeat, beat, rpc_timeout=DESCRIBE_TIMEOUT)
-            delivered = True
-            if changed is not None:
-                inventory, changed = changed, None
-        except RPCError as err:
-            if await _workflow_ended(handle):
-                raise NodeRemoved from err
-            log.warning("heartbeat failed: %s", err)
-        except Exception as err:  # noqa: BLE001 - the loop must outlive any failed beat
-            # A frozen server (the call timed out), or anything else: beat again soon.
-            log.warning("heartbeat failed: %s", err)
-        await wait_or_stop(stop, opts.heartbeat_s if delivered else HEARTBEAT_RETRY_S)
+    try:
+        while not stop.is_set():
+            await wait_or_stop(stop, opts.heartbeat_s)
+            if stop.is_set():
+                break
+            if loop.time() >= next_look:
+                next_look = loop.time() + opts.look_every_s
+                changed = await look_again(agent, inventory)
+                if changed is not None:
+                    inventory = changed
+                pulse.look(inventory, await running_engines(agent))
+                await reconcile_shards(client, agent)
+            # No watch for a grace: the workflow may have ended (an operator removed the
+            # node), or only be slow to ask (its control worker is away). Ask which.
+            if pulse.unwatched_for() > opts.lost_after_s and await _workflow_ended(handle):
+                raise NodeRemoved
+    finally:
+        pulse.stop()
+        await pulse.handed_over(HAND_OVER_S)
+
+
+async def running_engines(agent: NodeAgentActivities) -> int:
+    """How many engines run here, for the watch's heartbeat line."""
+    shards = await asyncio.to_thread(agent.supervisor.shards)
+    return sum(1 for spec in shards if agent.supervisor.is_alive(spec.replica_id))
 
 
 async def look_again(agent: NodeAgentActivities, before: NodeInventory) -> NodeInventory | None:
@@ -348,7 +354,7 @@ async def look_again(agent: NodeAgentActivities, before: NodeInventory) -> NodeI
 
 async def _workflow_ended(handle: WorkflowHandle[NodeWorkflow, NodeView | None]) -> bool:
     """The node's workflow has closed (an operator removed the node). Not found, or no answer,
-    is not that: the agent keeps heartbeating and its engines keep serving."""
+    is not that: the agent keeps watching and its engines keep serving."""
     try:
         described = await handle.describe(rpc_timeout=DESCRIBE_TIMEOUT)
     except Exception:  # noqa: BLE001 - no answer, of any kind, is not "ended"

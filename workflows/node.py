@@ -1,29 +1,31 @@
 """A node's lifecycle: onboarding, engine convergence, inventory, liveness and operator commands.
 
 The agent registers with an update (update-with-start, so a brand-new node needs no separate
-step) and then heartbeats with signals. Operators cordon, uncordon, drain and remove with
+step) and then holds the node's liveness watch, an activity it heartbeats to Temporal (no
+history event per heartbeat: workflows/node_watch.py); an agent from before the watch
+heartbeats with signals instead. Operators cordon, uncordon, drain and remove with
 signals, so `llmgw node ...` and `temporal workflow signal` do the same thing. The schedules
 signal `refresh` to look at the machine again or re-verify its engines. Every change is copied
 to the ledger, which placement reads.
 
-Liveness has two steps. A node silent past its grace is unreachable: the ledger withdraws its
-routes, and nothing else changes (its engines may well be serving; a partition that heals
+Liveness has two steps, judged from how each watch ends, or for signals from a timer
+(workflows/node_liveness.py). A node silent past its grace is unreachable: the ledger withdraws
+its routes, and nothing else changes (its engines may well be serving; a partition that heals
 restarts nothing). Silent past the longer gone grace it is lost: its models start its replicas
-elsewhere. Silence the control plane caused is no evidence: a liveness timer that fires late
-(Temporal or the control worker was away, so heartbeats could not arrive) gives the node a fresh
-grace instead. A draining node keeps serving until each replica's successor is ready elsewhere.
+elsewhere. Silence the control plane caused is no evidence: a heartbeat timeout is only probed,
+and a watch or timer that ran out late (Temporal or the control worker was away, so heartbeats
+could not arrive) gives the node a fresh grace instead. A draining node keeps serving until
+each replica's successor is ready elsewhere.
 """
 
 import asyncio
-import contextlib
-from datetime import datetime, timedelta
-from typing import TypeVar
+from datetime import datetime
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows import history_budget, options
+    from workflows import history_budget
     from workflows.contracts import (
         EngineInstallRequest,
         EnginePlan,
@@ -57,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         start_verify,
         upsert_node,
     )
+    from workflows.node_liveness import NodeLiveness
     from workflows.node_rules import (
         AgentSilent,
         apply_plan,
@@ -64,23 +67,23 @@ with workflow.unsafe.imports_passed_through():
         take_verified,
         view_of,
     )
+    from workflows.node_watch import Watch
 
-# Histories from before agent calls were bounded by the node's grace replay without the watch.
-AGENT_CALLS_WATCH_LIVENESS = "agent-calls-watch-liveness"
 # Histories from before a silent node was first unreachable (and only later lost, with a fresh
 # grace after a control-plane outage) replay the old single step.
 UNREACHABLE_BEFORE_LOST = "unreachable-before-lost"
 # Histories from before an engine install was watched against the node's liveness replay
 # waiting on it unconditionally.
 INSTALL_WATCHES_LIVENESS = "install-watches-liveness"
-T = TypeVar("T")
+# Histories from before the liveness watch judge liveness from heartbeat signals alone.
+LIVENESS_BY_WATCH = "liveness-by-watch"
 
 # The operator commands, by signal name.
 CORDON, UNCORDON, DRAIN, REMOVE = "cordon", "uncordon", "drain", "remove"
 
 
 @workflow.defn(name="Node")
-class NodeWorkflow:
+class NodeWorkflow(NodeLiveness):
     @workflow.init
     def __init__(self, view: NodeView | None = None) -> None:
         self.view = view
@@ -91,10 +94,16 @@ class NodeWorkflow:
         self.last_heard: datetime | None = None
         self.last_published = False
         self.two_step_liveness = False
+        self.by_watch = False
+        self.signal_beats = False
+        self.watch = Watch()
+        self.suspect = False
+        self.reported_digest = ""
 
     @workflow.run
     async def run(self, view: NodeView | None = None) -> NodeView | None:
         self.two_step_liveness = workflow.patched(UNREACHABLE_BEFORE_LOST)
+        self.by_watch = self.two_step_liveness and workflow.patched(LIVENESS_BY_WATCH)
         # A new run goes on from when the agent was last heard (a silent node stays silent
         # across continue-as-new); a node with no record of it starts with a fresh grace.
         carried = view.last_heard if view is not None and self.two_step_liveness else None
@@ -105,6 +114,11 @@ class NodeWorkflow:
                 return self.view
             if self.view is not None and self.view.record.draining:
                 await self._follow_drain()
+            if self._watching():
+                await self._wait_watched()
+                if self._time_to_continue() and not self._has_work():
+                    await self._continue_as_new()
+                continue
             timeout = self._until_lost()
             due = workflow.now() + timeout if timeout is not None else None
             try:
@@ -114,29 +128,18 @@ class NodeWorkflow:
                     self._forgive_control_plane_outage(due)
                 await self._lose()
             if self._time_to_continue() and not self._has_work():
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                if self.view is not None and self.two_step_liveness:
-                    self.view.last_heard = self.last_heard
-                workflow.continue_as_new(self.view)
+                await self._continue_as_new()
+
+    async def _continue_as_new(self) -> None:
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if self.view is not None and self.two_step_liveness:
+            self.view.last_heard = self._heard_at()
+        workflow.continue_as_new(self.view)
 
     def _time_to_continue(self) -> bool:
         if self.two_step_liveness:
             return history_budget.time_to_continue()
         return workflow.info().is_continue_as_new_suggested()
-
-    def _forgive_control_plane_outage(self, due: datetime | None) -> None:
-        """A timer that fires well after it was due means this workflow could not run: the
-        Temporal server, its database or the control worker was away, and the agent's
-        heartbeats could not arrive either. Its silence is then the control plane's, not the
-        node's: start the grace again from now."""
-        late = workflow.now() - due if due is not None else timedelta(0)
-        if late > options.CONTROL_PLANE_AWAY:
-            workflow.logger.warning(
-                "control plane was away for about %ds: node %s gets a fresh grace",
-                int(late.total_seconds()),
-                self.view.record.inventory.name if self.view else "?",
-            )
-            self.last_heard = workflow.now()
 
     # --- messages -------------------------------------------------------------------------
 
@@ -148,7 +151,9 @@ class NodeWorkflow:
     @register.validator
     def _check_registration(self, reg: NodeRegistration) -> None:
         expected = workflow.info().workflow_id.removeprefix("node:")
-        live = self._state() == NodeState.READY and self._silent_for() < self._grace()
+        # A watched node is live until a watch says otherwise.
+        heard = self._watching() or self._silent_for() < self._grace()
+        live = self._state() == NodeState.READY and heard
         check_registration(expected, reg, self.view, live)
 
     @workflow.update(name="add")
@@ -206,38 +211,8 @@ class NodeWorkflow:
         changed = self.changed_inventory is not None or self.refresh_asked is not None
         return self.pending is not None or bool(self.commands) or changed or self._back()
 
-    def _back(self) -> bool:
-        """Heard from again after it was counted unreachable or lost."""
-        silent = (NodeState.UNREACHABLE, NodeState.LOST)
-        return self._state() in silent and self._silent_for() < self._grace()
-
     def _state(self) -> NodeState | None:
         return self.view.record.state if self.view is not None else None
-
-    def _grace(self) -> timedelta:
-        return timedelta(seconds=self.view.lost_after_s) if self.view else options.NODE_GRACE
-
-    def _gone_grace(self) -> timedelta:
-        if self.view is None:
-            return options.NODE_GONE_GRACE
-        return max(timedelta(seconds=self.view.gone_after_s), self._grace())
-
-    def _silent_for(self) -> timedelta:
-        return workflow.now() - (self.last_heard or workflow.now())
-
-    def _until_lost(self) -> timedelta | None:
-        """How long the loop may sleep before the node's liveness changes (unreachable, then
-        lost); None: no timer."""
-        state = self._state()
-        if state in (NodeState.READY, NodeState.REGISTERING):
-            remaining = self._grace() - self._silent_for()
-        elif state == NodeState.UNREACHABLE:
-            remaining = self._gone_grace() - self._silent_for()
-        else:
-            return None
-        if self.view is not None and self.view.record.draining:
-            remaining = min(remaining, options.DRAIN_POLL)
-        return max(remaining, timedelta(seconds=1))
 
     async def _work(self) -> None:
         if self.pending is not None:
@@ -259,6 +234,12 @@ class NodeWorkflow:
 
     async def _onboard(self, reg: NodeRegistration) -> None:
         self.view = self._view_of(reg)
+        if self.by_watch:
+            # A new boot is heard now, and takes a fresh watch: the one in flight may be held
+            # by the agent it replaces, or have the long window of a lost node.
+            self.watch.drop()
+            self.last_heard, self.suspect, self.signal_beats = workflow.now(), False, False
+            self.reported_digest = reg.inventory.digest()
         await self._converge_engines()
 
     def _view_of(self, reg: NodeRegistration) -> NodeView:
@@ -340,32 +321,6 @@ class NodeWorkflow:
         if not (asked.inventory or asked.engines):
             await self._publish()
 
-    async def _while_heard(self, call: asyncio.Future[T]) -> T:
-        """The result of work on this node's agent (an activity, or an install's child
-        workflow), unless the node falls silent past its grace first: then the work is
-        cancelled and AgentSilent raised. A dead agent never answers, and the node cannot be
-        seen lost while this workflow waits on it: an agent killed during a scheduled
-        re-verification kept its node ready for minutes."""
-        if not workflow.patched(AGENT_CALLS_WATCH_LIVENESS):
-            return await call
-        while not call.done():
-            timeout = self._until_lost()
-            due = workflow.now() + timeout if timeout is not None else None
-            try:
-                await workflow.wait_condition(call.done, timeout=timeout)
-            except TimeoutError:
-                if self.two_step_liveness:
-                    self._forgive_control_plane_outage(due)
-                if self._silent_for() >= self._grace():
-                    call.cancel()
-                    with contextlib.suppress(
-                        ActivityError, ChildWorkflowError, asyncio.CancelledError
-                    ):
-                        await call  # the cancellation answered at once (TRY_CANCEL)
-                    silent = int(self._silent_for().total_seconds())
-                    raise AgentSilent(f"no heartbeat for {silent}s") from None
-        return await call
-
     async def _reverify(self, queue: str) -> None:
         """Run every installed engine again: an unrelated upgrade can remove a library, and a
         later failure is reported (and keeps replicas away), not hidden."""
@@ -413,24 +368,6 @@ class NodeWorkflow:
             self.view.record.draining = False
             self.view.record.note = "drained"
             await self._publish()
-
-    async def _lose(self) -> None:
-        """Count the node unreachable, or lost, once it has been silent long enough (the timer
-        may also have been a drain poll, or have fired after a heartbeat arrived)."""
-        live = self._state() in (NodeState.READY, NodeState.REGISTERING)
-        silent = int(self._silent_for().total_seconds())
-        if not self.two_step_liveness:
-            if live and self._silent_for() >= self._grace():
-                await self._set_state(NodeState.LOST, f"no heartbeat for {silent}s")
-                await self._move_replicas(f"node {self._name()} lost", False)
-            return
-        if live and self._silent_for() >= self._grace():
-            # Routes withdrawn (the ledger serves none on an unreachable node); engines and
-            # allocations kept: the node may only be cut off, and come back with all of it.
-            await self._set_state(NodeState.UNREACHABLE, f"no heartbeat for {silent}s")
-        if self._state() == NodeState.UNREACHABLE and self._silent_for() >= self._gone_grace():
-            await self._set_state(NodeState.LOST, f"no heartbeat for {silent}s")
-            await self._move_replicas(f"node {self._name()} lost", False)
 
     def _name(self) -> str:
         assert self.view is not None

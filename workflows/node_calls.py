@@ -1,12 +1,15 @@
 """The node workflow's calls out: the control plane's engine plan and the ledger's records, and
-the checks it asks of the node's agent (discovery, engine re-verification), each with its
-timeouts and retries.
+the checks it asks of the node's agent (discovery, engine re-verification, the liveness watch),
+each with its timeouts and retries.
 
 Each only makes the call the node workflow (workflows/node.py) asks for, when it asks: the
 workflow decides, these say how a call is made.
 """
 
+from datetime import timedelta
+
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 from temporalio.workflow import ActivityHandle
 
 with workflow.unsafe.imports_passed_through():
@@ -21,6 +24,8 @@ with workflow.unsafe.imports_passed_through():
         NodeName,
         NodeRecord,
         NodeView,
+        NodeWatch,
+        NodeWatchReport,
         ReplicaRefs,
         VerifyEnginesRequest,
         VerifyEnginesResult,
@@ -68,6 +73,29 @@ def start_verify(
         start_to_close_timeout=options.VERIFY_ENGINES_TIMEOUT,
         retry_policy=options.NODE_CHECK_RETRY,
         result_type=VerifyEnginesResult,
+    )
+
+
+# A watch is never retried by the server: each of its timeouts is what the workflow judges
+# liveness by (workflows/node_watch.py), and a retry would hide it.
+WATCH_ONCE = RetryPolicy(maximum_attempts=1)
+
+
+def start_watch(
+    queue: str, watch: NodeWatch, window: timedelta, heartbeat_timeout: timedelta
+) -> ActivityHandle[NodeWatchReport]:
+    """The node's liveness watch: an agent must take it within `window` and then heartbeat at
+    least every `heartbeat_timeout`; it returns after `watch.report_after_s`, or sooner."""
+    return workflow.start_activity(
+        NodeActivity.WATCH_LIVENESS,
+        watch,
+        task_queue=queue,
+        schedule_to_start_timeout=window,
+        # Bounded like every activity on a node's queue: the agent returns at report_after_s.
+        start_to_close_timeout=timedelta(seconds=watch.report_after_s) + 2 * heartbeat_timeout,
+        heartbeat_timeout=heartbeat_timeout,
+        retry_policy=WATCH_ONCE,
+        result_type=NodeWatchReport,
     )
 
 

@@ -149,6 +149,18 @@ NODE_GONE_GRACE = timedelta(minutes=5)
 # (Temporal, its database, the control worker) was away: the agents' heartbeats could not
 # arrive, so their silence says nothing about the nodes, and every node gets a fresh grace.
 CONTROL_PLANE_AWAY = timedelta(seconds=5)
+# The liveness watch (workflows/node_watch.py): the agent holds one activity and heartbeats it
+# to Temporal, which writes no history for a heartbeat; the activity returns this often at
+# most (activities on a node's queue are bounded), or at once when the machine changed. Each
+# return costs the node workflow six history events. LLMGW_TEST_NODE_WATCH_PERIOD_S (tests and
+# the liveness benchmark only) shortens it, read when a worker imports this module.
+NODE_WATCH_PERIOD = timedelta(
+    seconds=float(os.environ.get("LLMGW_TEST_NODE_WATCH_PERIOD_S", "") or 15 * 60)
+)
+# A watch the agent failed (not a timeout: the agent answered, so it is alive) is asked again
+# after this long (at most half the node's grace), so a broken agent cannot make its workflow
+# spin.
+NODE_WATCH_RETRY_PAUSE = timedelta(seconds=10)
 # Node workflow steps on the control queue and the node's own queue.
 ENGINE_PLAN_TIMEOUT = timedelta(seconds=30)
 DISCOVER_TIMEOUT = timedelta(minutes=2)

@@ -169,3 +169,21 @@ async def test_the_fleet_schedules_exist_and_reverify_every_node(fleet):
         )
 
     await system.until(verified_again, 60, "every ready node re-verified")
+
+
+async def test_a_removed_nodes_agent_stops_its_engines_and_exits(fleet):
+    """Last in this module: it takes n2 out of the fleet. The agent learns of the removal only
+    by asking Temporal once its liveness watch has stopped coming (workers/agent.py)."""
+    system, agents = fleet
+    agent = agents["n2"]
+    assert agent.process is not None
+    assert agent.process.poll() is None
+    engines = [pid for pid in agent.engine_pids().values() if pid_alive(pid)]
+    system.cli("node", "rm", "n2", "--force", "--reason", "decommissioned")
+
+    async def exited() -> bool:
+        return agent.process is not None and agent.process.poll() is not None
+
+    await system.until(exited, 60, "n2's agent exited")
+    assert agent.process.returncode == 0  # systemd's Restart=on-failure leaves it stopped
+    assert not [pid for pid in engines if pid_alive(pid)], "its engines were stopped"

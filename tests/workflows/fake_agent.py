@@ -26,6 +26,8 @@ from workflows.contracts import (
     LaunchRequest,
     LaunchResult,
     NodeInventory,
+    NodeWatch,
+    NodeWatchReport,
     PortsInUse,
     ReadyRequest,
     ReadyResult,
@@ -97,6 +99,23 @@ class FakeAgent:
         self.adapters: dict[str, dict[str, str]] = {}
         self.adapter_calls: list[SetAdaptersRequest] = []
         self.adapters_error: ApplicationError | None = None
+        # The liveness watch. silent: the agent holds it without a word, as a hung or cut-off
+        # agent would; stopping: it returns saying so, as an agent told to stop does. beats:
+        # heartbeats sent, the latest of which is each heartbeat's details. A watch taken once
+        # the agent said it stops is held until its worker shuts down.
+        self.boot_id = "boot-1"
+        self.silent = False
+        # crashed: a silent watch ignores its cancellation for crash_linger_s, so that its
+        # worker's shutdown stops taking tasks at once but tells Temporal nothing, as a killed
+        # process would.
+        self.crashed = False
+        self.crash_linger_s = 4.0
+        self.stopping = False
+        self.stop_told = False
+        # Set: every watch fails at once with it (a broken agent).
+        self.watch_error: ApplicationError | None = None
+        self.beats = 0
+        self.watches = 0
 
     def all(self) -> list:
         return [
@@ -110,7 +129,35 @@ class FakeAgent:
             self.engine_load,
             self.fetch_artifact,
             self.set_adapters,
+            self.watch,
         ]
+
+    @activity.defn(name=NodeActivity.WATCH_LIVENESS)
+    async def watch(self, req: NodeWatch) -> NodeWatchReport:
+        self.watches += 1
+        if self.watch_error is not None:
+            raise self.watch_error
+        timeout = activity.info().heartbeat_timeout
+        every = min(0.2, timeout.total_seconds() / 4) if timeout else 0.2
+        deadline = time.monotonic() + req.report_after_s
+        while True:
+            if not self.silent:
+                self.beats += 1
+                activity.heartbeat(self.beats)
+                if self.stopping and not self.stop_told:  # said once, as the real agent does
+                    self.stop_told = True
+                    return NodeWatchReport(boot_id=self.boot_id, stopping=True)
+                digest = self.inventory.digest()
+                if req.inventory_digest and digest != req.inventory_digest:
+                    return NodeWatchReport(boot_id=self.boot_id, inventory=self.inventory)
+                if time.monotonic() >= deadline:
+                    return NodeWatchReport(boot_id=self.boot_id)
+            try:
+                await asyncio.sleep(every)
+            except asyncio.CancelledError:
+                if self.silent and self.crashed:
+                    await asyncio.sleep(self.crash_linger_s)
+                raise
 
     def kill(self, replica_id: str, code: int = -9) -> None:
         engine = self.engines[replica_id]

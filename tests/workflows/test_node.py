@@ -1,5 +1,6 @@
-"""The node workflow: registration installs engines, silence makes a node lost, a heartbeat
-brings it back, and a failed install keeps replicas away with the install's own words."""
+"""The node workflow: registration installs engines, silence makes a node lost, its agent
+heard again brings it back, and a failed install keeps replicas away with the install's own
+words."""
 
 import asyncio
 
@@ -13,14 +14,12 @@ from tests.workflows.conftest import (
     ask,
     eventually,
     record_history,
-    signals_handled,
     unique,
 )
 from workers.agent import register as agent_register
 from workflows.contracts import (
     EngineState,
     EngineStatus,
-    NodeHeartbeat,
     NodeInventory,
     NodeRecord,
     NodeRefresh,
@@ -122,7 +121,7 @@ async def test_a_node_cannot_register_under_another_nodes_name(cluster):
     assert impostor not in (await cluster.ledger()).nodes
 
 
-async def test_a_silent_node_is_unreachable_then_lost_and_a_heartbeat_brings_it_back(cluster):
+async def test_a_silent_node_is_unreachable_then_lost_and_its_agent_brings_it_back(cluster):
     # A short grace in real time: the time-skipping server proved unreliable at skipping here
     # once earlier tests had run replicas (the RPC timed out).
     reg = registration(cluster.node, lost_after_s=3, gone_after_s=6)
@@ -130,40 +129,30 @@ async def test_a_silent_node_is_unreachable_then_lost_and_a_heartbeat_brings_it_
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     handle = node_handle(cluster)
 
-    # Heartbeats within the grace keep it ready.
-    for _ in range(5):
-        await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
-        # A sleep on purpose: an agent's cadence, for 5 s of real time past the 3 s grace, so
-        # that only the heartbeats can be what kept it ready.
-        await asyncio.sleep(1)
+    # The agent's liveness watch keeps it ready. A sleep on purpose: 5 s of real time past the
+    # 3 s grace, so that only the watch's heartbeats can be what kept it ready.
+    beats = cluster.agent.beats
+    await asyncio.sleep(5)
+    assert cluster.agent.beats > beats
     assert (await ledger_record(cluster)).state == NodeState.READY
 
-    # Silent past the grace: unreachable first, and a heartbeat then makes it ready again.
+    # Silent past the grace: unreachable first, and its agent heard again makes it ready.
+    cluster.agent.silent = True
     record = await wait_for_node(cluster, NodeState.UNREACHABLE, EngineState.INSTALLED)
     assert record.note.startswith("no heartbeat for")
-    await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
+    cluster.agent.silent = False
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
 
     # Silent past the gone grace: lost.
+    cluster.agent.silent = True
     record = await wait_for_node(cluster, NodeState.LOST, EngineState.INSTALLED)
     assert record.engines["llamacpp"].state == EngineState.INSTALLED  # only liveness changed
     assert record.note.startswith("no heartbeat for")
-
-    # A heartbeat from an earlier boot of the agent is not this agent: the node stays lost.
-    await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-0"))
-
-    async def heard_out() -> bool:
-        received, handled = await signals_handled(cluster.client, handle.id, "heartbeat")
-        return handled == received
-
-    heard_out.__doc__ = "the node workflow handled the boot-0 heartbeat"
-    await eventually(heard_out)
     assert (await ask(handle, NodeWorkflow.describe)).record.state == NodeState.LOST
-    assert (await ledger_record(cluster)).state == NodeState.LOST
 
-    await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
+    cluster.agent.silent = False
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
-    await record_history(handle, "NodeUnreachableLostBack")
+    await record_history(handle, "NodeWatchUnreachableLostBack")
 
 
 async def test_an_agent_that_dies_during_reverification_still_loses_its_node(cluster):
@@ -172,6 +161,7 @@ async def test_an_agent_that_dies_during_reverification_still_loses_its_node(clu
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     # The scheduled re-verification reaches the agent, which then dies: no answer, no heartbeat.
     cluster.agent.verification_hangs = True
+    cluster.agent.silent = True
     await node_handle(cluster).signal(NodeWorkflow.refresh, NodeRefresh(engines=True))
     record = await wait_for_node(cluster, NodeState.LOST, EngineState.INSTALLED)
     assert record.note.startswith("no heartbeat for")

@@ -30,7 +30,6 @@ from workflows.contracts import (
     ModelState,
     NodeAdd,
     NodeCommand,
-    NodeHeartbeat,
     NodeInventory,
     NodeNames,
     NodeRecord,
@@ -144,6 +143,7 @@ async def test_no_agent_can_register_as_the_node_external_models_routes_name(clu
 async def test_a_live_node_name_cannot_be_taken_by_another_machine(cluster):
     first = registration(cluster.node)
     first.inventory.machine_id, first.inventory.hostname = "aaaa", "rack1-07"
+    cluster.agent.inventory = first.inventory  # what its agent's watch sees too
     await register(cluster, cluster.node, first)
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
 
@@ -246,6 +246,7 @@ async def test_an_unreachable_node_keeps_its_replicas_and_serves_again_when_hear
     async with second_node(cluster):
         # No heartbeats: the node is cut off. Gateways send it requests only as a last resort
         # from now on (tests/unit/test_gateway_routing.py)...
+        cluster.agent.silent = True
         await wait_for_node(cluster, NodeState.UNREACHABLE, EngineState.INSTALLED)
 
         async def withdrawn() -> bool:
@@ -259,7 +260,7 @@ async def test_an_unreachable_node_keeps_its_replicas_and_serves_again_when_hear
         assert replica_id(model, 1) not in state.allocations
 
         # The partition heals: the same replica serves again, with nothing restarted.
-        await node_handle(cluster).signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
+        cluster.agent.silent = False
         await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
 
         async def serving() -> bool:
@@ -282,6 +283,7 @@ async def test_a_lost_nodes_replicas_are_placed_elsewhere(cluster):
 
     async with second_node(cluster) as other:
         # No heartbeats from here on.
+        cluster.agent.silent = True
         await wait_for_node(cluster, NodeState.LOST, EngineState.INSTALLED)
         await wait_route(cluster, successor, ReplicaState.READY, other.node)
         await released(cluster, old)

@@ -1,19 +1,17 @@
 """Silence the control plane caused is no evidence against a node.
 
 A real dev server, frozen with SIGSTOP as a stalled database or a long pause would freeze it,
-while an agent keeps trying to heartbeat: when it thaws, every liveness timer is overdue and no
-heartbeat arrived in the meantime. The node must not be counted unreachable (its routes
-withdrawn) or lost (its replicas replaced) for that; it gets a fresh grace, and the agent's
-next heartbeat lands inside it."""
+while an agent keeps heartbeating its liveness watch: when it thaws, the watch's heartbeat
+timeout is overdue and no heartbeat arrived in the meantime. The node must not be counted
+unreachable (its routes withdrawn) or lost (its replicas replaced) for that: the workflow
+probes, and the agent answers the probe at once."""
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
 import subprocess
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -26,7 +24,6 @@ from tests.workflows.conftest import (
     binary,
     eventually,
     record_history,
-    signals_handled,
     unique,
 )
 from tests.workflows.fake_agent import FakeAgent
@@ -35,9 +32,8 @@ from workers.control import control_activities, ensure_ledger
 from workers.progress import ledger_snapshot
 from workers.registry import CONTROL_WORKFLOWS
 from workers.search_attributes import ensure_search_attributes
-from workflows.contracts import NodeHeartbeat, NodeInventory, NodeRegistration, NodeState
-from workflows.names import CONTROL_TASK_QUEUE, node_task_queue, node_workflow_id
-from workflows.node import NodeWorkflow
+from workflows.contracts import NodeInventory, NodeRegistration, NodeState
+from workflows.names import CONTROL_TASK_QUEUE, NodeActivity, node_task_queue, node_workflow_id
 
 GRACE_S = 3.0
 GONE_S = 6.0
@@ -79,19 +75,15 @@ async def dev_server(tmp_path: Path) -> AsyncIterator[tuple[subprocess.Popen[byt
         server.wait(30)
 
 
-async def heartbeat_like_the_agent(client: Client, node: str, boot_id: str) -> None:
-    """What workers/agent.py does: a short RPC deadline, and after a failure the next try soon."""
-    handle = client.get_workflow_handle(node_workflow_id(node))
-    while True:
-        try:
-            await handle.signal(
-                NodeWorkflow.heartbeat,
-                NodeHeartbeat(boot_id=boot_id),
-                rpc_timeout=timedelta(seconds=1),
-            )
-            await asyncio.sleep(1.0)  # the agent's cadence
-        except Exception:  # noqa: BLE001 - like the agent's loop, any failed beat is retried
-            await asyncio.sleep(0.5)
+async def watch_heartbeats(client: Client, node: str) -> int:
+    """The latest heartbeat Temporal holds for the node's liveness watch (0: none yet)."""
+    described = await client.get_workflow_handle(node_workflow_id(node)).describe()
+    for pending in described.raw_description.pending_activities:
+        details = pending.heartbeat_details.payloads
+        if pending.activity_type.name == NodeActivity.WATCH_LIVENESS and details:
+            [beat] = await client.data_converter.decode(details)
+            return int(beat)
+    return 0
 
 
 async def node_state(client: Client, node: str) -> NodeState | None:
@@ -127,38 +119,36 @@ async def test_a_frozen_control_plane_costs_no_node_its_routes_or_replicas(dev_s
             return await node_state(client, node) == NodeState.READY
 
         await eventually(ready, timeout=30)
-        beating = asyncio.create_task(heartbeat_like_the_agent(client, node, "boot-1"))
-        try:
 
-            async def heartbeats_landed() -> bool:
-                _, handled = await signals_handled(client, node_workflow_id(node), "heartbeat")
-                return handled >= 2
+        async def heartbeats_landed() -> bool:
+            return await watch_heartbeats(client, node) >= 2
 
-            heartbeats_landed.__doc__ = "a few heartbeats landed before the freeze"
-            await eventually(heartbeats_landed, timeout=30)
-            os.kill(server.pid, signal.SIGSTOP)
-            # Sleeps on purpose from here: the freeze lasts this long in real time (the dev
-            # server's clock runs on), and then nothing must happen to the node.
-            await asyncio.sleep(FREEZE_S)
-            os.kill(server.pid, signal.SIGCONT)
-            # Long enough for every overdue timer to fire and a grace to pass again.
-            await asyncio.sleep(GONE_S + 2)
-            assert await node_state(client, node) == NodeState.READY
-        finally:
-            beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beating
+        heartbeats_landed.__doc__ = "a few watch heartbeats reached Temporal before the freeze"
+        await eventually(heartbeats_landed, timeout=30)
+        os.kill(server.pid, signal.SIGSTOP)
+        # Sleeps on purpose from here: the freeze lasts this long in real time (the dev
+        # server's clock runs on), and then nothing must happen to the node.
+        await asyncio.sleep(FREEZE_S)
+        os.kill(server.pid, signal.SIGCONT)
+        # Long enough for every overdue timeout to fire and a grace to pass again.
+        await asyncio.sleep(GONE_S + 2)
+        assert await node_state(client, node) == NodeState.READY
 
         # Not even for a moment: every state the node workflow ever published to the ledger.
         published = await node_states_published(client, node)
         assert published, "the node published no state"
         assert set(published) == {NodeState.READY.value}, published
 
+        # The node's agent holds a watch again, and heartbeats it.
+        assert await watch_heartbeats(client, node) > 0
+
         # Silence while the control plane is up still counts: the node goes unreachable, then
         # lost.
+        agent.silent = True
+
         async def lost() -> bool:
             return await node_state(client, node) == NodeState.LOST
 
         await eventually(lost, timeout=GONE_S + 10)
-        await record_history(client.get_workflow_handle(node_workflow_id(node)), "NodeOutage")
+        await record_history(client.get_workflow_handle(node_workflow_id(node)), "NodeWatchOutage")
         await client.get_workflow_handle(node_workflow_id(node)).terminate("test over")

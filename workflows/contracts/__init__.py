@@ -103,6 +103,8 @@ from workflows.contracts.nodes import (
     NodeRegistration,
     NodeState,
     NodeView,
+    NodeWatch,
+    NodeWatchReport,
     VerifyEnginesRequest,
     VerifyEnginesResult,
 )
@@ -186,6 +188,8 @@ __all__ = [
     "NodeState",
     "NodeStatus",
     "NodeView",
+    "NodeWatch",
+    "NodeWatchReport",
     "NodesFile",
     "NodesFileRequest",
     "OnboardingProgress",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 from enum import StrEnum
 
@@ -161,6 +163,11 @@ class NodeInventory(BaseModel):
             port.pop("counters", None)
         return data
 
+    def digest(self) -> str:
+        """A short fingerprint of comparable(): what the liveness watch compares."""
+        text = json.dumps(self.comparable(), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
 
 class EngineSource(StrEnum):
     """Where an engine comes from: an official release archive, a build from source, a Python
@@ -296,9 +303,34 @@ class NodeRegistration(BaseModel):
 
 
 class NodeHeartbeat(BaseModel):
+    """The `heartbeat` signal agents sent before the liveness watch (NodeWatch): still taken
+    from an agent that has no watch activity, so a cluster can upgrade its agents after its
+    control workers."""
+
     boot_id: str
     # Set when the agent's periodic look at the machine found it changed.
     inventory: NodeInventory | None = None
+
+
+class NodeWatch(BaseModel):
+    """The node workflow's liveness watch (`node_watch_liveness` on the node's queue): the
+    agent holds it, heartbeating Temporal (which writes no history for that), and returns when
+    something the workflow must know has changed, or after `report_after_s`."""
+
+    node: str
+    # 0: a probe, answered as soon as an agent takes it.
+    report_after_s: float = Field(ge=0)
+    # The digest (NodeInventory.digest) of the machine as the workflow last heard it: the agent
+    # reports as soon as its own differs.
+    inventory_digest: str = ""
+
+
+class NodeWatchReport(BaseModel):
+    boot_id: str
+    # The machine, when it differs from the digest the watch was given.
+    inventory: NodeInventory | None = None
+    # The agent is stopping (a restart, most often): the next watch waits for its successor.
+    stopping: bool = False
 
 
 class NodeCommand(BaseModel):
