@@ -171,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the Temporal web UI the console links each workflow to (default: no links)",
     )
     gw.add_argument(
+        "--console-remote",
+        action="store_true",
+        help="also serve the web console on --host:--port under /console/, behind a login with "
+        "an admin key (`llmgw key create NAME --admin`); put TLS in front (default: off, the "
+        "console is on the loopback admin listener only)",
+    )
+    gw.add_argument(
         "--routing",
         choices=["prefix", "least_load", "round_robin"],
         default="prefix",
@@ -342,6 +349,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
             host=args.host,
             port=args.port,
             admin_port=args.admin_port,
+            console_remote=args.console_remote,
             routing_policy=args.routing,
         )
         gateway_main(where, settings, args.workers, args.temporal_ui)
