@@ -51,12 +51,16 @@ LOGIN_PATH = f"{PREFIX}/login"
 # An API key is ~60 characters; a login form is far below this.
 MAX_LOGIN_BODY = 4096
 NOT_ADMIN = "not_admin"
-# The login page posts its form to itself: the only difference from the console's policy.
+# The login page posts its form to itself, the only differences from the console's headers:
+# its policy lets a form post to this origin, and its referrer policy is same-origin because
+# under no-referrer a browser sends a form's POST with `Origin: null`, which the origin check
+# must refuse.
 LOGIN_HEADERS = {
     **SECURITY_HEADERS,
     "Content-Security-Policy": SECURITY_HEADERS["Content-Security-Policy"].replace(
         "form-action 'none'", "form-action 'self'"
     ),
+    "Referrer-Policy": "same-origin",
 }
 
 

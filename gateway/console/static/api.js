@@ -7,7 +7,8 @@
 
 export class ApiError extends Error {}
 
-const meta = (name) => document.querySelector(`meta[name="${name}"]`)?.getAttribute("content") ?? "";
+const meta = (name) =>
+  document.querySelector(`meta[name="${name}"]`)?.getAttribute("content") ?? "";
 const BASE = meta("llmgw-api") || "/admin/v1";
 export const CSRF = meta("llmgw-csrf");
 export const LOGIN = "/console/login";
