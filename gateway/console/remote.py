@@ -66,9 +66,9 @@ LOGIN_HEADERS = {
 
 def cookie_is_secure(scheme: str, host_header: str) -> bool:
     """Secure, so the browser sends the session only over TLS, unless the browser spoke plain
-    http to a loopback name (127.0.0.1, ::1, localhost): then no one else is on the wire, and a
-    Secure cookie would not come back over http. A TLS proxy in front on this machine tells the
-    gateway the scheme was https (X-Forwarded-Proto), so the cookie stays Secure there."""
+    http to a loopback name (127.0.0.1, ::1, localhost): then no one else is on the wire. The
+    gateway reads no X-Forwarded-* headers, so behind a TLS proxy the scheme is http and the
+    Host (the browser's, which the proxy must pass on) is what keeps the cookie Secure."""
     if scheme == "https":
         return True
     authority = split_authority(host_header)
