@@ -242,3 +242,11 @@ def test_repeated_failures_lock_the_client_out(tmp_path_factory: pytest.TempPath
         assert locked.status_code == 429
         assert int(locked.headers["retry-after"]) > 0
         assert COOKIE not in http.cookies
+
+
+def test_the_gateway_flag_turns_the_remote_console_on() -> None:
+    from workers.cli import build_parser, gateway_settings
+
+    assert not gateway_settings(build_parser().parse_args(["gateway"])).console_remote
+    on = gateway_settings(build_parser().parse_args(["gateway", "--console-remote"]))
+    assert on.console_remote
