@@ -4,6 +4,8 @@ refusals, expiry, logout and the lockout. The real app and store, the stand-in c
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Iterator
@@ -11,9 +13,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from engines.local_port import free_port
 from gateway.console.remote import COOKIE
 from gateway.console.sessions import LIFETIME_S
 from gateway.front_door import allowed_on
+from gateway.server import serve
 from gateway.store import Store
 from tests.console_kit import ConsoleGateway, console_gateway
 from tests.console_standin import RACK
@@ -250,3 +254,32 @@ def test_the_gateway_flag_turns_the_remote_console_on() -> None:
     assert not gateway_settings(build_parser().parse_args(["gateway"])).console_remote
     on = gateway_settings(build_parser().parse_args(["gateway", "--console-remote"]))
     assert on.console_remote
+
+
+async def test_with_both_listeners_the_login_is_public_and_the_admin_api_is_not(
+    store: Store,
+) -> None:
+    port, admin_port = free_port(), free_port()
+    settings = fast_settings(port=port, admin_port=admin_port, console_remote=True)
+    task = asyncio.create_task(serve(settings, store, FakeRouteSource()))
+    try:
+        async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
+            public, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    await http.get(public + "/healthz")
+                    break
+                except httpx.ConnectError:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.05)
+            assert (await http.get(public + "/console/login")).status_code == 200
+            assert (await http.get(public + "/console/v1/console")).status_code == 401
+            assert (await http.get(public + "/admin/console/")).status_code == 404
+            assert (await http.get(public + "/admin/v1/keys")).status_code == 404
+            assert (await http.get(admin + "/admin/console/")).status_code == 200
+            assert (await http.get(admin + "/console/login")).status_code == 404
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, RuntimeError):
+            await task
