@@ -57,10 +57,20 @@ def test_log_in_through_the_form_work_and_log_out(gateway: ConsoleGateway, tmp_p
         browser.get(f"{gateway.url}/console/#keys")
         until(lambda: "Updated" in by_css(browser, "#freshness").text, "the keys page")
         by_css(browser, "#key-name").send_keys("made-remotely")
+        by_css(browser, "#key-admin").click()
         by_css(browser, "#create-key button[type=submit]").click()
         assert until(lambda: by_css(browser, "#new-key-value").text, "the new key")
-        names = [key.name for key in gateway.call(gateway.store.list_keys())]
-        assert "made-remotely" in names
+        roles = {key.name: key.admin for key in gateway.call(gateway.store.list_keys())}
+        assert roles["made-remotely"] is True
+        row = until(
+            lambda: next(
+                r
+                for r in browser.find_elements("css selector", 'table[data-table="keys"] tr')
+                if r.text.startswith("made-remotely")
+            ),
+            "the new key's row",
+        )
+        assert row.text.startswith("made-remotely admin")
         screenshot(browser, "remote-keys", tmp_path)
 
         by_css(browser, "#logout button").click()

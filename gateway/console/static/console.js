@@ -110,6 +110,7 @@ function keyForm(form) {
   const request = { name: value("name"), limits };
   const models = value("models").split(",").map((m) => m.trim()).filter(Boolean);
   if (models.length) request.models = models;
+  if (form.elements.admin.checked) request.admin = true;
   return request;
 }
 
