@@ -103,10 +103,10 @@ def check_local(client_host: str | None, host_header: str) -> None:
         )
 
 
-def origin_matches_host(origin: str, host_header: str) -> bool:
-    """Whether a browser's Origin is the admin API's own origin: http(s), on an address or
-    localhost, with the same host and port as Host (the port a scheme implies counts as given).
-    A page on another localhost port is another origin, and refused."""
+def origin_is_host(origin: str, host_header: str) -> bool:
+    """Whether a browser's Origin names the host and port the request was sent to (Host): http
+    or https (a TLS proxy in front may have turned https into http), the port a scheme implies
+    counting as given. Any name; see origin_matches_host for the admin API's narrower rule."""
     parts = urlsplit(origin.strip())
     if parts.scheme not in DEFAULT_PORTS or parts.path or parts.query or parts.fragment:
         return False
@@ -117,20 +117,31 @@ def origin_matches_host(origin: str, host_header: str) -> bool:
     name, port = origin_authority
     host_name, host_port = host_authority
     default = DEFAULT_PORTS[parts.scheme]
+    return name == host_name and (port or default) == (host_port or default)
+
+
+def origin_matches_host(origin: str, host_header: str) -> bool:
+    """Whether a browser's Origin is the admin API's own origin: http(s), on an address or
+    localhost, with the same host and port as Host (the port a scheme implies counts as given).
+    A page on another localhost port is another origin, and refused."""
+    authority = split_authority(urlsplit(origin.strip()).netloc)
     return (
-        is_address_or_localhost(name)
-        and name == host_name
-        and (port or default) == (host_port or default)
+        authority is not None
+        and is_address_or_localhost(authority[0])
+        and origin_is_host(origin, host_header)
     )
 
 
-def check_same_site(headers: Mapping[str, str]) -> None:
-    """`headers` looked up by lowercase name (Starlette's Headers are)."""
+def check_same_site(headers: Mapping[str, str], any_host_name: bool = False) -> None:
+    """`headers` looked up by lowercase name (Starlette's Headers are). `any_host_name`: the
+    Origin may be any name as long as it is the request's own host (the remote console, on the
+    public listener); otherwise it must also be an address or localhost (the admin API)."""
     fetch_site = headers.get("sec-fetch-site")
     if fetch_site is not None and fetch_site.strip().lower() not in ALLOWED_FETCH_SITES:
         raise _refused("a browser marked this request cross-site", "admin_cross_site")
     origin = headers.get("origin")
-    if origin is not None and not origin_matches_host(origin, headers.get("host", "")):
+    matches = origin_is_host if any_host_name else origin_matches_host
+    if origin is not None and not matches(origin, headers.get("host", "")):
         raise _refused("the request comes from another origin", "admin_cross_site")
 
 

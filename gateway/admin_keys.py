@@ -34,6 +34,8 @@ class CreateKeyRequest(BaseModel):
     adapters: list[str] | None = None
     limits: KeyLimits = Field(default_factory=KeyLimits)
     expires_at: datetime | None = None  # naive means UTC
+    # Also opens the remote web console; see ApiKey.admin.
+    admin: bool = False
 
 
 class UpstreamKeyRequest(BaseModel):
@@ -77,6 +79,7 @@ async def create_key(request: Request, state: State) -> JSONResponse:
             expires_at=body.expires_at,
             adapters=body.adapters,
             limits=body.limits,
+            admin=body.admin,
         )
     except KeyNameTaken as err:
         raise ApiError(409, str(err), code="key_name_taken") from None

@@ -20,6 +20,7 @@ from gateway.admin_routes import require_local
 from gateway.auth import AuthFailed, KeyCache
 from gateway.body_parse import BodyParser
 from gateway.cache_salt import CacheSalts
+from gateway.console import remote as remote_console
 from gateway.console import routes as console_routes
 from gateway.console.source import ClusterCache, ClusterConsole
 from gateway.deps import GatewayState, State
@@ -194,6 +195,10 @@ def create_app(
     app.include_router(admin_usage.router)
     app.include_router(console_routes.pages)
     app.include_router(console_routes.api)
+    if settings.console_remote:
+        # Off by default: without it no /console/ route exists on any listener.
+        app.include_router(remote_console.pages)
+        app.include_router(remote_console.api)
 
     # Served on the admin listener only (gateway/front_door.py): it names every model. Behind
     # the admin API's gate as well, so a browser page on that machine (DNS rebinding) cannot

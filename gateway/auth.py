@@ -91,6 +91,10 @@ class KeyCache:
     def known(self) -> list[ApiKey]:
         return list(self._keys.values())
 
+    def find(self, key_id: str) -> ApiKey | None:
+        """The copy's record of one key (revoked and expired ones included), by id."""
+        return self._keys.get(key_id)
+
     async def authenticate(self, authorization: str | None) -> ApiKey:
         """The key behind an Authorization header, or AuthFailed (a 401). Reads the in-memory
         copy only; async so callers need not change should a check ever need to await."""

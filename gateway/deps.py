@@ -12,6 +12,7 @@ from engines.kv_index import KvBlockIndex
 from gateway.auth import KeyCache
 from gateway.body_parse import BodyParser
 from gateway.cache_salt import CacheSalts
+from gateway.console.sessions import SessionBook
 from gateway.console.source import ClusterCache
 from gateway.inflight import InFlight
 from gateway.key_inflight import KeyInFlight
@@ -67,6 +68,8 @@ class GatewayState:
     # The web console's view of the cluster (gateway/console/); None when the process running
     # the gateway gave it none (the console then shows the gateway's own figures only).
     console: ClusterCache | None = None
+    # The remote console's logins (gateway/console/remote.py), in this process's memory only.
+    console_sessions: SessionBook = field(default_factory=SessionBook)
 
     def upstream_auth(self, route: Route) -> str | None:
         """The bearer the gateway shows this replica: an external endpoint's own key (or none),

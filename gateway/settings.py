@@ -12,6 +12,9 @@ class GatewaySettings(BaseModel):
     # a reverse proxy or a port opened to the network cannot expose it (0: any free port).
     admin_host: str = "127.0.0.1"
     admin_port: int = Field(default=8001, ge=0, le=65535)
+    # The web console on the public listener too, under /console/, behind a login with an admin
+    # key (gateway/console/remote.py). Off: the console is on the loopback admin listener only.
+    console_remote: bool = False
     # How often the routing table is re-read from the ledger: a replica-state change should
     # reach every gateway within about a second.
     refresh_interval_s: float = Field(default=0.5, gt=0, le=10)

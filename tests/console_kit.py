@@ -19,6 +19,7 @@ import uvicorn
 
 from gateway.deps import GatewayState
 from gateway.server import uvicorn_config
+from gateway.settings import GatewaySettings
 from gateway.store import KeyLimits, Store, UsageDelta, open_store
 from tests.console_standin import StandinCluster
 from tests.gateway_kit import CatalogSource, fast_settings
@@ -73,7 +74,9 @@ async def seed_usage(store: Store) -> None:
 
 
 @contextmanager
-def console_gateway(state_dir: Path) -> Iterator[ConsoleGateway]:
+def console_gateway(
+    state_dir: Path, settings: GatewaySettings | None = None
+) -> Iterator[ConsoleGateway]:
     ready = threading.Event()
     held: dict[str, Any] = {}
 
@@ -84,7 +87,7 @@ def console_gateway(state_dir: Path) -> Iterator[ConsoleGateway]:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        config = uvicorn_config(fast_settings(), store, catalog, None, cluster)
+        config = uvicorn_config(settings or fast_settings(), store, catalog, None, cluster)
         server = uvicorn.Server(config)
         task = asyncio.create_task(server.serve(sockets=[sock]))
         try:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -21,6 +22,9 @@ from workers.temporal_flags import add_temporal_arguments, namespace_from, secur
 from workflows import options
 from workflows.client import PLAINTEXT
 from workflows.temporal_security import TemporalSecurityError
+
+if TYPE_CHECKING:
+    from gateway.settings import GatewaySettings
 
 # The modules under bench/ that `llmgw bench NAME` runs (`make bench-NAME` runs the same).
 BENCHMARKS = ("placement", "gateway", "abuse", "routing", "chaos")
@@ -171,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the Temporal web UI the console links each workflow to (default: no links)",
     )
     gw.add_argument(
+        "--console-remote",
+        action="store_true",
+        help="also serve the web console on --host:--port under /console/, behind a login with "
+        "an admin key (`llmgw key create NAME --admin`); put TLS in front (default: off, the "
+        "console is on the loopback admin listener only)",
+    )
+    gw.add_argument(
         "--routing",
         choices=["prefix", "least_load", "round_robin"],
         default="prefix",
@@ -277,6 +288,19 @@ def join(where: Locations, args: argparse.Namespace) -> Locations:
     return where if args.temporal else replace(where, temporal=token.temporal)
 
 
+def gateway_settings(args: argparse.Namespace) -> "GatewaySettings":
+    """`llmgw gateway`'s flags as the gateway's settings."""
+    from gateway.settings import GatewaySettings
+
+    return GatewaySettings(
+        host=args.host,
+        port=args.port,
+        admin_port=args.admin_port,
+        console_remote=args.console_remote,
+        routing_policy=args.routing,
+    )
+
+
 def dispatch(args: argparse.Namespace, where: Locations) -> None:
     from workers import admin
 
@@ -335,16 +359,9 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
     elif args.command == "doctor":
         sys.exit(doctor.run(args))
     elif args.command == "gateway":
-        from gateway.settings import GatewaySettings
         from workers.gateway_main import main as gateway_main
 
-        settings = GatewaySettings(
-            host=args.host,
-            port=args.port,
-            admin_port=args.admin_port,
-            routing_policy=args.routing,
-        )
-        gateway_main(where, settings, args.workers, args.temporal_ui)
+        gateway_main(where, gateway_settings(args), args.workers, args.temporal_ui)
     elif args.command == "secret":
         from activities.agent.node_secrets import main as secret_main
 

@@ -72,6 +72,12 @@ def check_workers(settings: GatewaySettings, workers: int) -> None:
         raise ValueError("--workers above 1 needs a fixed --port for the workers to share")
     if workers > 1 and settings.admin_port and settings.admin_port + workers - 1 > 65535:
         raise ValueError("--admin-port plus --workers passes port 65535")
+    if workers > 1 and settings.console_remote:
+        # Console sessions live in one process's memory, and the kernel spreads a browser's
+        # connections over the workers sharing the port: most requests would find no session.
+        raise ValueError(
+            "--console-remote needs --workers 1 (its login sessions live in one process)"
+        )
 
 
 def main(

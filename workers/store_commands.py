@@ -79,6 +79,12 @@ def add_store_parsers(
         "--adapters", type=names_list, help="comma-separated LoRA adapters (default: any)"
     )
     create.add_argument("--expires-in-days", type=float)
+    create.add_argument(
+        "--admin",
+        action="store_true",
+        help="an admin key: it also logs in to the remote web console (`llmgw gateway "
+        "--console-remote`); on the OpenAI API it is an ordinary key",
+    )
     _add_limit_flags(create, positive_count, "unlimited", "the gateway's default", "shared")
 
     limit = ksub.add_parser("limit", parents=[common], help="change a key's limits")
@@ -189,6 +195,19 @@ def describe_limits(limits: KeyLimits) -> str:
     return ", ".join(parts) or "none"
 
 
+KEY_LIST_HEADERS = [
+    "NAME",
+    "ID",
+    "MODELS",
+    "ADAPTERS",
+    "LIMITS",
+    "ROLE",
+    "CREATED",
+    "EXPIRES",
+    "STATE",
+]
+
+
 def key_state(key: ApiKey, now: datetime) -> str:
     if key.revoked_at is not None:
         return "revoked"
@@ -203,6 +222,7 @@ def key_rows(keys: list[ApiKey], now: datetime) -> list[list[str]]:
             ",".join(k.models) if k.models is not None else "all",
             ",".join(k.adapters) if k.adapters is not None else "any",
             describe_limits(k.limits),
+            "admin" if k.admin else "client",
             k.created_at.strftime("%Y-%m-%d %H:%M"),
             k.expires_at.strftime("%Y-%m-%d %H:%M") if k.expires_at else "-",
             key_state(k, now),
@@ -238,8 +258,7 @@ async def store_command(args: argparse.Namespace, store: Store, where: Locations
     elif args.action == "limit":
         await limit_key(args, store)
     elif args.action == "list":
-        headers = ["NAME", "ID", "MODELS", "ADAPTERS", "LIMITS", "CREATED", "EXPIRES", "STATE"]
-        print(table(headers, key_rows(await store.list_keys(), datetime.now(UTC))))
+        print(table(KEY_LIST_HEADERS, key_rows(await store.list_keys(), datetime.now(UTC))))
     elif args.action == "revoke":
         if not await store.revoke_key(args.name_or_id):
             raise SystemExit(f"no active key {args.name_or_id!r}")
@@ -259,10 +278,12 @@ async def create_key(args: argparse.Namespace, store: Store) -> None:
             expires_at=expires,
             adapters=args.adapters,
             limits=limits_to_create(args),
+            admin=args.admin,
         )
     except KeyNameTaken as err:
         raise SystemExit(str(err)) from None
-    print(f"key {record.name} ({record.key_id}) created; it is shown only this once:")
+    role = "admin key" if record.admin else "key"
+    print(f"{role} {record.name} ({record.key_id}) created; it is shown only this once:")
     print(secret)
 
 

@@ -62,7 +62,7 @@ pages = APIRouter(prefix="/admin/console", dependencies=[Depends(require_local)]
 api = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_local)])
 
 
-def _asset(name: str) -> Response:
+def asset(name: str) -> Response:
     if name not in ASSETS:
         raise ApiError(404, "Not Found", code="not_found")
     body = resources.files("gateway.console").joinpath("static", name).read_bytes()
@@ -72,12 +72,12 @@ def _asset(name: str) -> Response:
 @pages.get("")
 @pages.get("/")
 async def console_page() -> Response:
-    return _asset("index.html")
+    return asset("index.html")
 
 
 @pages.get("/{name}")
 async def console_asset(name: str) -> Response:
-    return _asset(name)
+    return asset(name)
 
 
 def _cluster(state: State) -> ClusterCache:

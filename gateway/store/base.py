@@ -50,6 +50,7 @@ class Store(ABC):
         expires_at: datetime | None = None,
         adapters: list[str] | None = None,
         limits: KeyLimits | None = None,
+        admin: bool = False,
     ) -> tuple[ApiKey, str]:
         """Create a key; returns its record and the plaintext key, which is not kept."""
 

@@ -59,6 +59,9 @@ class ApiKey(BaseModel):
     created_at: datetime
     expires_at: datetime | None = None
     revoked_at: datetime | None = None
+    # An admin key also opens the remote web console (gateway/console/remote.py) when the
+    # gateway serves it; on the OpenAI API it is an ordinary key.
+    admin: bool = False
 
     def is_expired(self, now: datetime) -> bool:
         return self.expires_at is not None and self.expires_at <= now

@@ -106,8 +106,9 @@ class PostgresStore(Store):
         expires_at: datetime | None = None,
         adapters: list[str] | None = None,
         limits: KeyLimits | None = None,
+        admin: bool = False,
     ) -> tuple[ApiKey, str]:
-        draft = KeyDraft(name, models, expires_at, adapters, limits)
+        draft = KeyDraft(name, models, expires_at, adapters, limits, admin)
         pool = await self._get_pool()
         for _ in range(KEY_ID_ATTEMPTS):
             record, plaintext = draft.draw()

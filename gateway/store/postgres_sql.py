@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS api_keys (
     max_choices_per_request BIGINT,
     max_prompt_tokens_per_request BIGINT,
     max_inflight_prompt_tokens BIGINT,
-    isolate_cache BOOLEAN NOT NULL DEFAULT FALSE
+    isolate_cache BOOLEAN NOT NULL DEFAULT FALSE,
+    admin BOOLEAN NOT NULL DEFAULT FALSE
 );
 CREATE UNIQUE INDEX IF NOT EXISTS api_keys_active_name
     ON api_keys (name) WHERE revoked_at IS NULL;
@@ -53,7 +54,7 @@ SECRETS_DELETE = "DELETE FROM secrets WHERE name = $1"
 SELECT_KEYS = """
 SELECT key_id, name, key_hash, models, adapters, rpm, tpm, token_budget, budget_period,
        max_prompts_per_request, max_choices_per_request, max_prompt_tokens_per_request,
-       max_inflight_prompt_tokens, isolate_cache, created_at, expires_at, revoked_at
+       max_inflight_prompt_tokens, isolate_cache, created_at, expires_at, revoked_at, admin
 FROM api_keys
 """
 SELECT_KEYS_ORDERED = SELECT_KEYS + " ORDER BY created_at, key_id"
@@ -69,8 +70,8 @@ INSERT_KEY = """
 INSERT INTO api_keys (key_id, name, key_hash, models, adapters, rpm, tpm, token_budget,
                       budget_period, max_prompts_per_request, max_choices_per_request,
                       max_prompt_tokens_per_request, max_inflight_prompt_tokens, isolate_cache,
-                      created_at, expires_at, revoked_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+                      created_at, expires_at, revoked_at, admin)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
 """
 UPSERT_KEY = (
     INSERT_KEY
@@ -85,7 +86,7 @@ ON CONFLICT (key_id) DO UPDATE SET
     max_inflight_prompt_tokens = excluded.max_inflight_prompt_tokens,
     isolate_cache = excluded.isolate_cache,
     created_at = excluded.created_at, expires_at = excluded.expires_at,
-    revoked_at = excluded.revoked_at
+    revoked_at = excluded.revoked_at, admin = excluded.admin
 """
 )
 REVOKE = "UPDATE api_keys SET revoked_at = $1 WHERE key_id = $2"

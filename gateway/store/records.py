@@ -38,6 +38,7 @@ KEY_COLUMNS = (
     "created_at",
     "expires_at",
     "revoked_at",
+    "admin",
 )
 USAGE_COLUMNS = ("key_id", "model", "day", "requests", "prompt_tokens", "completion_tokens")
 
@@ -56,6 +57,8 @@ ADDED_KEY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("max_inflight_prompt_tokens", "BIGINT"),
     # false for every key made before it: what they always had.
     ("isolate_cache", "BOOLEAN NOT NULL DEFAULT FALSE"),
+    # false for every key made before roles: no key opens the remote console until made so.
+    ("admin", "BOOLEAN NOT NULL DEFAULT FALSE"),
 )
 
 
@@ -89,6 +92,7 @@ def key_values(key: ApiKey, ts: Callable[[datetime | None], Any]) -> tuple[Any, 
         ts(utc(key.created_at)),
         ts(utc(key.expires_at)),
         ts(utc(key.revoked_at)),
+        key.admin,
     )
 
 
@@ -105,6 +109,7 @@ def key_from_row(row: Any, parse_ts: Callable[[Any], datetime | None]) -> ApiKey
         created_at=created,
         expires_at=parse_ts(row["expires_at"]),
         revoked_at=parse_ts(row["revoked_at"]),
+        admin=bool(row["admin"]),
     )
 
 
@@ -131,6 +136,7 @@ class KeyDraft:
         expires_at: datetime | None,
         adapters: list[str] | None,
         limits: KeyLimits | None,
+        admin: bool = False,
     ) -> None:
         self.name = check_key_name(name)
         self.models = check_models(models)
@@ -138,6 +144,7 @@ class KeyDraft:
         self.limits = KeyLimits.model_validate(limits or KeyLimits())
         self.expires_at = utc(expires_at)
         self.created_at = datetime.now(UTC)
+        self.admin = bool(admin)
 
     def draw(self) -> tuple[ApiKey, str]:
         key_id = new_key_id()
@@ -151,5 +158,6 @@ class KeyDraft:
             limits=self.limits,
             created_at=self.created_at,
             expires_at=self.expires_at,
+            admin=self.admin,
         )
         return record, plaintext

@@ -176,8 +176,9 @@ class SqliteStore(Store):
         expires_at: datetime | None = None,
         adapters: list[str] | None = None,
         limits: KeyLimits | None = None,
+        admin: bool = False,
     ) -> tuple[ApiKey, str]:
-        draft = KeyDraft(name, models, expires_at, adapters, limits)
+        draft = KeyDraft(name, models, expires_at, adapters, limits, admin)
 
         def call(conn: sqlite3.Connection) -> tuple[ApiKey, str]:
             if conn.execute(sql.NAME_TAKEN, (draft.name,)).fetchone():

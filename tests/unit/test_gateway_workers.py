@@ -40,4 +40,7 @@ def test_worker_counts_that_cannot_work_are_refused() -> None:
         check_workers(GatewaySettings(port=0), 2)
     with pytest.raises(ValueError, match="65535"):
         check_workers(GatewaySettings(admin_port=65535), 2)
+    with pytest.raises(ValueError, match="console-remote needs --workers 1"):
+        check_workers(GatewaySettings(console_remote=True), 2)
+    check_workers(GatewaySettings(console_remote=True), 1)
     check_workers(GatewaySettings(), 4)

@@ -107,6 +107,12 @@ def test_create_with_everything_then_list_it(
     assert "any" in plain
     assert " none " in plain
     assert re.search(r"\s-\s+active$", plain), "no expiry shows as -"
+    assert " client " in plain
+
+    out = llmgw(capsys, "key", "create", "ops", "--admin", *state)
+    assert out.startswith("admin key ops (")
+    (ops,) = [line for line in llmgw(capsys, "key", "list", *state).splitlines() if "ops" in line]
+    assert " admin " in ops
 
 
 def test_limit_changes_only_what_it_names(

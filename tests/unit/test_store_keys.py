@@ -156,3 +156,22 @@ async def test_an_unusable_upstream_key_is_refused_without_echoing_it(
     if bad:
         assert bad not in str(caught.value), "a secret must not land in an error message"
     assert await store.upstream_keys() == {}
+
+
+async def test_the_admin_role_is_kept_and_travels_in_a_dump(
+    store: Store, open_test_store: StoreFactory
+) -> None:
+    admin, _ = await store.create_key("ops", admin=True)
+    plain, _ = await store.create_key("app")
+    assert (admin.admin, plain.admin) == (True, False)
+    # Read back by another store on the same database, not from a cache.
+    other = await open_test_store()
+    roles = {key.name: key.admin for key in await other.list_keys()}
+    assert roles == {"ops": True, "app": False}
+    dump = await other.export_dump()
+    await other.revoke_key("ops")
+    await other.import_dump(dump)
+    restored = await other.get_key(admin.key_id)
+    assert restored is not None
+    assert restored.admin is True
+    assert restored.revoked_at is None

@@ -72,6 +72,8 @@ async def test_an_old_database_keeps_its_keys_usage_and_secret(backend: Backend)
     assert key.adapters is None
     assert key.limits == KeyLimits()
     assert key.limits.isolate_cache is False
+    # No key made before roles opens the remote console.
+    assert key.admin is False
     (row,) = await store.usage()
     assert (row.day, row.requests, row.prompt_tokens, row.completion_tokens) == (
         date(2025, 1, 2),

@@ -2,15 +2,30 @@
 // application/json, which the admin API demands (a cross-site page cannot send it without a
 // preflight the API never grants); the browser adds Origin and Sec-Fetch-Site itself.
 
+// On the remote console (/console/) the server names another base and a CSRF token, which every
+// change carries in a header; on the admin listener the token is empty and never sent.
+
 export class ApiError extends Error {}
+
+const meta = (name) =>
+  document.querySelector(`meta[name="${name}"]`)?.getAttribute("content") ?? "";
+const BASE = meta("llmgw-api") || "/admin/v1";
+export const CSRF = meta("llmgw-csrf");
+export const LOGIN = "/console/login";
 
 async function call(method, path, body) {
   const init = { method, headers: { Accept: "application/json" }, credentials: "same-origin" };
   if (method !== "GET") {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body ?? {});
+    if (CSRF) init.headers["X-CSRF-Token"] = CSRF;
   }
   const response = await fetch(path, init);
+  if (response.status === 401 && CSRF) {
+    // The session ended (logout elsewhere, idle, the key revoked): back to the login page.
+    location.assign(LOGIN);
+    throw new ApiError("Logged out.");
+  }
   const text = await response.text();
   let data = null;
   try {
@@ -25,15 +40,16 @@ async function call(method, path, body) {
   return data;
 }
 
-export const readConsole = () => call("GET", "/admin/v1/console");
+export const readConsole = () => call("GET", `${BASE}/console`);
 export const nodeCommand = (node, action, reason) =>
-  call("POST", `/admin/v1/nodes/${encodeURIComponent(node)}/${action}`, { reason });
+  call("POST", `${BASE}/nodes/${encodeURIComponent(node)}/${action}`, { reason });
 export const scaleModel = (model, replicas) =>
-  call("POST", `/admin/v1/models/${encodeURIComponent(model)}/scale`, { replicas });
+  call("POST", `${BASE}/models/${encodeURIComponent(model)}/scale`, { replicas });
 export const putModel = (spec) =>
-  call("PUT", `/admin/v1/models/${encodeURIComponent(spec.name ?? "")}`, spec);
-export const createKey = (request) => call("POST", "/admin/v1/keys", request);
+  call("PUT", `${BASE}/models/${encodeURIComponent(spec.name ?? "")}`, spec);
+export const createKey = (request) => call("POST", `${BASE}/keys`, request);
 export const revokeKey = (nameOrId) =>
-  call("DELETE", `/admin/v1/keys/${encodeURIComponent(nameOrId)}`);
+  call("DELETE", `${BASE}/keys/${encodeURIComponent(nameOrId)}`);
 export const setLimits = (nameOrId, limits) =>
-  call("PUT", `/admin/v1/keys/${encodeURIComponent(nameOrId)}/limits`, limits);
+  call("PUT", `${BASE}/keys/${encodeURIComponent(nameOrId)}/limits`, limits);
+export const logout = () => call("POST", "/console/logout");

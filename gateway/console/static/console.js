@@ -110,6 +110,7 @@ function keyForm(form) {
   const request = { name: value("name"), limits };
   const models = value("models").split(",").map((m) => m.trim()).filter(Boolean);
   if (models.length) request.models = models;
+  if (form.elements.admin.checked) request.admin = true;
   return request;
 }
 
@@ -139,6 +140,19 @@ function wireForms() {
   });
 }
 
+if (api.CSRF) {
+  // Only the remote console has a session to end.
+  const logout = document.getElementById("logout");
+  logout.hidden = false;
+  logout.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    try {
+      await api.logout();
+    } finally {
+      location.assign(api.LOGIN);
+    }
+  });
+}
 document.getElementById("main").addEventListener("focusout", () => setTimeout(draw, 0));
 window.addEventListener("hashchange", () => {
   say("");  // an answer belongs to the page it was given on

@@ -32,6 +32,7 @@ export function keys(data, act) {
     const limitId = `limits-${key.key_id}`;
     return [
       key.name,
+      key.admin ? "admin" : "client",
       (key.models ?? []).join(", ") || "all",
       limitsText(key.limits),
       num(u.requests),
@@ -56,7 +57,7 @@ export function keys(data, act) {
   });
   const names = new Map(gw.keys.map((k) => [k.key_id, k.name]));
   return [
-    table("Active keys (usage over the last 31 days)", ["Name", "Models", "Limits", "Requests", "Tokens", "Requests per minute", "Revoke"], rows, "no active key", "keys"),
+    table("Active keys (usage over the last 31 days)", ["Name", "Role", "Models", "Limits", "Requests", "Tokens", "Requests per minute", "Revoke"], rows, "no active key", "keys"),
     h("h3", {}, "Tokens per day"),
     usageChart(gw.usage),
     table(
