@@ -28,6 +28,10 @@ class AdapterRefused(Exception):
     """The engine refused to load or unload an adapter: the message says which and why."""
 
 
+class ModelListUnavailable(AdapterRefused):
+    """The engine did not list what it serves (one still loading answers 503, say)."""
+
+
 class NoRuntimeAdapters(Exception):
     """The engine has no runtime endpoints: it was started without them (by an older agent, or
     with the variable unset), so only a restart changes its adapters."""
@@ -86,12 +90,13 @@ async def set_adapters(
     timeout_s: float = REQUEST_TIMEOUT_S,
 ) -> AdapterChanges:
     """Make the engine at `base_url` serve exactly `wanted` (name -> path on this node).
-    Raises AdapterRefused or NoRuntimeAdapters, and httpx.HTTPError when it does not answer."""
+    Raises AdapterRefused (ModelListUnavailable when it lists nothing) or NoRuntimeAdapters,
+    and httpx.HTTPError when it does not answer."""
     headers = {"Authorization": f"Bearer {engine_key}"}
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=headers) as client:
         listing = await client.get(runtime.listing)
         if listing.status_code != 200:
-            raise AdapterRefused(f"its model list answered HTTP {listing.status_code}")
+            raise ModelListUnavailable(f"its model list answered HTTP {listing.status_code}")
         changes = adapter_changes(served_adapters(listing.json()), wanted)
         for name in changes.unload:
             response = await client.post(runtime.unload, json={"lora_name": name})

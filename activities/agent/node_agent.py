@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -23,7 +23,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.agent import procfs
-from activities.agent.adapter_loading import AdapterRefused, NoRuntimeAdapters, set_adapters
+from activities.agent.adapter_loading import REQUEST_TIMEOUT_S as ADAPTER_REQUEST_TIMEOUT_S
+from activities.agent.adapter_loading import (
+    AdapterRefused,
+    ModelListUnavailable,
+    NoRuntimeAdapters,
+    set_adapters,
+)
+from activities.agent.adopted_adapters import load_pending_adapters
 from activities.agent.artifact_store import ArtifactStore
 from activities.agent.config import AgentConfig
 from activities.agent.discovery import discover_inventory
@@ -72,6 +79,9 @@ from workflows.placement.ports import RENDEZVOUS
 # else the agent holds (credentials, the node secret's source) stays out of engine processes.
 INHERITED_ENV = ("PATH", "HOME", "LANG")
 INSTALL_HEARTBEAT_S = 3.0
+# How long an adopted engine's adapters may take to load during START_ENGINE (its activity has
+# two minutes); one that does not answer by then loads them once ready (wait_ready).
+ADOPT_LOAD_TIMEOUT_S = 30.0
 
 T = TypeVar("T")
 __all__ = ["AgentConfig", "DeadShard", "NodeAgentActivities"]
@@ -220,7 +230,12 @@ class NodeAgentActivities:
     @staticmethod
     async def _heartbeating(work: Callable[[], T], details: Callable[[], str]) -> T:
         """Run blocking `work` in a thread, heartbeating its latest progress until it ends."""
-        task = asyncio.ensure_future(asyncio.to_thread(work))
+        return await NodeAgentActivities._heartbeating_async(asyncio.to_thread(work), details)
+
+    @staticmethod
+    async def _heartbeating_async(work: Awaitable[T], details: Callable[[], str]) -> T:
+        """Await `work`, heartbeating its latest progress until it ends."""
+        task = asyncio.ensure_future(work)
         while True:
             activity.heartbeat(details())
             done, _ = await asyncio.wait({task}, timeout=INSTALL_HEARTBEAT_S)
@@ -255,11 +270,41 @@ class NodeAgentActivities:
         try:
             own = self._own_ports() if self._own_ports is not None else set()
             launched = await asyncio.to_thread(self._launch, req, own)
+            if launched.adopted:
+                launched = await self._load_adopted_adapters(req, own, launched)
         except ReplicaBusy as err:
             raise ApplicationError(str(err), type="ReplicaBusy") from err  # retried
         if self._on_launch is not None:
             self._on_launch()
         return launched
+
+    async def _load_adopted_adapters(
+        self, req: LaunchRequest, own_ports: set[int], launched: LaunchResult
+    ) -> LaunchResult:
+        """An engine adopted for another adapter list loads it now when it answers; one still
+        loading does once ready (wait_ready). One that refuses the list is replaced: a start
+        loads the adapters from its command line, as without runtime loading."""
+        try:
+            await load_pending_adapters(
+                self._supervisor,
+                req.replica_id,
+                self._config.http_base,
+                engine_key(self._config.node_secret, req.replica_id),
+                ADOPT_LOAD_TIMEOUT_S,
+            )
+        except (httpx.HTTPError, ModelListUnavailable):
+            return launched  # not answering yet: left pending
+        except (AdapterRefused, NoRuntimeAdapters) as err:
+            refused = err
+        else:
+            return launched
+        activity.logger.warning(
+            "%s: the adopted engine did not take its adapters (%s): restarting it",
+            req.replica_id,
+            refused,
+        )
+        await asyncio.to_thread(self._supervisor.stop, req.replica_id, self._config.stop_grace_s)
+        return await asyncio.to_thread(self._launch, req, own_ports)
 
     def _my_shard(self, req: LaunchRequest) -> tuple[Profile, list[ShardAllocation], int]:
         """The profile the replica was placed with, every shard, and this node's rank."""
@@ -378,23 +423,34 @@ class NodeAgentActivities:
                     non_retryable=True,
                 )
 
+        # An engine that loads adapters while it runs is adopted when only its adapters
+        # changed; its leader (which serves the API) then loads this list.
+        runtime = engine.runtime_adapters is not None
+        index = req.allocation.profile_index
         launched = self._supervisor.launch(
             req.replica_id,
             req.workflow_id,
             launch_argv(commands),
             env,
-            model.profile_fingerprint(req.allocation.profile_index),
+            model.profile_fingerprint(index),
             shard.port,
             gpu_uuids=list(shard.gpu_uuids),
             before_start=ports_free,
             engine=engine.name,
             kv_publisher=publisher,
+            restart_fingerprint=model.restart_fingerprint(index) if runtime else "",
+            adapters={a.name: a.path for a in profile.lora} if runtime and rank == 0 else None,
         )
-        # What the spec recorded: for an adopted engine, the publisher it was started with.
+        return launched.model_copy(update={"kv": self._kv_source(self._recorded_publisher(req))})
+
+    def _recorded_publisher(self, req: LaunchRequest) -> KvPublisher | None:
+        """What the spec recorded: for an adopted engine, the publisher it was started with,
+        with the adapters it was adopted for (it serves them before it is reported ready)."""
         recorded = self._supervisor.read_spec(req.replica_id)
-        return launched.model_copy(
-            update={"kv": self._kv_source(recorded.publisher() if recorded else None)}
-        )
+        publisher = recorded.publisher() if recorded else None
+        if publisher is None or recorded is None or recorded.pending_adapters is None:
+            return publisher
+        return replace(publisher, adapters=tuple(recorded.pending_adapters.items()))
 
     def _kv_source(self, publisher: KvPublisher | None) -> KvSource | None:
         """Where gateways learn what the engine caches: this agent's feed, when it has one."""
@@ -433,12 +489,43 @@ class NodeAgentActivities:
             host=self._config.address,
             gpu_check=gpu_check,
         )
+        if result.ready:
+            result = await self._ready_with_adapters(req, result)
         if not result.ready and not self._supervisor.is_alive(req.replica_id):
             # Why it died, in one redacted line: the replica's status shows it to the operator.
             cause = self._supervisor.failure_line(req.replica_id)
             if cause:
                 result = result.model_copy(update={"detail": f"{result.detail}: {cause}"})
         return result
+
+    async def _ready_with_adapters(self, req: ReadyRequest, ready: ReadyResult) -> ReadyResult:
+        """A ready engine adopted for another adapter list serves it before it counts as
+        ready; one that refuses it is not ready (the replica then starts a new engine)."""
+
+        def load() -> Awaitable[bool]:
+            return load_pending_adapters(
+                self._supervisor,
+                req.replica_id,
+                self._config.http_base,
+                engine_key(self._config.node_secret, req.replica_id),
+                ADAPTER_REQUEST_TIMEOUT_S,
+            )
+
+        try:
+            loaded = await self._heartbeating_async(
+                load(), lambda: f"loading the adapters {req.replica_id} was adopted for"
+            )
+        except (AdapterRefused, NoRuntimeAdapters) as err:
+            return ReadyResult(ready=False, detail=f"adapters not loaded: {err}")
+        except httpx.HTTPError as err:
+            # Retried: the engine answered a moment ago (a retry asks it again).
+            raise ApplicationError(
+                f"{req.replica_id}: its engine did not answer ({type(err).__name__})",
+                type="EngineUnreachable",
+            ) from None
+        if not loaded:
+            return ready
+        return ready.model_copy(update={"detail": f"{ready.detail}; adopted adapters loaded"})
 
     @activity.defn(name=NodeActivity.SUPERVISE_ENGINE)
     async def supervise_engine(self, req: ShardRef) -> EngineExit:
@@ -528,6 +615,8 @@ class NodeAgentActivities:
                 f"{req.replica_id}: its engine did not answer ({type(err).__name__})",
                 type="EngineUnreachable",
             ) from None
+        # What its KV events are hashed with from now on, for a later adoption's route.
+        self._supervisor.adapters_served(req.replica_id, spec.pid, wanted)
         activity.logger.info(
             "%s: adapters loaded %s, unloaded %s",
             req.replica_id,

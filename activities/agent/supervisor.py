@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -81,6 +81,13 @@ class ShardSpec:
     # for the agent's subscriber; None when it publishes none, and in specs written before it
     # was recorded (their engines are not subscribed to until they restart).
     kv_publisher: dict[str, Any] | None = None
+    # The fingerprint without the adapter list (ModelSpec.restart_fingerprint), for an engine
+    # that loads adapters while it runs; "" otherwise, and in specs written before it was.
+    restart_fingerprint: str = ""
+    # Adopted for another adapter list (name -> path on this node) than it serves: the agent
+    # loads them, then records `pending_fingerprint` as its fingerprint. None when none wait.
+    pending_adapters: dict[str, str] | None = None
+    pending_fingerprint: str = ""
 
     @property
     def launching(self) -> bool:
@@ -238,11 +245,19 @@ class ShardSupervisor:
         before_start: Callable[[], None] | None = None,
         engine: str = "",
         kv_publisher: KvPublisher | None = None,
+        restart_fingerprint: str = "",
+        adapters: Mapping[str, str] | None = None,
     ) -> LaunchResult:
         """Start the engine, or adopt the one already running for this replica when it serves
         the same profile on the same port. Calling it twice, at once or one after the other,
         from two threads or two agents, never runs two engines. An adopted engine keeps the
         KvPublisher its spec recorded when it was started.
+
+        `restart_fingerprint` is given only for an engine that loads adapters while it runs: a
+        running engine whose recorded one is equal (and not empty) serves the same profile but
+        for its adapters, and is adopted too. Its spec then records `adapters` (the shard's
+        list; None on a shard whose engine does not load them itself) as pending, for the
+        caller to load (adapters_served records them loaded).
 
         A shard of several processes (sidecars, then the engine) is one `command` too: the
         shard launcher, which leads the process group they all share.
@@ -256,9 +271,10 @@ class ShardSupervisor:
             if existing is not None and existing.launching:
                 existing = self._settle(existing)
             if existing is not None:
-                same = existing.fingerprint == fingerprint and existing.port == port
-                if same and self._running(existing):
-                    return LaunchResult(pid=existing.pid, adopted=True, command=existing.command)
+                if existing.port == port and self._running(existing):
+                    adopted = self._adopt(existing, fingerprint, restart_fingerprint, adapters)
+                    if adopted is not None:
+                        return adopted
                 # An old profile: replace it rather than run both. A dead one: workers it
                 # forked may outlive it, holding memory the new engine needs.
                 self._stop_locked(existing, STOP_GRACE_S)
@@ -274,7 +290,57 @@ class ShardSupervisor:
                 list(gpu_uuids or []),
                 engine,
                 kv_publisher,
+                restart_fingerprint,
             )
+
+    def _adopt(
+        self,
+        spec: ShardSpec,
+        fingerprint: str,
+        restart_fingerprint: str,
+        adapters: Mapping[str, str] | None,
+    ) -> LaunchResult | None:
+        """Adopt the running engine `spec` records (the caller holds the lock) when it serves
+        this profile, or this profile but for its adapters; None when it serves another."""
+        adopted = LaunchResult(pid=spec.pid, adopted=True, command=spec.command)
+        if spec.fingerprint == fingerprint and spec.pending_adapters is None:
+            return adopted
+        restart = restart_fingerprint
+        only_adapters = bool(restart) and spec.restart_fingerprint == restart
+        if spec.fingerprint != fingerprint and not only_adapters:
+            return None
+        if adapters is None:
+            # Nothing to load here (a worker shard: its leader's engine loads them).
+            served = replace(spec, pending_adapters=None, pending_fingerprint="")
+            self._write_spec(replace(served, fingerprint=fingerprint))
+        else:
+            self._write_spec(
+                replace(spec, pending_adapters=dict(adapters), pending_fingerprint=fingerprint)
+            )
+        return adopted
+
+    def adapters_served(self, replica_id: str, pid: int, served: Mapping[str, str]) -> None:
+        """Record that the engine `pid` of the replica now serves exactly `served` (name ->
+        path on this node): its KvPublisher's adapters (what the gateway hashes an adapter's
+        blocks with), and, when they are the ones its adoption left pending, the fingerprint
+        it was adopted for. A spec of another process, or none, is left as it is."""
+        with self._lock(replica_id):
+            spec = self.read_spec(replica_id)
+            if spec is None or spec.launching or spec.pid != pid:
+                return
+            updated = spec
+            if isinstance(spec.kv_publisher, dict):
+                listed = [[name, path] for name, path in served.items()]
+                updated = replace(updated, kv_publisher={**spec.kv_publisher, "adapters": listed})
+            if spec.pending_adapters is not None and spec.pending_adapters == dict(served):
+                updated = replace(
+                    updated,
+                    fingerprint=spec.pending_fingerprint or spec.fingerprint,
+                    pending_adapters=None,
+                    pending_fingerprint="",
+                )
+            if updated != spec:
+                self._write_spec(updated)
 
     def _settle(self, spec: ShardSpec) -> ShardSpec | None:
         """A launching record whose launch ended (the caller holds the lock) before the pid was
@@ -315,6 +381,7 @@ class ShardSupervisor:
         gpu_uuids: list[str],
         engine: str,
         kv_publisher: KvPublisher | None,
+        restart_fingerprint: str,
     ) -> LaunchResult:
         launching = ShardSpec(
             replica_id=replica_id,
@@ -330,6 +397,7 @@ class ShardSupervisor:
             launch_id=uuid.uuid4().hex,
             engine=engine,
             kv_publisher=None if kv_publisher is None else asdict(kv_publisher),
+            restart_fingerprint=restart_fingerprint,
         )
         # On disk before the process exists: an agent that dies from here on leaves a record
         # the next launch settles, never an engine nobody knows of.

@@ -103,7 +103,11 @@ def standin_app(engine: StandinVllm) -> web.Application:
         del engine.adapters[name]
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
+    async def health(_: web.Request) -> web.Response:
+        return web.Response()
+
     app = web.Application(middlewares=[guard])
+    app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/load_lora_adapter", load)
     app.router.add_post("/v1/unload_lora_adapter", unload)
