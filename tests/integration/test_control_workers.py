@@ -1,7 +1,8 @@
 """Control workers side by side (issue 16): a second `llmgw control` beside `up`'s own shares the
 control queue; with `up`'s one frozen, the second alone starts a scale-up and is killed with -9
 part-way through. The scale-up still completes once `up`'s worker thaws, no request fails, the
-first replica keeps its engine, and the ledger books every port and core once."""
+first replica keeps its engine, and the ledger books every port and core once. Then the other
+way round: `up`'s own worker killed mid scale-up while the second one serves."""
 
 import os
 import signal
@@ -113,5 +114,62 @@ async def test_killing_one_of_two_control_workers_mid_scale_loses_nothing(
     assert booked_twice(state) == []
     allocated, routed = model_entries(state)
     assert allocated == routed == [first], (allocated, routed)
+    system.cli("model", "rm", MODEL)
+    await system.until(lambda: system.released(MODEL), 60, "the model's allocations released")
+
+
+async def test_killing_ups_own_control_worker_mid_scale_loses_nothing(system, weights, tmp_path):
+    """The other way round: the second worker stays, `up`'s own is killed (and restarted by
+    `up`) part-way through a scale-up."""
+    add = ("model", "add", MODEL, "--weights", str(weights), "--cpu-cores", "1")
+    # The test before removed the same model; its removal may still be finishing.
+    wait_for(lambda: system.cli(*add, check=False).returncode == 0, 60, f"{MODEL} added again")
+    first = (await wait_ready(system, MODEL, 1))[0]
+    engine = system.engine_pid(first)
+    assert engine is not None
+
+    log_file = tmp_path / "control-2.log"
+    extra = start_control_worker(system, log_file)
+    try:
+        wait_for(
+            lambda: "control worker on" in log_file.read_text(errors="replace"),
+            60,
+            "the second control worker to poll",
+        )
+        restarts_before = sum("control exited" in line for line in system.output)
+        with SteadyLoad(system) as load:
+            system.cli("model", "scale", MODEL, "2")
+
+            async def placed() -> bool:
+                allocated, _ = model_entries(await system.ledger())
+                return len(allocated) == 2
+
+            await system.until(placed, 60, "the new replica placed")
+            at_kill = (await system.ledger()).routes.get(f"{MODEL}-1")
+            os.kill(system.child_pid("control"), signal.SIGKILL)
+            print(f"new replica as up's worker was killed: {at_kill and at_kill.state}")
+            wait_for(
+                lambda: sum("control exited" in line for line in system.output) > restarts_before,
+                30,
+                "up to restart its control worker",
+            )
+            ready = await wait_ready(system, MODEL, 2, timeout=120)
+            assert first in ready
+            system.cli("model", "scale", MODEL, "1")
+
+            async def scaled_down() -> bool:
+                return model_entries(await system.ledger()) == ([first], [first])
+
+            await system.until(scaled_down, 60, "the second replica stopped and released")
+    finally:
+        if extra.poll() is None:
+            extra.kill()
+            extra.wait(10)
+
+    print(f"outcomes: {dict(load.outcomes)}")
+    assert load.outcomes["200"] > 0
+    assert load.failed == 0, f"requests failed: {dict(load.outcomes)}"
+    assert system.engine_pid(first) == engine, "the first replica's engine was restarted"
+    assert booked_twice(await system.ledger()) == []
     system.cli("model", "rm", MODEL)
     await system.until(lambda: system.released(MODEL), 60, "the model's allocations released")
