@@ -85,6 +85,7 @@ async def create_key(request: Request, state: State) -> JSONResponse:
         raise ApiError(409, str(err), code="key_name_taken") from None
     except ValueError as err:
         raise bad_request(str(err), code="invalid_request") from None
+    await applied_here(state)
     return JSONResponse(
         {"key": key_view(record), "api_key": plaintext},
         status_code=201,
@@ -97,6 +98,7 @@ async def create_key(request: Request, state: State) -> JSONResponse:
 async def revoke_key(name_or_id: str, state: State) -> dict[str, Any]:
     if not await state.store.revoke_key(name_or_id):
         raise _no_key(name_or_id)
+    await applied_here(state)
     return {"revoked": name_or_id}
 
 
@@ -106,7 +108,15 @@ async def set_limits(name_or_id: str, request: Request, state: State) -> dict[st
     record = await state.store.set_key_limits(name_or_id, limits)
     if record is None:
         raise _no_key(name_or_id)
+    await applied_here(state)
     return key_view(record)
+
+
+async def applied_here(state: State) -> None:
+    """This gateway takes a key change at once, rather than at its next background refresh:
+    a key created here works on the next request, and one revoked here stops working.
+    Other gateways (and other workers of this one) take it at their next refresh."""
+    await state.keys.refresh()
 
 
 # --- an external model's upstream key --------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 
 from gateway import admin_keys, admin_usage
-from gateway.auth import KeyCache
+from gateway.auth import AuthFailed, KeyCache
 from gateway.errors import install_error_handlers
 from gateway.store import Store, UsageDelta
 
@@ -30,8 +30,11 @@ def _client(
     install_error_handlers(app)
     app.include_router(admin_keys.router)
     app.include_router(admin_usage.router)
-    # The routers read only the store and the upstream keys from the gateway's shared state.
-    app.state.gateway = gateway or SimpleNamespace(store=store, upstream_keys={})
+    # The routers read only the store, the upstream keys and the key copy from the gateway's
+    # shared state.
+    app.state.gateway = gateway or SimpleNamespace(
+        store=store, upstream_keys={}, keys=KeyCache(store)
+    )
     transport = httpx.ASGITransport(app=app, client=(peer, 50000))
     return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000")
 
@@ -88,6 +91,20 @@ async def test_a_created_key_is_shown_once_and_works(
     text = str(listed)
     assert plaintext not in text
     assert "key_hash" not in text
+
+
+async def test_a_key_changed_here_counts_here_at_once(store: Store) -> None:
+    """A key created through this gateway's admin API opens its OpenAI API on the very next
+    request, and one revoked there stops at once: no wait for the background refresh."""
+    keys = KeyCache(store)
+    gateway = SimpleNamespace(store=store, upstream_keys={}, keys=keys)
+    async with _client(store, gateway=gateway) as admin:
+        created = await admin.post("/admin/v1/keys", json={"name": "now"})
+        plaintext = created.json()["api_key"]
+        assert (await keys.authenticate(f"Bearer {plaintext}")).name == "now"
+        assert (await admin.delete("/admin/v1/keys/now", headers=JSON)).status_code == 200
+        with pytest.raises(AuthFailed):
+            await keys.authenticate(f"Bearer {plaintext}")
 
 
 @pytest.mark.parametrize(

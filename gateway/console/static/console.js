@@ -122,7 +122,7 @@ function wireForms() {
     if (answer) {
       document.getElementById("new-key-value").textContent = answer.api_key;
       document.getElementById("new-key").hidden = false;
-      say(`key ${answer.key.name} created (usable within a second); copy it now, it is not shown again`);
+      say(`key ${answer.key.name} created; copy it now, it is not shown again`);
       form.reset();
     }
   });
