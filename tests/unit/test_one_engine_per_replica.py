@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -72,6 +73,14 @@ def launching_record(dirs: tuple[Path, Path], launch_id: str, token: str) -> Non
     (dirs[0] / "m-0.json").write_text(json.dumps(spec))
 
 
+def exec_done(pid: int, launch_id: str) -> None:
+    mark = f"{LAUNCH_ID_ENV}={launch_id}".encode()
+    deadline = time.monotonic() + 10
+    while mark not in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        assert time.monotonic() < deadline, "the orphan never started"
+        time.sleep(0.01)
+
+
 def test_launch_after_one_that_died_before_recording_the_pid_adopts_its_engine(
     supervisor: ShardSupervisor, dirs: tuple[Path, Path]
 ) -> None:
@@ -85,6 +94,9 @@ def test_launch_after_one_that_died_before_recording_the_pid_adopts_its_engine(
         start_new_session=True,
     )
     try:
+        # As an orphan found later would be: exec'd, its environment its own (between fork
+        # and exec /proc shows the parent's, which has no launch id).
+        exec_done(orphan.pid, launch_id)
         again = launch(supervisor, sleeper(token))
         assert again.adopted
         assert again.pid == orphan.pid
