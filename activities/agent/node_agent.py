@@ -23,14 +23,12 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.agent import procfs
-from activities.agent.adapter_loading import REQUEST_TIMEOUT_S as ADAPTER_REQUEST_TIMEOUT_S
 from activities.agent.adapter_loading import (
     AdapterRefused,
-    ModelListUnavailable,
     NoRuntimeAdapters,
     set_adapters,
 )
-from activities.agent.adopted_adapters import load_pending_adapters
+from activities.agent.adopted_adapters import ready_with_adapters, refusal_on_adoption
 from activities.agent.artifact_store import ArtifactStore
 from activities.agent.config import AgentConfig
 from activities.agent.discovery import discover_inventory
@@ -79,9 +77,6 @@ from workflows.placement.ports import RENDEZVOUS
 # else the agent holds (credentials, the node secret's source) stays out of engine processes.
 INHERITED_ENV = ("PATH", "HOME", "LANG")
 INSTALL_HEARTBEAT_S = 3.0
-# How long an adopted engine's adapters may take to load during START_ENGINE (its activity has
-# two minutes); one that does not answer by then loads them once ready (wait_ready).
-ADOPT_LOAD_TIMEOUT_S = 30.0
 
 T = TypeVar("T")
 __all__ = ["AgentConfig", "DeadShard", "NodeAgentActivities"]
@@ -281,22 +276,12 @@ class NodeAgentActivities:
     async def _load_adopted_adapters(
         self, req: LaunchRequest, own_ports: set[int], launched: LaunchResult
     ) -> LaunchResult:
-        """An engine adopted for another adapter list loads it now when it answers; one still
-        loading does once ready (wait_ready). One that refuses the list is replaced: a start
-        loads the adapters from its command line, as without runtime loading."""
-        try:
-            await load_pending_adapters(
-                self._supervisor,
-                req.replica_id,
-                self._config.http_base,
-                engine_key(self._config.node_secret, req.replica_id),
-                ADOPT_LOAD_TIMEOUT_S,
-            )
-        except (httpx.HTTPError, ModelListUnavailable):
-            return launched  # not answering yet: left pending
-        except (AdapterRefused, NoRuntimeAdapters) as err:
-            refused = err
-        else:
+        """An adopted engine that refuses the adapter list it was adopted for is replaced."""
+        key = engine_key(self._config.node_secret, req.replica_id)
+        refused = await refusal_on_adoption(
+            self._supervisor, req.replica_id, self._config.http_base, key
+        )
+        if refused is None:
             return launched
         activity.logger.warning(
             "%s: the adopted engine did not take its adapters (%s): restarting it",
@@ -499,33 +484,14 @@ class NodeAgentActivities:
         return result
 
     async def _ready_with_adapters(self, req: ReadyRequest, ready: ReadyResult) -> ReadyResult:
-        """A ready engine adopted for another adapter list serves it before it counts as
-        ready; one that refuses it is not ready (the replica then starts a new engine)."""
+        def heartbeating(load: Awaitable[bool]) -> Awaitable[bool]:
+            what = f"loading the adapters {req.replica_id} was adopted for"
+            return self._heartbeating_async(load, lambda: what)
 
-        def load() -> Awaitable[bool]:
-            return load_pending_adapters(
-                self._supervisor,
-                req.replica_id,
-                self._config.http_base,
-                engine_key(self._config.node_secret, req.replica_id),
-                ADAPTER_REQUEST_TIMEOUT_S,
-            )
-
-        try:
-            loaded = await self._heartbeating_async(
-                load(), lambda: f"loading the adapters {req.replica_id} was adopted for"
-            )
-        except (AdapterRefused, NoRuntimeAdapters) as err:
-            return ReadyResult(ready=False, detail=f"adapters not loaded: {err}")
-        except httpx.HTTPError as err:
-            # Retried: the engine answered a moment ago (a retry asks it again).
-            raise ApplicationError(
-                f"{req.replica_id}: its engine did not answer ({type(err).__name__})",
-                type="EngineUnreachable",
-            ) from None
-        if not loaded:
-            return ready
-        return ready.model_copy(update={"detail": f"{ready.detail}; adopted adapters loaded"})
+        key = engine_key(self._config.node_secret, req.replica_id)
+        return await ready_with_adapters(
+            self._supervisor, req.replica_id, self._config.http_base, key, ready, heartbeating
+        )
 
     @activity.defn(name=NodeActivity.SUPERVISE_ENGINE)
     async def supervise_engine(self, req: ShardRef) -> EngineExit:
