@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,12 +34,11 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.agent.liveness import NodePulse
-from engines.local_port import free_port
+from bench.dev_server import scratch_dev_server
 from workers.agent import register
 from workers.control import control_activities, ensure_ledger
 from workers.registry import CONTROL_WORKFLOWS
 from workers.search_attributes import ensure_search_attributes
-from workers.temporal_server import TemporalDevServer
 from workflows import options
 from workflows.client import connect
 from workflows.contracts import (
@@ -210,24 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     period = options.NODE_WATCH_PERIOD
     # Read by the node workflow when it asks for a watch: scaled like the heartbeats.
     options.NODE_WATCH_PERIOD = period / args.speedup
-    workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
-    config = workdir / "llmgw.yaml"
-    config.write_text("")
-    server = TemporalDevServer(
-        db_file=workdir / "temporal.db",
-        log_file=workdir / "temporal.log",
-        port=free_port(),
-        ui_port=None,
-    )
     started = time.monotonic()
-    try:
-        server.start()
+    with scratch_dev_server() as (server, workdir):
+        config = workdir / "llmgw.yaml"
+        config.write_text("")
         figures = asyncio.run(bench(server.address, config, args.speedup))
         report(figures, args.speedup, period)
         print(f"\ntook {time.monotonic() - started:.0f} s in all")
-    finally:
-        server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

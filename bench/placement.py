@@ -16,9 +16,7 @@ import argparse
 import asyncio
 import json
 import random
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -44,10 +42,9 @@ from activities.control.ledger_calls import (
     ledger_handle,
     update_ledger,
 )
+from bench.dev_server import scratch_dev_server
 from bench.placement_table import paged_table
 from bench.simulated_fleet import GPUS_PER_NODE, replica_mix, route_for, simulated_node
-from engines.local_port import free_port
-from workers.temporal_server import TemporalDevServer
 from workflows.client import connect
 from workflows.contracts import (
     Allocation,
@@ -479,31 +476,18 @@ def run(args: argparse.Namespace) -> int:
         churn_per_hour=args.churn_per_hour,
         json_out=args.json_out,
     )
-    workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
-    server = TemporalDevServer(
-        db_file=workdir / "temporal.db",
-        log_file=workdir / "temporal.log",
-        port=free_port(),
-        ui_port=None,
-    )
     started = time.monotonic()
-    try:
-        server.start()
-        figures = asyncio.run(bench(options, server.address))
+    with scratch_dev_server(keep=options.keep) as (server, _workdir):
+        try:
+            figures = asyncio.run(bench(options, server.address))
+        except WorkflowUpdateFailedError as err:
+            print(f"an update failed: {err.cause or err}", file=sys.stderr)
+            return 1
         figures["total_s"] = round(time.monotonic() - started, 1)
         report(figures)
         print(f"\ntook {figures['total_s']} s in all")
         if options.json_out is not None:
             options.json_out.write_text(json.dumps(figures, indent=2, default=str) + "\n")
-    except WorkflowUpdateFailedError as err:
-        print(f"an update failed: {err.cause or err}", file=sys.stderr)
-        return 1
-    finally:
-        server.stop()
-        if options.keep:
-            print(f"kept {workdir} (temporal.db, temporal.log)", file=sys.stderr)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
