@@ -36,12 +36,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from activities.control.ledger_calls import (
-    LedgerActivities,
-    allocate,
-    ledger_handle,
-    update_ledger,
-)
+from activities.control.ledger_calls import ledger_handle, update_ledger
+from activities.control.ledger_cluster import LedgerActivities, allocate
 from bench.dev_server import scratch_dev_server
 from bench.placement_table import paged_table
 from bench.simulated_fleet import GPUS_PER_NODE, replica_mix, route_for, simulated_node

@@ -12,7 +12,8 @@ from temporalio.worker import Worker
 
 from activities.control.artifact_fetches import ArtifactFetchActivities
 from activities.control.engine_planning import ControlConfigActivities
-from activities.control.ledger_calls import LedgerActivities, start_ledger
+from activities.control.ledger_calls import start_ledger
+from activities.control.ledger_cluster import LedgerActivities
 from activities.control.node_admin import NodeAdminActivities
 from activities.control.server_config import load_server_config
 from activities.control.workflow_status import WorkflowStatusActivities

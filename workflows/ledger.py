@@ -14,6 +14,7 @@ with workflow.unsafe.imports_passed_through():
         Allocation,
         AllocationLookup,
         LedgerAck,
+        LedgerCells,
         LedgerState,
         ModelIdle,
         ModelName,
@@ -22,11 +23,13 @@ with workflow.unsafe.imports_passed_through():
         NodeRecord,
         NodeState,
         NodeStatus,
+        PlacementOffer,
         PlacementRefusal,
         PlacementRefused,
         PlacementRequest,
         ReleaseRequest,
         ReplicaAllocation,
+        ReplicaHeld,
         ReplicaRef,
         ReplicaRefs,
         ReplicaState,
@@ -34,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         RoutingTable,
         RoutingTableRequest,
     )
+    from workflows.ledger_cells import MAX_CELLS
     from workflows.ledger_compact import (
         PackedLedgerState,
         carried_state,
@@ -42,10 +46,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.names import EXTERNAL_NODE
     from workflows.placement import PlacementIndex, place
+    from workflows.placement.disk import must_fetch
     from workflows.placement.refusal import summarise_refusal
     from workflows.route_log import answer, forget_changes, note_change
 
 NO_PLACEMENT = "NoPlacement"
+CELLS_FIXED = "LedgerCellsFixed"
 # `place` answers a refusal as its result, summarised, rather than failing with every node's
 # reason (88 KB at 1,000 nodes, in history each time a waiting replica asks).
 PLACE_RETURNS_REFUSAL = "ledger-place-returns-refusal"
@@ -191,16 +197,21 @@ class ClusterLedgerWorkflow:
     def routing_table(self, held: RoutingTableRequest | None = None) -> RoutingTable:
         epoch = workflow.info().first_execution_run_id
         if held is not None and held.deltas:
-            return answer(self.state, held, epoch, self.served_route)
+            table = answer(self.state, held, epoch, self.served_route)
+            table.cells = self.state.cells
+            return table
         # A gateway from before deltas: the whole table in one answer, as it expects.
         version = self.state.version
         if held is not None and (held.epoch, held.version) == (epoch, version):
-            return RoutingTable(version=version, epoch=epoch, unchanged=True)
+            return RoutingTable(
+                version=version, epoch=epoch, unchanged=True, cells=self.state.cells
+            )
         return RoutingTable(
             version=version,
             epoch=epoch,
             routes=[self.served_route(r) for r in self.state.routes.values()],
             idle_models=self.state.idle_models,
+            cells=self.state.cells,
         )
 
     @workflow.update(name="set_idle")
@@ -212,6 +223,58 @@ class ClusterLedgerWorkflow:
         if before != self.state.idle_models:
             self._routes_changed()
         return ack
+
+    @workflow.query(name="offer")
+    def offer(self, req: PlacementRequest) -> PlacementOffer:
+        """Whether this cell could place the replica now, placing nothing (workflows/
+        ledger_cells.py): a query, so asking every cell writes no history."""
+        decision = place(self.state, req, self.index)
+        if isinstance(decision, PlacementRefused):
+            summary = summarise_refusal(decision.reasons)
+            return PlacementOffer(replica_id=req.replica_id, fits=False, summary=summary)
+        node = self.state.nodes.get(decision.node)
+        fetches = bool(req.artifact) and (node is None or must_fetch(node, req.artifact))
+        return PlacementOffer(
+            replica_id=req.replica_id,
+            fits=True,
+            held=req.replica_id in self.state.allocations,
+            profile_index=decision.profile_index,
+            fetches=fetches,
+        )
+
+    @workflow.query(name="holds")
+    def holds(self, req: AllocationLookup) -> ReplicaHeld:
+        return ReplicaHeld(
+            allocation=req.replica_id in self.state.allocations,
+            route=req.replica_id in self.state.routes,
+        )
+
+    @workflow.query(name="cells")
+    def cells(self) -> LedgerCells:
+        fixed = self.state.cells > 1 or bool(self.state.nodes)
+        return LedgerCells(cells=self.state.cells, fixed=fixed)
+
+    @workflow.update(name="set_cells")
+    def set_cells(self, cells: LedgerCells) -> LedgerAck:
+        """Split the ledger into cells (`llmgw ledger cells N`): once, before any node
+        registers, since a node's cell follows from the count (workflows/ledger_cells.py)."""
+        if cells.cells != self.state.cells:
+            if self.state.cell != 0 or self.state.cells > 1 or self.state.nodes:
+                raise ApplicationError(
+                    f"the ledger has {self.state.cells} cell(s) and nodes have registered or "
+                    "it was split already: the cell count is set once, before nodes join",
+                    type=CELLS_FIXED,
+                    non_retryable=True,
+                )
+            if cells.cells > MAX_CELLS:
+                raise ApplicationError(
+                    f"{cells.cells} cells: at most {MAX_CELLS}",
+                    type=CELLS_FIXED,
+                    non_retryable=True,
+                )
+            # Every answer to a gateway carries the count: nothing to log for them.
+            self.state.cells = cells.cells
+        return self._changed()
 
     @workflow.query(name="model_routes")
     def model_routes(self, model: ModelName) -> RoutingTable:

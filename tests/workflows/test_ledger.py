@@ -6,7 +6,8 @@ import asyncio
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.control.ledger_calls import allocate, update_ledger
+from activities.control.ledger_calls import update_ledger
+from activities.control.ledger_cluster import allocate
 from gateway.route_source import TemporalRouteSource
 from tests.workflows.conftest import Cluster, record_history, unique
 from workflows.artifact_names import artifact_hint

@@ -12,7 +12,8 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.control.ledger_calls import LEDGER_CLOSED, allocate
+from activities.control.ledger_calls import LEDGER_CLOSED
+from activities.control.ledger_cluster import allocate
 from tests.workflows.conftest import eventually, start_dev_server, unique
 from tests.workflows.fake_agent import FakeAgent
 from workers.agent import register

@@ -11,7 +11,7 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.control import ledger_calls
+from activities.control import ledger_cluster
 from activities.control.ledger_calls import update_ledger
 from tests.workflows.conftest import Cluster, ask, eventually, finished, record_history, unique
 from tests.workflows.fake_agent import FakeAgent
@@ -396,15 +396,15 @@ async def test_a_removal_that_arrives_mid_pass_still_stops_every_replica(dev_clu
     track_replicas(cluster, model)
     r0 = replica_id(model.name, 0)
     gate, reached = asyncio.Event(), asyncio.Event()
-    original = ledger_calls.update_ledger
+    original = ledger_cluster.update_ledger
 
-    async def held_set_idle(client, update, arg):
+    async def held_set_idle(client, update, arg, cell=0):
         if update is ClusterLedgerWorkflow.set_idle and arg.model == model.name:
             reached.set()
             await gate.wait()
-        return await original(client, update, arg)
+        return await original(client, update, arg, cell)
 
-    monkeypatch.setattr(ledger_calls, "update_ledger", held_set_idle)
+    monkeypatch.setattr(ledger_cluster, "update_ledger", held_set_idle)
     handle = await start_model(cluster, ModelState(spec=model))
     await asyncio.wait_for(reached.wait(), 30)
     await handle.execute_update(ModelWorkflow.remove, RemoveModel())

@@ -8,7 +8,7 @@ import pytest
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
-from activities.control.ledger_calls import allocate
+from activities.control.ledger_cluster import allocate
 from tests.workflows.conftest import (
     Cluster,
     ask,

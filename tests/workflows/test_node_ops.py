@@ -10,7 +10,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from activities.control.ledger_calls import allocate, update_ledger
+from activities.control.ledger_calls import update_ledger
+from activities.control.ledger_cluster import allocate
 from activities.control.node_admin import add_node
 from tests.workflows.conftest import Cluster, eventually, finished, record_history, unique
 from tests.workflows.fake_agent import FakeAgent

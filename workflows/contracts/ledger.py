@@ -220,6 +220,9 @@ class RoutingTable(BaseModel):
     # the next page after (RoutingTableRequest.after). A whole table at 40,000 routes is about
     # 9 MB, past Temporal's 4 MB query answer; a page stays near 200 KB.
     next_after: str = ""
+    # How many ledger cells the cluster has (workflows/ledger_cells.py), as the first cell
+    # answers: a gateway reads the routes of every cell and merges them.
+    cells: int = 1
 
 
 class RoutingTableRequest(BaseModel):
@@ -286,6 +289,40 @@ class LedgerState(BaseModel):
     # None in a state from before the log: then the version it was carried at.
     route_log: list[RouteChange] = Field(default_factory=list)
     route_log_floor: int | None = None
+    # The ledger is split into `cells` workflows by node (workflows/ledger_cells.py); this
+    # state is cell `cell`'s. Cell 0 (the `cluster` workflow) also holds the idle models and
+    # the routes of replicas with no node yet and of external endpoints.
+    cells: int = Field(default=1, ge=1)
+    cell: int = Field(default=0, ge=0)
+
+
+class LedgerCells(BaseModel):
+    """How many cells the cluster's ledger has. `fixed`: it can no longer change (nodes have
+    registered, or it was set above 1), so a process may remember it."""
+
+    cells: int = Field(ge=1)
+    fixed: bool = False
+
+
+class PlacementOffer(BaseModel):
+    """A cell's answer to "could you place this replica now?", placing nothing: whether it
+    fits, with which profile, and whether the node it would choose must fetch the weights;
+    else why not, summarised."""
+
+    replica_id: str
+    fits: bool
+    # The cell placed this replica already (a retried placement): it goes nowhere else.
+    held: bool = False
+    profile_index: int = 0
+    fetches: bool = False
+    summary: str = ""
+
+
+class ReplicaHeld(BaseModel):
+    """Whether a cell holds a replica's allocation or route (so a release goes there)."""
+
+    allocation: bool = False
+    route: bool = False
 
 
 class LedgerAck(BaseModel):

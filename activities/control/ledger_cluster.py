@@ -1,0 +1,221 @@
+"""The control worker's ledger activities: workflows cannot send updates to other workflows,
+so a replica or node workflow asks the ledger through these. Each finds the cell it concerns
+(workflows/ledger_cells.py): a node's own, a route's node's, or for a placement the best offer
+of every cell. With one cell (every cluster until `llmgw ledger cells N`) each is one call to
+`cluster`, as before cells.
+"""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from pydantic import BaseModel
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+
+from activities.control.ledger_calls import ledger_cells, on_cell, update_ledger
+from workflows.contracts import (
+    Allocation,
+    AllocationLookup,
+    LedgerAck,
+    ModelIdle,
+    ModelName,
+    NodeName,
+    NodeNames,
+    NodeRecord,
+    NodeStatus,
+    PlacementOffer,
+    PlacementRefusal,
+    PlacementRequest,
+    ReleaseRequest,
+    ReplicaAllocation,
+    ReplicaRefs,
+    ReplicaState,
+    Route,
+    RoutingTable,
+)
+from workflows.ledger import NO_PLACEMENT, ClusterLedgerWorkflow
+from workflows.ledger_cells import (
+    cell_of_node,
+    cell_of_route,
+    merge_routes,
+    offer_order,
+    refusal_summary,
+)
+from workflows.names import ControlActivity
+from workflows.placement.refusal import MAX_SUMMARY
+
+T = TypeVar("T")
+
+
+async def allocate(client: Client, req: PlacementRequest) -> Allocation:
+    """Place one replica, a refusal raised as the NoPlacement error (non-retryable) with the
+    reasons summarised: for the CLI, tests and the placement bench; replicas use
+    place_replica()."""
+    decision = await place_replica(client, req)
+    if isinstance(decision, PlacementRefusal):
+        message = f"no node can take {decision.replica_id}: {decision.summary}"
+        raise ApplicationError(message, type=NO_PLACEMENT, non_retryable=True)
+    return decision
+
+
+async def place_replica(client: Client, req: PlacementRequest) -> Allocation | PlacementRefusal:
+    """The ledger's placement: an allocation, or why there is none, summarised. With cells,
+    every cell is asked for an offer (queries: no history) and the best placed in; one that
+    filled meanwhile refuses, and the next best is tried."""
+    cells = await ledger_cells(client)
+    if cells == 1:
+        return await update_ledger(client, ClusterLedgerWorkflow.place, req)
+    offers = list(
+        await asyncio.gather(
+            *(
+                on_cell(client, cell, lambda h: h.query(ClusterLedgerWorkflow.offer, req))
+                for cell in range(cells)
+            )
+        )
+    )
+    for cell in offer_order(offers):
+        decision = await update_ledger(client, ClusterLedgerWorkflow.place, req, cell)
+        if isinstance(decision, Allocation):
+            return decision
+        # It filled since it offered: the next best, and this reason if none takes it.
+        offers[cell] = PlacementOffer(
+            replica_id=req.replica_id, fits=False, summary=decision.summary
+        )
+    summary = refusal_summary(offers, MAX_SUMMARY)
+    return PlacementRefusal(replica_id=req.replica_id, summary=summary)
+
+
+async def release(client: Client, req: ReleaseRequest) -> LedgerAck:
+    """Free a replica's allocation and drop its route, in whichever cells hold them."""
+    cells = await ledger_cells(client)
+    if cells == 1:
+        return await update_ledger(client, ClusterLedgerWorkflow.release, req)
+    lookup = AllocationLookup(replica_id=req.replica_id)
+    held = await asyncio.gather(
+        *(
+            on_cell(client, cell, lambda h: h.query(ClusterLedgerWorkflow.holds, lookup))
+            for cell in range(cells)
+        )
+    )
+    holding = [c for c, h in enumerate(held) if h is not None and (h.allocation or h.route)]
+    ack = LedgerAck(version=0)
+    for cell in holding or [0]:
+        ack = await update_ledger(client, ClusterLedgerWorkflow.release, req, cell)
+    return ack
+
+
+async def set_route(client: Client, route: Route) -> LedgerAck:
+    """Publish a replica's route in its node's cell. A replica listed in cell 0 while it had
+    no node leaves it once placed elsewhere: set in its new cell first, so gateways never
+    lose it between the two."""
+    cells = await ledger_cells(client)
+    cell = cell_of_route(route, cells)
+    ack = await update_ledger(client, ClusterLedgerWorkflow.set_route, route, cell)
+    if cell != 0:
+        lookup = AllocationLookup(replica_id=route.replica_id)
+        held = await on_cell(client, 0, lambda h: h.query(ClusterLedgerWorkflow.holds, lookup))
+        if held is not None and held.route:
+            gone = route.model_copy(update={"node": "", "state": ReplicaState.STOPPED})
+            await update_ledger(client, ClusterLedgerWorkflow.set_route, gone)
+    return ack
+
+
+async def _every_cell(client: Client, ask: Callable[[int], Awaitable[T | None]]) -> list[T]:
+    """One query's answers from every cell that has a ledger, cell 0 first."""
+    cells = await ledger_cells(client)
+    answers = await asyncio.gather(*(ask(cell) for cell in range(cells)))
+    return [a for a in answers if a is not None]
+
+
+class LedgerActivities:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def all(self) -> list[Callable[..., Awaitable[BaseModel]]]:
+        return [
+            self.upsert_node,
+            self.place,
+            self.release,
+            self.set_route,
+            self.replicas_on_node,
+            self.node_names,
+            self.model_routes,
+            self.set_idle,
+            self.node_state,
+            self.allocation,
+        ]
+
+    async def _node_cell(self, node: str) -> int:
+        return cell_of_node(node, await ledger_cells(self.client))
+
+    @activity.defn(name=ControlActivity.LEDGER_UPSERT_NODE)
+    async def upsert_node(self, record: NodeRecord) -> LedgerAck:
+        cell = await self._node_cell(record.inventory.name)
+        return await update_ledger(self.client, ClusterLedgerWorkflow.upsert_node, record, cell)
+
+    @activity.defn(name=ControlActivity.LEDGER_PLACE)
+    async def place(self, req: PlacementRequest) -> Allocation | PlacementRefusal:
+        return await place_replica(self.client, req)
+
+    @activity.defn(name=ControlActivity.LEDGER_RELEASE)
+    async def release(self, req: ReleaseRequest) -> LedgerAck:
+        return await release(self.client, req)
+
+    @activity.defn(name=ControlActivity.LEDGER_SET_ROUTE)
+    async def set_route(self, route: Route) -> LedgerAck:
+        return await set_route(self.client, route)
+
+    @activity.defn(name=ControlActivity.LEDGER_REPLICAS_ON_NODE)
+    async def replicas_on_node(self, node: NodeName) -> ReplicaRefs:
+        cell = await self._node_cell(node.name)
+        refs = await on_cell(
+            self.client, cell, lambda h: h.query(ClusterLedgerWorkflow.replicas_on, node)
+        )
+        return refs or ReplicaRefs()
+
+    @activity.defn(name=ControlActivity.LEDGER_NODE_NAMES)
+    async def node_names(self) -> NodeNames:
+        answers = await _every_cell(
+            self.client,
+            lambda c: on_cell(self.client, c, lambda h: h.query(ClusterLedgerWorkflow.node_names)),
+        )
+        return NodeNames(names=sorted(name for a in answers for name in a.names))
+
+    @activity.defn(name=ControlActivity.LEDGER_MODEL_ROUTES)
+    async def model_routes(self, model: ModelName) -> RoutingTable:
+        tables = await _every_cell(
+            self.client,
+            lambda c: on_cell(
+                self.client, c, lambda h: h.query(ClusterLedgerWorkflow.model_routes, model)
+            ),
+        )
+        if len(tables) == 1:
+            return tables[0]
+        routes = merge_routes(t.routes for t in tables)
+        return RoutingTable(version=sum(t.version for t in tables), routes=list(routes.values()))
+
+    @activity.defn(name=ControlActivity.LEDGER_SET_IDLE)
+    async def set_idle(self, idle: ModelIdle) -> LedgerAck:
+        # The idle models live in cell 0, which every gateway reads first.
+        return await update_ledger(self.client, ClusterLedgerWorkflow.set_idle, idle)
+
+    @activity.defn(name=ControlActivity.LEDGER_ALLOCATION)
+    async def allocation(self, req: AllocationLookup) -> ReplicaAllocation:
+        answers = await _every_cell(
+            self.client,
+            lambda c: on_cell(
+                self.client, c, lambda h: h.query(ClusterLedgerWorkflow.allocation, req)
+            ),
+        )
+        held = [a for a in answers if a.allocation is not None]
+        return held[0] if held else ReplicaAllocation()
+
+    @activity.defn(name=ControlActivity.LEDGER_NODE_STATE)
+    async def node_state(self, node: NodeName) -> NodeStatus:
+        cell = await self._node_cell(node.name)
+        status = await on_cell(
+            self.client, cell, lambda h: h.query(ClusterLedgerWorkflow.node_state, node)
+        )
+        return status or NodeStatus(name=node.name)
