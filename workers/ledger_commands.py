@@ -10,16 +10,24 @@ go through on the rebuilt ledger.
 """
 
 import argparse
+import asyncio
 
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError
 
-from activities.control.ledger_calls import ledger_status
+from activities.control.ledger_calls import (
+    ledger_cells,
+    ledger_handle,
+    ledger_status,
+    update_ledger,
+)
 from workers.connect import connect_with_retry
 from workers.paths import Locations
 from workflows.addresses import http_base
 from workflows.contracts import (
     Allocation,
+    LedgerCells,
     LedgerState,
     ModelView,
     NodeState,
@@ -29,10 +37,11 @@ from workflows.contracts import (
     Route,
 )
 from workflows.ledger import ClusterLedgerWorkflow
+from workflows.ledger_cells import merge_states, split_state
 from workflows.ledger_compact import compact_record, pack_state
 from workflows.model import external_route
 from workflows.model_client import list_models
-from workflows.names import CONTROL_TASK_QUEUE, LEDGER_WORKFLOW_ID
+from workflows.names import CONTROL_TASK_QUEUE, LEDGER_WORKFLOW_ID, ledger_cell_workflow_id
 from workflows.node import NodeWorkflow
 from workflows.replica import ReplicaWorkflow
 
@@ -45,12 +54,24 @@ class LedgerRunning(Exception):
 
 
 async def ledger_problem(client: Client) -> str | None:
-    """A line for `llmgw status` when the ledger is closed; None when it runs."""
+    """A line for `llmgw status` when the ledger, or a cell of it, is closed; None when every
+    cell that started runs."""
     status = await ledger_status(client)
-    if status == WorkflowExecutionStatus.RUNNING:
+    if status != WorkflowExecutionStatus.RUNNING:
+        what = "does not exist" if status is None else f"is {status.name.lower()}"
+        return f"the cluster ledger workflow {what}; run `llmgw ledger rebuild`"
+    closed = [
+        ledger_cell_workflow_id(cell)
+        for cell, status in enumerate(await _cell_statuses(client, await ledger_cells(client)))
+        if status not in (None, WorkflowExecutionStatus.RUNNING)
+    ]
+    if not closed:
         return None
-    what = "does not exist" if status is None else f"is {status.name.lower()}"
-    return f"the cluster ledger workflow {what}; run `llmgw ledger rebuild`"
+    return f"ledger cell workflow(s) {', '.join(closed)} closed; run `llmgw ledger rebuild`"
+
+
+async def _cell_statuses(client: Client, cells: int) -> list[WorkflowExecutionStatus | None]:
+    return list(await asyncio.gather(*(ledger_status(client, c) for c in range(cells))))
 
 
 async def _running_ids(client: Client, query: str) -> list[str]:
@@ -123,22 +144,42 @@ async def rebuilt_state(client: Client) -> LedgerState:
     return state
 
 
-async def rebuild_ledger(client: Client) -> LedgerState:
-    """Start a new `cluster` run from the rebuilt state; refused while one runs."""
-    if await ledger_status(client) == WorkflowExecutionStatus.RUNNING:
+async def rebuild_ledger(client: Client, cells: int | None = None) -> LedgerState:
+    """Start a new run of every closed ledger cell from the rebuilt state; refused while they
+    all run. `cells`: how many the ledger has; read from cell 0 (a closed workflow still
+    answers queries while its history is kept) when not given."""
+    cells = cells or await ledger_cells(client)
+    statuses = await _cell_statuses(client, cells)
+    running = WorkflowExecutionStatus.RUNNING
+    if statuses[0] == running and all(s in (None, running) for s in statuses):
         raise LedgerRunning(f"the cluster ledger ({LEDGER_WORKFLOW_ID!r}) is running")
-    state = await rebuilt_state(client)
-    # The one place a `cluster` run may start where one existed; FAIL keeps it from ever
-    # replacing a running one (someone else rebuilt first).
-    await client.start_workflow(
-        ClusterLedgerWorkflow.run,
-        pack_state(state),
-        id=LEDGER_WORKFLOW_ID,
-        task_queue=CONTROL_TASK_QUEUE,
-        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-        id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-    )
-    return state
+    parts = split_state(await rebuilt_state(client), cells)
+    # A cell that never started has no ledger to lose (no node of it registered): the first
+    # call for one of its nodes starts it.
+    closed = [
+        cell
+        for cell, status in enumerate(statuses)
+        if status != running
+        and (status is not None or cell == 0 or parts[cell].nodes or parts[cell].routes)
+    ]
+    for cell in closed:
+        # The one place a ledger run may start where one existed; FAIL keeps it from ever
+        # replacing a running one (someone else rebuilt first).
+        await client.start_workflow(
+            ClusterLedgerWorkflow.run,
+            pack_state(parts[cell]),
+            id=ledger_cell_workflow_id(cell),
+            task_queue=CONTROL_TASK_QUEUE,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+        )
+    return merge_states(parts)
+
+
+async def set_ledger_cells(client: Client, cells: int) -> LedgerCells:
+    """`llmgw ledger cells N`: split a new cluster's ledger into N cells (before nodes join)."""
+    await update_ledger(client, ClusterLedgerWorkflow.set_cells, LedgerCells(cells=cells))
+    return await ledger_handle(client).query(ClusterLedgerWorkflow.cells)
 
 
 def add_ledger_parsers(
@@ -146,17 +187,37 @@ def add_ledger_parsers(
 ) -> None:
     ledger = sub.add_parser("ledger", parents=[common], help="the cluster ledger")
     commands = ledger.add_subparsers(dest="ledger_command", required=True)
-    commands.add_parser(
+    rebuild = commands.add_parser(
         "rebuild",
         parents=[common],
         help="start a closed ledger again from the node and replica workflows",
     )
+    rebuild.add_argument(
+        "--cells",
+        type=int,
+        help="how many cells the ledger has, where its `cluster` workflow's history is gone",
+    )
+    split = commands.add_parser(
+        "cells",
+        parents=[common],
+        help=(
+            "split the ledger into N cells, about one per thousand nodes; once, before any "
+            "node joins (docs/operations.md)"
+        ),
+    )
+    split.add_argument("count", type=int)
 
 
 async def ledger_command(args: argparse.Namespace, client: Client) -> None:
-    if args.ledger_command == "rebuild":
+    if args.ledger_command == "cells":
         try:
-            state = await rebuild_ledger(client)
+            answer = await set_ledger_cells(client, args.count)
+        except ApplicationError as err:
+            raise SystemExit(str(err)) from None
+        print(f"the cluster ledger has {answer.cells} cell(s)")
+    elif args.ledger_command == "rebuild":
+        try:
+            state = await rebuild_ledger(client, args.cells)
         except LedgerRunning as err:
             raise SystemExit(f"{err}: nothing to rebuild") from None
         print(

@@ -1,27 +1,42 @@
 """What the cluster is doing, in words: for `llmgw up` while it waits and for `llmgw nodes`."""
 
+import asyncio
 from typing import Any
 
 from temporalio.client import Client, WorkflowQueryFailedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.control.ledger_calls import ledger_handle
 from workflows.contracts import EngineState, LedgerState, NodeRecord
 from workflows.ledger import ClusterLedgerWorkflow
+from workflows.ledger_cells import merge_states
 from workflows.ledger_compact import unpack_state
 from workflows.names import engine_install_workflow_id
 
 
 async def ledger_snapshot(client: Client) -> LedgerState:
-    """The ledger's whole state, read compressed: the plain `snapshot` query's answer outgrows
-    gRPC's 4 MB message limit at about 500 eight-GPU nodes running 2,000 replicas
-    (`llmgw bench placement`)."""
-    handle = ledger_handle(client)
+    """The ledger's whole state, every cell's merged (workflows/ledger_cells.py), each read
+    compressed: the plain `snapshot` query's answer outgrows gRPC's 4 MB message limit at
+    about 500 eight-GPU nodes running 2,000 replicas (`llmgw bench placement`)."""
+    first = await _cell_snapshot(client, 0)
+    if first is None or first.cells <= 1:
+        return first or LedgerState()
+    rest = await asyncio.gather(*(_cell_snapshot(client, c) for c in range(1, first.cells)))
+    return merge_states([first, *(s for s in rest if s is not None)])
+
+
+async def _cell_snapshot(client: Client, cell: int) -> LedgerState | None:
+    """One cell's state; None for a cell whose ledger has not started (no node of it yet)."""
+    handle = ledger_handle(client, cell)
     try:
         packed = await handle.query(ClusterLedgerWorkflow.packed_snapshot)
     except WorkflowQueryFailedError:
         # A control worker from before the packed query: the plain one still answers there.
         return await handle.query(ClusterLedgerWorkflow.snapshot)
+    except RPCError as err:
+        if err.status == RPCStatusCode.NOT_FOUND and cell != 0:
+            return None
+        raise
     return unpack_state(packed)
 
 

@@ -45,13 +45,16 @@ with workflow.unsafe.imports_passed_through():
         pack_state,
     )
     from workflows.names import EXTERNAL_NODE
-    from workflows.placement import PlacementIndex, place
+    from workflows.placement import PlacementIndex, first_fit, place
     from workflows.placement.disk import must_fetch
     from workflows.placement.refusal import summarise_refusal
     from workflows.route_log import answer, forget_changes, note_change
 
 NO_PLACEMENT = "NoPlacement"
 CELLS_FIXED = "LedgerCellsFixed"
+# Where a run's packed state earns a warning: half of Temporal's 2 MB payload limit, reached
+# at about 1,200 eight-GPU nodes with four replicas each (docs/benchmarks.md).
+STATE_WARNING_BYTES = 1024 * 1024
 # `place` answers a refusal as its result, summarised, rather than failing with every node's
 # reason (88 KB at 1,000 nodes, in history each time a waiting replica asks).
 PLACE_RETURNS_REFUSAL = "ledger-place-returns-refusal"
@@ -87,7 +90,15 @@ class ClusterLedgerWorkflow:
     async def run(self, state: LedgerState | PackedLedgerState | None = None) -> None:  # noqa: ARG002 - read by __init__ (@workflow.init), before any handler
         await workflow.wait_condition(lambda: history_budget.time_to_continue(forced=False))
         await workflow.wait_condition(workflow.all_handlers_finished)
-        workflow.continue_as_new(pack_state(self.state))
+        packed = pack_state(self.state)
+        if len(packed.packed) > STATE_WARNING_BYTES:
+            workflow.logger.warning(
+                "ledger cell %d carries %d KB into its next run, and Temporal refuses a payload "
+                "over 2 MB: a fleet this size wants more cells (docs/operations.md)",
+                self.state.cell,
+                len(packed.packed) // 1024,
+            )
+        workflow.continue_as_new(packed)
 
     @property
     def index(self) -> PlacementIndex:
@@ -227,20 +238,29 @@ class ClusterLedgerWorkflow:
     @workflow.query(name="offer")
     def offer(self, req: PlacementRequest) -> PlacementOffer:
         """Whether this cell could place the replica now, placing nothing (workflows/
-        ledger_cells.py): a query, so asking every cell writes no history."""
-        decision = place(self.state, req, self.index)
-        if isinstance(decision, PlacementRefused):
-            summary = summarise_refusal(decision.reasons)
-            return PlacementOffer(replica_id=req.replica_id, fits=False, summary=summary)
-        node = self.state.nodes.get(decision.node)
+        ledger_cells.py): a query, so asking every cell writes no history. No reasons: those
+        check every node, and `refusal` gives them when no cell fits."""
+        alloc = first_fit(self.state, req, self.index)
+        if alloc is None:
+            return PlacementOffer(replica_id=req.replica_id, fits=False)
+        node = self.state.nodes.get(alloc.node)
         fetches = bool(req.artifact) and (node is None or must_fetch(node, req.artifact))
         return PlacementOffer(
             replica_id=req.replica_id,
             fits=True,
             held=req.replica_id in self.state.allocations,
-            profile_index=decision.profile_index,
+            profile_index=alloc.profile_index,
             fetches=fetches,
         )
+
+    @workflow.query(name="refusal")
+    def refusal(self, req: PlacementRequest) -> PlacementOffer:
+        """Why this cell cannot place the replica, summarised; fits when it can after all."""
+        decision = place(self.state, req, self.index)
+        if isinstance(decision, PlacementRefused):
+            summary = summarise_refusal(decision.reasons)
+            return PlacementOffer(replica_id=req.replica_id, fits=False, summary=summary)
+        return PlacementOffer(replica_id=req.replica_id, fits=True)
 
     @workflow.query(name="holds")
     def holds(self, req: AllocationLookup) -> ReplicaHeld:

@@ -11,7 +11,7 @@ CONTROL_TASK_QUEUE = "llmgw-control"
 LEDGER_WORKFLOW_ID = "cluster"
 
 
-def ledger_cell_id(cell: int) -> str:
+def ledger_cell_workflow_id(cell: int) -> str:
     """The ledger workflow of one cell (workflows/ledger_cells.py): cell 0 is `cluster`, the
     only one a cluster of up to a thousand or so nodes needs."""
     return LEDGER_WORKFLOW_ID if cell == 0 else f"{LEDGER_WORKFLOW_ID}:{cell}"

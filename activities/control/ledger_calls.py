@@ -20,7 +20,7 @@ from temporalio.workflow import UpdateMethodMultiParam
 
 from workflows.contracts import LedgerState
 from workflows.ledger import ClusterLedgerWorkflow
-from workflows.names import CONTROL_TASK_QUEUE, ledger_cell_id
+from workflows.names import CONTROL_TASK_QUEUE, ledger_cell_workflow_id
 
 A = TypeVar("A", bound=BaseModel)
 T = TypeVar("T")
@@ -35,7 +35,7 @@ def ledger_closed(cell: int = 0) -> ApplicationError:
     control worker's log show this message) until the operator rebuilds the ledger, then goes on
     where it stopped."""
     message = (
-        f"the cluster ledger workflow ({ledger_cell_id(cell)!r}) is closed (terminated?): "
+        f"the cluster ledger workflow ({ledger_cell_workflow_id(cell)!r}) is closed (terminated?): "
         "nothing can be placed, released or routed until it is rebuilt; run `llmgw ledger "
         "rebuild`"
     )
@@ -50,7 +50,7 @@ def ledger_handle(client: Client, cell: int = 0) -> WorkflowHandle[ClusterLedger
     optional parameter (this one) went through that, mypy 2.4 infers Never for every later one
     with a required parameter (ModelWorkflow.run), in any module."""
     handle: WorkflowHandle[ClusterLedgerWorkflow, None] = client.get_workflow_handle(
-        ledger_cell_id(cell)
+        ledger_cell_workflow_id(cell)
     )
     return handle
 
@@ -156,7 +156,7 @@ async def start_ledger(client: Client, cell: int = 0) -> None:
         await client.start_workflow(
             ClusterLedgerWorkflow.run,
             LedgerState(cells=cells, cell=cell),
-            id=ledger_cell_id(cell),
+            id=ledger_cell_workflow_id(cell),
             task_queue=CONTROL_TASK_QUEUE,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,

@@ -14,7 +14,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
-from activities.control.ledger_calls import ledger_cells, on_cell, update_ledger
+from activities.control.ledger_calls import LEDGER_CLOSED, ledger_cells, on_cell, update_ledger
 from workflows.contracts import (
     Allocation,
     AllocationLookup,
@@ -25,7 +25,6 @@ from workflows.contracts import (
     NodeNames,
     NodeRecord,
     NodeStatus,
-    PlacementOffer,
     PlacementRefusal,
     PlacementRequest,
     ReleaseRequest,
@@ -49,6 +48,12 @@ from workflows.placement.refusal import MAX_SUMMARY
 T = TypeVar("T")
 
 
+async def upsert_node(client: Client, record: NodeRecord) -> LedgerAck:
+    """Register or update a node in its cell."""
+    cell = cell_of_node(record.inventory.name, await ledger_cells(client))
+    return await update_ledger(client, ClusterLedgerWorkflow.upsert_node, record, cell)
+
+
 async def allocate(client: Client, req: PlacementRequest) -> Allocation:
     """Place one replica, a refusal raised as the NoPlacement error (non-retryable) with the
     reasons summarised: for the CLI, tests and the placement bench; replicas use
@@ -67,23 +72,35 @@ async def place_replica(client: Client, req: PlacementRequest) -> Allocation | P
     cells = await ledger_cells(client)
     if cells == 1:
         return await update_ledger(client, ClusterLedgerWorkflow.place, req)
-    offers = list(
-        await asyncio.gather(
-            *(
-                on_cell(client, cell, lambda h: h.query(ClusterLedgerWorkflow.offer, req))
-                for cell in range(cells)
-            )
+    offers = await asyncio.gather(
+        *(
+            on_cell(client, cell, lambda h: h.query(ClusterLedgerWorkflow.offer, req))
+            for cell in range(cells)
         )
     )
+    closed: ApplicationError | None = None
     for cell in offer_order(offers):
-        decision = await update_ledger(client, ClusterLedgerWorkflow.place, req, cell)
+        try:
+            decision = await update_ledger(client, ClusterLedgerWorkflow.place, req, cell)
+        except ApplicationError as err:
+            if err.type != LEDGER_CLOSED:
+                raise
+            # A closed cell still answers queries (from its history): the next one may place.
+            closed = err
+            continue
         if isinstance(decision, Allocation):
             return decision
-        # It filled since it offered: the next best, and this reason if none takes it.
-        offers[cell] = PlacementOffer(
-            replica_id=req.replica_id, fits=False, summary=decision.summary
+        # It filled since it offered: the next best.
+    if closed is not None:
+        raise closed  # nothing else takes it: it waits for `llmgw ledger rebuild`
+    # Fits nowhere: only now each cell's reasons, which check every node.
+    reasons = await asyncio.gather(
+        *(
+            on_cell(client, cell, lambda h: h.query(ClusterLedgerWorkflow.refusal, req))
+            for cell in range(cells)
         )
-    summary = refusal_summary(offers, MAX_SUMMARY)
+    )
+    summary = refusal_summary(reasons, MAX_SUMMARY)
     return PlacementRefusal(replica_id=req.replica_id, summary=summary)
 
 
@@ -152,8 +169,7 @@ class LedgerActivities:
 
     @activity.defn(name=ControlActivity.LEDGER_UPSERT_NODE)
     async def upsert_node(self, record: NodeRecord) -> LedgerAck:
-        cell = await self._node_cell(record.inventory.name)
-        return await update_ledger(self.client, ClusterLedgerWorkflow.upsert_node, record, cell)
+        return await upsert_node(self.client, record)
 
     @activity.defn(name=ControlActivity.LEDGER_PLACE)
     async def place(self, req: PlacementRequest) -> Allocation | PlacementRefusal:

@@ -19,7 +19,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.control.ledger_calls import update_ledger
+from activities.control.ledger_cluster import upsert_node
 from tests.workflows.fake_agent import FakeAgent
 from workers.control import control_activities, ensure_ledger
 from workers.progress import ledger_snapshot
@@ -35,7 +35,6 @@ from workflows.contracts import (
     NodeState,
     Route,
 )
-from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import CONTROL_TASK_QUEUE, artifact_fetch_workflow_id, node_task_queue
 
 HISTORIES = Path(__file__).parent / "histories"
@@ -196,7 +195,7 @@ class Cluster:
                 )
             },
         )
-        await update_ledger(self.client, ClusterLedgerWorkflow.upsert_node, record)
+        await upsert_node(self.client, record)
 
     async def ledger(self) -> LedgerState:
         return await ledger_snapshot(self.client)
@@ -241,7 +240,7 @@ class Cluster:
         if self.node in state.nodes:
             record = state.nodes[self.node]
             record.state = NodeState.LOST
-            await update_ledger(self.client, ClusterLedgerWorkflow.upsert_node, record)
+            await upsert_node(self.client, record)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:

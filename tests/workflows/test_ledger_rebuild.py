@@ -18,11 +18,17 @@ from tests.workflows.conftest import eventually, start_dev_server, unique
 from tests.workflows.fake_agent import FakeAgent
 from workers.agent import register
 from workers.control import control_activities, ensure_ledger
-from workers.ledger_commands import LedgerRunning, ledger_problem, rebuild_ledger
+from workers.ledger_commands import (
+    LedgerRunning,
+    ledger_problem,
+    rebuild_ledger,
+    set_ledger_cells,
+)
 from workers.progress import ledger_snapshot
 from workers.registry import CONTROL_WORKFLOWS
 from workers.search_attributes import ensure_search_attributes
 from workflows.contracts import (
+    AllocationLookup,
     EngineState,
     ModelSpec,
     ModelState,
@@ -34,10 +40,13 @@ from workflows.contracts import (
     ReplicaState,
 )
 from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
+from workflows.ledger import ClusterLedgerWorkflow
+from workflows.ledger_cells import cell_of_node
 from workflows.model import ModelWorkflow
 from workflows.names import (
     CONTROL_TASK_QUEUE,
     LEDGER_WORKFLOW_ID,
+    ledger_cell_workflow_id,
     model_workflow_id,
     node_task_queue,
     replica_id,
@@ -63,13 +72,26 @@ async def client(tmp_path: Path) -> AsyncIterator[Client]:
         await env.shutdown()
 
 
-async def ledger_status(client: Client) -> WorkflowExecutionStatus | None:
-    return (await client.get_workflow_handle(LEDGER_WORKFLOW_ID).describe()).status
+async def ledger_status(client: Client, ledger: str) -> WorkflowExecutionStatus | None:
+    return (await client.get_workflow_handle(ledger).describe()).status
 
 
-async def test_a_terminated_ledger_fails_loudly_and_is_rebuilt_from_nodes_and_replicas(client):
+def cells_for(node: str, split: bool) -> int:
+    """One cell, or the fewest cells that put `node` in a cell of its own, not `cluster`."""
+    return next(k for k in range(2, 64) if cell_of_node(node, k) != 0) if split else 1
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one ledger", "ledger in cells"])
+async def test_a_terminated_ledger_fails_loudly_and_is_rebuilt_from_nodes_and_replicas(
+    client, split
+):
     node = unique("n")
     agent = FakeAgent(node)
+    cells = cells_for(node, split)
+    if split:
+        await set_ledger_cells(client, cells)
+    # The ledger workflow that holds this node: `cluster`, or its cell's.
+    ledger = ledger_cell_workflow_id(cell_of_node(node, cells))
     async with Worker(client, task_queue=node_task_queue(node), activities=agent.all()):
         reg = NodeRegistration(
             inventory=NodeInventory(name=node, cpu_cores=8, memory_mb=16384), boot_id="b1"
@@ -107,8 +129,17 @@ async def test_a_terminated_ledger_fails_loudly_and_is_rebuilt_from_nodes_and_re
         before = await ledger_snapshot(client)
         assert await ledger_problem(client) is None
 
+        if split:
+            # The node, its allocation and its route are in its cell, not in `cluster`.
+            assert ledger != LEDGER_WORKFLOW_ID
+            held = await client.get_workflow_handle(ledger).query(
+                ClusterLedgerWorkflow.holds, AllocationLookup(replica_id=r0)
+            )
+            assert (held.allocation, held.route) == (True, True)
+            assert await ledger_problem(client) is None
+
         # An operator terminates the ledger in the Temporal UI.
-        await client.get_workflow_handle(LEDGER_WORKFLOW_ID).terminate("operator")
+        await client.get_workflow_handle(ledger).terminate("operator")
         request = PlacementRequest(
             replica_id=unique("other"), model="other", profiles=[Profile(cpu_cores=1)]
         )
@@ -118,11 +149,14 @@ async def test_a_terminated_ledger_fails_loudly_and_is_rebuilt_from_nodes_and_re
         assert "llmgw ledger rebuild" in refused.value.message
         # Nor does a restarting control worker start an empty ledger in its place.
         await ensure_ledger(client)
-        assert await ledger_status(client) == WorkflowExecutionStatus.TERMINATED
-        assert "llmgw ledger rebuild" in (await ledger_problem(client) or "")
+        assert await ledger_status(client, ledger) == WorkflowExecutionStatus.TERMINATED
+        problem = await ledger_problem(client) or ""
+        assert "llmgw ledger rebuild" in problem
+        assert ledger in problem
 
         await rebuild_ledger(client)
-        assert await ledger_status(client) == WorkflowExecutionStatus.RUNNING
+        assert await ledger_status(client, ledger) == WorkflowExecutionStatus.RUNNING
+        assert await ledger_problem(client) is None
         rebuilt = await ledger_snapshot(client)
         assert rebuilt.nodes[node].state == NodeState.READY
         assert rebuilt.allocations[r0] == before.allocations[r0]

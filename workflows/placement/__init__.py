@@ -9,12 +9,12 @@ a model did not land ("llamacpp installing: building llama-server 45%", "2 of 8 
 - checks.py: whether one node can take one shard of a profile, and which GPUs it gets
 - disk.py: whether a node that must fetch a model's weights has the disk for them
 - fabric.py: which nodes a multi-node replica can span (NVLink domain, InfiniBand, RoCE)
-- place.py: place() and explain()
+- place.py: place(), first_fit() and explain()
 """
 
 from workflows.placement.checks import profile_label, why_not
 from workflows.placement.index import PlacementIndex
-from workflows.placement.place import CLUSTER, explain, place
+from workflows.placement.place import CLUSTER, explain, first_fit, place
 from workflows.placement.usage import NodeUsage, free_port, node_usage
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "NodeUsage",
     "PlacementIndex",
     "explain",
+    "first_fit",
     "free_port",
     "node_usage",
     "place",

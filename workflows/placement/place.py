@@ -35,17 +35,13 @@ def place(
     A placement checks only the nodes it would prefer until one fits; only a refusal checks
     every node, for every node's reason.
     """
-    existing = state.allocations.get(req.replica_id)
-    if existing is not None:
-        return existing
-    if not state.nodes:
-        return PlacementRefused(replica_id=req.replica_id, reasons={CLUSTER: NO_NODES})
     if index is None:
         index = PlacementIndex(state)
-    for number, profile in enumerate(req.profiles):
-        alloc = _first_fit(state, index, req, number, profile)
-        if alloc is not None:
-            return alloc
+    alloc = first_fit(state, req, index)
+    if alloc is not None:
+        return alloc
+    if not state.nodes:
+        return PlacementRefused(replica_id=req.replica_id, reasons={CLUSTER: NO_NODES})
     refusals: list[dict[str, str]] = []
     for number, profile in enumerate(req.profiles):
         alloc, reasons = _try(state, index, req, number, profile, req.exclude_nodes)
@@ -53,6 +49,22 @@ def place(
             return alloc
         refusals.append(reasons)
     return PlacementRefused(replica_id=req.replica_id, reasons=_merge(req.profiles, refusals))
+
+
+def first_fit(
+    state: LedgerState, req: PlacementRequest, index: PlacementIndex
+) -> Allocation | None:
+    """place() without the reasons: where the replica would go (or went: a retry), None when
+    it fits nowhere. A cell's offer asks only this (workflows/ledger_cells.py): the reasons
+    check every node, and are wanted only when no cell can take it."""
+    existing = state.allocations.get(req.replica_id)
+    if existing is not None:
+        return existing
+    for number, profile in enumerate(req.profiles):
+        alloc = _first_fit(state, index, req, number, profile)
+        if alloc is not None:
+            return alloc
+    return None
 
 
 def explain(state: LedgerState, model: ModelSpec | Sequence[Profile]) -> list[str]:
