@@ -71,6 +71,8 @@ class Options:
     scale_out: bool = True
     # The LiteLLM executable, or why there is none.
     litellm: Path | str = "not installed"
+    # The store the quota figures' two gateways share: "" for a SQLite file.
+    quota_store: str = ""
 
 
 @dataclass(frozen=True)
@@ -277,7 +279,9 @@ def bench(options: Options, cores: Cores) -> tuple[list[ArmFigures], ScaleFigure
                         upstream, options.workdir, runner, options.duration_s, options.warmup_s
                     )
                     print("quota, two gateways on one store:", file=sys.stderr)
-                    scaled.quota = scale.measure_quota(upstream, options.workdir, runner)
+                    scaled.quota = scale.measure_quota(
+                        upstream, options.workdir, runner, options.quota_store
+                    )
                 except StartFailed as exc:
                     print(f"  unavailable: {exc}", file=sys.stderr)
     finally:
@@ -344,6 +348,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_out", type=Path, help="also write figures here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     parser.add_argument(
+        "--quota-store",
+        default="",
+        metavar="URL",
+        help="the quota figures' shared store, postgresql://... (default: a SQLite file)",
+    )
+    parser.add_argument(
         "--no-scale",
         action="store_true",
         help="skip the scale-out figures (one worker vs two, quota with two gateways)",
@@ -371,6 +381,7 @@ def run(args: argparse.Namespace) -> int:
                 workdir=workdir,
                 litellm=litellm,
                 scale_out=not args.no_scale,
+                quota_store=args.quota_store,
             )
             pin_self(cores.load)
             figures, scaled = bench(options, cores)

@@ -3,9 +3,9 @@
 workers  one gateway process against two sharing the port with SO_REUSEPORT (what
          `llmgw gateway --workers 2` runs), req/s at concurrency 64 and SSE streams/s at 16,
          same load generator, same stand-in; neither is pinned to a core;
-quota    two gateways on one SQLite store, a key with a token budget and a key with an rpm
-         limit, requests sent to both as fast as they answer: how many were admitted
-         against the limit, and what was spent.
+quota    two gateways on one store (SQLite, or PostgreSQL with --quota-store URL), a key
+         with a token budget and a key with an rpm limit, requests sent to both as fast as
+         they answer: how many were admitted against the limit, and what was spent.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import functools
 import itertools
 import json
 import os
+import secrets
 import sys
 import time
 from collections.abc import Iterator
@@ -65,6 +66,7 @@ class QuotaFigures:
     refused: int
     other: int
     spent_tokens: int | None  # budget keys: the store's count once every gateway reported
+    store: str = "SQLite"
 
 
 def _body(stream: bool) -> dict[str, object]:
@@ -75,10 +77,18 @@ def _body(stream: bool) -> dict[str, object]:
 
 
 def _target(
-    name: str, port: int, upstream: str, state_dir: Path, workdir: Path, key: bool
+    name: str,
+    port: int,
+    upstream: str,
+    state_dir: Path,
+    workdir: Path,
+    key: bool,
+    database_url: str = "",
 ) -> Child:
     argv = [sys.executable, "-m", "bench.gateway.target", "--port", str(port)]
     argv += ["--upstream", upstream, "--state-dir", str(state_dir), "--reuse-port"]
+    if database_url:
+        argv += ["--database-url", database_url]
     if not key:
         argv.append("--no-key")
     child = Child(name, argv, workdir / f"{name}.log", None)
@@ -97,14 +107,22 @@ def _ready(port: int) -> bool:
 
 @contextmanager
 def _gateways(
-    count: int, upstream: str, state_dir: Path, workdir: Path, shared_port: bool, label: str
+    count: int,
+    upstream: str,
+    state_dir: Path,
+    workdir: Path,
+    shared_port: bool,
+    label: str,
+    database_url: str = "",
 ) -> Iterator[list[int]]:
     """`count` gateway processes on one store: on one port (workers) or a port each."""
     ports = [free_port()] * count if shared_port else [free_port() for _ in range(count)]
     with ExitStack() as stack:
         for index, port in enumerate(ports):
             # The first makes the bench key; the others find it in the store.
-            child = _target(f"{label}-{index}", port, upstream, state_dir, workdir, index == 0)
+            child = _target(
+                f"{label}-{index}", port, upstream, state_dir, workdir, index == 0, database_url
+            )
             stack.callback(child.stop)
             if index == 0:
                 wait_for_file(state_dir / KEY_FILENAME, child, START_TIMEOUT_S)
@@ -168,10 +186,10 @@ async def _fire(ports: list[int], authorization: str, count: int) -> tuple[int, 
     return admitted, refused, len(statuses) - admitted - refused
 
 
-async def _make_keys(state_dir: Path) -> dict[str, tuple[str, str, int]]:
+async def _make_keys(state_dir: Path, database_url: str) -> dict[str, tuple[str, str, int]]:
     """The keys the quota scenario spends: name -> (key_id, plaintext, limit)."""
     budget = BUDGET_REQUESTS * (estimate_prompt_tokens(_body(False)) + MAX_TOKENS)
-    store = open_store(None, state_dir)
+    store = open_store(database_url or None, state_dir)
     await store.init()
     try:
         made = {}
@@ -179,16 +197,18 @@ async def _make_keys(state_dir: Path) -> dict[str, tuple[str, str, int]]:
             ("budget", KeyLimits(token_budget=budget), budget),
             ("rpm", KeyLimits(rpm=RPM_LIMIT), RPM_LIMIT),
         ):
-            record, plaintext = await store.create_key(f"quota-{name}", limits=limits)
+            # A name of this run's own: a PostgreSQL store outlives the work directory.
+            key_name = f"quota-{name}-{secrets.token_hex(4)}"
+            record, plaintext = await store.create_key(key_name, limits=limits)
             made[name] = (record.key_id, plaintext, limit)
         return made
     finally:
         await store.close()
 
 
-async def _spent(state_dir: Path, key_id: str) -> int:
+async def _spent(state_dir: Path, database_url: str, key_id: str) -> int:
     """The budget pool's spend once both gateways reported theirs (a few rounds)."""
-    store = open_store(None, state_dir)
+    store = open_store(database_url or None, state_dir)
     await store.init()
     try:
         period = datetime.now(UTC).date().isoformat()
@@ -205,19 +225,24 @@ async def _spent(state_dir: Path, key_id: str) -> int:
         await store.close()
 
 
-def measure_quota(upstream: str, workdir: Path, runner: asyncio.Runner) -> list[QuotaFigures]:
+def measure_quota(
+    upstream: str, workdir: Path, runner: asyncio.Runner, database_url: str = ""
+) -> list[QuotaFigures]:
     state_dir = workdir / "quota"
     state_dir.mkdir()
-    keys = runner.run(_make_keys(state_dir))
+    keys = runner.run(_make_keys(state_dir, database_url))
     figures = []
-    with _gateways(2, upstream, state_dir, workdir, False, "quota") as ports:
+    with _gateways(2, upstream, state_dir, workdir, False, "quota", database_url) as ports:
         for name, (key_id, plaintext, limit) in keys.items():
             sent = OVERSEND * (BUDGET_REQUESTS if name == "budget" else RPM_LIMIT)
             started = time.monotonic()
             admitted, refused, other = runner.run(_fire(ports, f"Bearer {plaintext}", sent))
             took = time.monotonic() - started
-            spent = runner.run(_spent(state_dir, key_id)) if name == "budget" else None
-            figures.append(QuotaFigures(name, limit, sent, admitted, refused, other, spent))
+            spent = (
+                runner.run(_spent(state_dir, database_url, key_id)) if name == "budget" else None
+            )
+            store = "PostgreSQL" if database_url else "SQLite"
+            figures.append(QuotaFigures(name, limit, sent, admitted, refused, other, spent, store))
             print(
                 f"  {name}: limit {limit:,}, sent {sent} in {took:.1f} s, admitted {admitted}, "
                 f"refused {refused}" + ("" if spent is None else f", spent {spent:,} tokens"),
@@ -240,15 +265,15 @@ def lines(workers: list[WorkerFigures], quota: list[QuotaFigures]) -> list[str]:
             spent = q.spent_tokens or 0
             verdict = "within" if spent <= q.limit else "OVER"
             out.append(
-                f"quota, two gateways on one store: budget of {q.limit:,} tokens (fits "
+                f"quota, two gateways on one {q.store} store: budget of {q.limit:,} tokens (fits "
                 f"{BUDGET_REQUESTS} requests at their reservation, more at what they use): "
                 f"{q.admitted} of {q.sent} admitted, {spent:,} tokens spent = "
                 f"{spent / q.limit:.0%} of the budget ({verdict} it)"
             )
         else:
             out.append(
-                f"quota, two gateways on one store: rpm {q.limit}: {q.admitted} of {q.sent} "
-                f"admitted within the minute ({q.admitted / q.limit:.0%} of the limit)"
+                f"quota, two gateways on one {q.store} store: rpm {q.limit}: {q.admitted} of "
+                f"{q.sent} admitted within the minute ({q.admitted / q.limit:.0%} of the limit)"
             )
         if q.other:
             out.append(f"  {q.other} {q.limit_name} requests got neither 200 nor 429")
