@@ -1,8 +1,9 @@
-"""The cluster ledger: every node, every allocation, and the routing table gateways read.
+"""The cluster ledger: every node, every allocation, and the routing table gateways read; or,
+in a cluster split into cells (workflows/ledger_cells.py), one cell's share of them.
 
-Placement is an update on this one workflow, and Temporal runs a workflow's handlers one at a
-time, so two replicas can never be handed the same resources. Handlers are synchronous: nothing
-awaits between reading and changing the state.
+Placement is an update on the workflow that holds the nodes, and Temporal runs a workflow's
+handlers one at a time, so two replicas can never be handed the same resources. Handlers are
+synchronous: nothing awaits between reading and changing the state.
 """
 
 from temporalio import workflow
