@@ -86,6 +86,10 @@ class ClusterLedgerWorkflow:
         # Built on first use, not here: a new run's first activation already unpacks the whole
         # state, and Temporal fails an activation that runs over 2 s.
         self._index: PlacementIndex | None = None
+        # The same for the `offer` and `refusal` queries, kept apart: a query must not change
+        # what a handler computes. A replay (a worker that evicted this run) runs no queries,
+        # so its handlers build their index where the first run's did.
+        self._query_index: PlacementIndex | None = None
 
     @workflow.run
     async def run(self, state: LedgerState | PackedLedgerState | None = None) -> None:  # noqa: ARG002 - read by __init__ (@workflow.init), before any handler
@@ -107,6 +111,16 @@ class ClusterLedgerWorkflow:
             self._index = PlacementIndex(self.state)
         return self._index
 
+    @property
+    def query_index(self) -> PlacementIndex:
+        if self._query_index is None:
+            self._query_index = PlacementIndex(self.state)
+        return self._query_index
+
+    def _indexes(self) -> list[PlacementIndex]:
+        """The indexes built so far, which every change to nodes or allocations updates."""
+        return [i for i in (self._index, self._query_index) if i is not None]
+
     def _changed(self) -> LedgerAck:
         self.state.version += 1
         return LedgerAck(version=self.state.version)
@@ -127,8 +141,8 @@ class ClusterLedgerWorkflow:
         else:
             # Only what placement and `llmgw nodes` read: the node workflow keeps the rest.
             self.state.nodes[name] = compact_record(record)
-        if self._index is not None:  # else built from this state when first used
-            self._index.node_changed(name)
+        for index in self._indexes():  # one not built yet is built from this state
+            index.node_changed(name)
         ack = self._changed()
         # Routes on a node that stops serving are withdrawn in what gateways read (served_route)
         # rather than rewritten here: when an unreachable node is heard again, its replicas'
@@ -175,6 +189,8 @@ class ClusterLedgerWorkflow:
         if req.replica_id not in self.state.allocations:  # else a retry: already counted
             self.state.allocations[req.replica_id] = decision
             self.index.add(decision)
+            if self._query_index is not None:
+                self._query_index.add(decision)
         self._changed()
         return decision
 
@@ -183,6 +199,8 @@ class ClusterLedgerWorkflow:
         alloc = self.state.allocations.pop(req.replica_id, None)
         if alloc is not None:
             self.index.remove(alloc)
+            if self._query_index is not None:
+                self._query_index.remove(alloc)
         route = self.state.routes.pop(req.replica_id, None)
         ack = self._changed()
         if route is not None:
@@ -241,7 +259,7 @@ class ClusterLedgerWorkflow:
         """Whether this cell could place the replica now, placing nothing (workflows/
         ledger_cells.py): a query, so asking every cell writes no history. No reasons: those
         check every node, and `refusal` gives them when no cell fits."""
-        alloc = first_fit(self.state, req, self.index)
+        alloc = first_fit(self.state, req, self.query_index)
         if alloc is None:
             return PlacementOffer(replica_id=req.replica_id, fits=False)
         node = self.state.nodes.get(alloc.node)
@@ -257,7 +275,7 @@ class ClusterLedgerWorkflow:
     @workflow.query(name="refusal")
     def refusal(self, req: PlacementRequest) -> PlacementOffer:
         """Why this cell cannot place the replica, summarised; fits when it can after all."""
-        decision = place(self.state, req, self.index)
+        decision = place(self.state, req, self.query_index)
         if isinstance(decision, PlacementRefused):
             summary = summarise_refusal(decision.reasons)
             return PlacementOffer(replica_id=req.replica_id, fits=False, summary=summary)
