@@ -2,6 +2,9 @@
 handle, updates (starting a cell that never ran) and queries. What spans cells is in
 ledger_cluster.py."""
 
+import asyncio
+import random
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -26,6 +29,8 @@ A = TypeVar("A", bound=BaseModel)
 T = TypeVar("T")
 
 LEDGER_CLOSED = "LedgerClosed"
+# How long on_cell asks a busy cell again before giving up (the activity then retries).
+QUERY_RETRY_S = 30.0
 # A process remembers a cluster's cell count once it can no longer change (LedgerCells.fixed).
 _FIXED_CELLS: "weakref.WeakKeyDictionary[Client, int]" = weakref.WeakKeyDictionary()
 
@@ -78,13 +83,27 @@ async def on_cell(
     ask: Callable[[WorkflowHandle[ClusterLedgerWorkflow, None]], Awaitable[T]],
 ) -> T | None:
     """A query on one cell: `await on_cell(client, 2, lambda h: h.query(...))`; None when that
-    cell has no ledger yet (no node of it has registered)."""
-    try:
-        return await ask(ledger_handle(client, cell))
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND and cell != 0:
-            return None
-        raise
+    cell has no ledger yet (no node of it has registered).
+
+    While a cell runs a workflow task (an update), Temporal holds a query back until it ends,
+    and refuses more than it holds (one, by default: "consistent query buffer is full",
+    RESOURCE_EXHAUSTED). Every placement queries every cell, so with a few in flight that is
+    the usual answer from the cell being placed in: asked again after a short wait, for up to
+    QUERY_RETRY_S, then raised."""
+    handle = ledger_handle(client, cell)
+    deadline = time.monotonic() + QUERY_RETRY_S
+    wait = 0.005
+    while True:
+        try:
+            return await ask(handle)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND and cell != 0:
+                return None
+            if err.status != RPCStatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
+                raise
+        # Jittered, so queries refused together are not asked again together.
+        await asyncio.sleep(wait * (0.5 + random.random()))
+        wait = min(wait * 2, 0.2)
 
 
 async def update_ledger(
