@@ -60,7 +60,7 @@ from workflows.contracts import (
 from workflows.ledger import NO_PLACEMENT, ClusterLedgerWorkflow
 from workflows.ledger_cells import NODES_PER_CELL, cell_of_node, merge_states
 from workflows.ledger_compact import unpack_state
-from workflows.names import CONTROL_TASK_QUEUE, ledger_cell_id
+from workflows.names import CONTROL_TASK_QUEUE, ledger_cell_workflow_id
 
 __all__ = ["PAYLOAD_LIMIT", "main"]
 
@@ -199,7 +199,7 @@ async def bench(options: Options, address: str) -> dict[str, Any]:
             if cell and not nodes_per_cell[cell]:
                 continue  # never started: no node of it registered
             state, read = await read_cell(client, cell)
-            cell_history = await history_figures(client, ledger_cell_id(cell))
+            cell_history = await history_figures(client, ledger_cell_workflow_id(cell))
             read["history"] = {
                 "runs": len(cell_history.runs),
                 "events": cell_history.events,
