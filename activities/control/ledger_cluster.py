@@ -6,7 +6,9 @@ of every cell. With one cell (every cluster until `llmgw ledger cells N`) each i
 """
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import BaseModel
@@ -65,13 +67,48 @@ async def allocate(client: Client, req: PlacementRequest) -> Allocation:
     return decision
 
 
-async def place_replica(client: Client, req: PlacementRequest) -> Allocation | PlacementRefusal:
-    """The ledger's placement: an allocation, or why there is none, summarised. With cells,
+@dataclass(frozen=True)
+class _Hint:
+    """Where a model's last replica was placed: the cell, and how many of its profiles to
+    offer that cell (up to the one it took), so a hint never settles for a later profile."""
+
+    cell: int
+    profiles: int
+
+
+# Per client (a control worker has one): model -> its hint. Only this process's own.
+_HINTS: "weakref.WeakKeyDictionary[Client, dict[str, _Hint]]" = weakref.WeakKeyDictionary()
+
+
+async def place_replica(
+    client: Client, req: PlacementRequest, retry: bool = False
+) -> Allocation | PlacementRefusal:
+    """The ledger's placement: an allocation, or why there is none, summarised.
+
+    With cells, the cell that took this model's last replica (in this process) is asked first,
+    with an update and no query: a cell running an update refuses more than one query held
+    for it ("consistent query buffer is full"), and with several placements in flight the
+    offer queries below wait on each other. Where it refuses, or there is no hint, or this is
+    a retried call (which may have placed already somewhere: only the offers' `held` tells),
     every cell is asked for an offer (queries: no history) and the best placed in; one that
     filled meanwhile refuses, and the next best is tried."""
     cells = await ledger_cells(client)
     if cells == 1:
         return await update_ledger(client, ClusterLedgerWorkflow.place, req)
+    hints = _HINTS.setdefault(client, {})
+    hint = hints.get(req.model)
+    if hint is not None and not retry and hint.cell < cells:
+        narrowed = req.model_copy(update={"profiles": req.profiles[: hint.profiles]})
+        try:
+            hinted = await update_ledger(client, ClusterLedgerWorkflow.place, narrowed, hint.cell)
+        except ApplicationError as err:
+            if err.type != LEDGER_CLOSED:
+                raise
+            hinted = None
+        if isinstance(hinted, Allocation):
+            return hinted
+        if hints.get(req.model) == hint:
+            del hints[req.model]
     offers = await asyncio.gather(
         *(
             on_cell(client, cell, lambda h: h.query(ClusterLedgerWorkflow.offer, req))
@@ -89,6 +126,7 @@ async def place_replica(client: Client, req: PlacementRequest) -> Allocation | P
             closed = err
             continue
         if isinstance(decision, Allocation):
+            hints[req.model] = _Hint(cell, decision.profile_index + 1)
             return decision
         # It filled since it offered: the next best.
     if closed is not None:
@@ -173,7 +211,7 @@ class LedgerActivities:
 
     @activity.defn(name=ControlActivity.LEDGER_PLACE)
     async def place(self, req: PlacementRequest) -> Allocation | PlacementRefusal:
-        return await place_replica(self.client, req)
+        return await place_replica(self.client, req, retry=activity.info().attempt > 1)
 
     @activity.defn(name=ControlActivity.LEDGER_RELEASE)
     async def release(self, req: ReleaseRequest) -> LedgerAck:

@@ -11,6 +11,7 @@ from temporalio.exceptions import ApplicationError
 from activities.control.ledger_cluster import (
     LedgerActivities,
     allocate,
+    place_replica,
     release,
     set_route,
     upsert_node,
@@ -105,8 +106,12 @@ async def test_a_ledger_in_cells_places_routes_and_releases_as_one(dev_cluster):
             ledger_cell_workflow_id(cell_of_node(alloc.node, CELLS))
         ).query(ClusterLedgerWorkflow.holds, AllocationLookup(replica_id=alloc.replica_id))
         assert held.allocation
-    # A retried placement gets what it has, from its cell.
-    assert await allocate(client, one_core("r9")) == placed[9]
+    # A retried placement gets what it has, from its cell, even while the cell the model's
+    # last replica went to (tried first, with no query) has room.
+    await release(client, ReleaseRequest(replica_id="r10"))
+    assert await place_replica(client, one_core("r1"), retry=True) == placed[1]
+    placed[10] = await allocate(client, one_core("r10"))
+    assert cell_of_node(placed[10].node, CELLS) == 2
     # The thirteenth fits nowhere, and the refusal says so for each cell.
     with pytest.raises(ApplicationError) as refused:
         await allocate(client, one_core("r12"))
