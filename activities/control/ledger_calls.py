@@ -31,6 +31,9 @@ T = TypeVar("T")
 LEDGER_CLOSED = "LedgerClosed"
 # How long on_cell asks a busy cell again before giving up (the activity then retries).
 QUERY_RETRY_S = 30.0
+# How long one query to a cell may take: a query waits for the cell's worker, and one that is
+# stuck would otherwise hold every placement that asks it.
+QUERY_TIMEOUT_S = 10.0
 # A process remembers a cluster's cell count once it can no longer change (LedgerCells.fixed).
 _FIXED_CELLS: "weakref.WeakKeyDictionary[Client, int]" = weakref.WeakKeyDictionary()
 
@@ -89,13 +92,15 @@ async def on_cell(
     and refuses more than it holds (one, by default: "consistent query buffer is full",
     RESOURCE_EXHAUSTED). Every placement queries every cell, so with a few in flight that is
     the usual answer from the cell being placed in: asked again after a short wait, for up to
-    QUERY_RETRY_S, then raised."""
+    QUERY_RETRY_S, then raised. Each try is bounded by QUERY_TIMEOUT_S: a cell whose worker
+    does not answer fails the call (an activity is then retried) rather than holding it."""
     handle = ledger_handle(client, cell)
     deadline = time.monotonic() + QUERY_RETRY_S
     wait = 0.005
     while True:
         try:
-            return await ask(handle)
+            async with asyncio.timeout(QUERY_TIMEOUT_S):
+                return await ask(handle)
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND and cell != 0:
                 return None

@@ -3,6 +3,7 @@
 must ask again rather than fail the placement (found by `llmgw bench placement --cells 10`,
 where eight placements in flight failed within seconds)."""
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -61,3 +62,17 @@ async def test_other_errors_are_not_retried() -> None:
 async def test_a_cell_that_never_ran_answers_none() -> None:
     ask = Asker(refusals=1, status=RPCStatusCode.NOT_FOUND)
     assert await on_cell(Client(), 3, ask) is None  # type: ignore[arg-type]
+
+
+async def test_a_cell_that_never_answers_fails_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stuck worker must not hold every placement that asks its cell (bench-placement at
+    5,000 nodes: all eight lanes waited on one for minutes)."""
+    monkeypatch.setattr(ledger_calls, "QUERY_TIMEOUT_S", 0.05)
+    never = asyncio.Event()
+
+    async def stuck(_handle: Any) -> str:
+        await never.wait()
+        return "offer"
+
+    with pytest.raises(TimeoutError):
+        await on_cell(Client(), 2, stuck)  # type: ignore[arg-type]
