@@ -153,22 +153,23 @@ async def bench(options: Options, address: str) -> dict[str, Any]:
         cold_offer_ms = await first_offers(client, options.cells, replicas[0].request)
         retried: Counter[str] = Counter()
 
-        async def place(req: PlacementRequest) -> float | None:
+        async def place(req: PlacementRequest, retry: bool = False) -> float | None:
             t = time.perf_counter()
             try:
-                alloc = await allocate(client, req)
+                alloc = await allocate(client, req, retry=retry)
             except ApplicationError as err:
                 if err.type != NO_PLACEMENT:
                     raise
                 refused_by_shape[shapes[req.replica_id]] += 1
                 return None
-            except WorkflowQueryFailedError as err:
-                # A cell's offer failed (the deadlock detector, on a loaded machine): placed
-                # again, as the activity would be retried, and counted.
-                retried[str(err)[:80]] += 1
+            except (WorkflowQueryFailedError, TimeoutError) as err:
+                # A cell's offer failed (the deadlock detector, on a loaded machine) or took
+                # longer than a query may: placed again, as the activity would be retried
+                # (as a retry: it may have placed already), and counted.
+                retried[f"{type(err).__name__}: {str(err)[:80]}"] += 1
                 if sum(retried.values()) > 100:
                     raise
-                return await place(req)
+                return await place(req, retry=True)
             took = time.perf_counter() - t
             allocations[req.replica_id] = alloc
             return took

@@ -56,11 +56,11 @@ async def upsert_node(client: Client, record: NodeRecord) -> LedgerAck:
     return await update_ledger(client, ClusterLedgerWorkflow.upsert_node, record, cell)
 
 
-async def allocate(client: Client, req: PlacementRequest) -> Allocation:
+async def allocate(client: Client, req: PlacementRequest, retry: bool = False) -> Allocation:
     """Place one replica, a refusal raised as the NoPlacement error (non-retryable) with the
     reasons summarised: for the CLI, tests and the placement bench; replicas use
-    place_replica()."""
-    decision = await place_replica(client, req)
+    place_replica(). `retry`: this replica's placement was tried before (see place_replica)."""
+    decision = await place_replica(client, req, retry)
     if isinstance(decision, PlacementRefusal):
         message = f"no node can take {decision.replica_id}: {decision.summary}"
         raise ApplicationError(message, type=NO_PLACEMENT, non_retryable=True)
