@@ -11,9 +11,10 @@ cell is a whole ledger for its nodes, placing one replica at a time as before. C
 of external endpoints.
 
 What spans cells is done by the control worker's ledger activities (activities/control/
-ledger_cluster.py): a placement asks every cell for an offer (a query, no history) and places in
-the best; readers merge the cells' states and routing tables. A replica placed across several
-nodes is placed within one cell: its nodes must share a cell as well as a fabric.
+ledger_cluster.py): a placement tries the cell its model's last replica went to, else asks every
+cell for an offer (a query, no history) and places in the best; readers merge the cells' states
+and routing tables. A replica placed across several nodes is placed within one cell: its nodes
+must share a cell as well as a fabric.
 
 Pure: the ledger, the activities and the gateway all use it.
 """

@@ -1,8 +1,8 @@
 """The control worker's ledger activities: workflows cannot send updates to other workflows,
 so a replica or node workflow asks the ledger through these. Each finds the cell it concerns
-(workflows/ledger_cells.py): a node's own, a route's node's, or for a placement the best offer
-of every cell. With one cell (every cluster until `llmgw ledger cells N`) each is one call to
-`cluster`, as before cells.
+(workflows/ledger_cells.py): a node's own, a route's node's, or for a placement the cell its
+model's last replica went to, else the best offer of every cell. With one cell (every cluster
+until `llmgw ledger cells N`) each is one call to `cluster`, as before cells.
 """
 
 import asyncio
