@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 
 from activities.control.ledger_calls import LEDGER_CLOSED, ledger_cells, on_cell, update_ledger
@@ -50,9 +50,22 @@ from workflows.placement.refusal import MAX_SUMMARY
 T = TypeVar("T")
 
 
+async def node_cell(client: Client, node: str) -> int:
+    return cell_of_node(node, await ledger_cells(client))
+
+
+async def each_cell(
+    client: Client,
+    cells: int,
+    ask: Callable[[WorkflowHandle[ClusterLedgerWorkflow, None]], Awaitable[T]],
+) -> list[T | None]:
+    """One query on every cell at once, in cell order; None for a cell with no ledger yet."""
+    return list(await asyncio.gather(*(on_cell(client, cell, ask) for cell in range(cells))))
+
+
 async def upsert_node(client: Client, record: NodeRecord) -> LedgerAck:
     """Register or update a node in its cell."""
-    cell = cell_of_node(record.inventory.name, await ledger_cells(client))
+    cell = await node_cell(client, record.inventory.name)
     return await update_ledger(client, ClusterLedgerWorkflow.upsert_node, record, cell)
 
 
@@ -109,12 +122,7 @@ async def place_replica(
             return hinted
         if hints.get(req.model) == hint:
             del hints[req.model]
-    offers = await asyncio.gather(
-        *(
-            on_cell(client, cell, lambda h: h.query(ClusterLedgerWorkflow.offer, req))
-            for cell in range(cells)
-        )
-    )
+    offers = await each_cell(client, cells, lambda h: h.query(ClusterLedgerWorkflow.offer, req))
     closed: ApplicationError | None = None
     for cell in offer_order(offers):
         try:
@@ -132,12 +140,7 @@ async def place_replica(
     if closed is not None:
         raise closed  # nothing else takes it: it waits for `llmgw ledger rebuild`
     # Fits nowhere: only now each cell's reasons, which check every node.
-    reasons = await asyncio.gather(
-        *(
-            on_cell(client, cell, lambda h: h.query(ClusterLedgerWorkflow.refusal, req))
-            for cell in range(cells)
-        )
-    )
+    reasons = await each_cell(client, cells, lambda h: h.query(ClusterLedgerWorkflow.refusal, req))
     summary = refusal_summary(reasons, MAX_SUMMARY)
     return PlacementRefusal(replica_id=req.replica_id, summary=summary)
 
@@ -148,12 +151,7 @@ async def release(client: Client, req: ReleaseRequest) -> LedgerAck:
     if cells == 1:
         return await update_ledger(client, ClusterLedgerWorkflow.release, req)
     lookup = AllocationLookup(replica_id=req.replica_id)
-    held = await asyncio.gather(
-        *(
-            on_cell(client, cell, lambda h: h.query(ClusterLedgerWorkflow.holds, lookup))
-            for cell in range(cells)
-        )
-    )
+    held = await each_cell(client, cells, lambda h: h.query(ClusterLedgerWorkflow.holds, lookup))
     holding = [c for c, h in enumerate(held) if h is not None and (h.allocation or h.route)]
     ack = LedgerAck(version=0)
     for cell in holding or [0]:
@@ -177,10 +175,11 @@ async def set_route(client: Client, route: Route) -> LedgerAck:
     return ack
 
 
-async def _every_cell(client: Client, ask: Callable[[int], Awaitable[T | None]]) -> list[T]:
+async def _answers(
+    client: Client, ask: Callable[[WorkflowHandle[ClusterLedgerWorkflow, None]], Awaitable[T]]
+) -> list[T]:
     """One query's answers from every cell that has a ledger, cell 0 first."""
-    cells = await ledger_cells(client)
-    answers = await asyncio.gather(*(ask(cell) for cell in range(cells)))
+    answers = await each_cell(client, await ledger_cells(client), ask)
     return [a for a in answers if a is not None]
 
 
@@ -202,9 +201,6 @@ class LedgerActivities:
             self.allocation,
         ]
 
-    async def _node_cell(self, node: str) -> int:
-        return cell_of_node(node, await ledger_cells(self.client))
-
     @activity.defn(name=ControlActivity.LEDGER_UPSERT_NODE)
     async def upsert_node(self, record: NodeRecord) -> LedgerAck:
         return await upsert_node(self.client, record)
@@ -223,7 +219,7 @@ class LedgerActivities:
 
     @activity.defn(name=ControlActivity.LEDGER_REPLICAS_ON_NODE)
     async def replicas_on_node(self, node: NodeName) -> ReplicaRefs:
-        cell = await self._node_cell(node.name)
+        cell = await node_cell(self.client, node.name)
         refs = await on_cell(
             self.client, cell, lambda h: h.query(ClusterLedgerWorkflow.replicas_on, node)
         )
@@ -231,19 +227,13 @@ class LedgerActivities:
 
     @activity.defn(name=ControlActivity.LEDGER_NODE_NAMES)
     async def node_names(self) -> NodeNames:
-        answers = await _every_cell(
-            self.client,
-            lambda c: on_cell(self.client, c, lambda h: h.query(ClusterLedgerWorkflow.node_names)),
-        )
+        answers = await _answers(self.client, lambda h: h.query(ClusterLedgerWorkflow.node_names))
         return NodeNames(names=sorted(name for a in answers for name in a.names))
 
     @activity.defn(name=ControlActivity.LEDGER_MODEL_ROUTES)
     async def model_routes(self, model: ModelName) -> RoutingTable:
-        tables = await _every_cell(
-            self.client,
-            lambda c: on_cell(
-                self.client, c, lambda h: h.query(ClusterLedgerWorkflow.model_routes, model)
-            ),
+        tables = await _answers(
+            self.client, lambda h: h.query(ClusterLedgerWorkflow.model_routes, model)
         )
         if len(tables) == 1:
             return tables[0]
@@ -257,18 +247,15 @@ class LedgerActivities:
 
     @activity.defn(name=ControlActivity.LEDGER_ALLOCATION)
     async def allocation(self, req: AllocationLookup) -> ReplicaAllocation:
-        answers = await _every_cell(
-            self.client,
-            lambda c: on_cell(
-                self.client, c, lambda h: h.query(ClusterLedgerWorkflow.allocation, req)
-            ),
+        answers = await _answers(
+            self.client, lambda h: h.query(ClusterLedgerWorkflow.allocation, req)
         )
         held = [a for a in answers if a.allocation is not None]
         return held[0] if held else ReplicaAllocation()
 
     @activity.defn(name=ControlActivity.LEDGER_NODE_STATE)
     async def node_state(self, node: NodeName) -> NodeStatus:
-        cell = await self._node_cell(node.name)
+        cell = await node_cell(self.client, node.name)
         status = await on_cell(
             self.client, cell, lambda h: h.query(ClusterLedgerWorkflow.node_state, node)
         )
