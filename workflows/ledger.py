@@ -73,7 +73,14 @@ ROUTE_DELTAS = "ledger-route-deltas"
 MAX_ROUTE_DETAIL = 512
 
 
-@workflow.defn(name="ClusterLedger")
+# Outside the SDK's workflow sandbox: the ledger is the busiest workflow of a cluster (every
+# placement and route is an update to it), and running it sandboxed cost a fifth of its
+# throughput and of its median latency (`make bench-ledger-sandbox`, side by side; figures in
+# docs/benchmarks.md). What the sandbox would catch is kept out by hand, and checked by
+# tests/unit/test_ledger_unsandboxed.py: this module and what it imports run only pure,
+# deterministic code (no clock but workflow.now(), no randomness, no I/O, no state at module
+# level).
+@workflow.defn(name="ClusterLedger", sandboxed=False)
 class ClusterLedgerWorkflow:
     # A run starts from nothing, from a plain LedgerState (a new cluster, or a run started
     # before packing) or from the packed state its previous run carried (workflows/

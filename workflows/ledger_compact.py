@@ -11,7 +11,8 @@ PCI address, every port's counters, every CPU flag. Two things bring it down:
 - pack_state() / unpack_state(): continue-as-new carries the state zlib-compressed. JSON of many
   alike records compresses about tenfold; placement never sees the packed form.
 
-Pure functions: the ledger runs them inside the workflow sandbox, and replays them.
+Pure functions: the ledger runs them (outside the workflow sandbox: workflows/ledger.py), and
+replays them.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ gateway 0.8 MB a change at 4,000 replicas and would pass Temporal's 4 MB query a
   it paged).
 
 The log is part of the ledger's state and carried through continue-as-new; it holds at most
-LOG_LIMIT entries (about 50 bytes each). Pure: the ledger runs it in the workflow sandbox.
+LOG_LIMIT entries (about 50 bytes each). Pure: the ledger runs it, and replays it.
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ and server_config. Import them from here: every name is re-exported.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from workflows.contracts.agent_activities import (
     DiscoverRequest,
     LaunchRequest,
@@ -129,7 +131,7 @@ from workflows.contracts.server_config import (
 
 # ReplicaCarried names the ledger's Allocation, which replicas.py cannot import at run time (the
 # ledger's Route names ReplicaState): complete it, and ReplicaInput that carries it, now.
-_LEDGER_TYPES = {"Allocation": Allocation, "KvSource": KvSource}
+_LEDGER_TYPES = MappingProxyType({"Allocation": Allocation, "KvSource": KvSource})
 ReplicaCarried.model_rebuild(_types_namespace=_LEDGER_TYPES)
 ReplicaInput.model_rebuild(_types_namespace=_LEDGER_TYPES)
 
