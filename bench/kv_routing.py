@@ -306,8 +306,12 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
                             pins = sessions if arm == "oracle" else None
                             await run_arm(cfg, by_arm[arm], work, base, key, pins)
                             await gateway_figures(base, by_arm[arm])
+                        # The arm's figures so far: a run stopped early still leaves them.
+                        done = by_arm[arm]
                         print(
-                            f"  {setting:<14} {arm:<12} {time.monotonic() - began:5.1f}s",
+                            f"  {setting:<14} {arm:<12} {time.monotonic() - began:5.1f}s"
+                            f"  so far: mean TTFT {done.mean_ms:.0f} ms, p90 {done.p90_ms:.0f} ms,"
+                            f" cached {done.cached_share:.1%}",
                             file=sys.stderr,
                         )
     return results

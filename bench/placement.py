@@ -5,8 +5,9 @@ temporary directory and a control worker in this process, splits the ledger into
 cells (`set_cells` on cell 0, as `llmgw ledger cells N` does), registers simulated nodes, places
 replicas and publishes each one's route through the control worker's ledger activities
 (activities/control/ledger_cluster.py), as node and replica workflows do: a node registers in
-its cell, a placement asks every cell for an offer and places in the best, a route goes to its
-node's cell. Then it prints their latency and, cell by cell, the ledger's state size against
+its cell, a placement tries its model's last or home cell and else asks every cell for an
+offer and places in the best, a route (`ready`, so with no look at cell 0) goes to its node's
+cell. Then it prints their latency and, cell by cell, the ledger's state size against
 Temporal's 2 MB payload limit, the time a new run takes to unpack it, and how history grows.
 
 Only the ledger workflows run: no node agent, no replica workflow, no engine.
@@ -48,6 +49,7 @@ from bench.placement_measure import (
 from bench.placement_report import PAYLOAD_LIMIT, report
 from bench.placement_table import paged_table
 from bench.simulated_fleet import GPUS_PER_NODE, replica_mix, route_for, simulated_node
+from workers import gc_policy
 from workflows.client import connect
 from workflows.contracts import (
     Allocation,
@@ -113,6 +115,7 @@ async def first_offers(client: Client, cells: int, req: PlacementRequest) -> lis
 
 async def bench(options: Options, address: str) -> dict[str, Any]:
     rng = random.Random(options.seed)
+    gc_policy.for_large_state()  # as the control worker does
     client = await connect(address)
     deadlocks = DeadlockCounter()
     logging.getLogger("temporalio").addHandler(deadlocks)
@@ -309,8 +312,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cells",
         type=int,
-        help=f"ledger cells (default: one per {NODES_PER_CELL:,} nodes, rounded up: 1 for the "
-        "default 1,000 nodes, 10 for 10,000)",
+        help=f"ledger cells (default: one per {NODES_PER_CELL:,} nodes, rounded up: 2 for the "
+        "default 1,000 nodes, 20 for 10,000)",
     )
     parser.add_argument(
         "--concurrency",

@@ -106,10 +106,10 @@ async def timed_query(
 
 def unpack_times(packed: PackedLedgerState) -> dict[str, float]:
     """What a new run of this cell does with the state its previous run carried, timed here
-    outside the workflow sandbox (so a floor: the sandbox and a loaded machine add to it): the
-    data converter reads the payload and __init__ unpacks it, all in the run's first
-    activation, which the SDK fails after 2 s; the placement index is built by the run's
-    first placement or offer, another activation."""
+    outside any workflow (a floor: the worker's other threads, its garbage collections and a
+    loaded machine add to it): the data converter reads the payload and __init__ unpacks it,
+    all in the run's first activation, which the SDK fails after 2 s; the placement index is
+    built by the run's first placement or offer, another activation."""
     payload = to_json(packed)
     t = time.perf_counter()
     state = carried_state(PackedLedgerState.model_validate_json(payload))

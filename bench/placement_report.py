@@ -38,8 +38,9 @@ def report(f: dict[str, Any]) -> None:
         f"refused {refused}" + (f" {f['refused_by_shape']}" if refused else "")
     )
     print(
-        "round trips through the control worker's ledger activities (a placement: an offer "
-        "query to every cell, then `place` on the best):"
+        "round trips through the control worker's ledger activities (a placement: `place` on "
+        "its model's last or home cell; where that refuses, an offer query to every cell, then "
+        "`place` on the best):"
     )
     for name, t in f["latency"].items():
         print(
@@ -85,7 +86,7 @@ def report(f: dict[str, Any]) -> None:
     print(
         f"  largest cell ({big['cell']}): packed {_size(packed)}, {verdict} the 2 MB payload "
         f"limit ({PAYLOAD_LIMIT / packed:.1f}x headroom); a new run unpacks it in {slow:.2f} s "
-        f"(outside the sandbox), {'under' if slow < ACTIVATION_LIMIT_S else 'OVER'} the "
+        f"(outside a workflow), {'under' if slow < ACTIVATION_LIMIT_S else 'OVER'} the "
         f"{ACTIVATION_LIMIT_S:.0f} s activation limit, and builds its index in "
         f"{big['index_build_s']:.2f} s at its first placement"
     )

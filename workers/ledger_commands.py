@@ -201,7 +201,7 @@ def add_ledger_parsers(
         "cells",
         parents=[common],
         help=(
-            "split the ledger into N cells, about one per thousand nodes; once, before any "
+            "split the ledger into N cells, one per 500 nodes; once, before any "
             "node joins (docs/operations.md)"
         ),
     )

@@ -1,6 +1,7 @@
 """What the cluster is doing, in words: for `llmgw up` while it waits and for `llmgw nodes`."""
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client, WorkflowQueryFailedError
@@ -25,19 +26,36 @@ async def ledger_snapshot(client: Client) -> LedgerState:
     return merge_states([first, *(s for s in rest if s is not None)])
 
 
+# A query goes to the worker that last ran the ledger (its sticky queue). When that worker has
+# just died, Temporal holds the query there until it sees the worker gone (about 10 s without a
+# poll) and only then sends it to the other control workers; a query caught in that window
+# times out. Ask again rather than fail `llmgw status` because a control worker died. Each try
+# leaves room past that window for another worker to replay a large cell (seconds at 500 nodes).
+QUERY_TIMEOUT = timedelta(seconds=30)
+QUERY_TRIES = 3
+_TRANSIENT = (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED, RPCStatusCode.UNAVAILABLE)
+
+
 async def _cell_snapshot(client: Client, cell: int) -> LedgerState | None:
     """One cell's state; None for a cell whose ledger has not started (no node of it yet)."""
     handle = ledger_handle(client, cell)
-    try:
-        packed = await handle.query(ClusterLedgerWorkflow.packed_snapshot)
-    except WorkflowQueryFailedError:
-        # A control worker from before the packed query: the plain one still answers there.
-        return await handle.query(ClusterLedgerWorkflow.snapshot)
-    except RPCError as err:
-        if err.status == RPCStatusCode.NOT_FOUND and cell != 0:
-            return None
-        raise
-    return unpack_state(packed)
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            packed = await handle.query(
+                ClusterLedgerWorkflow.packed_snapshot, rpc_timeout=QUERY_TIMEOUT
+            )
+        except WorkflowQueryFailedError:
+            # A control worker from before the packed query: the plain one still answers there.
+            return await handle.query(ClusterLedgerWorkflow.snapshot, rpc_timeout=QUERY_TIMEOUT)
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND and cell != 0:
+                return None
+            if err.status in _TRANSIENT and tries < QUERY_TRIES:
+                continue
+            raise
+        return unpack_state(packed)
 
 
 async def install_progress(client: Client, node: str, engine: str, version: str) -> str:

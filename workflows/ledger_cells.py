@@ -11,8 +11,9 @@ cell is a whole ledger for its nodes, placing one replica at a time as before. C
 of external endpoints.
 
 What spans cells is done by the control worker's ledger activities (activities/control/
-ledger_cluster.py): a placement tries the cell its model's last replica went to, else asks every
-cell for an offer (a query, no history) and places in the best; readers merge the cells' states
+ledger_cluster.py): a placement tries the cell its model's last replica went to (at first the
+model's home cell), else asks every cell for an offer (a query, no history) and places in the
+best; readers merge the cells' states
 and routing tables. A replica placed across several nodes is placed within one cell: its nodes
 must share a cell as well as a fabric.
 
@@ -29,9 +30,13 @@ from workflows.names import EXTERNAL_NODE
 
 # More would be a fleet far past anything measured (docs/benchmarks.md), or a typo.
 MAX_CELLS = 256
-# Where a cluster should have more than one cell: the single ledger was measured carrying
-# 1,000 nodes and 4,000 replicas in 819 KB; docs/operations.md suggests a cell per thousand.
-NODES_PER_CELL = 1000
+# Nodes to a cell, as docs/operations.md suggests. A cell of 1,000 nodes and 4,000 replicas
+# packs to about 820 KB, well within the 2 MB payload limit; what sets the size is the time a
+# new run takes to unpack it in its first activation, which the Python SDK fails past 2 s
+# (its deadlock detector). That took 0.44 s on a quiet 2-core machine and over 2 s on the same
+# machine under load, and a detector failure can leave the run stuck in the worker until the
+# worker restarts (seen at 10,000 nodes in 10 cells: docs/benchmarks.md). Half that is kept.
+NODES_PER_CELL = 500
 
 
 def cell_of_node(node: str, cells: int) -> int:
@@ -43,6 +48,15 @@ def cell_of_node(node: str, cells: int) -> int:
     return zlib.crc32(node.encode()) % cells
 
 
+def home_cell(model: str, cells: int) -> int:
+    """Where a model's first placement in a control worker is tried before any cell is asked
+    for an offer: from its name alone, so models spread over the cells (and their placements
+    over the cells' workflows) and every control worker tries the same one."""
+    if cells <= 1:
+        return 0
+    return zlib.crc32(f"model:{model}".encode()) % cells
+
+
 def cell_of_route(route: Route, cells: int) -> int:
     """A route lives with its node; one with no node yet (a pending replica) or an external
     endpoint lives in cell 0."""
@@ -52,8 +66,9 @@ def cell_of_route(route: Route, cells: int) -> int:
 def offer_order(offers: Sequence[PlacementOffer | None]) -> list[int]:
     """The cells to place in, best first, from each cell's offer (None: the cell is not
     there). A replica's first profile that fits anywhere wins, as in one ledger; then a cell
-    whose node already holds the weights; then the lowest cell, so a fleet fills its cells in
-    turn as one ledger fills its nodes. A cell that placed it already (a retry) comes first."""
+    whose node already holds the weights; then the lowest cell, so what the models' home cells
+    (home_cell) cannot take fills the cells in turn, as one ledger fills its nodes. A cell that
+    placed it already (a retry) comes first."""
     fitting = [
         (not o.held, o.profile_index, o.fetches, cell)
         for cell, o in enumerate(offers)

@@ -1,8 +1,9 @@
 """The control worker's ledger activities: workflows cannot send updates to other workflows,
 so a replica or node workflow asks the ledger through these. Each finds the cell it concerns
 (workflows/ledger_cells.py): a node's own, a route's node's, or for a placement the cell its
-model's last replica went to, else the best offer of every cell. With one cell (every cluster
-until `llmgw ledger cells N`) each is one call to `cluster`, as before cells.
+model's last replica went to (at first the model's home cell), else the best offer of every
+cell. With one cell (every cluster until `llmgw ledger cells N`) each is one call to
+`cluster`, as before cells.
 """
 
 import asyncio
@@ -40,6 +41,7 @@ from workflows.ledger import NO_PLACEMENT, ClusterLedgerWorkflow
 from workflows.ledger_cells import (
     cell_of_node,
     cell_of_route,
+    home_cell,
     merge_routes,
     offer_order,
     refusal_summary,
@@ -98,19 +100,23 @@ async def place_replica(
 ) -> Allocation | PlacementRefusal:
     """The ledger's placement: an allocation, or why there is none, summarised.
 
-    With cells, the cell that took this model's last replica (in this process) is asked first,
-    with an update and no query: a cell running an update refuses more than one query held
-    for it ("consistent query buffer is full"), and with several placements in flight the
-    offer queries below wait on each other. Where it refuses, or there is no hint, or this is
-    a retried call (which may have placed already somewhere: only the offers' `held` tells),
-    every cell is asked for an offer (queries: no history) and the best placed in; one that
-    filled meanwhile refuses, and the next best is tried."""
+    With cells, one cell is asked first, with an update and no query: the cell that took this
+    model's last replica (in this process), offered the profiles up to the one taken there;
+    failing that the model's home cell (home_cell), offered only the first profile. A cell
+    running an update refuses more than one query held for it ("consistent query buffer is
+    full"), and with several placements in flight the offer queries below wait on each other;
+    and the home cell spreads models, so placements in flight go to different cells' workflows
+    instead of all to the lowest cell with room. Where that cell refuses, or this is a retried
+    call (which may have placed already somewhere: only the offers' `held` tells), every cell
+    is asked for an offer (queries: no history) and the best placed in; one that filled
+    meanwhile refuses, and the next best is tried. The price: a first try does not look for
+    nodes in other cells that already hold the model's weights."""
     cells = await ledger_cells(client)
     if cells == 1:
         return await update_ledger(client, ClusterLedgerWorkflow.place, req)
     hints = _HINTS.setdefault(client, {})
-    hint = hints.get(req.model)
-    if hint is not None and not retry and hint.cell < cells:
+    hint = hints.get(req.model) or _Hint(home_cell(req.model, cells), 1)
+    if not retry and hint.cell < cells:
         narrowed = req.model_copy(update={"profiles": req.profiles[: hint.profiles]})
         try:
             hinted = await update_ledger(client, ClusterLedgerWorkflow.place, narrowed, hint.cell)
@@ -119,6 +125,7 @@ async def place_replica(
                 raise
             hinted = None
         if isinstance(hinted, Allocation):
+            hints.setdefault(req.model, hint)
             return hinted
         if hints.get(req.model) == hint:
             del hints[req.model]
@@ -162,11 +169,15 @@ async def release(client: Client, req: ReleaseRequest) -> LedgerAck:
 async def set_route(client: Client, route: Route) -> LedgerAck:
     """Publish a replica's route in its node's cell. A replica listed in cell 0 while it had
     no node leaves it once placed elsewhere: set in its new cell first, so gateways never
-    lose it between the two."""
+    lose it between the two. Only a `starting` route looks in cell 0 for one to remove: a
+    replica is listed there only when a placement found no room, and every engine run after a
+    placement starts with `starting` (workflows/replica.py), so the later states of a run
+    cost no query on cell 0. (Until it is removed, the route in the node's cell wins over cell
+    0's wherever cells are merged: merge_routes.)"""
     cells = await ledger_cells(client)
     cell = cell_of_route(route, cells)
     ack = await update_ledger(client, ClusterLedgerWorkflow.set_route, route, cell)
-    if cell != 0:
+    if cell != 0 and route.state == ReplicaState.STARTING:
         lookup = AllocationLookup(replica_id=route.replica_id)
         held = await on_cell(client, 0, lambda h: h.query(ClusterLedgerWorkflow.holds, lookup))
         if held is not None and held.route:

@@ -17,6 +17,7 @@ from workflows.contracts import (
 from workflows.ledger_cells import (
     cell_of_node,
     cell_of_route,
+    home_cell,
     merge_routes,
     merge_states,
     offer_order,
@@ -73,6 +74,18 @@ def test_nodes_spread_evenly_over_cells_and_one_cell_is_the_cluster_workflow():
     assert all(cell_of_node(f"node-{i}", 1) == 0 for i in range(100))
     assert ledger_cell_workflow_id(0) == "cluster"
     assert ledger_cell_workflow_id(3) == "cluster:3"
+
+
+def test_models_have_home_cells_spread_over_the_cells_the_same_in_every_process():
+    homes = Counter(home_cell(f"model-{i}", 10) for i in range(10_000))
+    assert set(homes) == set(range(10))
+    assert max(homes.values()) < 1.2 * min(homes.values())
+    assert home_cell("m", 3) == home_cell("m", 3) == 1  # crc32: no per-process hash seed
+    assert home_cell("m", 1) == 0
+    # Not the cell of a node of the same name: a model and a node may share one.
+    assert [home_cell(f"gpu-{i}", 7) for i in range(20)] != [
+        cell_of_node(f"gpu-{i}", 7) for i in range(20)
+    ]
 
 
 def test_pending_and_external_routes_live_in_cell_0():

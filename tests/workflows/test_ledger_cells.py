@@ -1,7 +1,7 @@
 """A ledger split into cells (workflows/ledger_cells.py), on a real Temporal: each node, its
-allocations and routes live in its own cell; placement fills the cells in turn and never hands
-anything out twice; a replica's route leaves cell 0 once it is placed elsewhere; gateways,
-`llmgw nodes` and the node workflows' calls see one ledger."""
+allocations and routes live in its own cell; placement fills a model's home cell, then the
+others in turn, and never hands anything out twice; a replica's route leaves cell 0 once it is
+placed elsewhere; gateways, `llmgw nodes` and the node workflows' calls see one ledger."""
 
 import asyncio
 
@@ -36,7 +36,7 @@ from workflows.contracts import (
     Route,
 )
 from workflows.ledger import CELLS_FIXED, NO_PLACEMENT, ClusterLedgerWorkflow
-from workflows.ledger_cells import cell_of_node
+from workflows.ledger_cells import cell_of_node, home_cell
 from workflows.ledger_compact import unpack_state
 from workflows.names import ledger_cell_workflow_id
 
@@ -96,10 +96,13 @@ async def test_a_ledger_in_cells_places_routes_and_releases_as_one(dev_cluster):
         await set_ledger_cells(client, CELLS + 1)
     assert fixed.value.type == CELLS_FIXED
 
-    # Twelve cores in all: placed one at a time, the cells fill in turn, lowest first.
+    # Twelve cores in all, placed one at a time: the model's home cell fills first, then the
+    # others in turn, lowest first.
     placed = [await allocate(client, one_core(f"r{i}")) for i in range(12)]
     cells_used = [cell_of_node(a.node, CELLS) for a in placed]
-    assert cells_used == [0] * 4 + [1] * 4 + [2] * 4
+    home = home_cell("m", CELLS)
+    others = [c for c in range(CELLS) if c != home]
+    assert cells_used == [home] * 4 + [others[0]] * 4 + [others[1]] * 4
     assert len({(a.node, a.port) for a in placed}) == 12
     for alloc in placed:
         held = await client.get_workflow_handle(
@@ -111,7 +114,7 @@ async def test_a_ledger_in_cells_places_routes_and_releases_as_one(dev_cluster):
     await release(client, ReleaseRequest(replica_id="r10"))
     assert await place_replica(client, one_core("r1"), retry=True) == placed[1]
     placed[10] = await allocate(client, one_core("r10"))
-    assert cell_of_node(placed[10].node, CELLS) == 2
+    assert cell_of_node(placed[10].node, CELLS) == others[1]
     # The thirteenth fits nowhere, and the refusal says so for each cell.
     with pytest.raises(ApplicationError) as refused:
         await allocate(client, one_core("r12"))
@@ -143,16 +146,18 @@ async def test_a_ledger_in_cells_places_routes_and_releases_as_one(dev_cluster):
     assert last.replica_id in (await cell_state(client, 0)).routes
     source = TemporalRouteSource(client)
     assert [r.state for r in (await source.fetch()).routes] == [ReplicaState.PENDING]
-    ready = pending.model_copy(
+    starting = pending.model_copy(
         update={
             "node": last.node,
             "endpoint": f"http://{last.address}:{last.port}",
-            "state": ReplicaState.READY,
+            "state": ReplicaState.STARTING,
         }
     )
-    await set_route(client, ready)
+    await set_route(client, starting)
     assert last.replica_id not in (await cell_state(client, 0)).routes
-    assert (await cell_state(client, 2)).routes[last.replica_id] == ready
+    ready = starting.model_copy(update={"state": ReplicaState.READY})
+    await set_route(client, ready)
+    assert (await cell_state(client, others[1])).routes[last.replica_id] == ready
     # A gateway reads every cell and sees the replica once, ready on its node.
     table = await source.fetch()
     assert [(r.replica_id, r.state, r.node) for r in table.routes] == [
