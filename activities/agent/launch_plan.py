@@ -39,12 +39,28 @@ LOOPBACK = "127.0.0.1"
 LEGACY_PORT_OFFSETS = {RENDEZVOUS: 10000, KV_PUB: 11000, KV_REPLAY: 12000, ENGINE_INNER: 13000}
 
 
+# Where a shard binds each port. vLLM's KV-event ports and trtllm-serve's inner port behind its
+# key guard are on loopback whatever the node's address (engines/vllm.py, engines/trtllm.py).
+# The rendezvous point (Ray's head, torch's store) listens on every address. The HTTP port is
+# on the node's address.
+ON_LOOPBACK = frozenset({KV_PUB, KV_REPLAY, ENGINE_INNER})
+ON_EVERY_ADDRESS = frozenset({RENDEZVOUS})
+
+
 @dataclass(frozen=True)
 class ShardPorts:
     # Every port this shard's commands name besides its HTTP port, by placement's names.
     by_name: dict[str, int]
     # The ports this shard itself binds, its HTTP port included: each must be free to start.
     binds: list[int]
+
+    def host_of(self, port: int, address: str) -> str:
+        """Where the shard binds `port`: loopback, every address, or the node's address."""
+        if any(self.by_name.get(name) == port for name in ON_LOOPBACK):
+            return LOOPBACK
+        if any(self.by_name.get(name) == port for name in ON_EVERY_ADDRESS):
+            return "::" if ":" in address else "0.0.0.0"
+        return address
 
 
 def shard_ports(
@@ -73,18 +89,19 @@ def shard_ports(
     return ShardPorts(by_name, sorted({shard.port, *(by_name[name] for name in own)}))
 
 
-def port_free(address: str, port: int) -> bool:
-    """Whether `port` can be bound on the node's address and on loopback: a shard binds some
-    ports on one and some on the other (trtllm-serve's inner port and vLLM's KV replay port are
-    on 127.0.0.1), and a program holding it on either would stop the shard from starting."""
-    for host in dict.fromkeys([address, LOOPBACK]):
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((host, port))
-            except OSError:
-                return False
+def port_free(host: str, port: int) -> bool:
+    """Whether `port` can be bound on `host` (ShardPorts.host_of). A program listening on the
+    wildcard address takes it on every host; one listening on another address of the machine
+    takes it only on the wildcard: several agents on one machine, each on an address of its own
+    (the test fleets), use the same port numbers without meeting."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as sock:
+        # A socket of a stopped engine still in TIME_WAIT does not hold the port.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
     return True
 
 

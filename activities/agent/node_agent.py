@@ -394,7 +394,7 @@ class NodeAgentActivities:
             held = [
                 p
                 for p in ports.binds
-                if p not in own_ports and not port_free(self._config.address, p)
+                if p not in own_ports and not port_free(ports.host_of(p, self._config.address), p)
             ]
             if held:
                 # Something outside llmgw holds them: the engine would fail to bind (or the

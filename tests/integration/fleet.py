@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import PendingActivityState
 
 # The ledger's invariants live with `make chaos`, which checks them too; re-exported here.
 from bench.chaos.checks import ledger_violations as ledger_violations
@@ -146,3 +147,36 @@ async def replicas_by_node(system: System, model: str) -> dict[str, list[str]]:
         if route.model == model and route.state == ReplicaState.READY:
             placed.setdefault(route.node, []).append(route.replica_id)
     return placed
+
+
+async def diagnosis(system: System, agents: dict[str, Agent], lines: int = 15) -> str:
+    """What a failed wait shows besides `llmgw status`: each replica workflow's pending
+    activities (what it waits on, and how each last failed), and the tail of every log."""
+    client = await system.client()
+    found: list[str] = []
+    # Each allocation names the replica workflow that holds it.
+    for alloc in sorted((await system.ledger()).allocations.values(), key=lambda a: a.replica_id):
+        handle = client.get_workflow_handle(alloc.workflow_id)
+        try:
+            pending = (await handle.describe()).raw_description.pending_activities
+        except Exception as err:  # noqa: BLE001 - a diagnosis lists what it cannot read, too
+            found.append(f"{alloc.replica_id}: not described ({err})")
+            continue
+        for activity in pending:
+            state = (
+                PendingActivityState.Name(activity.state)
+                .removeprefix("PENDING_ACTIVITY_STATE_")
+                .lower()
+            )
+            failed = activity.last_failure.message if activity.HasField("last_failure") else ""
+            found.append(
+                f"{alloc.replica_id}: {activity.activity_type.name}, attempt {activity.attempt}, "
+                f"{state} {failed}".rstrip()
+            )
+        if not pending:
+            found.append(f"{alloc.replica_id}: no pending activity")
+    logs = [system.state_dir / "logs" / name for name in ("control.log", "agent.log")]
+    for log in [*logs, *(agent.log for agent in agents.values())]:
+        tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
+        found.append(f"--- {log.parent.name}/{log.name}, last {lines} lines:\n" + "\n".join(tail))
+    return "\n".join(found)

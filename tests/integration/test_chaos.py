@@ -11,6 +11,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,7 @@ from temporalio.client import WorkflowExecutionStatus
 from tests.integration.fleet import (
     GONE_AFTER_S,
     Agent,
+    diagnosis,
     engine_pid_on,
     ledger_violations,
     nodes_ready,
@@ -210,24 +212,32 @@ async def recovered(system: System, http: httpx.AsyncClient, agents: dict[str, A
     return await engines_answer(http, system, sorted(placed))
 
 
-async def must(
-    system: System, what: str, check: Callable[[], Awaitable[bool]], timeout: float
+async def must_within(
+    system: System,
+    agents: dict[str, Agent],
+    what: str,
+    check: Callable[[], Awaitable[bool]],
+    timeout: float,
 ) -> None:
     if not await eventually(check, timeout):
         status = system.cli("status", check=False).stdout
         nodes = system.cli("nodes", check=False).stdout
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{status}\n{nodes}")
+        waits = await diagnosis(system, agents)
+        raise AssertionError(
+            f"timed out after {timeout}s waiting for {what}:\n{status}\n{nodes}\n{waits}"
+        )
 
 
 async def test_chaos_loses_nothing_and_duplicates_nothing(
     fleet: tuple[System, dict[str, Agent]], tmp_path: Path
 ) -> None:
     system, agents = fleet
+    must = partial(must_within, system, agents)  # on a timeout it shows what each waits on
     started = time.monotonic()
     weights = tmp_path / "chaos.gguf"  # a path of its own: its engines are found by it in /proc
     weights.write_bytes(b"GGUF stand-in weights")
     everyone = [system.node, *agents]
-    await must(system, "three ready nodes", lambda: nodes_ready(system, everyone), RECOVERY_S)
+    await must("three ready nodes", lambda: nodes_ready(system, everyone), RECOVERY_S)
     system.cli("model", "add", MODEL, "--weights", str(weights), "--replicas", str(REPLICAS),
                "--cpu-cores", "1", "--memory-mb", "64")  # fmt: skip
 
@@ -236,7 +246,7 @@ async def test_chaos_loses_nothing_and_duplicates_nothing(
         async def back() -> bool:
             return await recovered(system, http, agents)
 
-        await must(system, "the first replicas", back, RECOVERY_S)
+        await must("the first replicas", back, RECOVERY_S)
         placed = await ready_placement(system)
         assert sorted(placed.values()) == sorted(everyone), placed  # CPU replicas spread
         load = Load(system, MODEL)
@@ -258,7 +268,7 @@ async def test_chaos_loses_nothing_and_duplicates_nothing(
                 pid = engine_pid_on(system, agents, now.get(victim, ""), victim)
                 return pid not in (None, first) and await back()
 
-            await must(system, f"{victim} restarted", replaced, RECOVERY_S)
+            await must(f"{victim} restarted", replaced, RECOVERY_S)
 
             # 2. A joined agent dies; its engine lives on, the node goes lost, its replica moves.
             load.enter("agent n2 killed (lost, replica moves)")
@@ -274,18 +284,18 @@ async def test_chaos_loses_nothing_and_duplicates_nothing(
                 held = any(a.node == "n2" for a in state.allocations.values())
                 return lost and not held and "n2" not in now.values() and await back()
 
-            await must(system, "n2 lost and its replica moved", moved, GONE_AFTER_S + RECOVERY_S)
+            await must("n2 lost and its replica moved", moved, GONE_AFTER_S + RECOVERY_S)
             assert pid_alive(orphan), "nobody on n2 could stop its engine while its agent was dead"
 
             # ... and comes back with the same token: it stops the engine nobody owns any more.
             load.enter("agent n2 restarted (orphan stopped)")
             agents["n2"].start()
-            await must(system, "n2 ready again", lambda: nodes_ready(system, ["n2"]), RECOVERY_S)
+            await must("n2 ready again", lambda: nodes_ready(system, ["n2"]), RECOVERY_S)
 
             async def orphan_stopped() -> bool:
                 return not pid_alive(orphan) and await back()
 
-            await must(system, "n2's orphaned engine stopped", orphan_stopped, RECOVERY_S)
+            await must("n2's orphaned engine stopped", orphan_stopped, RECOVERY_S)
 
             # 3. The control worker dies; `up` starts it again.
             load.enter("control worker killed")
@@ -295,7 +305,7 @@ async def test_chaos_loses_nothing_and_duplicates_nothing(
             async def control_back() -> bool:
                 return system.child_pid("control") != control and await back()
 
-            await must(system, "a new control worker", control_back, RECOVERY_S)
+            await must("a new control worker", control_back, RECOVERY_S)
 
             # 4. The Temporal server dies; `up` starts it again on the same SQLite file.
             load.enter("temporal server killed")
@@ -305,7 +315,7 @@ async def test_chaos_loses_nothing_and_duplicates_nothing(
             async def temporal_back() -> bool:
                 return system.child_pid("temporal") != temporal and await back()
 
-            await must(system, "Temporal back", temporal_back, RECOVERY_S)
+            await must("Temporal back", temporal_back, RECOVERY_S)
 
             # 5. Another engine dies, on a joined node this time.
             load.enter("engine kill (n3)")
@@ -315,7 +325,7 @@ async def test_chaos_loses_nothing_and_duplicates_nothing(
             assert second is not None
             os.kill(second, signal.SIGKILL)
             first = second
-            await must(system, f"{victim} restarted", replaced, RECOVERY_S)
+            await must(f"{victim} restarted", replaced, RECOVERY_S)
 
             load.enter("settled")
             await asyncio.sleep(3)

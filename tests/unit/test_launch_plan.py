@@ -3,6 +3,8 @@ placement handed them out derive them from the HTTP port, and a port missing fro
 fails the launch by name."""
 
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -74,14 +76,34 @@ def test_a_port_missing_from_a_placed_allocation_fails_the_launch_naming_it() ->
     assert raised.value.non_retryable
 
 
-def test_a_port_held_on_loopback_is_not_free_on_the_node() -> None:
-    # trtllm-serve's inner port and vLLM's KV ports are bound on 127.0.0.1: a stranger holding
-    # one there would stop the shard (or, on the publisher's port, read its prompts' tokens),
-    # so a port is free only where neither the node's address nor loopback has it taken.
-    with socket.socket() as stranger:
-        stranger.bind(("127.0.0.1", 0))
-        stranger.listen()
-        held = stranger.getsockname()[1]
-        assert not port_free("127.0.0.2", held)
+def test_each_port_is_checked_where_the_shard_binds_it() -> None:
+    leader = shard("10.0.0.5", 18000, kv_pub=18001, kv_replay=18002, rendezvous=18003)
+    ports = shard_ports(leader, leader, TWO_NODES.model_copy(update={"kv_events": True}), 0)
+    # vLLM's KV ports are bound on loopback: a stranger there would stop the shard (or, on the
+    # publisher's port, read its prompts' tokens).
+    assert ports.host_of(18001, "10.0.0.5") == "127.0.0.1"
+    assert ports.host_of(18002, "10.0.0.5") == "127.0.0.1"
+    # Ray's head and torch's store listen on every address.
+    assert ports.host_of(18003, "10.0.0.5") == "0.0.0.0"
+    assert ports.host_of(18003, "fd00::5") == "::"
+    assert ports.host_of(18000, "10.0.0.5") == "10.0.0.5"
+
+
+def test_a_port_is_free_on_an_address_unless_held_there_or_on_every_address() -> None:
+    with listening("127.0.0.1") as held:
         assert not port_free("127.0.0.1", held)
-    assert port_free("127.0.0.2", held)
+        assert not port_free("0.0.0.0", held)  # a rendezvous point would meet it
+        # Another agent's engine on this machine, on an address of its own, is no stranger to
+        # a shard on 127.0.0.2 (the test fleets run three nodes on one machine).
+        assert port_free("127.0.0.2", held)
+    with listening("0.0.0.0") as held:
+        assert not port_free("127.0.0.2", held)
+    assert port_free("127.0.0.1", held)
+
+
+@contextmanager
+def listening(host: str) -> Iterator[int]:
+    with socket.socket() as stranger:
+        stranger.bind((host, 0))
+        stranger.listen()
+        yield stranger.getsockname()[1]
