@@ -29,13 +29,13 @@ from gateway.errors import install_error_handlers
 from gateway.front_door import FrontDoor
 from gateway.inflight import InFlight
 from gateway.key_inflight import KeyInFlight
+from gateway.key_refresh import KeyRefresh, routes_then_keys
 from gateway.kv_feeds import KvFeeds
 from gateway.kv_publishers import KvPublishers
 from gateway.lockout import FailedAuthLimiter
 from gateway.loops import PeriodicTask
 from gateway.metrics import GatewayMetrics
 from gateway.quota import QuotaBook
-from gateway.quota_sync import KeyRefresh, routes_then_keys
 from gateway.route_source import RouteRefresher, RouteSource
 from gateway.routing import Router
 from gateway.settings import GatewaySettings

@@ -9,10 +9,9 @@ ends; the reservation keeps concurrent requests from spending the same tokens.
 
 from __future__ import annotations
 
-import calendar
 import math
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from typing import Final, Literal, Protocol
 
 WINDOW_S: Final = 60
@@ -335,22 +334,6 @@ class QuotaBook:
         self._roll_period(state, limits.budget_period, now)
         return BudgetBalance(budget, state.spent, state.reserved)
 
-    def load_spent(self, key_id: str, period_start: date | float, tokens: int) -> None:
-        """Sets what the key spent earlier in the period starting at `period_start` (a UTC date,
-        or a Unix time within the period), as read from the store at start-up or when a key
-        first appears. A baseline older than the period already tracked is ignored; one from a
-        period that has since ended is reset by the next reserve."""
-        start = _timestamp(period_start)
-        state = self._keys.get(key_id)
-        if state is None:
-            state = self._keys[key_id] = _KeyState()
-        if start < state.period_start:
-            return
-        if start >= state.period_end:
-            _reset_period(state)
-        state.period_start = max(state.period_start, start)
-        state.spent = max(tokens, 0)
-
     def in_use(self, key_id: str, kind: str, now: float) -> int:
         """What the key has counted against one limit in this book: requests ("rpm") or tokens
         ("tpm") in the last 60 seconds, or budget tokens spent and reserved ("budget"). A
@@ -439,16 +422,6 @@ def _month_bounds(now: float) -> tuple[float, float]:
     start = datetime(today.year, today.month, 1, tzinfo=UTC)
     end = datetime(today.year + today.month // 12, today.month % 12 + 1, 1, tzinfo=UTC)
     return start.timestamp(), end.timestamp()
-
-
-def _timestamp(moment: date | float) -> float:
-    if isinstance(moment, datetime):
-        if moment.tzinfo is None:
-            return float(calendar.timegm(moment.timetuple()))
-        return moment.timestamp()
-    if isinstance(moment, date):
-        return float(calendar.timegm(moment.timetuple()))
-    return float(moment)
 
 
 def _rpm_denied(rpm: int, requests: _SlidingWindow, now: float) -> Denied:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import socket
 
@@ -17,6 +18,8 @@ from gateway.store import Store
 # Between two requests on one connection. uvicorn's default, stated: the head timeout
 # (gateway/http_limits.py) takes over from the first byte of the next request.
 KEEP_ALIVE_S = 5
+# How long a cancelled gateway waits for its own shutdown (flushing usage, giving back leases).
+CANCELLED_SHUTDOWN_S = 10
 
 
 def http_limits(settings: GatewaySettings) -> HttpLimits:
@@ -93,6 +96,13 @@ async def serve(
         # uvicorn exits the process when start-up fails (store unreachable, port taken); in
         # `llmgw up` other components share this loop, so fail as an ordinary error instead.
         raise RuntimeError("the gateway failed to start (the reason is logged above)") from exc
+    except asyncio.CancelledError:
+        # Cancelled by the program running it (a test, a loop it is embedded in), uvicorn skips
+        # its own shutdown: the app's lifespan would be left pending, so usage counted since the
+        # last flush would never be written and the shared limits' leases never given back.
+        if server.started:
+            await asyncio.wait_for(server.lifespan.shutdown(), CANCELLED_SHUTDOWN_S)
+        raise
     finally:
         # A cancelled serve leaves uvicorn's listeners registered with the event loop: close
         # them before their sockets, or a reused file descriptor meets a stale registration.

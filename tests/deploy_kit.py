@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.source_reading import parse_file
 from workers.cli import build_parser
 from workers.temporal_flags import REFUSED_KEY_VARIABLE
 
@@ -45,7 +46,7 @@ def accepted_variables() -> set[str]:
     # `make test`'s runner too: its knobs (LLMGW_REQUIRE_*) are an operator's to set.
     sources = [p for package in PACKAGES for p in (ROOT / package).rglob("*.py")]
     for path in [*sources, ROOT / "tests" / "run.py"]:
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse_file(path)):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 names.update(LLMGW_VARIABLE.findall(node.value))
     return {n for n in names if not n.startswith("LLMGW_TEST_") and n != REFUSED_KEY_VARIABLE}

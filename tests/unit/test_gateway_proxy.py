@@ -23,6 +23,7 @@ from aiohttp import web
 from engines.local_port import free_port
 from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.server import serve
+from gateway.settings import GatewaySettings
 from gateway.store import KeyLimits, Store
 from tests.gateway_kit import (
     MODEL,
@@ -552,6 +553,57 @@ async def test_metrics_count_requests_tokens_ttft_and_routing(store: Store) -> N
     assert "nope-" not in labelled, "unknown model names never become metric labels"
 
 
+# --- the gateway as `llmgw gateway` serves it -----------------------------------------------------
+
+
+@asynccontextmanager
+async def served(
+    settings: GatewaySettings, store: Store, source: FakeRouteSource
+) -> AsyncIterator[httpx.AsyncClient]:
+    """`serve` running as a task until the block ends, then cancelled, as a program embedding
+    the gateway would stop it."""
+    task = asyncio.create_task(serve(settings, store, source))
+    try:
+        async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    await http.get(f"http://127.0.0.1:{settings.port}/healthz")
+                    break
+                except httpx.ConnectError:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.05)
+            yield http
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_cancelled_gateway_writes_the_usage_it_counted(
+    store: Store, tmp_path: Path
+) -> None:
+    # Usage is flushed every minute here: only the gateway's own shutdown can write it in time.
+    settings = fast_settings(
+        host="127.0.0.1", port=free_port(), admin_port=free_port(), usage_flush_interval_s=60
+    )
+    record, plaintext = await store.create_key("cancelled-test")
+    async with recording_standin(tmp_path) as upstream:
+        source = FakeRouteSource(route("smol-0", upstream.url))
+        async with served(settings, store, source) as http:
+            response = await http.post(
+                f"http://127.0.0.1:{settings.port}/v1/chat/completions",
+                json={"model": MODEL, "messages": MESSAGES},
+                headers={"Authorization": f"Bearer {plaintext}"},
+            )
+            assert response.status_code == 200
+            assert await store.usage(key_id=record.key_id) == []
+    rows = await store.usage(key_id=record.key_id)
+    assert [(r.model, r.requests) for r in rows] == [(MODEL, 1)]
+    # Nothing of the gateway is left pending in the loop: its lifespan ran to its end.
+    assert not [t for t in asyncio.all_tasks() if "LifespanOn.main" in repr(t)]
+
+
 # --- the admin API's own listener -------------------------------------------------------------
 
 
@@ -564,39 +616,24 @@ async def test_the_admin_api_answers_only_on_its_loopback_listener(
     _, plaintext = await store.create_key("listener-test")
     auth = {"Authorization": f"Bearer {plaintext}"}
     async with recording_standin(tmp_path) as upstream:
-        task = asyncio.create_task(
-            serve(settings, store, FakeRouteSource(route("smol-0", upstream.url)))
-        )
-        try:
-            async with httpx.AsyncClient(trust_env=False, timeout=5) as http:
-                public, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
-                deadline = time.monotonic() + 10
-                while True:
-                    try:
-                        await http.get(public + "/healthz")
-                        break
-                    except httpx.ConnectError:
-                        assert time.monotonic() < deadline
-                        await asyncio.sleep(0.05)
-                on_public = await http.get(public + "/admin/v1/routes")
-                on_admin = await http.get(admin + "/admin/v1/routes")
-                chat_on_admin = await http.post(
-                    admin + "/v1/chat/completions",
-                    json={"model": MODEL, "messages": MESSAGES},
-                    headers=auth,
-                )
-                chat_on_public = await http.post(
-                    public + "/v1/chat/completions",
-                    json={"model": MODEL, "messages": MESSAGES},
-                    headers=auth,
-                )
-                metrics_on_admin = await http.get(admin + "/metrics")
-                metrics_on_public = await http.get(public + "/metrics")
-                health_on_admin = await http.get(admin + "/healthz")
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
-                await task
+        source = FakeRouteSource(route("smol-0", upstream.url))
+        async with served(settings, store, source) as http:
+            public, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
+            on_public = await http.get(public + "/admin/v1/routes")
+            on_admin = await http.get(admin + "/admin/v1/routes")
+            chat_on_admin = await http.post(
+                admin + "/v1/chat/completions",
+                json={"model": MODEL, "messages": MESSAGES},
+                headers=auth,
+            )
+            chat_on_public = await http.post(
+                public + "/v1/chat/completions",
+                json={"model": MODEL, "messages": MESSAGES},
+                headers=auth,
+            )
+            metrics_on_admin = await http.get(admin + "/metrics")
+            metrics_on_public = await http.get(public + "/metrics")
+            health_on_admin = await http.get(admin + "/healthz")
     # Stopped, it leaves no listener registered with the loop for a socket it closed: a
     # descriptor reused later would meet that stale registration (seen as a later test's
     # PostgreSQL connect failing in the shared test loop).

@@ -7,7 +7,7 @@ import asyncio
 import random
 import re
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -167,24 +167,6 @@ def test_a_request_spanning_midnight_is_charged_to_the_day_it_was_admitted() -> 
     assert (balance.spent, balance.reserved) == (0, 100)
     book.settle(early, 40)
     assert book.completion_cap("k", limits, 0, None, at(2025, 5, 2, 1)) == 60
-
-
-def test_the_spend_loaded_from_the_store_counts_until_the_period_ends() -> None:
-    book, limits = QuotaBook(), Limits(token_budget=1_000)
-    book.load_spent("k", date(2025, 5, 1), 900)
-    admitted(book.reserve("k", limits, 100, NOON))
-    denied(book.reserve("k", limits, 1, NOON))
-    admitted(book.reserve("k", limits, 1_000, at(2025, 5, 2)))
-
-
-def test_a_baseline_from_an_earlier_period_is_not_charged_now() -> None:
-    book, limits = QuotaBook(), Limits(token_budget=1_000, budget_period="month")
-    book.load_spent("k", at(2025, 4, 1), 1_000)
-    admitted(book.reserve("k", limits, 1_000, NOON))
-    book.load_spent("k", date(2025, 4, 1), 1_000)  # a stale read arriving late changes nothing
-    balance = book.balance("k", limits, NOON)
-    assert balance is not None
-    assert (balance.spent, balance.reserved) == (0, 1_000)
 
 
 def test_completion_cap_is_what_is_left_after_the_prompt() -> None:

@@ -19,6 +19,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from tests.source_reading import parse_file
 from tests.workflows.conftest import CONTINUE_AS_NEW_EVERY, HISTORIES
 from workers.registry import CONTROL_WORKFLOWS
 from workflows import history_budget
@@ -80,7 +81,7 @@ def patch_ids_in_code() -> set[str]:
     """Every id the workflow code passes to workflow.patched(), by literal or module constant."""
     ids: set[str] = set()
     for source in WORKFLOW_CODE.rglob("*.py"):
-        tree = ast.parse(source.read_text())
+        tree = parse_file(source)
         constants = {
             target.id: node.value.value
             for node in tree.body
