@@ -108,9 +108,16 @@ def child_env(where: Locations) -> dict[str, str]:
 
 
 def start_children(where: Locations, opts: UpOptions) -> Children:
+    children = Children(env=child_env(where))
+    for child in planned_children(where, opts):
+        children.add(child)
+    return children
+
+
+def planned_children(where: Locations, opts: UpOptions) -> list[Child]:
+    """The children `up` runs and their command lines, none started yet."""
     logs = where.state_dir / "logs"
     run = where.state_dir / "run"
-    children = Children(env=child_env(where))
     agent_args = ["agent", "--node", opts.node, "--stop-engines-on-exit"]
     agent_args += ["--kv-feed-port", str(opts.kv_feed_port)]
     agent_args += ["--metrics-port", str(opts.metrics_port)]
@@ -129,9 +136,7 @@ def start_children(where: Locations, opts: UpOptions) -> Children:
     if opts.mirror_port:
         mirror_args = ["mirror", "serve", "--host", "127.0.0.1", "--port", str(opts.mirror_port)]
         roles.append(("mirror", mirror_args))
-    for name, args in roles:
-        children.add(Child(name, args, logs / f"{name}.log", run / f"{name}.pid"))
-    return children
+    return [Child(name, args, logs / f"{name}.log", run / f"{name}.pid") for name, args in roles]
 
 
 async def wait_until_serving(

@@ -5,12 +5,13 @@ from pathlib import Path
 
 from workers.cli import build_parser
 from workers.paths import Locations
-from workers.up import UpOptions, start_children
+from workers.up import UpOptions, planned_children
 
 
 def agent_args(opts: UpOptions, tmp_path: Path) -> list[str]:
     where = Locations(tmp_path, tmp_path / "cache", "127.0.0.1:7233", "default", None)
-    [agent] = [c for c in start_children(where, opts).children if c.name == "agent"]
+    [agent] = [c for c in planned_children(where, opts) if c.name == "agent"]
+    assert agent.process is None  # planned, not started: nothing is left running
     return agent.args
 
 
