@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 from temporalio.client import Client
@@ -182,19 +183,35 @@ async def wait_ready(system: System, model: str, count: int, timeout: float = 60
     """Until the ledger has `count` ready replicas of the model and the gateway routes to them
     (its routing table follows the ledger within about a second)."""
     deadline = asyncio.get_running_loop().time() + timeout
-    headers = {"Authorization": f"Bearer {system.api_key}"}
     async with httpx.AsyncClient(timeout=10) as http:
         while True:
             ready = await system.ready_replicas(model)
             if len(ready) == count:
-                listed = (await http.get(f"{system.base_url}/models", headers=headers)).json()
-                routed = {m["id"]: m.get("ready_replicas") for m in listed["data"]}
+                listed = await models_listed(http, system)
+                routed = {m["id"]: m.get("ready_replicas") for m in listed}
                 if routed.get(model) == count and await engines_answer(http, system, ready):
                     return ready
             if asyncio.get_running_loop().time() > deadline:
                 status = system.cli("status").stdout
                 raise AssertionError(f"{model}: {len(ready)} of {count} ready; {status}")
             await asyncio.sleep(0.2)
+
+
+async def models_listed(http: httpx.AsyncClient, system: System) -> list[dict[str, Any]]:
+    """The gateway's /v1/models list; anything but a list there fails the test with what the
+    gateway answered and the tail of its log."""
+    headers = {"Authorization": f"Bearer {system.api_key}"}
+    answer = await http.get(f"{system.base_url}/models", headers=headers)
+    if answer.status_code != 200:
+        log = system.state_dir / "logs" / "gateway.log"
+        tail = log.read_text(errors="replace").splitlines()[-30:] if log.exists() else []
+        raise AssertionError(
+            f"GET {system.base_url}/models answered {answer.status_code}: {answer.text}\n"
+            + "gateway.log, last lines:\n"
+            + "\n".join(tail)
+        )
+    data: list[dict[str, Any]] = answer.json()["data"]
+    return data
 
 
 async def engines_answer(http: httpx.AsyncClient, system: System, replicas: list[str]) -> bool:
