@@ -20,6 +20,7 @@ from gateway.kv_feeds import KvFeeds
 from gateway.kv_publishers import KvPublishers
 from gateway.lockout import FailedAuthLimiter
 from gateway.metrics import GatewayMetrics
+from gateway.prefix_tokens import PrefixTokens
 from gateway.quota import QuotaBook
 from gateway.route_source import RouteRefresher
 from gateway.routing import Router
@@ -63,6 +64,8 @@ class GatewayState:
     kv_index: KvBlockIndex
     kv_feeds: KvFeeds
     kv_publishers: KvPublishers
+    # Chats' leading messages as token ids, learned from engines (gateway/prefix_tokens.py).
+    prefix_tokens: PrefixTokens = field(default_factory=PrefixTokens)
     # model -> the key its external endpoints want (refreshed from the store); gateway-only.
     upstream_keys: dict[str, str] = field(default_factory=dict)
     # The web console's view of the cluster (gateway/console/); None when the process running

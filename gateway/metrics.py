@@ -93,7 +93,8 @@ class GatewayMetrics:
         self._tokenized = Counter(
             "llmgw_kv_tokenize",
             "Prompts sent to an engine's /tokenize for KV routing, by outcome "
-            "(ok, skipped, timeout, failed).",
+            "(ok, skipped, timeout, failed; learned: not sent, the chat's leading messages "
+            "known).",
             ["outcome"],
             registry=r,
         )
@@ -159,7 +160,7 @@ class GatewayMetrics:
 
     def kv_tokenized(self, outcome: str, seconds: float) -> None:
         self._child(self._tokenized, outcome).inc()
-        if outcome != "skipped":
+        if outcome not in ("skipped", "learned"):  # an engine was asked
             self._tokenize_latency.observe(seconds)
 
     def kv_cache_error(self, model: str, predicted: int, reported: int) -> None:

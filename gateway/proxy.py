@@ -251,7 +251,7 @@ async def _serve_admitted(
             )
             session = headers.get(SESSION_HEADER)
             # For replicas that publish KV events: the prompt's tokens, from an engine.
-            token_ids = await request_token_ids(state, request, snapshot.ready(request.model))
+            tokens = await request_token_ids(state, request, snapshot.ready(request.model))
             routing_key = RequestKey(
                 model=request.model,
                 prompt=salted_prompt(
@@ -261,7 +261,8 @@ async def _serve_admitted(
                     salt,
                 ),
                 session=session.decode("latin-1") if session else request.user,
-                token_ids=token_ids,
+                token_ids=tokens.ids if tokens is not None else None,
+                leading_only=tokens is not None and tokens.leading_only,
                 cache_salt=cache_salt(body),
                 adapter=request.adapter,
             )

@@ -18,6 +18,10 @@ adapter's name, as the engine serves it; its blocks carry the adapter's key
 (gateway/routing/kv_blocks.py). A completion prompt given as token ids is used as it is.
 Any failure gives None, and routing falls back to the gateway's own prefix index: tokenizing
 never fails a request.
+
+A chat whose leading messages (all but the last) came before costs no round trip: the gateway
+learns their token ids, checked against the whole prompt's, and routes on those
+(gateway/prefix_tokens.py says when that is exact and what it costs).
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import aiohttp
 
 from gateway.deps import GatewayState
+from gateway.prefix_tokens import leading_messages, prefix_fields, prefix_key
 from gateway.request_body import CHAT, COMPLETIONS, PROMPT_FIELDS, ProxiedRequest
 from workflows.contracts import Route
 
@@ -46,8 +52,16 @@ _FLAGS = ("add_generation_prompt", "continue_final_message", "add_special_tokens
 MAX_ANSWER_BYTES = 2 * 1024 * 1024
 _TOKEN_MAX = 2**31 - 1
 
-# "skipped": not asked (several prompts, media parts); "failed": asked, no usable answer.
-Outcome = Literal["ok", "skipped", "timeout", "failed"]
+# "skipped": not asked (several prompts, media parts); "failed": asked, no usable answer;
+# "learned": not asked, the chat's leading messages known (gateway/prefix_tokens.py).
+Outcome = Literal["ok", "skipped", "timeout", "failed", "learned"]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTokens:
+    ids: tuple[int, ...]
+    # True: the ids of a chat's leading messages only; the prompt goes on past them.
+    leading_only: bool = False
 
 
 def tokenize_body(
@@ -121,6 +135,13 @@ async def _ask(
         return None, "skipped"
     if isinstance(made, tuple):
         return made, "ok"
+    return await _post(session, route, made, key, timeout_s)
+
+
+async def _post(
+    session: aiohttp.ClientSession, route: Route, made: bytes, key: str | None, timeout_s: float
+) -> tuple[tuple[int, ...] | None, Outcome]:
+    """POST one /tokenize body to `route`'s engine."""
     # Imported here: gateway/proxy.py imports this module.
     from gateway.proxy import upstream_url
 
@@ -193,10 +214,11 @@ def kv_candidates(routes: Sequence[Route]) -> list[Route]:
 
 async def request_token_ids(
     state: GatewayState, request: ProxiedRequest, routes: Sequence[Route]
-) -> tuple[int, ...] | None:
+) -> PromptTokens | None:
     """For gateway/proxy.py: the prompt's token ids when a ready route of the model publishes
     KV events and the request can use them (see the module's docstring); else None, at no
-    cost."""
+    cost. A chat whose leading messages the gateway has learned (gateway/prefix_tokens.py) is
+    answered with theirs, without asking an engine."""
     candidates = kv_candidates(routes)
     timeout_s: float = state.settings.kv_tokenize_timeout_s
     if not candidates or timeout_s <= 0:
@@ -208,19 +230,47 @@ async def request_token_ids(
         # ids could not change the choice, so no engine is asked.
         state.metrics.kv_tokenized("skipped", 0.0)
         return None
+    leading = _learnable(state, request)
+    if leading is not None:
+        known = state.prefix_tokens.get(leading[0])
+        if known is not None:
+            state.metrics.kv_tokenized("learned", 0.0)
+            return PromptTokens(known, leading_only=True)
+        if not state.prefix_tokens.seen_before(leading[0]):
+            leading = None  # the first time: worth a second tokenization only if it comes back
     counts = state.inflight.counts
     # The least loaded by this gateway's count: the first among equals (they are sorted).
     route = min(candidates, key=lambda r: counts.get(r.replica_id, 0))
     bulk = request.bulk[: request.bulk_prompt_bytes] if request.bulk is not None else b""
+    auth = state.upstream_auth(route)
     started = time.perf_counter()
-    ids, outcome = await _ask(
-        state.session,
-        route,
-        request.body,
-        state.upstream_auth(route),
-        timeout_s,
-        request.path == CHAT,
-        bulk,
-    )
+    whole = _ask(state.session, route, request.body, auth, timeout_s, request.path == CHAT, bulk)
+    if leading is None:
+        ids, outcome = await whole
+    else:
+        # The leading messages alone beside the whole prompt, at once on the same engine: what
+        # checks the template renders them alike (gateway/prefix_tokens.py).
+        lead = _post(state.session, route, leading[1], auth, timeout_s)
+        (ids, outcome), (lead_ids, _) = await asyncio.gather(whole, lead)
+        if ids is not None and lead_ids is not None:
+            state.prefix_tokens.learn(request.model, leading[0], lead_ids, ids)
     state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
-    return ids
+    return PromptTokens(ids) if ids is not None else None
+
+
+def _learnable(state: GatewayState, request: ProxiedRequest) -> tuple[bytes, bytes] | None:
+    """For a chat whose leading messages can be learned: their key and their /tokenize body.
+    Not for a large body the gateway split (its messages are not parsed here), media parts, or
+    a model whose template failed the check."""
+    if request.path != CHAT or request.bulk is not None:
+        return None
+    if not state.prefix_tokens.learns(request.model):
+        return None
+    leading = leading_messages(request.body)
+    if leading is None or _has_media(request.body.get("messages")):
+        return None
+    fields = prefix_fields(request.body, leading)
+    key = prefix_key(fields)
+    if key is None:
+        return None
+    return key, json.dumps(fields, separators=(",", ":")).encode()

@@ -270,7 +270,9 @@ class Router:
             blocks = request_block_ids(token_ids, kv, request.cache_salt, adapter)
             # An engine recomputes at least the prompt's last token, so it takes at most the
             # full blocks before it from its cache (vLLM: max_cache_hit_length = tokens - 1).
-            usable = max(0, (len(token_ids) - 1) // kv.block_size)
+            # Leading messages only: the prompt's last token comes after all of theirs.
+            last = len(token_ids) if request.leading_only else len(token_ids) - 1
+            usable = max(0, last // kv.block_size)
             size = kv.block_size
             for replica_id, count in kv_index.leading_blocks(blocks, replica_ids).items():
                 found[replica_id] = _KvMatch(count, count * size, min(count, usable) * size)

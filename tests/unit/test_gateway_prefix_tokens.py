@@ -1,0 +1,170 @@
+"""KV routing on learned leading messages, through a running gateway: a chat whose system prompt
+came back before is routed to the engine holding its blocks without asking any engine for
+tokens, with the prediction the whole prompt would give; a template that renders the leading
+messages otherwise in the whole prompt is caught, and its model is no longer learned."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from engines.kv_hashes import block_ids
+from gateway.prefix_tokens import MISMATCHES_OFF
+from gateway.store import Store
+from tests.gateway_kit import MODEL, FakeRouteSource, fast_settings, running_gateway, serving
+from tests.unit.test_gateway_kv import kv_route
+from tests.unit.test_gateway_proxy import metric
+from tests.unit.test_kv_feeds import feed_server, opening
+from workflows.engine_keys import engine_key_from_master, kv_feed_token, node_secret
+
+NODE = "node-a"
+ROLES = {"system": 1, "user": 2, "assistant": 3}
+END, ASSISTANT_TURN = 4, 5
+# 30 characters: with its role and end tokens the system message is exactly two blocks of 16.
+SYSTEM = {"role": "system", "content": "You answer for otters; be kind"}
+Template = Callable[[list[dict[str, str]]], list[int]]
+
+
+def text(content: str) -> list[int]:
+    return [100 + ord(c) % 900 for c in content]
+
+
+def chatml(messages: list[dict[str, str]]) -> list[int]:
+    """Each message in turn: rendered alike whatever follows it."""
+    return [t for m in messages for t in [ROLES[m["role"]], *text(m["content"]), END]]
+
+
+def system_last(messages: list[dict[str, str]]) -> list[int]:
+    """Mistral's way: the system prompt goes into the last user message."""
+    system = [m for m in messages if m["role"] == "system"]
+    rest = [m for m in messages if m["role"] != "system"]
+    if not rest:
+        return chatml(system)
+    *before, last = rest
+    merged = {
+        "role": last["role"],
+        "content": "".join(m["content"] for m in system) + last["content"],
+    }
+    return chatml([*before, merged])
+
+
+@dataclass
+class Engine:
+    template: Template
+    key: str = ""
+    url: str = ""
+    tokenized: list[dict[str, Any]] = field(default_factory=list)
+
+
+@asynccontextmanager
+async def engine(replica_id: str, master: bytes, template: Template) -> AsyncIterator[Engine]:
+    standin = Engine(template, engine_key_from_master(master, NODE, replica_id))
+
+    async def tokenize(request: web.Request) -> web.Response:
+        assert request.headers.get("Authorization") == f"Bearer {standin.key}"
+        body = await request.json()
+        standin.tokenized.append(body)
+        tokens = standin.template(body["messages"])
+        if body.get("add_generation_prompt", True):
+            tokens.append(ASSISTANT_TURN)
+        return web.json_response({"count": len(tokens), "max_model_len": 4096, "tokens": tokens})
+
+    async def chat(request: web.Request) -> web.Response:
+        assert request.headers.get("Authorization") == f"Bearer {standin.key}"
+        # The engine finds the system message's two blocks in its cache, as the feed says.
+        usage = {
+            "prompt_tokens": 40,
+            "completion_tokens": 1,
+            "prompt_tokens_details": {"cached_tokens": 32},
+        }
+        message = {"role": "assistant", "content": replica_id}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        return web.json_response({"object": "chat.completion", "choices": [choice], "usage": usage})
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+
+    app = web.Application()
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/metrics", metrics)
+    async with serving(app) as url:
+        standin.url = url
+        yield standin
+
+
+def ask(question: str) -> list[dict[str, str]]:
+    return [SYSTEM, {"role": "user", "content": question}]
+
+
+@asynccontextmanager
+async def kv_gateway(store: Store, template: Template) -> AsyncIterator[tuple[Any, Engine, Engine]]:
+    """A gateway before two engines; the second reports holding the system message's blocks."""
+    master = await store.master_secret()
+    token = kv_feed_token(node_secret(master, NODE))
+    async with (
+        feed_server(token) as feed,
+        engine("r-a", master, template) as a,
+        engine("r-b", master, template) as b,
+    ):
+        source = FakeRouteSource(kv_route("r-a", a.url, feed.url), kv_route("r-b", b.url, feed.url))
+        async with running_gateway(store, source, fast_settings()) as gw:
+            conn = await feed.accepted()
+            held = block_ids(chatml([SYSTEM]), 16, "0")
+            assert len(held) == 2
+            conn.send(*opening("e1", 2, {"r-a": [], "r-b": held}))
+
+            deadline = time.monotonic() + 5
+            while not (await gw.client.get("/admin/v1/kv")).json().get("replicas", {}).get("r-b"):
+                assert time.monotonic() < deadline, "the feed's blocks never reached the index"
+                await asyncio.sleep(0.01)
+            yield gw, a, b
+
+
+async def test_a_system_prompt_seen_twice_is_routed_without_asking_for_tokens(
+    store: Store,
+) -> None:
+    async with kv_gateway(store, chatml) as (gw, a, b):
+        questions = ["How many otters?", "What do they eat?", "Where?", "When do they sleep?"]
+        for question in questions:
+            answer = await gw.chat(messages=ask(question))
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["message"]["content"] == "r-b"
+        asked = a.tokenized + b.tokenized
+        # The first sight asks for the whole prompt; the second also for the system message
+        # alone, as history (no assistant turn); after that, nothing.
+        assert sorted(len(body["messages"]) for body in asked) == [1, 2, 2]
+        (leading,) = [body for body in asked if len(body["messages"]) == 1]
+        assert leading["add_generation_prompt"] is False
+        assert await metric(gw, "llmgw_kv_tokenize_total", outcome="ok") == 2
+        assert await metric(gw, "llmgw_kv_tokenize_total", outcome="learned") == 2
+        assert await metric(gw, "llmgw_routing_decisions_total", reason="kv_prefix") == 4
+        # The system message is exactly two blocks: the whole prompt goes on past them, so
+        # both can come from the cache, as with the whole prompt's ids. Every prediction is
+        # the engine's 32.
+        cached = "llmgw_kv_cached_tokens_total"
+        assert await metric(gw, cached, model=MODEL, kind="predicted") == 4 * 32
+        assert await metric(gw, cached, model=MODEL, kind="reported") == 4 * 32
+
+
+async def test_a_template_rendering_leading_messages_otherwise_is_not_learned(
+    store: Store,
+) -> None:
+    async with kv_gateway(store, system_last) as (gw, a, b):
+        for n in range(MISMATCHES_OFF + 3):
+            answer = await gw.chat(messages=ask(f"question {n}"))
+            assert answer.status_code == 200, answer.text
+        asked = a.tokenized + b.tokenized
+        whole = [body for body in asked if len(body["messages"]) == 2]
+        leading = [body for body in asked if len(body["messages"]) == 1]
+        # Every request asked for its whole prompt; the system message alone was asked for
+        # (and disagreed) from the second sight until learning stopped.
+        assert len(whole) == MISMATCHES_OFF + 3
+        assert len(leading) == MISMATCHES_OFF
+        assert await metric(gw, "llmgw_kv_tokenize_total", outcome="learned") == 0
