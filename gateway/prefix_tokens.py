@@ -1,24 +1,30 @@
-"""The token ids of a chat's leading messages, remembered so most KV-routed requests need no
-round trip to an engine's /tokenize.
+"""The token ids that chats sharing their leading messages all begin with, learned so most
+KV-routed requests need no round trip to an engine's /tokenize.
 
 Traffic that gains from KV routing repeats its leading messages: a tenant's system prompt, a
-few-shot preamble, the conversation so far. The blocks that can be found in an engine's cache
-are those leading messages' blocks; the last message is new. So the gateway keeps, per model,
-the token ids of a body's messages but the last (with its tools, template and template
-arguments), and routes a request whose leading messages it has seen on those alone.
+few-shot preamble, the conversation so far. The blocks an engine can have cached are the ones
+every such chat begins with; what follows the last message's content is new. So the gateway
+learns, per leading part (the messages but the last, the last one's role, the tools, template
+and template arguments, the model or adapter name), the token ids every chat with it begins
+with, and routes such a chat on those alone.
 
-That is exact only if the chat template renders the leading messages the same whatever follows
-them. Most do (ChatML, Llama 3's, Qwen's); some do not (Mistral's puts the system prompt into
-the last user message). So nothing is kept on trust: a prefix is learned only by tokenizing it
-and the whole prompt together, on the same engine, and kept only when its ids are a strict
-prefix of the whole prompt's. A model whose template failed that MISMATCHES_OFF times is asked
-for whole prompts only from then on (until the gateway restarts). What no check catches: a
-template that renders leading messages one way for some last messages and another way for
-others, after agreeing on the ones it was checked with.
+How it learns: the second time a leading part is seen, the engine tokenizes the whole prompt
+and, at once, the same chat with the last message's content left empty. What the two begin
+with in common is what the template renders before the content: the leading messages and the
+last message's opening (for ChatML, `<|im_start|>user\\n`), or for a template that puts the
+system prompt into the last user message (Mistral Instruct v0.3's), that opening with the
+system prompt. Kept only when it is at least MIN_TOKENS long; a model whose templates fell
+short MISMATCHES_OFF times is no longer learned (until the gateway restarts).
 
-Learning costs the engine a second tokenization, so a leading part is learned the second
-time it is seen, not the first: a conversation's every turn has leading messages never seen
-before (the last turn's, plus the reply), and pays one /tokenize per request as without this.
+Checked as it is used: every SPOT_CHECK_EVERY-th chat answered from what was learned asks the
+engine for the whole prompt instead, as without this, and a learned part the whole prompt does
+not begin with is dropped and counted as a mismatch. What the check cannot promise: a chat
+whose content happens to begin like the empty content's rendering (a question starting with
+the template's closing text) once taught more than the others share; the spot checks find it.
+
+Learning costs the engine a second tokenization, so a part is learned the second time it is
+seen, not the first: each turn of a conversation has leading messages never seen before (the
+last turn's, plus the reply), and pays one /tokenize per request, as without this.
 
 Bounded: at most MAX_TOKENS token ids in all (4 bytes each) and SEEN_KEYS keys of parts seen
 once (about 100 bytes each), least recently used first out.
@@ -37,26 +43,31 @@ from typing import Any
 MAX_TOKENS = 1_000_000
 # Leading parts remembered as seen once, by key.
 SEEN_KEYS = 16_384
-# Template disagreements before a model's prefixes are no longer learned.
+# Shorter than this in common is not worth keeping (a block is 16 tokens or more).
+MIN_TOKENS = 16
+# Template disagreements before a model's leading parts are no longer learned.
 MISMATCHES_OFF = 3
+# One chat in this many of those answered from what was learned is checked against the engine.
+SPOT_CHECK_EVERY = 16
 # Body fields that shape how the leading messages render, besides the messages themselves.
 _SHAPING = ("tools", "chat_template", "chat_template_kwargs", "add_special_tokens")
 
 
-def leading_messages(body: Mapping[str, Any]) -> list[Any] | None:
-    """A chat body's messages but the last, when there are any and each is a message object."""
+def open_turn(body: Mapping[str, Any]) -> list[Any] | None:
+    """A chat body's messages with the last one's content left empty, when there are leading
+    messages and each is a message object."""
     messages = body.get("messages")
     if not isinstance(messages, list) or len(messages) < 2:
         return None
     if not all(isinstance(m, Mapping) for m in messages):
         return None
-    return messages[:-1]
+    return [*messages[:-1], {"role": messages[-1].get("role"), "content": ""}]
 
 
-def prefix_fields(body: Mapping[str, Any], leading: list[Any]) -> dict[str, Any]:
-    """A /tokenize chat body for the leading messages alone, rendered as history (no prompt for
-    the assistant's turn)."""
-    fields: dict[str, Any] = {"model": body.get("model"), "messages": leading}
+def open_turn_fields(body: Mapping[str, Any], messages: list[Any]) -> dict[str, Any]:
+    """The /tokenize chat body for `messages` (from open_turn): rendered as history, no opening
+    for the assistant's reply."""
+    fields: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     for name in _SHAPING:
         if name in body:
             fields[name] = body[name]
@@ -65,13 +76,23 @@ def prefix_fields(body: Mapping[str, Any], leading: list[Any]) -> dict[str, Any]
 
 
 def prefix_key(fields: Mapping[str, Any]) -> bytes | None:
-    """What identifies a leading part: everything its rendering depends on (the model and
-    adapter name included); None for a body JSON cannot encode."""
+    """What identifies a leading part: everything its rendering depends on (open_turn_fields);
+    None for a body JSON cannot encode."""
     try:
         text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError, RecursionError):
         return None
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
+def common_start(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """How many leading token ids `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class PrefixTokens:
@@ -81,7 +102,8 @@ class PrefixTokens:
         self._tokens = 0
         self._seen_keys = seen_keys
         self._seen: OrderedDict[bytes, None] = OrderedDict()
-        # model -> how often its template rendered leading messages unlike the whole prompt.
+        self._uses = 0
+        # model -> how often what its template renders in common fell short or was wrong.
         # Keyed by the names of models with routes only (callers check), so it stays small.
         self._mismatches: dict[str, int] = {}
 
@@ -93,7 +115,7 @@ class PrefixTokens:
         return self._tokens
 
     def learns(self, model: str) -> bool:
-        """Whether this model's leading parts are kept (its template has not failed the check)."""
+        """Whether this model's leading parts are learned (its template has not failed)."""
         return self._mismatches.get(model, 0) < MISMATCHES_OFF
 
     def get(self, key: bytes) -> tuple[int, ...] | None:
@@ -102,6 +124,12 @@ class PrefixTokens:
             return None
         self._entries.move_to_end(key)
         return tuple(ids)
+
+    def spot_check_due(self) -> bool:
+        """Counts one chat answered from what was learned; True for every SPOT_CHECK_EVERY-th,
+        which should ask the engine for its whole prompt and `check` it."""
+        self._uses += 1
+        return self._uses % SPOT_CHECK_EVERY == 0
 
     def seen_before(self, key: bytes) -> bool:
         """Whether this leading part was seen before (then it is worth learning); the first
@@ -115,22 +143,43 @@ class PrefixTokens:
         return False
 
     def learn(
-        self, model: str, key: bytes, leading: tuple[int, ...], whole: tuple[int, ...]
+        self, model: str, key: bytes, opened: tuple[int, ...], whole: tuple[int, ...]
     ) -> bool:
-        """Keep `leading` (the leading messages' ids) if they begin `whole` (the prompt's, from
-        the same engine) and something follows; else count a mismatch against the model.
-        True when kept."""
-        if not leading or len(leading) >= len(whole) or whole[: len(leading)] != leading:
-            self._mismatches[model] = self._mismatches.get(model, 0) + 1
+        """Keep what `opened` (the chat with its last content empty) and `whole` (the chat, from
+        the same engine) begin with in common, when that is at least MIN_TOKENS; else count a
+        mismatch against the model. True when kept."""
+        common = common_start(opened, whole)
+        # `whole` must go on past it: a prompt's last token is always computed.
+        if common < MIN_TOKENS or common >= len(whole):
+            self._mismatch(model)
             return False
-        if len(leading) > self._max_tokens:
+        return self._keep(key, whole[:common])
+
+    def check(self, model: str, key: bytes, whole: tuple[int, ...]) -> bool:
+        """A spot check: whether the whole prompt of a chat with this leading part begins with
+        what was learned for it. If not, the part is dropped and a mismatch counted."""
+        learned = self._entries.get(key)
+        if learned is None:
+            return True
+        if len(whole) > len(learned) and tuple(learned) == whole[: len(learned)]:
+            return True
+        del self._entries[key]
+        self._tokens -= len(learned)
+        self._mismatch(model)
+        return False
+
+    def _mismatch(self, model: str) -> None:
+        self._mismatches[model] = self._mismatches.get(model, 0) + 1
+
+    def _keep(self, key: bytes, ids: tuple[int, ...]) -> bool:
+        if len(ids) > self._max_tokens:
             return False
         old = self._entries.pop(key, None)
         if old is not None:
             self._tokens -= len(old)
-        while self._entries and self._tokens + len(leading) > self._max_tokens:
+        while self._entries and self._tokens + len(ids) > self._max_tokens:
             _, dropped = self._entries.popitem(last=False)
             self._tokens -= len(dropped)
-        self._entries[key] = array("I", leading)
-        self._tokens += len(leading)
+        self._entries[key] = array("I", ids)
+        self._tokens += len(ids)
         return True

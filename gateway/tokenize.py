@@ -20,8 +20,8 @@ Any failure gives None, and routing falls back to the gateway's own prefix index
 never fails a request.
 
 A chat whose leading messages (all but the last) came before costs no round trip: the gateway
-learns their token ids, checked against the whole prompt's, and routes on those
-(gateway/prefix_tokens.py says when that is exact and what it costs).
+learns the token ids every chat with them begins with, and routes on those
+(gateway/prefix_tokens.py says how it learns and checks them, and what it costs).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, Literal
 import aiohttp
 
 from gateway.deps import GatewayState
-from gateway.prefix_tokens import leading_messages, prefix_fields, prefix_key
+from gateway.prefix_tokens import open_turn, open_turn_fields, prefix_key
 from gateway.request_body import CHAT, COMPLETIONS, PROMPT_FIELDS, ProxiedRequest
 from workflows.contracts import Route
 
@@ -60,7 +60,7 @@ Outcome = Literal["ok", "skipped", "timeout", "failed", "learned"]
 @dataclass(frozen=True, slots=True)
 class PromptTokens:
     ids: tuple[int, ...]
-    # True: the ids of a chat's leading messages only; the prompt goes on past them.
+    # True: only the ids a chat begins with before its last content; the prompt goes on.
     leading_only: bool = False
 
 
@@ -230,14 +230,18 @@ async def request_token_ids(
         # ids could not change the choice, so no engine is asked.
         state.metrics.kv_tokenized("skipped", 0.0)
         return None
-    leading = _learnable(state, request)
-    if leading is not None:
-        known = state.prefix_tokens.get(leading[0])
+    book = state.prefix_tokens
+    learnable = _learnable(state, request)
+    spot_check = False
+    if learnable is not None:
+        known = book.get(learnable[0])
         if known is not None:
-            state.metrics.kv_tokenized("learned", 0.0)
-            return PromptTokens(known, leading_only=True)
-        if not state.prefix_tokens.seen_before(leading[0]):
-            leading = None  # the first time: worth a second tokenization only if it comes back
+            spot_check = book.spot_check_due()
+            if not spot_check:
+                state.metrics.kv_tokenized("learned", 0.0)
+                return PromptTokens(known, leading_only=True)
+        elif not book.seen_before(learnable[0]):
+            learnable = None  # the first time: worth a second tokenization only if it comes back
     counts = state.inflight.counts
     # The least loaded by this gateway's count: the first among equals (they are sorted).
     route = min(candidates, key=lambda r: counts.get(r.replica_id, 0))
@@ -245,31 +249,35 @@ async def request_token_ids(
     auth = state.upstream_auth(route)
     started = time.perf_counter()
     whole = _ask(state.session, route, request.body, auth, timeout_s, request.path == CHAT, bulk)
-    if leading is None:
+    if learnable is None:
         ids, outcome = await whole
+    elif spot_check:
+        ids, outcome = await whole
+        if ids is not None and not book.check(request.model, learnable[0], ids):
+            log.warning("model %s: a chat did not begin as learned; dropped", request.model)
     else:
-        # The leading messages alone beside the whole prompt, at once on the same engine: what
-        # checks the template renders them alike (gateway/prefix_tokens.py).
-        lead = _post(state.session, route, leading[1], auth, timeout_s)
-        (ids, outcome), (lead_ids, _) = await asyncio.gather(whole, lead)
-        if ids is not None and lead_ids is not None:
-            state.prefix_tokens.learn(request.model, leading[0], lead_ids, ids)
+        # The chat with its last content empty beside the whole one, at once on the same
+        # engine: what both begin with is learned (gateway/prefix_tokens.py).
+        opened = _post(state.session, route, learnable[1], auth, timeout_s)
+        (ids, outcome), (opened_ids, _) = await asyncio.gather(whole, opened)
+        if ids is not None and opened_ids is not None:
+            book.learn(request.model, learnable[0], opened_ids, ids)
     state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
     return PromptTokens(ids) if ids is not None else None
 
 
 def _learnable(state: GatewayState, request: ProxiedRequest) -> tuple[bytes, bytes] | None:
-    """For a chat whose leading messages can be learned: their key and their /tokenize body.
-    Not for a large body the gateway split (its messages are not parsed here), media parts, or
-    a model whose template failed the check."""
+    """For a chat whose leading part can be learned: its key and the /tokenize body of the chat
+    with its last content empty. Not for a large body the gateway split (its messages are not
+    parsed here), media parts, or a model whose template failed the check."""
     if request.path != CHAT or request.bulk is not None:
         return None
     if not state.prefix_tokens.learns(request.model):
         return None
-    leading = leading_messages(request.body)
-    if leading is None or _has_media(request.body.get("messages")):
+    opened = open_turn(request.body)
+    if opened is None or _has_media(request.body.get("messages")):
         return None
-    fields = prefix_fields(request.body, leading)
+    fields = open_turn_fields(request.body, opened)
     key = prefix_key(fields)
     if key is None:
         return None

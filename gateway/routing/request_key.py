@@ -28,8 +28,9 @@ class RequestKey:
     # The prompt as the engine tokenizes it, when the gateway asked one (gateway/tokenize.py):
     # the router then scores replicas by the blocks their engines report holding.
     token_ids: tuple[int, ...] | None = None
-    # True: `token_ids` are a chat's leading messages only (gateway/prefix_tokens.py); the
-    # prompt goes on past them, so every full block of them can come from the engine's cache.
+    # True: `token_ids` are only what a chat begins with before its last message's content
+    # (gateway/prefix_tokens.py); the prompt goes on past them, so every full block of them can
+    # come from the engine's cache.
     leading_only: bool = False
     # The body's `cache_salt` (vLLM): it changes the prompt's block hashes.
     cache_salt: str | None = None

@@ -1,7 +1,8 @@
-"""KV routing on learned leading messages, through a running gateway: a chat whose system prompt
+"""KV routing on learned leading parts, through a running gateway: a chat whose system prompt
 came back before is routed to the engine holding its blocks without asking any engine for
-tokens, with the prediction the whole prompt would give; a template that renders the leading
-messages otherwise in the whole prompt is caught, and its model is no longer learned."""
+tokens, with the prediction its whole prompt would give; a template that puts the system prompt
+into the last message is learned too; one that renders the last message first is not, and its
+model is no longer learned."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from engines.kv_hashes import block_ids
+from gateway import prefix_tokens
 from gateway.prefix_tokens import MISMATCHES_OFF
 from gateway.store import Store
 from tests.gateway_kit import MODEL, FakeRouteSource, fast_settings, running_gateway, serving
@@ -26,8 +29,9 @@ from workflows.engine_keys import engine_key_from_master, kv_feed_token, node_se
 NODE = "node-a"
 ROLES = {"system": 1, "user": 2, "assistant": 3}
 END, ASSISTANT_TURN = 4, 5
-# 30 characters: with its role and end tokens the system message is exactly two blocks of 16.
-SYSTEM = {"role": "system", "content": "You answer for otters; be kind"}
+# 29 characters: with its role and end tokens and the user turn's opening, the learned part is
+# exactly two blocks of 16.
+SYSTEM = {"role": "system", "content": "You answer for otters; be kin"}
 Template = Callable[[list[dict[str, str]]], list[int]]
 
 
@@ -52,6 +56,11 @@ def system_last(messages: list[dict[str, str]]) -> list[int]:
         "content": "".join(m["content"] for m in system) + last["content"],
     }
     return chatml([*before, merged])
+
+
+def last_first(messages: list[dict[str, str]]) -> list[int]:
+    """The last message first: chats with the same leading messages share only its role."""
+    return chatml([messages[-1], *messages[:-1]])
 
 
 @dataclass
@@ -116,7 +125,8 @@ async def kv_gateway(store: Store, template: Template) -> AsyncIterator[tuple[An
         source = FakeRouteSource(kv_route("r-a", a.url, feed.url), kv_route("r-b", b.url, feed.url))
         async with running_gateway(store, source, fast_settings()) as gw:
             conn = await feed.accepted()
-            held = block_ids(chatml([SYSTEM]), 16, "0")
+            # What every chat below begins with (ChatML): the system message, the user's turn.
+            held = block_ids([*chatml([SYSTEM]), ROLES["user"]], 16, "0")
             assert len(held) == 2
             conn.send(*opening("e1", 2, {"r-a": [], "r-b": held}))
 
@@ -137,34 +147,65 @@ async def test_a_system_prompt_seen_twice_is_routed_without_asking_for_tokens(
             assert answer.status_code == 200, answer.text
             assert answer.json()["choices"][0]["message"]["content"] == "r-b"
         asked = a.tokenized + b.tokenized
-        # The first sight asks for the whole prompt; the second also for the system message
-        # alone, as history (no assistant turn); after that, nothing.
-        assert sorted(len(body["messages"]) for body in asked) == [1, 2, 2]
-        (leading,) = [body for body in asked if len(body["messages"]) == 1]
-        assert leading["add_generation_prompt"] is False
+        # The first sight asks for the whole chat; the second also for the chat with its last
+        # content empty, as history (no assistant turn); after that, nothing.
+        assert len(asked) == 3
+        (opened,) = [body for body in asked if body["messages"][-1]["content"] == ""]
+        assert opened["messages"] == [SYSTEM, {"role": "user", "content": ""}]
+        assert opened["add_generation_prompt"] is False
         assert await metric(gw, "llmgw_kv_tokenize_total", outcome="ok") == 2
         assert await metric(gw, "llmgw_kv_tokenize_total", outcome="learned") == 2
         assert await metric(gw, "llmgw_routing_decisions_total", reason="kv_prefix") == 4
-        # The system message is exactly two blocks: the whole prompt goes on past them, so
-        # both can come from the cache, as with the whole prompt's ids. Every prediction is
-        # the engine's 32.
+        # The learned part is exactly two blocks: the prompt goes on past them, so both can come
+        # from the cache, as the whole prompt's ids said. Every prediction is the engine's 32.
         cached = "llmgw_kv_cached_tokens_total"
         assert await metric(gw, cached, model=MODEL, kind="predicted") == 4 * 32
         assert await metric(gw, cached, model=MODEL, kind="reported") == 4 * 32
 
 
-async def test_a_template_rendering_leading_messages_otherwise_is_not_learned(
+async def test_a_system_prompt_in_the_last_message_is_learned_too(store: Store) -> None:
+    async with kv_gateway(store, system_last) as (gw, a, b):
+        for n in range(4):
+            answer = await gw.chat(messages=ask(f"question {n}"))
+            assert answer.status_code == 200, answer.text
+        assert len(a.tokenized + b.tokenized) == 3
+        assert await metric(gw, "llmgw_kv_tokenize_total", outcome="learned") == 2
+
+
+async def test_a_template_rendering_the_last_message_first_is_not_learned(
     store: Store,
 ) -> None:
-    async with kv_gateway(store, system_last) as (gw, a, b):
+    async with kv_gateway(store, last_first) as (gw, a, b):
         for n in range(MISMATCHES_OFF + 3):
             answer = await gw.chat(messages=ask(f"question {n}"))
             assert answer.status_code == 200, answer.text
         asked = a.tokenized + b.tokenized
-        whole = [body for body in asked if len(body["messages"]) == 2]
-        leading = [body for body in asked if len(body["messages"]) == 1]
-        # Every request asked for its whole prompt; the system message alone was asked for
-        # (and disagreed) from the second sight until learning stopped.
-        assert len(whole) == MISMATCHES_OFF + 3
-        assert len(leading) == MISMATCHES_OFF
+        opened = [body for body in asked if body["messages"][-1]["content"] == ""]
+        # Every chat asked for its whole prompt; the opened turn was asked for from the second
+        # sight until learning stopped.
+        assert len(asked) - len(opened) == MISMATCHES_OFF + 3
+        assert len(opened) == MISMATCHES_OFF
         assert await metric(gw, "llmgw_kv_tokenize_total", outcome="learned") == 0
+
+
+async def test_a_learned_part_a_chat_does_not_begin_with_is_dropped(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A question that begins like the empty content's rendering teaches too much; the spot
+    check of a later chat finds it."""
+    monkeypatch.setattr(prefix_tokens, "SPOT_CHECK_EVERY", 2)
+
+    def empty_says_none(messages: list[dict[str, str]]) -> list[int]:
+        last = messages[-1]
+        shown = {**last, "content": last["content"] or "none"}
+        return chatml([*messages[:-1], shown])
+
+    async with kv_gateway(store, empty_says_none) as (gw, a, b):
+        questions = ["nonetheless?", "nonetheless!", "Why?", "Why not?", "How?", "When?"]
+        for question in questions:
+            answer = await gw.chat(messages=ask(question))
+            assert answer.status_code == 200, answer.text
+        # 1: seen; 2: learned, "none" included; 3: answered from it; 4: spot-checked, dropped;
+        # 5: learned again, from "How?"; 6: answered from that.
+        assert len(a.tokenized + b.tokenized) == 1 + 2 + 0 + 1 + 2 + 0
+        assert await metric(gw, "llmgw_kv_tokenize_total", outcome="learned") == 2
