@@ -416,7 +416,8 @@ async def test_the_gateway_sends_a_shared_prefix_to_the_engine_that_cached_it(
     """With the openai client through a gateway in front of two vLLM replicas, the gateway
     reading the agent's KV feed: a request sharing a long prefix with an earlier one goes to
     the replica whose engine cached that prefix, and that engine reports as cached exactly the
-    tokens the gateway predicted."""
+    tokens the gateway predicted; chats sharing a system prompt too, the later ones on what the
+    gateway learned they begin with."""
     service = KvService(agent._config)
     await service.start(agent.supervisor)
     env = ActivityEnvironment()
@@ -460,8 +461,25 @@ async def test_the_gateway_sends_a_shared_prefix_to_the_engine_that_cached_it(
                 )
                 assert second.usage is not None
                 assert cached_tokens(second.usage) >= (blocks - 1) * CPU_BLOCK_SIZE, topic
+            # Chats sharing a system prompt: from the third on, the gateway routes on what it
+            # learned they begin with (gateway/prefix_tokens.py), asking no engine for tokens.
+            system = {"role": "system", "content": long_text("fjord")}
+            for n, question in enumerate(["Where is it?", "Why so deep?", "How old?", "Who?"]):
+                held_before = await blocks_held(gw)
+                chat = await client.chat.completions.create(
+                    model="tiny",
+                    messages=[system, {"role": "user", "content": question}],
+                    max_tokens=1,
+                )
+                assert chat.usage is not None
+                if n == 0:
+                    blocks = chat.usage.prompt_tokens // CPU_BLOCK_SIZE
+                    await wait_for(lambda: blocks_held(gw), held_before + blocks, "fjord")
+                else:
+                    assert cached_tokens(chat.usage) >= (blocks - 2) * CPU_BLOCK_SIZE, question
+            assert await metric(gw, "llmgw_kv_tokenize_total", outcome="learned") == 2
             # Every follow-up routed by the engines' blocks, each prediction what the engine said.
-            assert await metric(gw, "llmgw_routing_decisions_total", reason="kv_prefix") == 4
+            assert await metric(gw, "llmgw_routing_decisions_total", reason="kv_prefix") == 4 + 3
             predicted = await metric(gw, "llmgw_kv_cached_tokens_total", kind="predicted")
             reported = await metric(gw, "llmgw_kv_cached_tokens_total", kind="reported")
             assert predicted == reported > 0
