@@ -22,6 +22,9 @@ class Prediction:
 
     predicted: float = 0.0
     reported: float = 0.0
+    # Tokens predicted and not found, and found and not predicted, summed over requests.
+    over: float = 0.0
+    under: float = 0.0
     # upper bound of |error| for a bucket -> requests in it (the histogram's own buckets).
     by_bound: dict[float, float] = field(default_factory=dict)
 
@@ -42,6 +45,8 @@ class Prediction:
     def add(self, other: Prediction) -> None:
         self.predicted += other.predicted
         self.reported += other.reported
+        self.over += other.over
+        self.under += other.under
         for bound, count in other.by_bound.items():
             self.by_bound[bound] = self.by_bound.get(bound, 0.0) + count
 
@@ -61,6 +66,10 @@ def parse_prediction(metrics_text: str) -> Prediction:
                 found.predicted += value
             elif 'kind="reported"' in line:
                 found.reported += value
+            elif 'kind="over"' in line:
+                found.over += value
+            elif 'kind="under"' in line:
+                found.under += value
     cumulative.sort()
     below, previous_edge = 0.0, -math.inf
     for edge, count in cumulative:
@@ -113,12 +122,14 @@ class ArmResult:
 
     @property
     def error_share(self) -> float:
-        """Mean |predicted - reported| per KV-routed request (upper bound), as a share of the
-        arm's mean prompt length; NaN for an arm without predictions."""
+        """Mean |predicted - reported| per KV-routed request, as a share of the arm's mean
+        prompt length: exact from the gateway's over and under totals, else the histogram's
+        upper bound (a gateway from before those totals); NaN for an arm without predictions."""
         pred = self.prediction
         if not pred.requests or not self.ttft_s:
             return math.nan
-        return pred.abs_error_bound / pred.requests / self.mean_prompt_tokens
+        wrong = pred.over + pred.under if pred.over or pred.under else pred.abs_error_bound
+        return wrong / pred.requests / self.mean_prompt_tokens
 
     @property
     def net_error_share(self) -> float:
@@ -217,7 +228,8 @@ def _decisions(results: Sequence[ArmResult]) -> list[str]:
             line += (
                 f"; {pred.requests:.0f} KV-routed, {pred.exact:.0f} predicted exactly, "
                 f"cached tokens predicted {pred.predicted:.0f} / reported {pred.reported:.0f} "
-                f"(net {_pct(r.net_error_share)} of prompt tokens)"
+                f"(net {_pct(r.net_error_share)} of prompt tokens; {pred.over:.0f} predicted "
+                f"and not found, {pred.under:.0f} found and not predicted)"
             )
         lines.append(line)
     return lines

@@ -113,11 +113,12 @@ class GatewayMetrics:
             registry=r,
         )
         # prometheus-client leaves out a histogram's _sum when it has negative buckets: the
-        # totals, for the overall ratio of reported to predicted.
+        # totals, for the overall ratio of reported to predicted, and the errors' sizes.
         self._cached_tokens = Counter(
             "llmgw_kv_cached_tokens",
             "Cached prompt tokens of requests routed by KV events, by model and kind "
-            "(predicted by the gateway, reported by the engine).",
+            "(predicted by the gateway, reported by the engine; over: predicted and not "
+            "found, under: found and not predicted).",
             ["model", "kind"],
             registry=r,
         )
@@ -167,6 +168,9 @@ class GatewayMetrics:
         self._child(self._cache_error, model).observe(predicted - reported)
         self._child(self._cached_tokens, model, "predicted").inc(predicted)
         self._child(self._cached_tokens, model, "reported").inc(reported)
+        # Their sum over requests is the exact mean |error|, which the histogram only bounds.
+        self._child(self._cached_tokens, model, "over").inc(max(predicted - reported, 0))
+        self._child(self._cached_tokens, model, "under").inc(max(reported - predicted, 0))
 
     def watch_kv(self, feeds: KvFeeds, publishers: KvPublishers | None = None) -> None:
         """Expose the KV feeds' and external publishers' counters and the index's size, read

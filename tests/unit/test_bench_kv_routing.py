@@ -112,6 +112,16 @@ def test_the_prediction_error_comes_from_the_gateways_histogram() -> None:
     assert math.isclose(arm.error_share, 96 / 10 / 300)
     assert math.isclose(arm.net_error_share, 32 / 3000)
     assert math.isnan(_arm("oracle", [0.1], 300, 0).error_share)
+    # With the gateway's over and under totals the mean |error| is exact, not a bound.
+    exact = parse_prediction(
+        METRICS
+        + 'llmgw_kv_cached_tokens_total{kind="over",model="m"} 48.0\n'
+        + 'llmgw_kv_cached_tokens_total{kind="under",model="m"} 16.0\n'
+    )
+    assert (exact.over, exact.under) == (48.0, 16.0)
+    exact_arm = _arm("precise", [0.1] * 10, 3000, 1984)
+    exact_arm.prediction.add(exact)
+    assert math.isclose(exact_arm.error_share, 64 / 10 / 300)
     table = markdown([arm], "header")
     assert "| small | precise | 10 | 0 |" in table
     assert "7 predicted exactly" in table
