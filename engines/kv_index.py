@@ -74,6 +74,9 @@ class KvBlockIndex:
     def size(self, replica_id: str) -> int:
         return len(self._blocks.get(replica_id, ()))
 
+    def holds(self, replica_id: str, block: int) -> bool:
+        return block in self._blocks.get(replica_id, ())
+
     def replicas(self) -> list[str]:
         """The replicas that hold at least one block."""
         return [replica_id for replica_id, held in self._blocks.items() if held]

@@ -5,6 +5,7 @@ the token counters that only move while it serves (for scale-to-zero)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -73,6 +74,17 @@ def kv_usage(metrics_text: str) -> float | None:
         if name in KV_USAGE_METRICS and (fullest is None or value > fullest):
             fullest = value
     return fullest
+
+
+# vLLM's cache configuration, as labels of a constant gauge: `num_gpu_blocks` is its cache's size.
+_VLLM_CACHE_CONFIG = re.compile(r'^vllm:cache_config_info\{[^}]*\bnum_gpu_blocks="(\d+)"', re.M)
+
+
+def kv_cache_blocks(metrics_text: str) -> int | None:
+    """The engine's KV cache size in blocks (vLLM's `vllm:cache_config_info`), or None where
+    its metrics do not say."""
+    found = _VLLM_CACHE_CONFIG.search(metrics_text)
+    return int(found.group(1)) if found else None
 
 
 def totals(metrics_text: str, names: Iterable[str]) -> dict[str, float]:

@@ -49,6 +49,10 @@ MIN_TOKENS = 16
 MISMATCHES_OFF = 3
 # One chat in this many of those answered from what was learned is checked against the engine.
 SPOT_CHECK_EVERY = 16
+# For tokens_after: bytes of text to a token (English with common tokenizers), and the
+# template's tokens after the content (its closing, the opening of the reply).
+BYTES_PER_TOKEN = 4
+TEMPLATE_TOKENS = 6
 # Body fields that shape how the leading messages render, besides the messages themselves.
 _SHAPING = ("tools", "chat_template", "chat_template_kwargs", "add_special_tokens")
 
@@ -73,6 +77,16 @@ def open_turn_fields(body: Mapping[str, Any], messages: list[Any]) -> dict[str, 
             fields[name] = body[name]
     fields["add_generation_prompt"] = False
     return fields
+
+
+def tokens_after(body: Mapping[str, Any]) -> int:
+    """About how many tokens a chat has past what it begins with in common: its last content
+    (a token to about 4 bytes of text, JSON for parts) and the template's few around it."""
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    content = last.get("content") if isinstance(last, Mapping) else None
+    text = content if isinstance(content, str) else json.dumps(content, default=str)
+    return -(-len(text.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN) + TEMPLATE_TOKENS
 
 
 def prefix_key(fields: Mapping[str, Any]) -> bytes | None:

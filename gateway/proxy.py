@@ -263,6 +263,7 @@ async def _serve_admitted(
                 session=session.decode("latin-1") if session else request.user,
                 token_ids=tokens.ids if tokens is not None else None,
                 leading_only=tokens is not None and tokens.leading_only,
+                prompt_tokens=tokens.length if tokens is not None else 0,
                 cache_salt=cache_salt(body),
                 adapter=request.adapter,
             )
@@ -447,10 +448,14 @@ async def _first_answer(
             failure = failure or "deadline"
             break
         state.inflight.acquire(route.replica_id)
+        # Checked against the engine's usage when it reports cached tokens.
+        predicted = decision.predicted_cached_tokens if routing_key.token_ids and route.kv else None
+        kv_ticket = state.router.kv_sent(route, routing_key, predicted or 0)
         try:
             upstream = await _post(state, route, request, payload.for_route(route), remaining)
         except (aiohttp.ClientError, TimeoutError) as exc:
             state.inflight.release(route.replica_id)
+            state.router.kv_finished(route.replica_id, kv_ticket)
             reason = "timeout" if isinstance(exc, TimeoutError) else "unreachable"
             _failed(state, model, route, reason, exc)
             tried.append(route.replica_id)
@@ -458,20 +463,28 @@ async def _first_answer(
             continue
         except BaseException:
             state.inflight.release(route.replica_id)
+            state.router.kv_finished(route.replica_id, kv_ticket)
             raise
         if upstream.status in RETRYABLE_STATUSES:
             detail = f"answered {upstream.status}"
             upstream.release()
             state.inflight.release(route.replica_id)
+            state.router.kv_finished(route.replica_id, kv_ticket)
             _failed(state, model, route, f"status_{upstream.status}", detail)
             tried.append(route.replica_id)
             failure = "unavailable"
             continue
         state.router.breaker.succeeded(route.replica_id, time.monotonic())
-        # Checked against the engine's usage when it reports cached tokens.
-        predicted = decision.predicted_cached_tokens if routing_key.token_ids and route.kv else None
         return Relay(
-            state, model, route, upstream, request.stream, request.wants_usage, watch, predicted
+            state,
+            model,
+            route,
+            upstream,
+            request.stream,
+            request.wants_usage,
+            watch,
+            predicted,
+            kv_ticket,
         )
 
     if route is None and busy:

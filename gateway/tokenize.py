@@ -37,7 +37,7 @@ from typing import Any, Literal
 import aiohttp
 
 from gateway.deps import GatewayState
-from gateway.prefix_tokens import open_turn, open_turn_fields, prefix_key
+from gateway.prefix_tokens import open_turn, open_turn_fields, prefix_key, tokens_after
 from gateway.request_body import CHAT, COMPLETIONS, PROMPT_FIELDS, ProxiedRequest
 from workflows.contracts import Route
 
@@ -62,6 +62,8 @@ class PromptTokens:
     ids: tuple[int, ...]
     # True: only the ids a chat begins with before its last content; the prompt goes on.
     leading_only: bool = False
+    # The whole prompt's length in tokens: len(ids), or with `leading_only` an estimate.
+    length: int = 0
 
 
 def tokenize_body(
@@ -239,7 +241,8 @@ async def request_token_ids(
             spot_check = book.spot_check_due()
             if not spot_check:
                 state.metrics.kv_tokenized("learned", 0.0)
-                return PromptTokens(known, leading_only=True)
+                length = len(known) + tokens_after(request.body)
+                return PromptTokens(known, leading_only=True, length=length)
         elif not book.seen_before(learnable[0]):
             learnable = None  # the first time: worth a second tokenization only if it comes back
     counts = state.inflight.counts
@@ -263,7 +266,7 @@ async def request_token_ids(
         if ids is not None and opened_ids is not None:
             book.learn(request.model, learnable[0], opened_ids, ids)
     state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
-    return PromptTokens(ids) if ids is not None else None
+    return PromptTokens(ids, length=len(ids)) if ids is not None else None
 
 
 def _learnable(state: GatewayState, request: ProxiedRequest) -> tuple[bytes, bytes] | None:

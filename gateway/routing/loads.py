@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from engines.metrics import kv_usage, load
+from engines.metrics import kv_cache_blocks, kv_usage, load
 from workflows.contracts import Route
 
 # About five scrape periods: one slow or missed scrape does not blind the router.
@@ -28,6 +28,7 @@ class LoadSample:
     waiting: int
     kv_usage: float | None  # 0-1 share of the KV cache in use; None where the engine has none
     taken_at: float  # the caller's monotonic clock
+    kv_blocks: int | None = None  # the KV cache's size in blocks, where the engine says (vLLM)
 
     @property
     def in_flight(self) -> int:
@@ -40,7 +41,13 @@ def sample_from_metrics(metrics_text: str, taken_at: float) -> LoadSample | None
     found = load(metrics_text)
     if found is None:
         return None
-    return LoadSample(found.running, found.waiting, kv_usage(metrics_text), taken_at)
+    return LoadSample(
+        found.running,
+        found.waiting,
+        kv_usage(metrics_text),
+        taken_at,
+        kv_cache_blocks(metrics_text),
+    )
 
 
 class EngineLoadBoard:

@@ -24,14 +24,16 @@ of 16 tokens, 34 us when none holds its first block (the hashing is the cost: 3.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Literal, get_args
 
 from engines.kv_index import KvBlockIndex
 from gateway.routing import affinity
 from gateway.routing.breaker import CircuitBreaker
 from gateway.routing.kv_blocks import request_block_ids
+from gateway.routing.kv_pressure import KvPressure
 from gateway.routing.loads import EngineLoadBoard
 from gateway.routing.prefix_index import PrefixIndex
 from gateway.routing.request_key import RequestKey
@@ -50,6 +52,10 @@ Reason = Literal[
     "none",  # no candidate: the model has no ready replica (or all were tried)
 ]
 REASONS: tuple[Reason, ...] = get_args(Reason)
+
+# A request's blocks noted for its engine's eviction order (kv_pressure.py): a longer prompt's
+# later blocks are of unknown age there, which only makes them count as evicted earlier.
+KV_TRACKED_BLOCKS = 256
 
 Policy = Literal["prefix", "least_load", "round_robin"]
 POLICIES: tuple[Policy, ...] = get_args(Policy)
@@ -122,6 +128,8 @@ class Router:
         self.margin = margin if margin is not None else OverloadMargin()
         self.min_match_blocks = max(1, min_match_blocks)
         self.kv_index = kv_index
+        # What the engines will have evicted when a request sent now reaches them.
+        self.kv_pressure = KvPressure()
         self._clock = clock
         # Per model, where the next tie-break starts: kept here rather than in the snapshot so
         # a new routing table does not send the next burst of ties to the same replica.
@@ -183,6 +191,7 @@ class Router:
             self._indexed.discard(replica_id)
         for replica_id in self.breaker.known() - ready:
             self.breaker.forget(replica_id)
+        self.kv_pressure.retain(ready)
         self.loads.retain(ready)
 
     def _by_prefix(
@@ -247,7 +256,55 @@ class Router:
             index.insert_hashes(ids[chosen], keys, now)
             self._indexed.add(ids[chosen])
         found = kv.get(ids[chosen])
-        return chosen, reason, matched, found.predicted if found is not None else 0
+        predicted = 0
+        if found is not None and found.predicted:
+            surviving = self._kv_surviving(request, routes[chosen], found.blocks, now)
+            predicted = min(found.predicted, surviving * found.tokens // found.blocks)
+        return chosen, reason, matched, predicted
+
+    def _kv_surviving(self, request: RequestKey, route: Route, count: int, now: float) -> int:
+        """Of the `count` leading blocks `route`'s engine reports holding, those it will still
+        hold when it starts this request (kv_pressure.py), given its cache's size from its
+        metrics; all of them when its metrics do not say."""
+        sample = self.loads.latest(route.replica_id, now)
+        if route.kv is None or request.token_ids is None or self.kv_index is None:
+            return count
+        if sample is None or sample.kv_blocks is None:
+            return count
+        matched = list(islice(self._blocks_of(request, route.kv), count))
+        return self.kv_pressure.surviving(
+            route.replica_id,
+            matched,
+            sample.kv_blocks - 1,  # vLLM keeps one block aside (its null block)
+            self.kv_index,
+            started_before=sample.taken_at if sample.waiting == 0 else None,
+        )
+
+    def kv_sent(self, route: Route, request: RequestKey, predicted_tokens: int) -> int | None:
+        """Note a request sent to `route` (kv_pressure.py), for the predictions of those sent
+        after it; its ticket for `kv_started` and `kv_finished`. None where the route publishes
+        no KV events or the request has no token ids."""
+        kv = route.kv
+        if kv is None or request.token_ids is None:
+            return None
+        blocks = list(islice(self._blocks_of(request, kv), KV_TRACKED_BLOCKS))
+        length = max(request.prompt_tokens, len(request.token_ids))
+        # At its start an engine allocates the prompt's blocks and the first output token's.
+        need = -(-(length + 1) // kv.block_size) - predicted_tokens // kv.block_size
+        return self.kv_pressure.sent(route.replica_id, blocks, need, self._clock())
+
+    def kv_started(self, replica_id: str, ticket: int | None) -> None:
+        if ticket is not None:
+            self.kv_pressure.started(replica_id, ticket)
+
+    def kv_finished(self, replica_id: str, ticket: int | None) -> None:
+        if ticket is not None:
+            self.kv_pressure.finished(replica_id, ticket)
+
+    @staticmethod
+    def _blocks_of(request: RequestKey, kv: KvSource) -> Iterator[int]:
+        assert request.token_ids is not None
+        return request_block_ids(request.token_ids, kv, request.cache_salt, request.adapter)
 
     def _kv_matches(self, request: RequestKey, routes: Sequence[Route]) -> dict[str, _KvMatch]:
         """What each candidate publishing KV events holds of the request's leading blocks; empty

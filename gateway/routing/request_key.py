@@ -32,6 +32,9 @@ class RequestKey:
     # (gateway/prefix_tokens.py); the prompt goes on past them, so every full block of them can
     # come from the engine's cache.
     leading_only: bool = False
+    # The prompt's length in tokens: exact with the whole prompt's ids, estimated with
+    # `leading_only`; 0 where unknown.
+    prompt_tokens: int = 0
     # The body's `cache_salt` (vLLM): it changes the prompt's block hashes.
     cache_salt: str | None = None
     # The LoRA adapter asked for: it changes every block's hash (gateway/routing/kv_blocks.py).

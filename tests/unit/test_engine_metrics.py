@@ -7,6 +7,7 @@ from aiohttp import web
 from engines.metrics import (
     Load,
     in_flight,
+    kv_cache_blocks,
     kv_usage,
     load,
     metrics_path,
@@ -103,3 +104,16 @@ async def test_an_engine_that_does_not_answer_is_stopped_without_waiting() -> No
     outcome = await wait_idle("http://127.0.0.1:9/metrics", "k", 30)
     assert outcome.startswith("no metrics")
     assert loop.time() - started < 5
+
+
+def test_a_vllm_cache_size_is_read_from_its_cache_config_labels() -> None:
+    # As vLLM 0.32 exports it: every CacheConfig field a label, the override among them.
+    page = (
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="32",cache_dtype="auto",engine="0",'
+        'num_gpu_blocks="33",num_gpu_blocks_override="32",prefix_caching_hash_algo="sha256"} 1.0\n'
+        "vllm:num_requests_running 0.0\n"
+    )
+    assert kv_cache_blocks(page) == 33
+    assert kv_cache_blocks(page.replace('num_gpu_blocks="33"', 'num_gpu_blocks="None"')) is None
+    assert kv_cache_blocks("vllm:num_requests_running 0.0\n") is None

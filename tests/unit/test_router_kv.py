@@ -10,6 +10,7 @@ from engines.kv_hashes import block_ids
 from engines.kv_index import KvBlockIndex
 from gateway.routing import Decision, OverloadMargin, RequestKey, Router, RoutingSnapshot
 from gateway.routing.kv_blocks import request_block_ids
+from gateway.routing.loads import LoadSample
 from workflows.contracts import KvSource, ReplicaState, Route, RoutingTable
 
 BLOCK = 4
@@ -227,3 +228,45 @@ def test_routes_without_kv_route_exactly_as_before_even_with_token_ids() -> None
     assert decisions == _decisions(Router(), snap, plain)
     assert all(reason != "kv_prefix" for _, reason, _, _ in decisions)
     assert {"prefix", "least_load"} <= {reason for _, reason, _, _ in decisions}
+
+
+def full_engine(router: Router, replica_id: str, blocks: int, waiting: int = 0) -> None:
+    """The engine's metrics say its cache is `blocks` blocks (and one it keeps aside)."""
+    sample = LoadSample(
+        running=0, waiting=waiting, kv_usage=1.0, taken_at=0.0, kv_blocks=blocks + 1
+    )
+    router.loads.record(replica_id, sample)
+
+
+def test_blocks_the_engine_will_evict_first_are_not_predicted() -> None:
+    index = KvBlockIndex()
+    index.store("a", HASHES)
+    router = Router(kv_index=index)
+    snap = snapshot(route("a"))
+    # A request of this prefix ran and finished: its blocks are the engine's only idle ones.
+    first = router.choose(snap, ask(), {}, now=1.0)
+    assert first.predicted_cached_tokens == 5 * BLOCK
+    ticket = router.kv_sent(route("a"), ask(), first.predicted_cached_tokens)
+    router.kv_started("a", ticket)
+    router.kv_finished("a", ticket)
+    full_engine(router, "a", blocks=5)
+    # Another prompt sent and not started yet takes two new blocks of the full cache: the
+    # prefix's last two, freed first, go before a request sent now is started.
+    other = RequestKey("m", b"other", token_ids=tuple(range(900, 900 + BLOCK + 3)))
+    waiting = router.kv_sent(route("a"), other, 0)
+    decision = router.choose(snap, ask(), {}, now=2.0)
+    assert (chosen(decision), decision.matched_blocks) == ("a", 5)
+    assert decision.predicted_cached_tokens == 3 * BLOCK
+    # Once it has started, its blocks are taken: nothing more will go.
+    router.kv_started("a", waiting)
+    assert router.choose(snap, ask(), {}, now=3.0).predicted_cached_tokens == 5 * BLOCK
+
+
+def test_without_the_engines_cache_size_the_index_alone_predicts() -> None:
+    index = KvBlockIndex()
+    index.store("a", HASHES)
+    router = Router(kv_index=index)
+    other = RequestKey("m", b"other", token_ids=tuple(range(900, 900 + 10 * BLOCK)))
+    router.kv_sent(route("a"), other, 0)
+    decision = router.choose(snapshot(route("a")), ask(), {}, now=1.0)
+    assert decision.predicted_cached_tokens == 5 * BLOCK
