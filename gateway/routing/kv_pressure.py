@@ -10,9 +10,10 @@ requests ahead need passes what the engine has free, its oldest idle blocks go, 
 index shows can be gone when the request is started. The prediction counts only the leading
 blocks that will still be there.
 
-This is one gateway's view: the requests it sent (the blocks it hashed for each, and whether the
-engine has started it, by its first streamed bytes), when each finished, and the engine's size
-in blocks from its metrics (`vllm:cache_config_info`). Idle blocks no request of this gateway
+This is one gateway's view: the requests it sent (the first 128 blocks it hashed for each,
+and whether the engine has started it: its first streamed bytes, or a metrics sample after it
+showing none waiting), when each finished, and the engine's size in blocks from its metrics
+(`vllm:cache_config_info`). Idle blocks no request of this gateway
 freed (another gateway's, or older than this gateway) count as the oldest. Without the engine's
 size the prediction is the index's alone.
 

@@ -54,8 +54,9 @@ Reason = Literal[
 REASONS: tuple[Reason, ...] = get_args(Reason)
 
 # A request's blocks noted for its engine's eviction order (kv_pressure.py): a longer prompt's
-# later blocks are of unknown age there, which only makes them count as evicted earlier.
-KV_TRACKED_BLOCKS = 256
+# later blocks are of unknown age there, which only makes them count as evicted earlier. Each
+# costs a hash (about 3.5 us here), on top of the decision's: at most 0.45 ms a request.
+KV_TRACKED_BLOCKS = 128
 
 Policy = Literal["prefix", "least_load", "round_robin"]
 POLICIES: tuple[Policy, ...] = get_args(Policy)
