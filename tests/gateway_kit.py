@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -126,6 +126,21 @@ async def serving(app: web.Application) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@asynccontextmanager
+async def serving_vllm(tokenize: Handler, chat: Handler, metrics: Handler) -> AsyncIterator[str]:
+    """A vLLM stand-in's three routes the gateway uses for KV routing (/tokenize, chat
+    completions, /metrics), served on loopback; its URL."""
+    app = web.Application()
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/metrics", metrics)
+    async with serving(app) as url:
+        yield url
 
 
 @asynccontextmanager

@@ -24,7 +24,7 @@ from tests.gateway_kit import (
     fast_settings,
     recording_upstream,
     running_gateway,
-    serving,
+    serving_vllm,
 )
 from tests.unit.test_gateway_kv import TOKENS, kv_route
 from tests.unit.test_gateway_proxy import metric
@@ -79,11 +79,7 @@ async def engine(replica_id: str, master: bytes, running: int = 0) -> AsyncItera
         text = f"vllm:num_requests_running {standin.running}\nvllm:num_requests_waiting 0\n"
         return web.Response(text=text)
 
-    app = web.Application()
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/metrics", metrics)
-    async with serving(app) as url:
+    async with serving_vllm(tokenize, chat, metrics) as url:
         standin.url = url
         yield standin
 

@@ -15,7 +15,13 @@ from aiohttp import web
 
 from engines.kv_hashes import block_ids
 from gateway.store import Store
-from tests.gateway_kit import MODEL, FakeRouteSource, fast_settings, running_gateway, serving
+from tests.gateway_kit import (
+    MODEL,
+    FakeRouteSource,
+    fast_settings,
+    running_gateway,
+    serving_vllm,
+)
 from tests.unit.test_gateway_proxy import metric
 from tests.unit.test_kv_feeds import feed_server, opening, until
 from workflows.contracts import KvSource, ReplicaState, Route
@@ -80,11 +86,7 @@ async def engine(replica_id: str, master: bytes) -> AsyncIterator[Engine]:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
 
-    app = web.Application()
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/metrics", metrics)
-    async with serving(app) as url:
+    async with serving_vllm(tokenize, chat, metrics) as url:
         standin.url = url
         yield standin
 

@@ -20,7 +20,13 @@ from engines.kv_hashes import block_ids
 from gateway import prefix_tokens
 from gateway.prefix_tokens import MISMATCHES_OFF
 from gateway.store import Store
-from tests.gateway_kit import MODEL, FakeRouteSource, fast_settings, running_gateway, serving
+from tests.gateway_kit import (
+    MODEL,
+    FakeRouteSource,
+    fast_settings,
+    running_gateway,
+    serving_vllm,
+)
 from tests.unit.test_gateway_kv import kv_route
 from tests.unit.test_gateway_proxy import metric
 from tests.unit.test_kv_feeds import feed_server, opening
@@ -99,11 +105,7 @@ async def engine(replica_id: str, master: bytes, template: Template) -> AsyncIte
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
 
-    app = web.Application()
-    app.router.add_post("/tokenize", tokenize)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/metrics", metrics)
-    async with serving(app) as url:
+    async with serving_vllm(tokenize, chat, metrics) as url:
         standin.url = url
         yield standin
 
