@@ -22,6 +22,9 @@ connection idle for `timeout_keep_alive`. What it leaves open, and this subclass
   the body, however large, to find the next request. The connection is now half-closed after the
   answer and the rest discarded for a moment ("lingering close", as nginx does: closing at once
   would reset the connection, and a client still sending could lose the answer), then closed.
+  The answer says `connection: close`, so a keep-alive client (httpx, the `openai` client) does
+  not send its next request on a connection that is closing: it did, when the body arrived a
+  moment after the head, and lost that request to "Server disconnected".
 - Trailer fields of a chunked body were appended to the request's headers, after the
   application had read them. They are dropped (RFC 9110 §6.5.1), and counted against the head.
 
@@ -36,7 +39,12 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn._types import ASGISendEvent
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from gateway.errors import error_body
 
@@ -105,6 +113,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._linger_timer: asyncio.TimerHandle | None = None
         self._lingering = False
+        # The request answered before its body was read: its connection closes after the answer.
+        self._answered_early: RequestResponseCycle | None = None
 
     # --- connection -------------------------------------------------------------------
 
@@ -228,8 +238,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if declared is not None and declared > self.limits.max_body_bytes:
             raise _Refusal(413, *_too_large(self.limits.max_body_bytes))
         super().on_headers_complete()
-        if self.cycle is not None and not any(c is self.cycle for c, _ in self.pipeline):
-            self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
+        if self.cycle is not None:
+            self._close_if_answered_early(self.cycle)
+            if not any(c is self.cycle for c, _ in self.pipeline):
+                self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -244,19 +256,33 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
-        if (
-            self.pipeline
-            or self.cycle is None
-            or not self.cycle.more_body
-            or self.transport.is_closing()
-        ):
+        if self._answered_early is None or self._answered_early is not self.cycle:
             super().on_response_complete()
             return
         # Answered before the body was read (a 401, a 413): do not read on to find the next
         # request in it.
+        self._answered_early = None
         self.server_state.total_requests += 1
         self._cancel_body_timer()
         self._linger()
+
+    def _close_if_answered_early(self, cycle: RequestResponseCycle) -> None:
+        """Make an answer the application starts before the request's body is all read say
+        `connection: close`, and leave the closing to `on_response_complete` (uvicorn would
+        close at once, which can reset the connection before the client reads the answer)."""
+        send = cycle.send
+
+        async def send_closing_early(message: ASGISendEvent) -> None:
+            if message["type"] != "http.response.start" or not cycle.more_body:
+                await send(message)
+                return
+            headers = [*message.get("headers", ()), (b"connection", b"close")]
+            await send({**message, "headers": headers})
+            cycle.keep_alive = True  # uvicorn's flag, set by the header: closing is ours
+            self._answered_early = cycle
+
+        # run_asgi looks `send` up when the application starts, after this.
+        cycle.send = send_closing_early  # type: ignore[method-assign]
 
     # --- timers -----------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import asyncio
 import ipaddress
 import itertools
 import json
+import re
 import statistics
 import time
 import uuid
@@ -157,6 +158,55 @@ async def test_every_kind_of_bad_key_gets_the_same_401_in_similar_time(
     assert len(set().union(*shapes.values())) == 1, shapes
     medians = {kind: statistics.median(t) for kind, t in times.items()}
     assert max(medians.values()) <= 3 * min(medians.values()), medians
+
+
+async def test_a_401_sent_before_the_body_arrived_closes_the_connection_and_says_so(
+    gateway: GatewayProcess,
+) -> None:
+    """A keep-alive client whose body follows its head a moment later (httpx writes them
+    apart) gets its 401 before the body is read. The connection is closed after the answer,
+    so the answer must say `connection: close`: without it the client sent its next request
+    on the closing connection and lost it ("Server disconnected without sending a
+    response")."""
+    body = chat_body()
+    head = http_request("POST", CHAT, headers={
+        "Authorization": "Bearer llmgw-00000000-wrong", "Content-Type": "application/json",
+        "Content-Length": str(len(body)),
+    })  # fmt: skip
+    host, _, port = gateway.url.removeprefix("http://").rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port), local_addr=(fresh_client(), 0))
+    try:
+        writer.write(head)
+        await writer.drain()
+        answer = b""
+        while not complete_response(answer):
+            piece = await asyncio.wait_for(reader.read(65536), 10)
+            assert piece, answer
+            answer += piece
+        reply = RawReply(answer, False, 0.0)
+        assert_error_shape(reply, 401, "invalid_api_key")
+        assert re.search(rb"(?im)^connection:\s*close\s*$", answer.partition(b"\r\n\r\n")[0])
+        # The body still arrives; it is read and discarded, and then the connection ends.
+        writer.write(body)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(65536), 10) == b""
+    finally:
+        writer.close()
+
+    # What the user saw: a keep-alive client's requests after a refused one all get answers.
+    # Fewer refusals than a lockout takes.
+    transport = httpx.AsyncHTTPTransport(local_address=fresh_client())
+    async with httpx.AsyncClient(
+        base_url=gateway.url, transport=transport, trust_env=False, timeout=10
+    ) as client:
+        for _ in range(5):
+            refused = await client.post(CHAT, content=body, headers={
+                "Authorization": "Bearer llmgw-00000000-wrong",
+                "Content-Type": "application/json",
+            })  # fmt: skip
+            assert refused.status_code == 401
+            served = await client.post(CHAT, content=body, headers=gateway.auth)
+            assert served.status_code == 200, served.text[:300]
 
 
 async def test_a_client_that_keeps_failing_is_locked_out_and_no_one_else_is(
