@@ -14,7 +14,7 @@ that matches is hashed at most MAX_REQUEST_BLOCKS blocks deep (~3.6 ms at the bo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from engines.kv_hashes import ExtraKeys, iter_block_ids
 from workflows.contracts import KvSource
@@ -57,3 +57,36 @@ def request_block_ids(
         first: ExtraKeys = (*lora, *salt)
         extra_keys[:1] = [first]
     return iter_block_ids(tokens, kv.block_size, kv.hash_seed, extra_keys)
+
+
+class BlockIds(Iterable[int]):
+    """A request's block ids for one way of hashing (block size, seed, adapter, salt), hashed
+    as far as a reader goes and kept: the router's match, its eviction estimate and its note of
+    what was sent read the same ids, and each block is hashed once. Iterating again (or from
+    several readers in turn) replays what is known, then hashes on."""
+
+    __slots__ = ("_known", "_source")
+
+    def __init__(self, ids: Iterator[int]) -> None:
+        self._source = ids
+        self._known: list[int] = []
+
+    def __iter__(self) -> Iterator[int]:
+        known = self._known
+        position = 0
+        while True:
+            if position < len(known):
+                yield known[position]
+                position += 1
+                continue
+            block = next(self._source, None)
+            if block is None:
+                return
+            known.append(block)
+
+    def first(self, count: int) -> list[int]:
+        """The first `count` block ids, or all of them if there are fewer."""
+        if len(self._known) < count:
+            for _ in zip(range(count), self, strict=False):
+                pass
+        return self._known[:count]

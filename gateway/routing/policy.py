@@ -32,7 +32,7 @@ from typing import Literal, get_args
 from engines.kv_index import KvBlockIndex
 from gateway.routing import affinity
 from gateway.routing.breaker import CircuitBreaker
-from gateway.routing.kv_blocks import request_block_ids
+from gateway.routing.kv_blocks import BlockIds, request_block_ids
 from gateway.routing.kv_pressure import KvPressure
 from gateway.routing.loads import EngineLoadBoard
 from gateway.routing.prefix_index import PrefixIndex
@@ -54,8 +54,8 @@ Reason = Literal[
 REASONS: tuple[Reason, ...] = get_args(Reason)
 
 # A request's blocks noted for its engine's eviction order (kv_pressure.py): a longer prompt's
-# later blocks are of unknown age there, which only makes them count as evicted earlier. Each
-# costs a hash (about 3.5 us here), on top of the decision's: at most 0.45 ms a request.
+# later blocks are of unknown age there, which only makes them count as evicted earlier. Those
+# the decision did not hash cost a hash each (about 3.5 us here): at most 0.45 ms a request.
 KV_TRACKED_BLOCKS = 128
 
 Policy = Literal["prefix", "least_load", "round_robin"]
@@ -73,6 +73,9 @@ class Decision:
     # Prompt tokens the chosen engine should find in its cache, from its reported blocks: what
     # its `usage.prompt_tokens_details.cached_tokens` is compared with. 0 without token ids.
     predicted_cached_tokens: int = 0
+    # The prompt's block ids as the chosen engine hashes them, as far as the decision hashed
+    # them: handed to `kv_sent`, which reads on from there. None unless it publishes KV events.
+    kv_blocks: BlockIds | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,7 @@ class _KvMatch:
     blocks: int  # leading blocks of the prompt the replica's engine holds
     tokens: int  # those blocks' tokens: comparable across block sizes
     predicted: int  # the tokens the engine will take from its cache (see _kv_matches)
+    ids: BlockIds  # the prompt's block ids as this replica's engine hashes them
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,16 +165,21 @@ class Router:
         ids = [r.replica_id for r in allowed]
         reason: Reason
         loads = [self._load(replica_id, inflight, now) for replica_id in ids]
-        predicted = 0
+        found: _KvMatch | None = None
         if self.policy == "round_robin":
             chosen, reason, matched = self._rotate(request.model, len(allowed)), "round_robin", 0
         elif self.policy == "least_load":
             chosen, reason, matched = self._least_loaded(request.model, loads), "least_load", 0
         else:
-            chosen, reason, matched, predicted = self._by_prefix(request, allowed, ids, loads, now)
+            chosen, reason, matched, found = self._by_prefix(request, allowed, ids, loads, now)
         # A half-open replica lets one probe through: this request is it.
         breaker.started(ids[chosen], now)
-        return Decision(allowed[chosen], reason, matched, predicted)
+        predicted = 0
+        if found is not None and found.predicted:
+            surviving = self._kv_surviving(request, allowed[chosen], found, now)
+            predicted = min(found.predicted, surviving * found.tokens // found.blocks)
+        kv_blocks = found.ids if found is not None else None
+        return Decision(allowed[chosen], reason, matched, predicted, kv_blocks)
 
     def succeeded(self, replica_id: str, now: float | None = None) -> None:
         """The replica answered (its response started): closes its breaker."""
@@ -202,8 +211,9 @@ class Router:
         ids: Sequence[str],
         loads: Sequence[int],
         now: float,
-    ) -> tuple[int, Reason, int, int]:
-        """(index of the chosen replica, why, blocks it matched, cached tokens predicted)."""
+    ) -> tuple[int, Reason, int, _KvMatch | None]:
+        """(index of the chosen replica, why, blocks it matched, what its engine reports
+        holding of the prompt: None unless it publishes KV events)."""
         index = self.index
         keys = index.hashes(request.prompt)
         least = min(loads)
@@ -256,39 +266,41 @@ class Router:
             # with KV events too: it routes them while their feed is down.
             index.insert_hashes(ids[chosen], keys, now)
             self._indexed.add(ids[chosen])
-        found = kv.get(ids[chosen])
-        predicted = 0
-        if found is not None and found.predicted:
-            surviving = self._kv_surviving(request, routes[chosen], found.blocks, now)
-            predicted = min(found.predicted, surviving * found.tokens // found.blocks)
-        return chosen, reason, matched, predicted
+        return chosen, reason, matched, kv.get(ids[chosen])
 
-    def _kv_surviving(self, request: RequestKey, route: Route, count: int, now: float) -> int:
-        """Of the `count` leading blocks `route`'s engine reports holding, those it will still
-        hold when it starts this request (kv_pressure.py), given its cache's size from its
-        metrics; all of them when its metrics do not say."""
+    def _kv_surviving(self, request: RequestKey, route: Route, found: _KvMatch, now: float) -> int:
+        """Of the leading blocks `route`'s engine reports holding, those it will still hold when
+        it starts this request (kv_pressure.py), given its cache's size from its metrics; all
+        of them when its metrics do not say."""
         sample = self.loads.latest(route.replica_id, now)
         if route.kv is None or request.token_ids is None or self.kv_index is None:
-            return count
+            return found.blocks
         if sample is None or sample.kv_blocks is None:
-            return count
-        matched = list(islice(self._blocks_of(request, route.kv), count))
+            return found.blocks
         return self.kv_pressure.surviving(
             route.replica_id,
-            matched,
+            found.ids.first(found.blocks),
             sample.kv_blocks - 1,  # vLLM keeps one block aside (its null block)
             self.kv_index,
             started_before=sample.taken_at if sample.waiting == 0 else None,
         )
 
-    def kv_sent(self, route: Route, request: RequestKey, predicted_tokens: int) -> int | None:
+    def kv_sent(
+        self,
+        route: Route,
+        request: RequestKey,
+        predicted_tokens: int,
+        blocks_hashed: BlockIds | None = None,
+    ) -> int | None:
         """Note a request sent to `route` (kv_pressure.py), for the predictions of those sent
         after it; its ticket for `kv_started` and `kv_finished`. None where the route publishes
-        no KV events or the request has no token ids."""
+        no KV events or the request has no token ids. `blocks_hashed`: the decision's
+        `kv_blocks` for `route`, read on rather than hashed again."""
         kv = route.kv
         if kv is None or request.token_ids is None:
             return None
-        blocks = list(islice(self._blocks_of(request, kv), KV_TRACKED_BLOCKS))
+        ids = blocks_hashed if blocks_hashed is not None else self._blocks_of(request, kv)
+        blocks = list(islice(ids, KV_TRACKED_BLOCKS))
         length = max(request.prompt_tokens, len(request.token_ids))
         # At its start an engine allocates the prompt's blocks and the first output token's.
         need = -(-(length + 1) // kv.block_size) - predicted_tokens // kv.block_size
@@ -325,7 +337,7 @@ class Router:
                 groups.setdefault(key, (route.kv, []))[1].append(route.replica_id)
         found: dict[str, _KvMatch] = {}
         for kv, replica_ids in groups.values():
-            blocks = request_block_ids(token_ids, kv, request.cache_salt, adapter)
+            blocks = BlockIds(request_block_ids(token_ids, kv, request.cache_salt, adapter))
             # An engine recomputes at least the prompt's last token, so it takes at most the
             # full blocks before it from its cache (vLLM: max_cache_hit_length = tokens - 1).
             # Leading messages only: the prompt's last token comes after all of theirs.
@@ -333,7 +345,8 @@ class Router:
             usable = max(0, last // kv.block_size)
             size = kv.block_size
             for replica_id, count in kv_index.leading_blocks(blocks, replica_ids).items():
-                found[replica_id] = _KvMatch(count, count * size, min(count, usable) * size)
+                predicted = min(count, usable) * size
+                found[replica_id] = _KvMatch(count, count * size, predicted, blocks)
         return found
 
     def _all_ejected(self, candidates: Sequence[Route], now: float) -> Decision:

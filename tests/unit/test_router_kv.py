@@ -5,11 +5,12 @@ nothing matches, and unchanged for replicas without KV events."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 from engines.kv_hashes import block_ids
 from engines.kv_index import KvBlockIndex
 from gateway.routing import Decision, OverloadMargin, RequestKey, Router, RoutingSnapshot
-from gateway.routing.kv_blocks import request_block_ids
+from gateway.routing.kv_blocks import BlockIds, request_block_ids
 from gateway.routing.loads import LoadSample
 from workflows.contracts import KvSource, ReplicaState, Route, RoutingTable
 
@@ -270,3 +271,42 @@ def test_without_the_engines_cache_size_the_index_alone_predicts() -> None:
     router.kv_sent(route("a"), other, 0)
     decision = router.choose(snapshot(route("a")), ask(), {}, now=1.0)
     assert decision.predicted_cached_tokens == 5 * BLOCK
+
+
+def test_block_ids_are_hashed_once_however_often_they_are_read() -> None:
+    hashed: list[int] = []
+
+    def counting() -> Iterator[int]:
+        for block in HASHES:
+            hashed.append(block)
+            yield block
+
+    ids = BlockIds(counting())
+    assert list(itertools.islice(ids, 2)) == HASHES[:2]
+    assert ids.first(3) == HASHES[:3]
+    assert list(ids) == HASHES
+    assert ids.first(99) == HASHES
+    assert hashed == HASHES  # each block once, in order
+
+
+def test_the_decision_hands_its_hashed_blocks_to_the_note_of_what_was_sent() -> None:
+    """The match, the eviction estimate and the note read one hashing of the prompt: the
+    note is the same as hashing afresh."""
+    index = KvBlockIndex()
+    index.store("a", HASHES[:3])
+    router = Router(kv_index=index)
+    full_engine(router, "a", blocks=64)
+    decision = router.choose(snapshot(route("a")), ask(), {}, now=1.0)
+    assert isinstance(decision.kv_blocks, BlockIds)
+    assert decision.kv_blocks.first(3) == HASHES[:3]
+    ticket = router.kv_sent(route("a"), ask(), 3 * BLOCK, decision.kv_blocks)
+    fresh = Router(kv_index=index)
+    fresh_ticket = fresh.kv_sent(route("a"), ask(), 3 * BLOCK)
+    assert ticket is not None
+    assert fresh_ticket is not None
+    noted, afresh = (
+        router.kv_pressure._sent["a"][ticket],
+        fresh.kv_pressure._sent["a"][fresh_ticket],
+    )
+    assert (noted.blocks, noted.need) == (afresh.blocks, afresh.need)
+    assert list(noted.blocks) == HASHES
