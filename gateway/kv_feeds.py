@@ -51,7 +51,7 @@ from engines.kv_feed import (
 )
 from engines.kv_index import KvBlockIndex
 from gateway.routing.snapshot import RoutingSnapshot
-from workflows.contracts import ReplicaState
+from workflows.contracts import ReplicaState, Route
 from workflows.engine_keys import kv_feed_token, node_secret
 
 log = logging.getLogger(__name__)
@@ -394,6 +394,13 @@ class KvFeeds:
 
     def readers(self) -> list[KvFeedReader]:
         return list(self._readers.values())
+
+    def watching(self, route: Route) -> bool:
+        """Whether the route's KV events reach the index now: its agent's feed is live."""
+        if route.kv is None or not route.kv.feed:
+            return False
+        reader = self._readers.get((route.kv.feed, route.node))
+        return reader is not None and reader.live
 
     def counters(self) -> dict[FeedKey, FeedCounters]:
         return dict(self._counters)

@@ -37,7 +37,7 @@ from engines.kv_events import Event
 from engines.kv_index import KvBlockIndex
 from engines.kv_subscriber import HEARTBEAT_S, SILENCE_S, KvCounters, KvSubscriber
 from gateway.routing.snapshot import RoutingSnapshot
-from workflows.contracts import KvSource, ReplicaState
+from workflows.contracts import KvSource, ReplicaState, Route
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +204,14 @@ class KvPublishers:
 
     def subscriptions(self) -> list[KvSubscription]:
         return list(self._subscriptions.values())
+
+    def watching(self, route: Route) -> bool:
+        """Whether the route's KV events reach the index now: its publisher's subscriber is
+        connected."""
+        if route.kv is None or not route.kv.publisher:
+            return False
+        subscription = self._subscriptions.get(source_key(route.kv))
+        return subscription is not None and subscription.connected
 
     def counters(self) -> dict[SourceKey, PublisherCounters]:
         return dict(self._counters)

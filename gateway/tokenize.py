@@ -12,7 +12,7 @@ alike, so one is asked (the least loaded by this gateway's count).
 It costs one round trip and one tokenization on the engine per request, so it is bounded: a
 short timeout (`kv_tokenize_timeout_s`, which is also the most it can add to a request's
 latency), asked only when a candidate replica has `kv` and some candidate's engine reports
-holding blocks, never for embeddings, several prompts or media parts (their blocks carry
+holding blocks or has its KV events heard live (a cold model), never for embeddings, several prompts or media parts (their blocks carry
 extra keys the gateway does not reproduce). A LoRA adapter's request is tokenized under the
 adapter's name, as the engine serves it; its blocks carry the adapter's key
 (gateway/routing/kv_blocks.py). A completion prompt given as token ids is used as it is.
@@ -209,6 +209,10 @@ def cache_salt(body: Mapping[str, Any]) -> str | None:
     return salt if isinstance(salt, str) and salt else None
 
 
+def _watching(state: GatewayState, route: Route) -> bool:
+    return state.kv_feeds.watching(route) or state.kv_publishers.watching(route)
+
+
 def kv_candidates(routes: Sequence[Route]) -> list[Route]:
     """The routes that publish KV events, among a model's ready ones."""
     return [route for route in routes if route.kv is not None]
@@ -227,9 +231,11 @@ async def request_token_ids(
         return None
     if request.path not in (CHAT, COMPLETIONS):
         return None
-    if not any(state.kv_index.size(r.replica_id) for r in candidates):
-        # No engine reports holding anything (a cold model, or its feeds are down): the token
-        # ids could not change the choice, so no engine is asked.
+    if not any(state.kv_index.size(r.replica_id) or _watching(state, r) for r in candidates):
+        # No engine reports holding anything, and none could be heard to: the token ids could
+        # not change the choice or a prediction, so no engine is asked. With a feed live, a
+        # cold model's first requests are still tokenized: the blocks they will fill decide
+        # what their engine evicts for the next ones (gateway/routing/kv_pressure.py).
         state.metrics.kv_tokenized("skipped", 0.0)
         return None
     book = state.prefix_tokens

@@ -166,3 +166,26 @@ async def test_a_request_goes_to_the_engine_holding_its_blocks(store: Store) -> 
             # With no engine known to hold anything, no engine is asked for tokens.
             assert a.tokenized + b.tokenized == 4
             assert await metric(gw, "llmgw_kv_tokenize_total", outcome="skipped") == 1
+
+
+async def test_a_cold_model_with_its_feed_live_is_still_tokenized(store: Store) -> None:
+    """No engine holds anything yet, but their events are heard: the first requests' token
+    ids are asked for, so the blocks they will fill count in the next ones' predictions."""
+    master = await store.master_secret()
+    token = kv_feed_token(node_secret(master, NODE))
+    async with feed_server(token) as feed, engine("r-a", master) as a:
+        source = FakeRouteSource(kv_route("r-a", a.url, feed.url))
+        async with running_gateway(store, source, fast_settings()) as gw:
+            conn = await feed.accepted()
+            conn.send(*opening("e1", 1, {"r-a": []}))
+
+            deadline = time.monotonic() + 5
+            while [f["phase"] for f in (await gw.client.get("/admin/v1/kv")).json()["feeds"]] != [
+                "live"
+            ]:
+                assert time.monotonic() < deadline, "the feed never went live"
+            response = await gw.chat(messages=[{"role": "user", "content": "hi"}])
+            assert response.status_code == 200, response.text
+            assert a.tokenized == 1
+            assert await metric(gw, "llmgw_kv_tokenize_total", outcome="ok") == 1
+            assert await metric(gw, "llmgw_kv_tokenize_total", outcome="skipped") == 0
