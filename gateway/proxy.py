@@ -450,7 +450,9 @@ async def _first_answer(
         state.inflight.acquire(route.replica_id)
         # Checked against the engine's usage when it reports cached tokens.
         predicted = decision.predicted_cached_tokens if routing_key.token_ids and route.kv else None
-        kv_ticket = state.router.kv_sent(route, routing_key, predicted or 0, decision.kv_blocks)
+        kv_ticket = state.router.kv_sent(
+            route, routing_key, predicted or 0, decision.kv_blocks, streamed=request.stream
+        )
         try:
             upstream = await _post(state, route, request, payload.for_route(route), remaining)
         except (aiohttp.ClientError, TimeoutError) as exc:

@@ -12,12 +12,12 @@ alike, so one is asked (the least loaded by this gateway's count).
 It costs one round trip and one tokenization on the engine per request, so it is bounded: a
 short timeout (`kv_tokenize_timeout_s`, which is also the most it can add to a request's
 latency), asked only when a candidate replica has `kv` and some candidate's engine reports
-holding blocks or has its KV events heard live (a cold model), never for embeddings, several prompts or media parts (their blocks carry
-extra keys the gateway does not reproduce). A LoRA adapter's request is tokenized under the
-adapter's name, as the engine serves it; its blocks carry the adapter's key
-(gateway/routing/kv_blocks.py). A completion prompt given as token ids is used as it is.
-Any failure gives None, and routing falls back to the gateway's own prefix index: tokenizing
-never fails a request.
+holding blocks or has its KV events heard live (a cold model), never for embeddings, several
+prompts or media parts (their blocks carry extra keys the gateway does not reproduce). A LoRA
+adapter's request is tokenized under the adapter's name, as the engine serves it; its blocks
+carry the adapter's key (gateway/routing/kv_blocks.py). A completion prompt given as token ids
+is used as it is. Any failure gives None, and routing falls back to the gateway's own prefix
+index: tokenizing never fails a request.
 
 A chat whose leading messages (all but the last) came before costs no round trip: the gateway
 learns the token ids every chat with them begins with, and routes on those

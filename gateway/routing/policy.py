@@ -81,9 +81,14 @@ class Decision:
 @dataclass(frozen=True, slots=True)
 class _KvMatch:
     blocks: int  # leading blocks of the prompt the replica's engine holds
-    tokens: int  # those blocks' tokens: comparable across block sizes
-    predicted: int  # the tokens the engine will take from its cache (see _kv_matches)
+    block_size: int
+    usable: int  # the most leading blocks the engine takes from its cache (see _kv_matches)
     ids: BlockIds  # the prompt's block ids as this replica's engine hashes them
+
+    @property
+    def tokens(self) -> int:
+        """The held blocks' tokens: comparable across block sizes."""
+        return self.blocks * self.block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,10 +179,7 @@ class Router:
             chosen, reason, matched, found = self._by_prefix(request, allowed, ids, loads, now)
         # A half-open replica lets one probe through: this request is it.
         breaker.started(ids[chosen], now)
-        predicted = 0
-        if found is not None and found.predicted:
-            surviving = self._kv_surviving(request, allowed[chosen], found, now)
-            predicted = min(found.predicted, surviving * found.tokens // found.blocks)
+        predicted = 0 if found is None else self._kv_predicted(allowed[chosen], found, now)
         kv_blocks = found.ids if found is not None else None
         return Decision(allowed[chosen], reason, matched, predicted, kv_blocks)
 
@@ -268,22 +270,26 @@ class Router:
             self._indexed.add(ids[chosen])
         return chosen, reason, matched, kv.get(ids[chosen])
 
-    def _kv_surviving(self, request: RequestKey, route: Route, found: _KvMatch, now: float) -> int:
-        """Of the leading blocks `route`'s engine reports holding, those it will still hold when
-        it starts this request (kv_pressure.py), given its cache's size from its metrics; all
-        of them when its metrics do not say."""
+    def _kv_predicted(self, route: Route, found: _KvMatch, now: float) -> int:
+        """The prompt tokens `route`'s engine will take from its cache for this request: the
+        leading blocks it reports holding, and after them those that requests sent there
+        before this one will store, less those it will have evicted when it starts this one
+        (kv_pressure.py), given its cache's size from its metrics."""
+        pressure = self.kv_pressure
+        ahead = pressure.in_flight_run(route.replica_id, islice(found.ids, found.blocks, None))
+        blocks = min(found.blocks + ahead, found.usable)
+        if blocks == 0:
+            return 0
         sample = self.loads.latest(route.replica_id, now)
-        if route.kv is None or request.token_ids is None or self.kv_index is None:
-            return found.blocks
-        if sample is None or sample.kv_blocks is None:
-            return found.blocks
-        return self.kv_pressure.surviving(
-            route.replica_id,
-            found.ids.first(found.blocks),
-            sample.kv_blocks - 1,  # vLLM keeps one block aside (its null block)
-            self.kv_index,
-            started_before=sample.taken_at if sample.waiting == 0 else None,
-        )
+        if sample is not None and sample.kv_blocks is not None and self.kv_index is not None:
+            blocks = pressure.surviving(
+                route.replica_id,
+                found.ids.first(blocks),
+                sample.kv_blocks - 1,  # vLLM keeps one block aside (its null block)
+                self.kv_index,
+                started_before=sample.taken_at if sample.waiting == 0 else None,
+            )
+        return blocks * found.block_size
 
     def kv_sent(
         self,
@@ -291,11 +297,14 @@ class Router:
         request: RequestKey,
         predicted_tokens: int,
         blocks_hashed: BlockIds | None = None,
+        *,
+        streamed: bool = True,
     ) -> int | None:
         """Note a request sent to `route` (kv_pressure.py), for the predictions of those sent
         after it; its ticket for `kv_started` and `kv_finished`. None where the route publishes
         no KV events or the request has no token ids. `blocks_hashed`: the decision's
-        `kv_blocks` for `route`, read on rather than hashed again."""
+        `kv_blocks` for `route`, read on rather than hashed again. `streamed`: whether its
+        first bytes will come back before it is done (`kv_started` is then told of them)."""
         kv = route.kv
         if kv is None or request.token_ids is None:
             return None
@@ -304,7 +313,15 @@ class Router:
         length = max(request.prompt_tokens, len(request.token_ids))
         # At its start an engine allocates the prompt's blocks and the first output token's.
         need = -(-(length + 1) // kv.block_size) - predicted_tokens // kv.block_size
-        return self.kv_pressure.sent(route.replica_id, blocks, need, self._clock())
+        full_blocks = length // kv.block_size
+        return self.kv_pressure.sent(
+            route.replica_id,
+            blocks,
+            need,
+            self._clock(),
+            full_blocks=full_blocks,
+            streamed=streamed,
+        )
 
     def kv_started(self, replica_id: str, ticket: int | None) -> None:
         if ticket is not None:
@@ -345,8 +362,7 @@ class Router:
             usable = max(0, last // kv.block_size)
             size = kv.block_size
             for replica_id, count in kv_index.leading_blocks(blocks, replica_ids).items():
-                predicted = min(count, usable) * size
-                found[replica_id] = _KvMatch(count, count * size, predicted, blocks)
+                found[replica_id] = _KvMatch(count, size, usable, blocks)
         return found
 
     def _all_ejected(self, candidates: Sequence[Route], now: float) -> Decision:

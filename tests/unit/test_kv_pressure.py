@@ -96,11 +96,64 @@ def test_blocks_the_engine_dropped_are_forgotten() -> None:
     assert book.surviving(R, [2, 3], capacity=2, index=index) == 0
 
 
-def test_requests_sent_before_a_sample_with_none_waiting_count_as_started() -> None:
+def test_requests_not_streamed_sent_before_a_sample_with_none_waiting_count_as_started() -> None:
     book = KvPressure()
     index = Held({1, 2, 3})
     finished(book, [1, 2, 3])
-    book.sent(R, [], need=2, at=5.0)  # not streamed: no first bytes until it is done
+    book.sent(R, [], need=2, at=5.0, streamed=False)  # no first bytes until it is done
     assert book.surviving(R, [1, 2, 3], capacity=3, index=index) == 1
     assert book.surviving(R, [1, 2, 3], capacity=3, index=index, started_before=4.0) == 1
     assert book.surviving(R, [1, 2, 3], capacity=3, index=index, started_before=6.0) == 3
+
+
+def test_a_streamed_request_counts_as_started_only_at_its_first_bytes() -> None:
+    """vLLM publishes a step's events as the step ends: a sample showing none waiting can come
+    while the step that started it runs, its evictions not yet in the index."""
+    book = KvPressure()
+    index = Held({1, 2, 3})
+    finished(book, [1, 2, 3])
+    ticket = book.sent(R, [], need=2, at=5.0)
+    assert book.surviving(R, [1, 2, 3], capacity=3, index=index, started_before=6.0) == 1
+    book.started(R, ticket)
+    assert book.surviving(R, [1, 2, 3], capacity=3, index=index) == 3
+
+
+def test_blocks_a_request_did_not_hash_are_freed_before_its_hashed_ones() -> None:
+    """A chat routed on its learned leading part hashed 2 of its 4 full blocks: the other two
+    (its own question) are freed first, so they, not an older prefix, are evicted last."""
+    book = KvPressure()
+    index = Held({1, 2, 3, 11, 12, 98, 99})  # 98, 99: the chat's own blocks, never hashed here
+    finished(book, [1, 2, 3])
+    ticket = book.sent(R, [11, 12], need=4, at=1.0, full_blocks=4)
+    book.started(R, ticket)
+    book.finished(R, ticket)  # the free queue: 3 2 1, then 99 98 (as placeholders), 12 11
+    book.sent(R, [], need=3, at=2.0)  # a full cache of 7: the three oldest go, all of 1 2 3
+    assert book.surviving(R, [11, 12], capacity=7, index=index) == 2
+    assert book.surviving(R, [1, 2, 3], capacity=7, index=index) == 0
+    # Taken for blocks of unknown age (the oldest), 98 and 99 would have gone before 3 and 2.
+    index.blocks -= {98}  # the engine evicted one of the two: the older placeholder is dropped
+    book.sent(R, [], need=1, at=3.0)
+    assert book.surviving(R, [11, 12], capacity=6, index=index) == 2
+    assert book.surviving(R, [1, 2, 3], capacity=6, index=index) == 0
+
+
+def test_a_running_requests_unhashed_blocks_are_not_idle() -> None:
+    book = KvPressure()
+    index = Held({1, 2, 3, 98, 99})
+    finished(book, [1, 2, 3])
+    running = book.sent(R, [], need=2, at=1.0, full_blocks=2)  # holds 98 and 99
+    book.started(R, running)
+    book.sent(R, [], need=1, at=2.0)
+    # Not 98 or 99 (in use), but the oldest idle block: 3.
+    assert book.surviving(R, [1, 2, 3], capacity=6, index=index) == 2
+
+
+def test_blocks_a_request_ahead_will_store_are_counted_in_its_run() -> None:
+    book = KvPressure()
+    assert book.in_flight_run(R, [1, 2, 3]) == 0
+    ahead = book.sent(R, [1, 2], need=3, at=1.0)
+    assert book.in_flight_run(R, [1, 2, 3]) == 2
+    assert book.in_flight_run(R, [2, 3]) == 1
+    assert book.in_flight_run("other", [1, 2]) == 0
+    book.finished(R, ahead)
+    assert book.in_flight_run(R, [1, 2, 3]) == 0

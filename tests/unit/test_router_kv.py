@@ -310,3 +310,20 @@ def test_the_decision_hands_its_hashed_blocks_to_the_note_of_what_was_sent() -> 
     )
     assert (noted.blocks, noted.need) == (afresh.blocks, afresh.need)
     assert list(noted.blocks) == HASHES
+
+
+def test_blocks_a_request_sent_ahead_will_store_are_predicted() -> None:
+    """The engine holds two of the prompt's blocks; a request with the same prompt sent there
+    just before, not started yet, will store the rest before this one is started."""
+    index = KvBlockIndex()
+    index.store("a", HASHES[:2])
+    router = Router(kv_index=index)
+    snap = snapshot(route("a"))
+    first = router.choose(snap, ask(), {}, now=1.0)
+    assert first.predicted_cached_tokens == 2 * BLOCK
+    ahead = router.kv_sent(route("a"), ask(), first.predicted_cached_tokens, first.kv_blocks)
+    second = router.choose(snap, ask(), {}, now=2.0)
+    assert second.matched_blocks == 2  # routing still sees what the engine reports
+    assert second.predicted_cached_tokens == 5 * BLOCK
+    router.kv_finished("a", ahead)  # it failed before storing anything
+    assert router.choose(snap, ask(), {}, now=3.0).predicted_cached_tokens == 2 * BLOCK
