@@ -18,8 +18,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.agent import procfs
+from activities.agent.engine_launch import EngineLauncher
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
-from activities.agent.supervisor import ShardSpec
+from activities.agent.supervisor import ShardSpec, ShardSupervisor
 from engines.adapter import KvPublisher
 from engines.local_port import free_port
 from workers import paths
@@ -540,9 +541,11 @@ async def test_a_publishing_engine_is_reported_with_this_agents_kv_feed(
 def test_a_kv_feed_on_an_ipv6_address_is_named_in_brackets(tmp_path: Path) -> None:
     config = replace(make_config(tmp_path), address="fd00::1", kv_feed_port=8003)
     publisher = KvPublisher("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "m-0", 16, None)
-    source = NodeAgentActivities(config)._kv_source(publisher)
+    supervisor = ShardSupervisor(tmp_path / "shards", tmp_path / "logs")
+    launcher = EngineLauncher(config, supervisor, lambda: pytest.fail("no inventory needed"))
+    source = launcher.kv_source(publisher)
     assert source == KvSource(feed="http://[fd00::1]:8003", block_size=16, hash_seed=None)
-    assert NodeAgentActivities(config)._kv_source(None) is None
+    assert launcher.kv_source(None) is None
 
 
 async def test_the_agents_metrics_url_is_in_its_inventory(tmp_path: Path) -> None:
