@@ -346,6 +346,56 @@ async def send_big_body(gw: GatewayProcess, size: int, declared: bool) -> tuple[
     return reply, time.perf_counter() - started
 
 
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid`, from /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended while being read
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def running(pid: int) -> bool:
+    """Not ended (a zombie waiting for whoever adopted it to reap it has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+async def test_a_killed_gateway_leaves_no_body_parsing_process_behind(
+    state_dir: Path, upstream: Upstream
+) -> None:
+    """A large body starts the gateway's parsing pool (a forkserver and its workers). Killed
+    without a shutdown (SIGKILL, the OOM killer), the gateway took neither with it: the worker
+    kept the forkserver up, and both ran on for good."""
+    gw = start_gateway_process(state_dir, upstream.url)
+    try:
+        big = chat_body(content="x" * (256 * 1024))  # past the 64 KiB parsed inline
+        reply = await raw_exchange(gw.url, chat(gw.auth, big), local_host=fresh_client())
+        assert reply.status == 200, reply.data[:300]
+        pool = descendants(gw.proc.pid)
+        assert pool, "no parsing process started"
+        gw.proc.kill()
+        gw.proc.wait(10)
+        deadline = time.monotonic() + 10
+        while left := {pid for pid in pool if running(pid)}:
+            assert time.monotonic() < deadline, f"still running after the gateway: {left}"
+            await asyncio.sleep(0.1)
+    finally:
+        gw.stop()
+
+
 async def test_deeply_nested_json_is_a_400(gateway: GatewayProcess) -> None:
     depth = 100_000
     body = b'{"model": "smol", "messages": ' + b"[" * depth + b"]" * depth + b"}"
