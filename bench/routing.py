@@ -50,6 +50,7 @@ from bench.gateway.target import KEY_FILENAME
 from bench.routing_engines import HEALTH_TIMEOUT_S, Engine, engines, prompt_counters
 from engines.local_port import free_port
 from gateway.routing import PrefixIndex, RequestKey, Router, RoutingSnapshot, affinity
+from gateway.settings import GatewaySettings
 from gateway.store import open_store
 from workflows.contracts import ReplicaState, Route, RoutingTable
 from workflows.engine_keys import engine_key_from_master
@@ -62,6 +63,8 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "small cache": ("--cache-ram", "0"),
 }
 ARMS = ("llmgw", "round_robin", "oracle", "oracle_direct")
+# The gateway's engine scrape period (its default `engine_scrape_interval_s`).
+SCRAPE_INTERVAL_S = GatewaySettings().engine_scrape_interval_s
 # The gateway's routing policy for each arm that goes through it.
 GATEWAY_POLICY = {"llmgw": "prefix", "round_robin": "round_robin", "oracle": "prefix"}
 # Words to build system prompts from: plain English, about one token a word for SmolLM2.
@@ -211,6 +214,10 @@ async def run_arm(
         warm = BenchRequest(-1, [{"role": "user", "content": "Say hi."}])
         for engine in engine_list:  # first-request costs stay out of the figures
             await time_to_first_token(client, chat_at(engine.url, engine.key), warm, 2)
+        # The gateway scrapes the engines' load gauges every second; one taken during a warm-up
+        # would show an engine busy at the arm's start, and the least-load choice of each
+        # group's first request would avoid it (the oracle's sessions do not look).
+        await asyncio.sleep(2 * SCRAPE_INTERVAL_S)
         before = await prompt_counters(client, engine_list)
 
         async def one(index: int, request: BenchRequest) -> None:
