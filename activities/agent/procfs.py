@@ -17,6 +17,7 @@ PROC = Path("/proc")
 class ProcStat:
     pid: int
     state: str
+    ppid: int
     pgrp: int
     start_time: int
 
@@ -33,7 +34,13 @@ def parse_stat(text: str) -> ProcStat:
     pid = int(head.split("(", 1)[0])
     fields = rest.split()
     # fields[0] is field 3 (state); field N is fields[N - 3].
-    return ProcStat(pid=pid, state=fields[0], pgrp=int(fields[2]), start_time=int(fields[19]))
+    return ProcStat(
+        pid=pid,
+        state=fields[0],
+        ppid=int(fields[1]),
+        pgrp=int(fields[2]),
+        start_time=int(fields[19]),
+    )
 
 
 def read_stat(pid: int) -> ProcStat | None:
@@ -55,14 +62,18 @@ def is_same_process_running(pid: int, expected_start_time: int) -> bool:
     return stat is not None and stat.running and stat.start_time == expected_start_time
 
 
+def live_processes() -> list[ProcStat]:
+    """Every process not yet ended, as /proc lists them now."""
+    found: list[ProcStat] = []
+    for entry in os.scandir(PROC):
+        if entry.name.isdigit():
+            stat = read_stat(int(entry.name))
+            if stat is not None and stat.running:
+                found.append(stat)
+    return found
+
+
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group `pgid`: an engine's leader may be gone while
     workers it forked still hold memory or GPUs."""
-    members: list[int] = []
-    for entry in os.scandir(PROC):
-        if not entry.name.isdigit():
-            continue
-        stat = read_stat(int(entry.name))
-        if stat is not None and stat.pgrp == pgid and stat.running:
-            members.append(stat.pid)
-    return members
+    return [stat.pid for stat in live_processes() if stat.pgrp == pgid]

@@ -21,6 +21,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from activities.agent import procfs
 from gateway.store import Store, open_store
 from tests.gateway_kit import (
     MODEL,
@@ -347,14 +348,10 @@ async def send_big_body(gw: GatewayProcess, size: int, declared: bool) -> tuple[
 
 
 def descendants(pid: int) -> set[int]:
-    """Every process below `pid`, from /proc's parent links."""
+    """Every live process below `pid`, from /proc's parent links."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # ended while being read
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    for stat in procfs.live_processes():
+        children.setdefault(stat.ppid, []).append(stat.pid)
     found: set[int] = set()
     todo = [pid]
     while todo:
@@ -366,11 +363,8 @@ def descendants(pid: int) -> set[int]:
 
 def running(pid: int) -> bool:
     """Not ended (a zombie waiting for whoever adopted it to reap it has ended)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    stat = procfs.read_stat(pid)
+    return stat is not None and stat.running
 
 
 async def test_a_killed_gateway_leaves_no_body_parsing_process_behind(
