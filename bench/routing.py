@@ -203,9 +203,9 @@ async def run_arm(
     requests: Sequence[BenchRequest],
     engine_list: Sequence[Engine],
     target: Target,
-) -> None:
+) -> list[tuple[float, float]]:
     """Send the workload with `in_flight` requests at a time, in order; `target` says where
-    request i goes."""
+    request i goes. Returns each engine's (cached, computed) prompt tokens in the run."""
     gate = asyncio.Semaphore(cfg.in_flight)
     # No keep-alive: llama-server closes idle connections, and a request that lands on one as
     # it closes fails before a byte; a new connection per request costs ~0.1 ms on loopback.
@@ -239,8 +239,10 @@ async def run_arm(
             tasks.append(asyncio.create_task(one(index, request)))
         await asyncio.gather(*tasks)
         after = await prompt_counters(client, engine_list)
-    result.cached += after[0] - before[0]
-    result.computed += after[1] - before[1]
+    split = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before, strict=True)]
+    result.cached += sum(cached for cached, _ in split)
+    result.computed += sum(computed for _, computed in split)
+    return split
 
 
 @contextlib.asynccontextmanager
@@ -302,19 +304,29 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
             async with engines(cfg, keys, extra, state) as engine_list:
                 policy = GATEWAY_POLICY.get(arm)
                 if policy is None:
-                    await run_arm(cfg, result, requests, engine_list, direct(engine_list))
+                    split = await run_arm(cfg, result, requests, engine_list, direct(engine_list))
                 else:
                     async with gateway(state, engine_list, policy) as (base, api_key):
                         pins = sessions if arm == "oracle" else None
                         target = via(base, api_key, pins)
-                        await run_arm(cfg, result, requests, engine_list, target)
+                        split = await run_arm(cfg, result, requests, engine_list, target)
                         for reason, count in (await routing_reasons(base)).items():
                             result.reasons[reason] = result.reasons.get(reason, 0.0) + count
             print(
-                f"  {setting:<14} {arm:<14} {time.monotonic() - began:5.1f}s",
+                f"  {setting:<14} {arm:<14} {time.monotonic() - began:5.1f}s  {describe(split)}",
                 file=sys.stderr,
             )
     return results
+
+
+def describe(split: Sequence[tuple[float, float]]) -> str:
+    """Each engine's share of the run's prompt tokens and its own cached share: where the load
+    went (4 groups on 3 replicas: about 50/25/25 when two groups share one) and what it hit."""
+    total = sum(cached + computed for cached, computed in split) or 1.0
+    return "  ".join(
+        f"{(cached + computed) / total:4.0%} ({cached / (cached + computed or 1.0):4.0%} cached)"
+        for cached, computed in split
+    )
 
 
 def pinning_sessions(groups: int, replica_ids: Sequence[str]) -> list[str]:

@@ -118,15 +118,16 @@ async def _wait_healthy(client: httpx.AsyncClient, engine: Engine) -> None:
     raise SystemExit(f"llama-server at {engine.url} not healthy after {HEALTH_TIMEOUT_S:.0f}s")
 
 
-async def prompt_counters(client: httpx.AsyncClient, engine_list: Sequence[Engine]) -> list[float]:
-    """[cached, computed] prompt tokens summed over the engines."""
-    sums = [0.0, 0.0]
+async def prompt_counters(
+    client: httpx.AsyncClient, engine_list: Sequence[Engine]
+) -> list[tuple[float, float]]:
+    """(cached, computed) prompt tokens of each engine, in `engine_list`'s order."""
+    found: list[tuple[float, float]] = []
     for engine in engine_list:
         response = await client.get(
             engine.url + "/metrics", headers={"Authorization": f"Bearer {engine.key}"}
         )
         response.raise_for_status()
-        found = totals(response.text, (CACHED, PROCESSED))
-        sums[0] += found[CACHED]
-        sums[1] += found[PROCESSED]
-    return sums
+        counters = totals(response.text, (CACHED, PROCESSED))
+        found.append((counters[CACHED], counters[PROCESSED]))
+    return found

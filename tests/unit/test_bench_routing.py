@@ -3,8 +3,10 @@ if that pinning were wrong, the arm would not be an oracle and every ratio to it
 
 from __future__ import annotations
 
+import re
+
 from bench.gateway.target import StaticRoutes
-from bench.routing import BenchConfig, pinning_sessions, workload
+from bench.routing import BenchConfig, describe, pinning_sessions, workload
 from gateway.routing import RequestKey, Router, RoutingSnapshot
 
 
@@ -38,3 +40,12 @@ def test_the_workload_interleaves_groups_that_share_a_system_prompt() -> None:
     systems = {r.group: r.messages[0]["content"] for r in requests}
     assert all(r.messages[0]["content"] == systems[r.group] for r in requests)
     assert len(set(systems.values())) == 4
+
+
+def test_each_engines_line_shows_its_share_of_the_load_and_what_it_hit() -> None:
+    # Two groups on the first engine, one each on the others; the third engine never hit.
+    line = describe([(300.0, 100.0), (150.0, 50.0), (0.0, 200.0)])
+    shares = re.findall(r"(\d+)% \(\s*(\d+)% cached\)", line)
+    assert shares == [("50", "75"), ("25", "75"), ("25", "0")]
+    # An engine that served nothing reads as 0%, not a division error.
+    assert describe([(10.0, 10.0), (0.0, 0.0)]).endswith("  0% (  0% cached)")
