@@ -61,7 +61,7 @@ class EngineScraper:
         ]
         if not routes:
             return
-        scraped = await scrape_all(routes, self._fetch, SCRAPE_TIMEOUT_S)
+        scraped = await scrape_all(routes, self._fetch, SCRAPE_TIMEOUT_S, own=state.inflight.counts)
         router.loads.update(scraped)
         now = time.monotonic()
         for replica_id, why in scraped.failures.items():

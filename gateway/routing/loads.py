@@ -3,9 +3,13 @@
 A gateway counts only its own requests in flight; an engine's running and waiting gauges count
 every gateway's, and its queue, which is what decides how long a new request waits. The
 integrator's loop calls `scrape_all` every second or so and hands the result to an
-`EngineLoadBoard`; the router reads the board in memory and never waits on a scrape. A sample
-older than `max_age_s` is ignored: a replica whose metrics stopped answering is judged by the
-gateway's own count alone rather than by a stale picture.
+`EngineLoadBoard`; the router reads the board in memory and never waits on a scrape. Each sample
+also keeps how many of its requests were this gateway's when it was read, so the router adds
+only the others' to its own current count: the engine's figure is up to a scrape period old,
+and read alone it would show this gateway's requests that have since finished (after a burst,
+an idle replica would look busy until the next scrape). A sample older than `max_age_s` is
+ignored: a replica whose metrics stopped answering is judged by the gateway's own count alone
+rather than by a stale picture.
 """
 
 from __future__ import annotations
@@ -29,15 +33,24 @@ class LoadSample:
     kv_usage: float | None  # 0-1 share of the KV cache in use; None where the engine has none
     taken_at: float  # the caller's monotonic clock
     kv_blocks: int | None = None  # the KV cache's size in blocks, where the engine says (vLLM)
+    own: int = 0  # this gateway's requests in flight there when the sample was read
 
     @property
     def in_flight(self) -> int:
         return self.running + self.waiting
 
+    @property
+    def others(self) -> int:
+        """The engine's requests that this gateway did not send: other gateways' (or clients'
+        straight to the engine). Never below 0: a request this gateway had just sent may not
+        have reached the engine's gauges yet."""
+        return max(0, self.running + self.waiting - self.own)
 
-def sample_from_metrics(metrics_text: str, taken_at: float) -> LoadSample | None:
+
+def sample_from_metrics(metrics_text: str, taken_at: float, own: int = 0) -> LoadSample | None:
     """A sample from an engine's Prometheus text, or None when it has no request gauges (for
-    example a llama-server started without --metrics answers 501, or a proxy's own page)."""
+    example a llama-server started without --metrics answers 501, or a proxy's own page).
+    `own`: this gateway's requests in flight to that engine as the text arrived."""
     found = load(metrics_text)
     if found is None:
         return None
@@ -47,6 +60,7 @@ def sample_from_metrics(metrics_text: str, taken_at: float) -> LoadSample | None
         kv_usage(metrics_text),
         taken_at,
         kv_cache_blocks(metrics_text),
+        own,
     )
 
 
@@ -80,9 +94,11 @@ class EngineLoadBoard:
             return None
         return sample
 
-    def in_flight(self, replica_id: str, now: float) -> int | None:
+    def others(self, replica_id: str, now: float) -> int | None:
+        """The engine's requests in flight that this gateway did not send, by its latest sample
+        (`LoadSample.others`); None without a fresh sample."""
         sample = self.latest(replica_id, now)
-        return None if sample is None else sample.running + sample.waiting
+        return None if sample is None else sample.others
 
     def age_s(self, replica_id: str, now: float) -> float | None:
         sample = self._latest.get(replica_id)
@@ -112,11 +128,13 @@ async def scrape_all(
     fetch_text: Callable[[Route], Awaitable[str]],
     timeout_s: float,
     clock: Callable[[], float] = time.monotonic,
+    own: Mapping[str, int] | None = None,
 ) -> ScrapeRound:
     """Scrape every route's engine at once, each bounded by `timeout_s`, so one hung engine
     delays nobody else's sample. `fetch_text` returns the metrics page's text (it knows the
     URL, `engines.metrics.metrics_path(route.engine)`, and the engine key) and raises
-    on any failure."""
+    on any failure. `own`: this gateway's live count of requests in flight per replica, read
+    as each answer arrives (`LoadSample.own`)."""
     ordered = list(routes)
 
     async def one(route: Route) -> LoadSample | str:
@@ -127,7 +145,8 @@ async def scrape_all(
             return f"no answer within {timeout_s:g}s"
         except Exception as exc:  # noqa: BLE001 - fetch_text raises on any failure: its reason
             return f"{type(exc).__name__}: {exc}"
-        sample = sample_from_metrics(text, clock())
+        mine = own.get(route.replica_id, 0) if own is not None else 0
+        sample = sample_from_metrics(text, clock(), mine)
         return "no request gauges in its metrics" if sample is None else sample
 
     outcomes = await asyncio.gather(*(one(route) for route in ordered))

@@ -376,13 +376,12 @@ class Router:
         return Decision(route, "fallback_ejected")
 
     def _load(self, replica_id: str, inflight: Mapping[str, int], now: float) -> int:
-        """The larger of this gateway's count and the engine's own running + waiting. Not their
-        sum: the engine's gauges already include this gateway's requests, and the sample is up
-        to a few seconds old, so a sum would count them twice, unevenly. The engine's figure
-        adds what other gateways sent; the gateway's own count covers what the sample missed."""
+        """This gateway's count now, plus the requests other gateways have there by the
+        engine's last sample. Not the engine's figure alone: it is up to a scrape period old,
+        and this gateway's requests in it may have finished since (loads.py)."""
         own = inflight.get(replica_id, 0)
-        engine = self.loads.in_flight(replica_id, now)
-        return own if engine is None or engine < own else engine
+        others = self.loads.others(replica_id, now)
+        return own if others is None else own + others
 
     def _least_loaded(self, model: str, loads: Sequence[int]) -> int:
         """Index of the least loaded; among equals, the first at or after the model's cursor."""

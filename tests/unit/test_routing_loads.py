@@ -67,21 +67,31 @@ def test_metrics_without_request_gauges_give_no_sample() -> None:
 def test_the_board_ignores_stale_samples_and_older_answers() -> None:
     board = EngineLoadBoard(max_age_s=5.0)
     board.record("r", LoadSample(1, 2, None, taken_at=10.0))
-    assert board.in_flight("r", now=15.0) == 3
-    assert board.in_flight("r", now=15.1) is None, "older than 5 s: not trusted"
+    assert board.others("r", now=15.0) == 3
+    assert board.others("r", now=15.1) is None, "older than 5 s: not trusted"
     assert board.age_s("r", now=15.1) == pytest.approx(5.1)
     # A slow scrape that answers after a newer one must not win.
     board.record("r", LoadSample(9, 9, None, taken_at=12.0))
     board.record("r", LoadSample(0, 0, None, taken_at=11.0))
-    assert board.in_flight("r", now=12.0) == 18
+    assert board.others("r", now=12.0) == 18
     board.update({"s": LoadSample(1, 0, None, 12.0)})
     board.retain(["s"])
     assert board.latest("r", 12.0) is None
-    assert board.in_flight("s", 12.0) == 1
+    assert board.others("s", 12.0) == 1
     # A round's `now` also clears samples of replicas no longer scraped, once too old.
     board.update({"t": LoadSample(0, 0, None, 30.0)}, now=30.0)
     assert board.age_s("s", 30.0) is None
-    assert board.in_flight("t", 30.0) == 0
+    assert board.others("t", 30.0) == 0
+
+
+def test_a_sample_counts_only_the_requests_this_gateway_did_not_send() -> None:
+    # Read while this gateway had 3 of the engine's 5 requests there: 2 are someone else's.
+    assert LoadSample(4, 1, None, 0.0, own=3).others == 2
+    # A request just sent may not be in the engine's gauges yet: never below zero.
+    assert LoadSample(1, 0, None, 0.0, own=2).others == 0
+    board = EngineLoadBoard()
+    board.record("r", LoadSample(2, 0, None, 10.0, own=2))
+    assert board.others("r", now=10.5) == 0
 
 
 def route(replica_id: str, engine: str = "llamacpp") -> Route:
@@ -117,10 +127,11 @@ async def test_scrape_all_is_concurrent_and_reports_each_failure() -> None:
     routes += [route("hangs"), route("refuses"), route("bare")]
     loop = asyncio.get_running_loop()
     began = loop.time()
-    result = await scrape_all(routes, fetch, timeout_s=0.2, clock=lambda: 42.0)
+    own = {"slow-a": 3}
+    result = await scrape_all(routes, fetch, timeout_s=0.2, clock=lambda: 42.0, own=own)
     assert loop.time() - began < 2.0
     assert result == {
-        "slow-a": LoadSample(4, 7, 0.75, 42.0),
+        "slow-a": LoadSample(4, 7, 0.75, 42.0, own=3),
         "slow-b": LoadSample(4, 1, 0.5, 42.0),
     }
     assert result.failures["hangs"] == "no answer within 0.2s"

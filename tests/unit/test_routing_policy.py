@@ -102,6 +102,25 @@ def test_engine_reported_queues_count_but_stale_samples_do_not() -> None:
     assert later.reason == "prefix", "a 6 s old sample is ignored"
 
 
+def test_requests_finished_since_the_last_sample_do_not_count_as_load() -> None:
+    # This gateway had two requests on r-0 when its engine was last read; both have finished.
+    # The sample alone would still show r-0 busy until the next scrape, and send a new
+    # group elsewhere; read against the gateway's own count, r-0 is idle.
+    board = EngineLoadBoard(max_age_s=5.0)
+    router = Router(loads=board)
+    snap = snapshot("r-0", "r-1")
+    board.record("r-0", LoadSample(running=2, waiting=0, kv_usage=None, taken_at=10.0, own=2))
+    board.record("r-1", LoadSample(running=1, waiting=0, kv_usage=None, taken_at=10.0, own=1))
+    picks = [
+        chosen(router.choose(snap, ask(b"%d" % n * 900), {"r-1": 1}, now=10.5)) for n in range(3)
+    ]
+    assert picks == ["r-0", "r-0", "r-0"]
+    # Another gateway's request still counts: r-0's engine had one this gateway did not send.
+    board.record("r-0", LoadSample(running=3, waiting=0, kv_usage=None, taken_at=11.0, own=2))
+    picks = [chosen(router.choose(snap, ask(b"new %d" % n * 300), {}, now=11.5)) for n in range(3)]
+    assert picks == ["r-1", "r-1", "r-1"]
+
+
 def test_a_short_shared_opening_does_not_pin_traffic() -> None:
     router = Router(min_match_blocks=2)
     snap = snapshot("r-0", "r-1")
