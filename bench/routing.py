@@ -17,7 +17,8 @@ prompts in host memory), and a small one (`--cache-ram 0`: a replica keeps only 
 `--parallel` slots hold, so a wrong choice evicts a group's prefix). With more groups than
 replicas some share a replica, and then arrival order decides evictions between them: in the
 small setting any arm, the oracle included, can win or lose by a wide margin from one --seed to
-the next, so compare several seeds before reading much into one run.
+the next. So `--repeats N` runs every arm on N workloads (seeds seed to seed + N - 1) and sums
+them: one workload's draw of that luck is not a measure of routing.
 
 Reported per arm: mean and p90 time to first token, and the engines' cached share of prompt
 tokens from their own counters: llama.cpp's `llamacpp:prompt_tokens_total` counts only the
@@ -40,7 +41,7 @@ import tempfile
 import time
 import timeit
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -90,8 +91,9 @@ class BenchConfig:
     context: int = 4096
     threads: int = 1
     seed: int = 7
-    # Runs of every arm, summed: one run of the small-cache setting can swing an arm's cached
-    # share by a third (the same pinning gave 61% and 76% in one run), so compare a few.
+    # Runs of every arm, each on the workload of its own seed (seed, seed + 1, ...), summed: one
+    # run of the small-cache setting can swing an arm's cached share by a third (the same
+    # pinning gave 61% and 76% in one run), so compare a few.
     repeats: int = 1
 
 
@@ -277,7 +279,11 @@ def _routes_loaded(port: int) -> bool:
 
 
 async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
-    requests = workload(cfg)
+    # Each repeat its own workload (seeds seed, seed + 1, ...): which two groups end up sharing
+    # a replica, and whether their requests collide there, is decided by a workload's order,
+    # for the oracle's fixed pinning as for the router's choices. Repeating one order would
+    # repeat one draw of that luck rather than average it.
+    workloads = [workload(replace(cfg, seed=cfg.seed + n)) for n in range(cfg.repeats)]
     results: list[ArmResult] = []
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-routing-") as tmp:
         state = Path(tmp)
@@ -294,8 +300,11 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
         by_arm: dict[tuple[str, str], ArmResult] = {}
         # Rounds of every arm in turn rather than each arm's repeats together, so that a slow
         # spell of this shared machine lands on all arms alike.
-        rounds = [(s, e, a) for s, e in SETTINGS.items() for _ in range(cfg.repeats) for a in ARMS]
-        for setting, extra, arm in rounds:
+        rounds = [
+            (s, e, n, a) for s, e in SETTINGS.items() for n in range(cfg.repeats) for a in ARMS
+        ]
+        for setting, extra, repeat, arm in rounds:
+            requests = workloads[repeat]
             if (setting, arm) not in by_arm:
                 by_arm[(setting, arm)] = ArmResult(setting, arm)
                 results.append(by_arm[(setting, arm)])
@@ -457,7 +466,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"workload: {cfg.groups} groups x {cfg.per_group} requests, ~{cfg.system_words}-word "
         f"system prompts, {cfg.in_flight} in flight, {cfg.replicas} replicas "
         f"(--parallel {cfg.parallel}, -t {cfg.threads}), max_tokens {cfg.max_tokens}, "
-        f"{cfg.repeats} run(s) of each arm, seed {cfg.seed}"
+        f"{cfg.repeats} run(s) of each arm, one workload each: seeds {cfg.seed}"
+        f"{f'-{cfg.seed + cfg.repeats - 1}' if cfg.repeats > 1 else ''}"
     )
     results = asyncio.run(run_bench(cfg))
     print(table(results))
