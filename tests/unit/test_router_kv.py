@@ -263,6 +263,27 @@ def test_blocks_the_engine_will_evict_first_are_not_predicted() -> None:
     assert router.choose(snap, ask(), {}, now=3.0).predicted_cached_tokens == 5 * BLOCK
 
 
+def test_the_replica_that_will_still_hold_the_most_blocks_wins_over_the_one_holding_more() -> None:
+    index = KvBlockIndex()
+    index.store("a", HASHES)
+    index.store("b", HASHES[:4])
+    router = Router(kv_index=index)
+    snap = snapshot(route("a"), route("b"))
+    assert chosen(router.choose(snap, ask(), {}, now=1.0)) == "a", "5 blocks held against 4"
+    # a's cache is full and holds nothing else; its prefix ran and finished, so its blocks are
+    # the idle ones. A request waiting there takes two new blocks, evicting the prefix's last
+    # two before a request sent now starts: a will hold 3, b (its cache not full) still 4.
+    ticket = router.kv_sent(route("a"), ask(), 5 * BLOCK)
+    router.kv_started("a", ticket)
+    router.kv_finished("a", ticket)
+    full_engine(router, "a", blocks=5)
+    other = RequestKey("m", b"other", token_ids=tuple(range(900, 900 + BLOCK + 3)))
+    router.kv_sent(route("a"), other, 0)
+    decision = router.choose(snap, ask(), {}, now=2.0)
+    assert (chosen(decision), decision.reason, decision.matched_blocks) == ("b", "kv_prefix", 4)
+    assert decision.predicted_cached_tokens == 4 * BLOCK
+
+
 def test_without_the_engines_cache_size_the_index_alone_predicts() -> None:
     index = KvBlockIndex()
     index.store("a", HASHES)
