@@ -249,7 +249,7 @@ async def run_arm(
 
 @contextlib.asynccontextmanager
 async def gateway(
-    state: Path, engine_list: Sequence[Engine], policy: str
+    state: Path, engine_list: Sequence[Engine], policy: str, prompt_slots: int | None
 ) -> AsyncIterator[tuple[str, str]]:
     """The real gateway in a process of its own, routing to `engine_list` with `policy`; yields
     its base URL and an API key for it. Its own process, as in production: in this one it would
@@ -258,6 +258,9 @@ async def gateway(
     argv = [sys.executable, "-m", "bench.gateway.target", "--port", str(port)]
     argv += ["--state-dir", str(state), "--model", MODEL, "--engine", "llamacpp"]
     argv += ["--node", NODE, "--routing", policy, "--loop", "asyncio"]
+    if prompt_slots is not None:
+        # As the ledger's route says of a llama.cpp replica started with --cache-ram 0.
+        argv += ["--prompt-slots", str(prompt_slots)]
     for engine in engine_list:
         argv += ["--upstream", engine.url]
     key_file = state / KEY_FILENAME
@@ -315,7 +318,8 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
                 if policy is None:
                     split = await run_arm(cfg, result, requests, engine_list, direct(engine_list))
                 else:
-                    async with gateway(state, engine_list, policy) as (base, api_key):
+                    slots = cfg.parallel if "--cache-ram" in extra else None
+                    async with gateway(state, engine_list, policy, slots) as (base, api_key):
                         pins = sessions if arm == "oracle" else None
                         target = via(base, api_key, pins)
                         split = await run_arm(cfg, result, requests, engine_list, target)

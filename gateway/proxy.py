@@ -450,14 +450,14 @@ async def _first_answer(
         state.inflight.acquire(route.replica_id)
         # Checked against the engine's usage when it reports cached tokens.
         predicted = decision.predicted_cached_tokens if routing_key.token_ids and route.kv else None
-        kv_ticket = state.router.kv_sent(
+        sent = state.router.sent(
             route, routing_key, predicted or 0, decision.kv_blocks, streamed=request.stream
         )
         try:
             upstream = await _post(state, route, request, payload.for_route(route), remaining)
         except (aiohttp.ClientError, TimeoutError) as exc:
             state.inflight.release(route.replica_id)
-            state.router.kv_finished(route.replica_id, kv_ticket)
+            state.router.finished(sent)
             reason = "timeout" if isinstance(exc, TimeoutError) else "unreachable"
             _failed(state, model, route, reason, exc)
             tried.append(route.replica_id)
@@ -465,13 +465,13 @@ async def _first_answer(
             continue
         except BaseException:
             state.inflight.release(route.replica_id)
-            state.router.kv_finished(route.replica_id, kv_ticket)
+            state.router.finished(sent)
             raise
         if upstream.status in RETRYABLE_STATUSES:
             detail = f"answered {upstream.status}"
             upstream.release()
             state.inflight.release(route.replica_id)
-            state.router.kv_finished(route.replica_id, kv_ticket)
+            state.router.finished(sent)
             _failed(state, model, route, f"status_{upstream.status}", detail)
             tried.append(route.replica_id)
             failure = "unavailable"
@@ -486,7 +486,7 @@ async def _first_answer(
             request.wants_usage,
             watch,
             predicted,
-            kv_ticket,
+            sent,
         )
 
     if route is None and busy:

@@ -32,6 +32,7 @@ from gateway.billing import stream_counts, whole_response_counts
 from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError, error_body
 from gateway.quota import Reservation
+from gateway.routing import Sent
 from gateway.sse import EventTooLarge, StreamFilter, data_event
 from gateway.store import ApiKey
 from workflows.contracts import Route
@@ -192,15 +193,15 @@ class Relay:
         client_wants_usage: bool,
         watch: ClientWatch,
         predicted_cached: int | None = None,
-        kv_ticket: int | None = None,
+        sent: Sent | None = None,
     ) -> None:
         """`predicted_cached`: the prompt tokens the router expected the engine to find in its
         cache (KV events), checked against what the engine reports; None: nothing to check.
-        `kv_ticket`: the request as the router noted it sent (Router.kv_sent), told when the
-        engine started it and when it finished."""
+        `sent`: the request as the router noted it sent (Router.sent), told when the engine
+        started it and when it finished."""
         self._watch = watch
         self._predicted_cached = predicted_cached
-        self._kv_ticket = kv_ticket
+        self._sent = sent
         self._state = state
         self._model = model
         self._route = route
@@ -229,7 +230,7 @@ class Relay:
             # gone and stops generating, before the dropped client is dealt with below.
             self._upstream.close()
             self._state.inflight.release(self._route.replica_id)
-            self._state.router.kv_finished(self._route.replica_id, self._kv_ticket)
+            self._state.router.finished(self._sent)
             if self._stream:
                 counted = self._filter.usage_filter
                 accounting.settle(stream_counts(counted, reservation), chunks_seen=counted.chunks)
@@ -326,7 +327,7 @@ class Relay:
                 if first:
                     first = False
                     self._state.metrics.first_token(self._model, time.perf_counter() - started)
-                    self._state.router.kv_started(self._route.replica_id, self._kv_ticket)
+                    self._state.router.started(self._sent)
                 if counted.saw_done and upstream.at_eof():
                     # [DONE], an engine's last event, came in the read that ended the upstream
                     # response (with its chunked terminator): it ends the client's response in

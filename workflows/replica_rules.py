@@ -92,6 +92,7 @@ def replica_route(inp: ReplicaInput, carried: ReplicaCarried, node: str, endpoin
         detail=carried.view.detail,
         kv=carried.kv,
         adapters=[adapter.name for adapter in profile.lora],
+        prompt_slots=profile.prompt_slots,
     )
 
 

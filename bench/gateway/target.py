@@ -52,6 +52,7 @@ class StaticRoutes:
         model: str = MODEL,
         engine: str = "external",
         node: str = "bench",
+        prompt_slots: int | None = None,
     ) -> None:
         self._table = RoutingTable(
             version=1,
@@ -63,6 +64,7 @@ class StaticRoutes:
                     endpoint=upstream,
                     engine=engine,
                     state=ReplicaState.READY,
+                    prompt_slots=prompt_slots,
                 )
                 for index, upstream in enumerate(upstreams)
             ],
@@ -127,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="external")
     parser.add_argument("--node", default="bench")
     parser.add_argument("--routing", choices=POLICIES, default="prefix")
+    parser.add_argument(
+        "--prompt-slots",
+        type=int,
+        help="the engines' slots are their whole prompt cache (llama.cpp's --cache-ram 0)",
+    )
     parser.add_argument("--reuse-port", action="store_true", help="share the port (SO_REUSEPORT)")
     parser.add_argument("--no-key", action="store_true", help="do not create the bench key")
     parser.add_argument(
@@ -136,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     args.state_dir.mkdir(parents=True, exist_ok=True)
     settings = GatewaySettings(host=args.host, port=args.port, routing_policy=args.routing)
     store = open_store(args.database_url or None, args.state_dir)
-    routes = StaticRoutes(args.upstream, args.model, args.engine, args.node)
+    routes = StaticRoutes(args.upstream, args.model, args.engine, args.node, args.prompt_slots)
     config = uvicorn_config(settings, store, routes)
     server = uvicorn.Server(config)
     with asyncio.Runner(loop_factory=loop_factory(args.loop, config)) as runner:

@@ -4,7 +4,7 @@ replica has cached, `breaker` which replicas to avoid, `loads` what the engines 
 
 from gateway.routing.breaker import BreakerState, CircuitBreaker
 from gateway.routing.loads import EngineLoadBoard, LoadSample, ScrapeRound, scrape_all
-from gateway.routing.policy import REASONS, Decision, OverloadMargin, Reason, Router
+from gateway.routing.policy import REASONS, Decision, OverloadMargin, Reason, Router, Sent
 from gateway.routing.prefix_index import PrefixIndex
 from gateway.routing.request_key import RequestKey, prompt_bytes
 from gateway.routing.snapshot import RoutingSnapshot
@@ -23,6 +23,7 @@ __all__ = [
     "Router",
     "RoutingSnapshot",
     "ScrapeRound",
+    "Sent",
     "prompt_bytes",
     "scrape_all",
 ]

@@ -10,9 +10,12 @@ The order of preference, for the "prefix" policy:
    holding the most now; unless it is overloaded (then the next that is not, else the least
    loaded: "fallback_overloaded");
 2. else the replica holding the longest prefix of the prompt by the gateway's own record of
-   what it sent where (prefix_index.py), with the same overload rule;
+   what it sent where (prefix_index.py), or for a replica whose cache is its slots (llama.cpp
+   with `--cache-ram 0`, `Route.prompt_slots`) by what the slot its engine would give the
+   request holds (slot_cache.py), with the same overload rule;
 3. with no match, the session's replica by rendezvous hashing, if the client named a session;
-4. else the least loaded, ties taken in turn.
+4. else the least loaded, ties taken in turn; where some replicas' slot for the request holds
+   the only copy of a prompt there, the least loaded of the others that is not overloaded.
 Replicas whose breaker is open are skipped unless every candidate's is. "least_load" and
 "round_robin" are the baselines the routing benchmark compares against.
 
@@ -39,6 +42,7 @@ from gateway.routing.kv_pressure import KvPressure
 from gateway.routing.loads import EngineLoadBoard
 from gateway.routing.prefix_index import PrefixIndex
 from gateway.routing.request_key import RequestKey
+from gateway.routing.slot_cache import SlotBoard, SlotView
 from gateway.routing.snapshot import RoutingSnapshot
 from workflows.contracts import KvSource, ReplicaState, Route
 
@@ -76,8 +80,17 @@ class Decision:
     # its `usage.prompt_tokens_details.cached_tokens` is compared with. 0 without token ids.
     predicted_cached_tokens: int = 0
     # The prompt's block ids as the chosen engine hashes them, as far as the decision hashed
-    # them: handed to `kv_sent`, which reads on from there. None unless it publishes KV events.
+    # them: handed to `sent`, which reads on from there. None unless it publishes KV events.
     kv_blocks: BlockIds | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A request as the router noted it sent (`Router.sent`), for `started` and `finished`."""
+
+    replica_id: str
+    kv: int | None = None  # its ticket in kv_pressure.py, where the engine publishes KV events
+    slot: int | None = None  # its ticket in slot_cache.py, where the cache is the slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +155,8 @@ class Router:
         self.kv_index = kv_index
         # What the engines will have evicted when a request sent now reaches them.
         self.kv_pressure = KvPressure()
+        # What the slots of llama.cpp replicas that cache nothing else hold (slot_cache.py).
+        self.slots = SlotBoard()
         self._clock = clock
         # Per model, where the next tie-break starts: kept here rather than in the snapshot so
         # a new routing table does not send the next burst of ties to the same replica.
@@ -210,6 +225,7 @@ class Router:
         for replica_id in self.breaker.known() - ready:
             self.breaker.forget(replica_id)
         self.kv_pressure.retain(ready)
+        self.slots.retain(ready)
         self.loads.retain(ready)
 
     def _by_prefix(
@@ -231,6 +247,7 @@ class Router:
         reason: Reason = "least_load"
         matched = 0
         floor = self.min_match_blocks
+        slots: dict[int, SlotView] = {}
 
         kv = self._kv_matches(request, routes)
         kv_usable = [i for i, replica_id in enumerate(ids) if _blocks(kv, replica_id) >= floor]
@@ -252,6 +269,11 @@ class Router:
             # No engine reports enough of the prompt (or none publishes KV events): the
             # gateway's own record of what it sent where, then the session.
             matches = index.longest_match_hashes(keys, ids) if keys else {}
+            # Where the cache is the slots, what the slot the engine would give this request
+            # holds of it, rather than what was sent there (slot_cache.py).
+            slots = self._slot_views(routes, keys)
+            for i, view in slots.items():
+                matches[ids[i]] = view.found
             usable = [i for i, replica_id in enumerate(ids) if matches.get(replica_id, 0) >= floor]
             if usable:
                 # Longest match first; among equal matches the lighter replica.
@@ -271,7 +293,7 @@ class Router:
                     chosen = self._least_loaded(request.model, loads)
                     reason = "fallback_overloaded"
         if chosen is None:
-            chosen = self._least_loaded(request.model, loads)
+            chosen = self._least_loaded(request.model, loads, self._spares(slots, loads, least))
 
         if keys:
             # Whatever the reason, the chosen engine will now cache this prompt: a hot prefix
@@ -302,7 +324,7 @@ class Router:
             )
         return blocks * found.block_size
 
-    def kv_sent(
+    def sent(
         self,
         route: Route,
         request: RequestKey,
@@ -310,12 +332,44 @@ class Router:
         blocks_hashed: BlockIds | None = None,
         *,
         streamed: bool = True,
+    ) -> Sent | None:
+        """Note a request sent to `route`, for the choices and predictions of those sent after
+        it: in its engine's eviction order where it publishes KV events (kv_pressure.py; with
+        the request's token ids), in its slots where they are its cache (slot_cache.py). Its
+        ticket for `started` and `finished`; None where neither applies. `blocks_hashed`: the
+        decision's `kv_blocks` for `route`, read on rather than hashed again. `streamed`:
+        whether its first bytes will come back before it is done (`started` is then told)."""
+        kv_ticket = self._kv_sent(route, request, predicted_tokens, blocks_hashed, streamed)
+        slot_ticket = None
+        if route.prompt_slots is not None:
+            keys = self.index.hashes(request.prompt)
+            slot_ticket = self.slots.sent(route.replica_id, route.prompt_slots, keys)
+        if kv_ticket is None and slot_ticket is None:
+            return None
+        return Sent(route.replica_id, kv_ticket, slot_ticket)
+
+    def started(self, sent: Sent | None) -> None:
+        """Its first bytes came back: the engine has started it."""
+        if sent is not None and sent.kv is not None:
+            self.kv_pressure.started(sent.replica_id, sent.kv)
+
+    def finished(self, sent: Sent | None) -> None:
+        """It ended: answered, failed or cancelled."""
+        if sent is None:
+            return
+        if sent.kv is not None:
+            self.kv_pressure.finished(sent.replica_id, sent.kv)
+        if sent.slot is not None:
+            self.slots.finished(sent.replica_id, sent.slot)
+
+    def _kv_sent(
+        self,
+        route: Route,
+        request: RequestKey,
+        predicted_tokens: int,
+        blocks_hashed: BlockIds | None,
+        streamed: bool,
     ) -> int | None:
-        """Note a request sent to `route` (kv_pressure.py), for the predictions of those sent
-        after it; its ticket for `kv_started` and `kv_finished`. None where the route publishes
-        no KV events or the request has no token ids. `blocks_hashed`: the decision's
-        `kv_blocks` for `route`, read on rather than hashed again. `streamed`: whether its
-        first bytes will come back before it is done (`kv_started` is then told of them)."""
         kv = route.kv
         if kv is None or request.token_ids is None:
             return None
@@ -333,14 +387,6 @@ class Router:
             full_blocks=full_blocks,
             streamed=streamed,
         )
-
-    def kv_started(self, replica_id: str, ticket: int | None) -> None:
-        if ticket is not None:
-            self.kv_pressure.started(replica_id, ticket)
-
-    def kv_finished(self, replica_id: str, ticket: int | None) -> None:
-        if ticket is not None:
-            self.kv_pressure.finished(replica_id, ticket)
 
     @staticmethod
     def _blocks_of(request: RequestKey, kv: KvSource) -> Iterator[int]:
@@ -394,17 +440,42 @@ class Router:
         others = self.loads.others(replica_id, now)
         return own if others is None else own + others
 
-    def _least_loaded(self, model: str, loads: Sequence[int]) -> int:
-        """Index of the least loaded; among equals, the first at or after the model's cursor."""
+    def _least_loaded(
+        self, model: str, loads: Sequence[int], among: Collection[int] | None = None
+    ) -> int:
+        """Index of the least loaded (of `among`, when it names any); among equals, the first at
+        or after the model's cursor."""
         count = len(loads)
         start = self._cursor.get(model, 0) % count
-        best, best_load = start, loads[start]
-        for offset in range(1, count):
+        best, best_load = -1, 0
+        for offset in range(count):
             index = (start + offset) % count
-            if loads[index] < best_load:
+            if among and index not in among:
+                continue
+            if best < 0 or loads[index] < best_load:
                 best, best_load = index, loads[index]
         self._cursor[model] = best + 1
         return best
+
+    def _slot_views(self, routes: Sequence[Route], keys: Sequence[int]) -> dict[int, SlotView]:
+        """For each candidate whose cache is its slots, what this request would meet there."""
+        return {
+            i: self.slots.view(route.replica_id, route.prompt_slots, keys)
+            for i, route in enumerate(routes)
+            if route.prompt_slots is not None
+        }
+
+    def _spares(self, slots: Mapping[int, SlotView], loads: Sequence[int], least: int) -> list[int]:
+        """Where a request that matches nothing evicts nothing another request will want: every
+        candidate but those whose slot for it holds the only copy of a prompt there, and those
+        overloaded. Empty (any candidate) when every one would evict or no cache is slots."""
+        if not any(view.evicts for view in slots.values()):
+            return []
+        return [
+            i
+            for i in range(len(loads))
+            if not (i in slots and slots[i].evicts) and not self.margin.exceeded(loads[i], least)
+        ]
 
     def _rotate(self, model: str, count: int) -> int:
         index = self._cursor.get(model, 0) % count

@@ -247,19 +247,19 @@ def test_blocks_the_engine_will_evict_first_are_not_predicted() -> None:
     # A request of this prefix ran and finished: its blocks are the engine's only idle ones.
     first = router.choose(snap, ask(), {}, now=1.0)
     assert first.predicted_cached_tokens == 5 * BLOCK
-    ticket = router.kv_sent(route("a"), ask(), first.predicted_cached_tokens)
-    router.kv_started("a", ticket)
-    router.kv_finished("a", ticket)
+    ticket = router.sent(route("a"), ask(), first.predicted_cached_tokens)
+    router.started(ticket)
+    router.finished(ticket)
     full_engine(router, "a", blocks=5)
     # Another prompt sent and not started yet takes two new blocks of the full cache: the
     # prefix's last two, freed first, go before a request sent now is started.
     other = RequestKey("m", b"other", token_ids=tuple(range(900, 900 + BLOCK + 3)))
-    waiting = router.kv_sent(route("a"), other, 0)
+    waiting = router.sent(route("a"), other, 0)
     decision = router.choose(snap, ask(), {}, now=2.0)
     assert (chosen(decision), decision.matched_blocks) == ("a", 5)
     assert decision.predicted_cached_tokens == 3 * BLOCK
     # Once it has started, its blocks are taken: nothing more will go.
-    router.kv_started("a", waiting)
+    router.started(waiting)
     assert router.choose(snap, ask(), {}, now=3.0).predicted_cached_tokens == 5 * BLOCK
 
 
@@ -273,12 +273,12 @@ def test_the_replica_that_will_still_hold_the_most_blocks_wins_over_the_one_hold
     # a's cache is full and holds nothing else; its prefix ran and finished, so its blocks are
     # the idle ones. A request waiting there takes two new blocks, evicting the prefix's last
     # two before a request sent now starts: a will hold 3, b (its cache not full) still 4.
-    ticket = router.kv_sent(route("a"), ask(), 5 * BLOCK)
-    router.kv_started("a", ticket)
-    router.kv_finished("a", ticket)
+    ticket = router.sent(route("a"), ask(), 5 * BLOCK)
+    router.started(ticket)
+    router.finished(ticket)
     full_engine(router, "a", blocks=5)
     other = RequestKey("m", b"other", token_ids=tuple(range(900, 900 + BLOCK + 3)))
-    router.kv_sent(route("a"), other, 0)
+    router.sent(route("a"), other, 0)
     decision = router.choose(snap, ask(), {}, now=2.0)
     assert (chosen(decision), decision.reason, decision.matched_blocks) == ("b", "kv_prefix", 4)
     assert decision.predicted_cached_tokens == 4 * BLOCK
@@ -289,7 +289,7 @@ def test_without_the_engines_cache_size_the_index_alone_predicts() -> None:
     index.store("a", HASHES)
     router = Router(kv_index=index)
     other = RequestKey("m", b"other", token_ids=tuple(range(900, 900 + 10 * BLOCK)))
-    router.kv_sent(route("a"), other, 0)
+    router.sent(route("a"), other, 0)
     decision = router.choose(snapshot(route("a")), ask(), {}, now=1.0)
     assert decision.predicted_cached_tokens == 5 * BLOCK
 
@@ -320,14 +320,14 @@ def test_the_decision_hands_its_hashed_blocks_to_the_note_of_what_was_sent() -> 
     decision = router.choose(snapshot(route("a")), ask(), {}, now=1.0)
     assert isinstance(decision.kv_blocks, BlockIds)
     assert decision.kv_blocks.first(3) == HASHES[:3]
-    ticket = router.kv_sent(route("a"), ask(), 3 * BLOCK, decision.kv_blocks)
+    ticket = router.sent(route("a"), ask(), 3 * BLOCK, decision.kv_blocks)
     fresh = Router(kv_index=index)
-    fresh_ticket = fresh.kv_sent(route("a"), ask(), 3 * BLOCK)
+    fresh_ticket = fresh.sent(route("a"), ask(), 3 * BLOCK)
     assert ticket is not None
     assert fresh_ticket is not None
     noted, afresh = (
-        router.kv_pressure._sent["a"][ticket],
-        fresh.kv_pressure._sent["a"][fresh_ticket],
+        router.kv_pressure._sent["a"][ticket.kv],
+        fresh.kv_pressure._sent["a"][fresh_ticket.kv],
     )
     assert (noted.blocks, noted.need) == (afresh.blocks, afresh.need)
     assert list(noted.blocks) == HASHES
@@ -342,9 +342,9 @@ def test_blocks_a_request_sent_ahead_will_store_are_predicted() -> None:
     snap = snapshot(route("a"))
     first = router.choose(snap, ask(), {}, now=1.0)
     assert first.predicted_cached_tokens == 2 * BLOCK
-    ahead = router.kv_sent(route("a"), ask(), first.predicted_cached_tokens, first.kv_blocks)
+    ahead = router.sent(route("a"), ask(), first.predicted_cached_tokens, first.kv_blocks)
     second = router.choose(snap, ask(), {}, now=2.0)
     assert second.matched_blocks == 2  # routing still sees what the engine reports
     assert second.predicted_cached_tokens == 5 * BLOCK
-    router.kv_finished("a", ahead)  # it failed before storing anything
+    router.finished(ahead)  # it failed before storing anything
     assert router.choose(snap, ask(), {}, now=3.0).predicted_cached_tokens == 2 * BLOCK

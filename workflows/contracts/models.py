@@ -103,6 +103,18 @@ class Profile(BaseModel):
         or the removal of the last, needs a restart."""
         return self.engine in RUNTIME_LORA_ENGINES and bool(self.lora)
 
+    @property
+    def prompt_slots(self) -> int | None:
+        """llama.cpp started with `--cache-ram 0` (in `args`): its slots, then its whole prompt
+        cache (gateway/routing/slot_cache.py); None for any other profile. llama-server takes
+        the last of a repeated flag, and llmgw passes `-np parallel` before `args`."""
+        if self.engine != "llamacpp":
+            return None
+        if _last_flag_value(self.args, ("-cram", "--cache-ram")) != "0":
+            return None
+        slots = _last_flag_value(self.args, ("-np", "--parallel")) or str(self.parallel)
+        return int(slots) if slots.isdigit() and int(slots) > 0 else None
+
     def fingerprint_fields(self, *, without_adapters: bool = False) -> dict[str, object]:
         """The profile as its fingerprint sees it. Fields added since fingerprints were first
         recorded count only when set, so a running replica's fingerprint, and with it the
@@ -316,3 +328,13 @@ class ModelState(BaseModel):
     # due would otherwise start the wait again, and could do so forever).
     look_at: datetime | None = None
     check_at: datetime | None = None
+
+
+def _last_flag_value(args: list[str], names: tuple[str, ...]) -> str | None:
+    """The last value `args` give a flag by any of its `names` (`-f v` or `-f=v`)."""
+    found: str | None = None
+    for index, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        if name in names:
+            found = inline if eq else (args[index + 1] if index + 1 < len(args) else "")
+    return found

@@ -1,0 +1,163 @@
+"""What a llama-server replica whose prompt cache is its slots alone will find for a request,
+replayed from the requests this gateway sent it.
+
+llama-server gives a request the idle slot whose last prompt shares the largest part of the
+request's prompt, when that part exceeds its `--slot-prompt-similarity` (0.1); else the least
+recently used idle slot; with none idle, the request waits and takes a slot as one frees
+(tools/server's get_available_slot). Started with `--cache-ram 0`, it keeps no other copy: a
+prompt lives only in the slot that last ran it, and the slot's next prompt replaces it. So
+with more prompt prefixes than slots, where a request goes decides which prefix is lost. A
+request of a prefix whose only slot is busy (two of its requests overlap) takes another idle
+slot, misses wherever it goes, and on a replica whose other slot holds a second prefix it
+evicts that one, while on a replica with a slot to spare it evicts nothing.
+
+The gateway replays the engine's choice on what it sent each such replica (`Route.prompt_slots`
+says which replicas; engines/llamacpp.py reads it from their command line), each prompt as the
+prefix index's 256-byte block hashes (prefix_index.py), parts counted in blocks rather than
+tokens. Only this gateway's requests are seen: with several gateways, or clients sending to the
+engine directly, the replay drifts from the engine, and routing is then no better than by the
+prefix index alone.
+
+Pure and bounded: a replica's slots and the requests waiting for them, each a list of at most
+MAX_BLOCKS hashes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+# llama-server's default --slot-prompt-similarity.
+DEFAULT_SIMILARITY = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    """What a request sent now would meet on a replica."""
+
+    found: int  # leading blocks of its prompt in the slot it would be given
+    evicts: bool  # that slot holds a prompt no other slot of the replica shares a block with
+    waits: bool  # no slot is idle: it would wait, then take the slot likeliest to free first
+
+
+@dataclass(slots=True)
+class _Slot:
+    keys: Sequence[int] = ()  # block hashes of the prompt it ran last
+    ticket: int | None = None  # the request running there
+    used: int = -1  # when it was last given a request (a counter)
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    """Leading blocks two prompts share (the hashes are chained: equal up to the first
+    difference, different after it)."""
+    count = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        count += 1
+    return count
+
+
+@dataclass
+class SlotReplay:
+    """One replica's slots, as its engine assigns them."""
+
+    slots: int
+    similarity: float = DEFAULT_SIMILARITY
+    _slots: list[_Slot] = field(init=False)
+    _waiting: deque[tuple[int, Sequence[int]]] = field(init=False, default_factory=deque)
+    _clock: itertools.count[int] = field(init=False, default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        self._slots = [_Slot() for _ in range(max(1, self.slots))]
+
+    def view(self, keys: Sequence[int]) -> SlotView:
+        slot = self._pick(keys)
+        waits = slot is None
+        if slot is None:
+            # It will take a slot as one frees: requests of similar length free them in the
+            # order they took them, and those already waiting go first.
+            busy = sorted(self._slots, key=lambda s: s.used)
+            slot = busy[len(self._waiting) % len(busy)]
+        found = _common(slot.keys, keys)
+        lost = bool(slot.keys) and found == 0 and self._unique(slot)
+        return SlotView(found, lost, waits)
+
+    def start(self, ticket: int, keys: Sequence[int]) -> None:
+        """A request sent: it takes the slot the engine would give it, or waits for one."""
+        if self._waiting or not self._take(ticket, keys):
+            self._waiting.append((ticket, keys))
+
+    def finish(self, ticket: int) -> None:
+        """A request ended (answered, failed or cancelled): its slot frees, keeping its prompt,
+        and the requests waiting take slots in the order they came."""
+        for slot in self._slots:
+            if slot.ticket == ticket:
+                slot.ticket = None
+                break
+        else:
+            self._waiting = deque(w for w in self._waiting if w[0] != ticket)
+            return
+        while self._waiting and self._take(*self._waiting[0]):
+            self._waiting.popleft()
+
+    def _take(self, ticket: int, keys: Sequence[int]) -> bool:
+        slot = self._pick(keys)
+        if slot is None:
+            return False
+        slot.keys, slot.ticket, slot.used = keys, ticket, next(self._clock)
+        return True
+
+    def _pick(self, keys: Sequence[int]) -> _Slot | None:
+        """The idle slot the engine would give a prompt of `keys`: the one sharing the largest
+        part of it, above the similarity threshold; else the least recently used."""
+        idle = [s for s in self._slots if s.ticket is None]
+        if not idle:
+            return None
+        if keys and self.similarity > 0:
+            best, part = None, self.similarity
+            for slot in idle:
+                share = _common(slot.keys, keys) / len(keys)
+                if share > part:
+                    best, part = slot, share
+            if best is not None:
+                return best
+        return min(idle, key=lambda s: s.used)
+
+    def _unique(self, slot: _Slot) -> bool:
+        return all(other is slot or not _common(other.keys, slot.keys) for other in self._slots)
+
+
+class SlotBoard:
+    """The replays of every replica whose prompt cache is its slots, with the tickets of the
+    requests sent there."""
+
+    def __init__(self) -> None:
+        self._replicas: dict[str, SlotReplay] = {}
+        self._tickets = itertools.count()
+
+    def view(self, replica_id: str, slots: int, keys: Sequence[int]) -> SlotView:
+        return self._replay(replica_id, slots).view(keys)
+
+    def sent(self, replica_id: str, slots: int, keys: Sequence[int]) -> int:
+        ticket = next(self._tickets)
+        self._replay(replica_id, slots).start(ticket, keys)
+        return ticket
+
+    def finished(self, replica_id: str, ticket: int) -> None:
+        replay = self._replicas.get(replica_id)
+        if replay is not None:
+            replay.finish(ticket)
+
+    def retain(self, replica_ids: Collection[str]) -> None:
+        """Forget replicas not in `replica_ids`: one that left or restarted lost its slots."""
+        for replica_id in [r for r in self._replicas if r not in replica_ids]:
+            del self._replicas[replica_id]
+
+    def _replay(self, replica_id: str, slots: int) -> SlotReplay:
+        replay = self._replicas.get(replica_id)
+        if replay is None or replay.slots != slots:
+            replay = self._replicas[replica_id] = SlotReplay(slots)
+        return replay
