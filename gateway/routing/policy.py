@@ -24,6 +24,10 @@ prints a timing), so it can sit on the hot path of every request. Scoring by KV 
 the prompt's blocks (gateway/routing/kv_blocks.py), no further than the longest match: measured
 on the 2-core dev machine, 0.37 ms for a decision among 4 replicas where one holds 100 blocks
 of 16 tokens, 34 us when none holds its first block (the hashing is the cost: 3.5 us a block).
+Ranking the holders by the prediction of what they will still hold costs one prediction each:
+on another 2-core VM (December 4), with full caches and a request waiting on each replica,
+0.27 ms before and after for one holder of 100 blocks, 0.29 ms before and 0.32 ms after for
+four.
 """
 
 from __future__ import annotations
