@@ -36,7 +36,7 @@ import hashlib
 import json
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # About 4 MB of token ids: 3,000 distinct leading parts of 330 tokens, or 30 of 33,000.
@@ -99,8 +99,8 @@ def prefix_key(fields: Mapping[str, Any]) -> bytes | None:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
-def common_start(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """How many leading token ids `a` and `b` share."""
+def common_start(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading items (token ids, chained block hashes) `a` and `b` share."""
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:

@@ -18,8 +18,8 @@ tokens. Only this gateway's requests are seen: with several gateways, or clients
 engine directly, the replay drifts from the engine, and routing is then no better than by the
 prefix index alone.
 
-Pure and bounded: a replica's slots and the requests waiting for them, each a list of at most
-MAX_BLOCKS hashes.
+Pure and bounded: a replica's slots and the requests waiting for them (no more than the gateway
+has in flight there: max_inflight_per_replica), each a list of at most MAX_BLOCKS hashes.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import itertools
 from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+
+from gateway.prefix_tokens import common_start
 
 # llama-server's default --slot-prompt-similarity.
 DEFAULT_SIMILARITY = 0.1
@@ -47,17 +49,6 @@ class _Slot:
     keys: Sequence[int] = ()  # block hashes of the prompt it ran last
     ticket: int | None = None  # the request running there
     used: int = -1  # when it was last given a request (a counter)
-
-
-def _common(a: Sequence[int], b: Sequence[int]) -> int:
-    """Leading blocks two prompts share (the hashes are chained: equal up to the first
-    difference, different after it)."""
-    count = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        count += 1
-    return count
 
 
 @dataclass
@@ -81,7 +72,7 @@ class SlotReplay:
             # order they took them, and those already waiting go first.
             busy = sorted(self._slots, key=lambda s: s.used)
             slot = busy[len(self._waiting) % len(busy)]
-        found = _common(slot.keys, keys)
+        found = common_start(slot.keys, keys)
         lost = bool(slot.keys) and found == 0 and self._unique(slot)
         return SlotView(found, lost, waits)
 
@@ -119,7 +110,7 @@ class SlotReplay:
         if keys and self.similarity > 0:
             best, part = None, self.similarity
             for slot in idle:
-                share = _common(slot.keys, keys) / len(keys)
+                share = common_start(slot.keys, keys) / len(keys)
                 if share > part:
                     best, part = slot, share
             if best is not None:
@@ -127,7 +118,8 @@ class SlotReplay:
         return min(idle, key=lambda s: s.used)
 
     def _unique(self, slot: _Slot) -> bool:
-        return all(other is slot or not _common(other.keys, slot.keys) for other in self._slots)
+        others = (other for other in self._slots if other is not slot)
+        return not any(common_start(other.keys, slot.keys) for other in others)
 
 
 class SlotBoard:

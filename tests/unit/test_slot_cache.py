@@ -7,6 +7,7 @@ from __future__ import annotations
 from gateway.routing import RequestKey, Router, RoutingSnapshot, Sent
 from gateway.routing.prefix_index import BLOCK_BYTES, block_hashes
 from gateway.routing.slot_cache import SlotBoard, SlotReplay, SlotView
+from tests.unit.test_routing_policy import route as llamacpp_route
 from workflows.contracts import Profile, ReplicaState, Route, RoutingTable
 from workflows.contracts.models import ModelSpec
 from workflows.contracts.replicas import ReplicaCarried, ReplicaInput, ReplicaView
@@ -91,15 +92,7 @@ def test_only_llamacpp_started_with_cache_ram_0_has_its_slots_as_its_cache() -> 
 
 
 def route(replica_id: str, slots: int | None) -> Route:
-    return Route(
-        replica_id=replica_id,
-        model="m",
-        node="n",
-        endpoint=f"http://127.0.0.1:1/{replica_id}",
-        engine="llamacpp",
-        state=ReplicaState.READY,
-        prompt_slots=slots,
-    )
+    return llamacpp_route(replica_id).model_copy(update={"prompt_slots": slots})
 
 
 def fleet(slots: int | None) -> tuple[Router, RoutingSnapshot, Sent | None]:
