@@ -12,11 +12,11 @@ slot, misses wherever it goes, and on a replica whose other slot holds a second 
 evicts that one, while on a replica with a slot to spare it evicts nothing.
 
 The gateway replays the engine's choice on what it sent each such replica (`Route.prompt_slots`
-says which replicas; engines/llamacpp.py reads it from their command line), each prompt as the
-prefix index's 256-byte block hashes (prefix_index.py), parts counted in blocks rather than
-tokens. Only this gateway's requests are seen: with several gateways, or clients sending to the
-engine directly, the replay drifts from the engine, and routing is then no better than by the
-prefix index alone.
+says which: a replica's route takes it from its profile's flags, Profile.prompt_slots), each
+prompt as the prefix index's 256-byte block hashes (prefix_index.py), parts counted in blocks
+rather than tokens. Only this gateway's requests are seen: with several gateways, or clients
+sending to the engine directly, the replay drifts from the engine's real slots, and routing by
+it can then do worse than by the prefix index alone (not measured).
 
 Pure and bounded: a replica's slots and the requests waiting for them (no more than the gateway
 has in flight there: max_inflight_per_replica), each a list of at most MAX_BLOCKS hashes.

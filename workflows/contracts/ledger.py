@@ -190,8 +190,8 @@ class Route(BaseModel):
     # Engines that publish KV-cache events (vLLM with a profile's kv_events): routed by the
     # blocks they report holding. None: by the gateway's own prefix index.
     kv: KvSource | None = None
-    # llama.cpp started with `--cache-ram 0`: its slots, then its whole prompt cache, whose
-    # choice the gateway replays (gateway/routing/slot_cache.py). None: any other engine.
+    # llama.cpp started with `--cache-ram 0`: its slots, which are then its whole prompt cache
+    # (the gateway replays their choice: gateway/routing/slot_cache.py). None: any other engine.
     prompt_slots: int | None = None
     # The replica's LoRA adapters by name, in its profile's `lora` order: the order of
     # llama-server's --lora flags, whose index a request's `lora` field names the adapter by
