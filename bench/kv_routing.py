@@ -59,7 +59,7 @@ from bench.kv_fleet import (
 )
 from bench.kv_report import ARMS, ArmResult, as_json, markdown, parse_prediction, table
 from bench.kv_workload import KvRequest, Workload, requests
-from bench.routing import pinning_sessions
+from bench.routing import pinning_sessions, seeds
 from engines.local_port import free_port
 from gateway.store import open_store
 from workflows.contracts import Route, RoutingTable
@@ -361,8 +361,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"~{cfg.workload.system_words}-word system prompts, {cfg.in_flight} in flight, "
         f"{cfg.replicas} vLLM replicas, max_tokens {cfg.max_tokens}, small cache "
         f"{cfg.small_blocks} blocks of 32 tokens, {cfg.repeats} run(s) of each arm, one "
-        f"workload each: seeds {cfg.workload.seed}"
-        f"{f'-{cfg.workload.seed + cfg.repeats - 1}' if cfg.repeats > 1 else ''}"
+        f"workload each: {seeds(cfg.workload.seed, cfg.repeats)}"
     )
     print(header)
     try:

@@ -53,7 +53,7 @@ from engines.local_port import free_port
 from gateway.routing import PrefixIndex, RequestKey, Router, RoutingSnapshot, affinity
 from gateway.settings import GatewaySettings
 from gateway.store import open_store
-from workflows.contracts import ReplicaState, Route, RoutingTable
+from workflows.contracts import Profile, ReplicaState, Route, RoutingTable
 from workflows.engine_keys import engine_key_from_master
 
 MODEL = "smollm2-bench"
@@ -259,7 +259,6 @@ async def gateway(
     argv += ["--state-dir", str(state), "--model", MODEL, "--engine", "llamacpp"]
     argv += ["--node", NODE, "--routing", policy, "--loop", "asyncio"]
     if prompt_slots is not None:
-        # As the ledger's route says of a llama.cpp replica started with --cache-ram 0.
         argv += ["--prompt-slots", str(prompt_slots)]
     for engine in engine_list:
         argv += ["--upstream", engine.url]
@@ -318,7 +317,8 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
                 if policy is None:
                     split = await run_arm(cfg, result, requests, engine_list, direct(engine_list))
                 else:
-                    slots = cfg.parallel if "--cache-ram" in extra else None
+                    # As the ledger's route says of a llama.cpp profile with these flags.
+                    slots = Profile(parallel=cfg.parallel, args=list(extra)).prompt_slots
                     async with gateway(state, engine_list, policy, slots) as (base, api_key):
                         pins = sessions if arm == "oracle" else None
                         target = via(base, api_key, pins)
@@ -330,6 +330,11 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
                 file=sys.stderr,
             )
     return results
+
+
+def seeds(first: int, repeats: int) -> str:
+    """The workloads' seeds that `--seed first --repeats N` runs, as the header names them."""
+    return f"seed {first}" if repeats <= 1 else f"seeds {first}-{first + repeats - 1}"
 
 
 def describe(split: Sequence[tuple[float, float]]) -> str:
@@ -470,8 +475,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"workload: {cfg.groups} groups x {cfg.per_group} requests, ~{cfg.system_words}-word "
         f"system prompts, {cfg.in_flight} in flight, {cfg.replicas} replicas "
         f"(--parallel {cfg.parallel}, -t {cfg.threads}), max_tokens {cfg.max_tokens}, "
-        f"{cfg.repeats} run(s) of each arm, one workload each: seeds {cfg.seed}"
-        f"{f'-{cfg.seed + cfg.repeats - 1}' if cfg.repeats > 1 else ''}"
+        f"{cfg.repeats} run(s) of each arm, one workload each: {seeds(cfg.seed, cfg.repeats)}"
     )
     results = asyncio.run(run_bench(cfg))
     print(table(results))

@@ -451,7 +451,7 @@ async def _first_answer(
         # Checked against the engine's usage when it reports cached tokens.
         predicted = decision.predicted_cached_tokens if routing_key.token_ids and route.kv else None
         sent = state.router.sent(
-            route, routing_key, predicted or 0, decision.kv_blocks, streamed=request.stream
+            route, routing_key, predicted or 0, decision, streamed=request.stream
         )
         try:
             upstream = await _post(state, route, request, payload.for_route(route), remaining)

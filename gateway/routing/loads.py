@@ -36,10 +36,6 @@ class LoadSample:
     own: int = 0  # this gateway's requests in flight there when the sample was read
 
     @property
-    def in_flight(self) -> int:
-        return self.running + self.waiting
-
-    @property
     def others(self) -> int:
         """The engine's requests that this gateway did not send: other gateways' (or clients'
         straight to the engine). Never below 0: a request this gateway had just sent may not

@@ -86,6 +86,9 @@ class Decision:
     # The prompt's block ids as the chosen engine hashes them, as far as the decision hashed
     # them: handed to `sent`, which reads on from there. None unless it publishes KV events.
     kv_blocks: BlockIds | None = None
+    # The prompt's chained 256-byte block hashes (prefix_index.py), as the "prefix" policy
+    # hashed them: handed to `sent` for the slot replay. Empty under the other policies.
+    prompt_keys: Sequence[int] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,20 +196,22 @@ class Router:
         loads = [self._load(replica_id, inflight, now) for replica_id in ids]
         found: _KvMatch | None = None
         predicted: int | None = None
+        keys: Sequence[int] = ()
         if self.policy == "round_robin":
             chosen, reason, matched = self._rotate(request.model, len(allowed)), "round_robin", 0
         elif self.policy == "least_load":
             chosen, reason, matched = self._least_loaded(request.model, loads), "least_load", 0
         else:
+            keys = self.index.hashes(request.prompt)
             chosen, reason, matched, found, predicted = self._by_prefix(
-                request, allowed, ids, loads, now
+                request, keys, allowed, ids, loads, now
             )
         # A half-open replica lets one probe through: this request is it.
         breaker.started(ids[chosen], now)
         if predicted is None:
             predicted = 0 if found is None else self._kv_predicted(allowed[chosen], found, now)
         kv_blocks = found.ids if found is not None else None
-        return Decision(allowed[chosen], reason, matched, predicted, kv_blocks)
+        return Decision(allowed[chosen], reason, matched, predicted, kv_blocks, keys)
 
     def succeeded(self, replica_id: str, now: float | None = None) -> None:
         """The replica answered (its response started): closes its breaker."""
@@ -235,6 +240,7 @@ class Router:
     def _by_prefix(
         self,
         request: RequestKey,
+        keys: Sequence[int],
         routes: Sequence[Route],
         ids: Sequence[str],
         loads: Sequence[int],
@@ -244,7 +250,6 @@ class Router:
         holding of the prompt: None unless it publishes KV events, the cached tokens predicted
         there if the choice already worked them out)."""
         index = self.index
-        keys = index.hashes(request.prompt)
         least = min(loads)
         margin = self.margin
         chosen: int | None = None
@@ -333,20 +338,23 @@ class Router:
         route: Route,
         request: RequestKey,
         predicted_tokens: int,
-        blocks_hashed: BlockIds | None = None,
+        chosen_by: Decision | None = None,
         *,
         streamed: bool = True,
     ) -> Sent | None:
         """Note a request sent to `route`, for the choices and predictions of those sent after
         it: in its engine's eviction order where it publishes KV events (kv_pressure.py; with
         the request's token ids), in its slots where they are its cache (slot_cache.py). Its
-        ticket for `started` and `finished`; None where neither applies. `blocks_hashed`: the
-        decision's `kv_blocks` for `route`, read on rather than hashed again. `streamed`:
-        whether its first bytes will come back before it is done (`started` is then told)."""
+        ticket for `started` and `finished`; None where neither applies. `chosen_by`: the
+        decision that chose `route`, whose `kv_blocks` and `prompt_keys` are read on rather than
+        hashed again. `streamed`: whether its first bytes will come back before it is done
+        (`started` is then told)."""
+        blocks_hashed = chosen_by.kv_blocks if chosen_by is not None else None
         kv_ticket = self._kv_sent(route, request, predicted_tokens, blocks_hashed, streamed)
         slot_ticket = None
         if route.prompt_slots is not None:
-            keys = self.index.hashes(request.prompt)
+            keys = chosen_by.prompt_keys if chosen_by is not None else ()
+            keys = keys or self.index.hashes(request.prompt)
             slot_ticket = self.slots.sent(route.replica_id, route.prompt_slots, keys)
         if kv_ticket is None and slot_ticket is None:
             return None

@@ -320,7 +320,7 @@ def test_the_decision_hands_its_hashed_blocks_to_the_note_of_what_was_sent() -> 
     decision = router.choose(snapshot(route("a")), ask(), {}, now=1.0)
     assert isinstance(decision.kv_blocks, BlockIds)
     assert decision.kv_blocks.first(3) == HASHES[:3]
-    ticket = router.sent(route("a"), ask(), 3 * BLOCK, decision.kv_blocks)
+    ticket = router.sent(route("a"), ask(), 3 * BLOCK, decision)
     fresh = Router(kv_index=index)
     fresh_ticket = fresh.sent(route("a"), ask(), 3 * BLOCK)
     assert ticket is not None
@@ -342,7 +342,7 @@ def test_blocks_a_request_sent_ahead_will_store_are_predicted() -> None:
     snap = snapshot(route("a"))
     first = router.choose(snap, ask(), {}, now=1.0)
     assert first.predicted_cached_tokens == 2 * BLOCK
-    ahead = router.sent(route("a"), ask(), first.predicted_cached_tokens, first.kv_blocks)
+    ahead = router.sent(route("a"), ask(), first.predicted_cached_tokens, first)
     second = router.choose(snap, ask(), {}, now=2.0)
     assert second.matched_blocks == 2  # routing still sees what the engine reports
     assert second.predicted_cached_tokens == 5 * BLOCK
