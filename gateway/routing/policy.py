@@ -14,8 +14,12 @@ The order of preference, for the "prefix" policy:
    with `--cache-ram 0`, `Route.prompt_slots`) by what the slot its engine would give the
    request holds (slot_cache.py), with the same overload rule;
 3. with no match, the session's replica by rendezvous hashing, if the client named a session;
-4. else the least loaded, ties taken in turn; where some replicas' slot for the request holds
-   the only copy of a prompt there, the least loaded of the others that is not overloaded.
+4. else, for a prompt of at least `min_match_blocks` blocks whose prefix this gateway never
+   sent (it starts one that the requests sharing it will follow), the replica recently sent
+   the least distinct prompt (working_set.py) among those not overloaded ("new_prefix"), ties
+   to the least loaded; any other prompt to the least loaded, ties taken in turn. Either way,
+   where some replicas' slot for the request holds the only copy of a prompt there, only the
+   others not overloaded are considered.
 Replicas whose breaker is open are skipped unless every candidate's is. "least_load" and
 "round_robin" are the baselines the routing benchmark compares against.
 
@@ -48,6 +52,7 @@ from gateway.routing.prefix_index import PrefixIndex
 from gateway.routing.request_key import RequestKey
 from gateway.routing.slot_cache import SlotBoard, SlotView
 from gateway.routing.snapshot import RoutingSnapshot
+from gateway.routing.working_set import WorkingSets
 from workflows.contracts import KvSource, ReplicaState, Route
 
 # Why a replica was chosen: a small fixed set, so each can be a Prometheus label value.
@@ -55,6 +60,7 @@ Reason = Literal[
     "kv_prefix",  # its engine reports holding the most leading blocks of the prompt
     "prefix",  # it holds the longest cached prefix of the prompt (the gateway's own record)
     "session",  # the client's session lives there (no prefix matched)
+    "new_prefix",  # a prefix never sent: where the least distinct prompt was sent lately
     "least_load",  # nothing to prefer: the least loaded replica, ties in turn
     "round_robin",  # the round-robin baseline policy
     "fallback_overloaded",  # the preferred replica was overloaded: the least loaded instead
@@ -164,6 +170,8 @@ class Router:
         self.kv_pressure = KvPressure()
         # What the slots of llama.cpp replicas that cache nothing else hold (slot_cache.py).
         self.slots = SlotBoard()
+        # How much distinct prompt each replica was recently sent: where new prefixes go.
+        self.working_sets = WorkingSets(self.min_match_blocks)
         self._clock = clock
         # Per model, where the next tie-break starts: kept here rather than in the snapshot so
         # a new routing table does not send the next burst of ties to the same replica.
@@ -235,6 +243,7 @@ class Router:
             self.breaker.forget(replica_id)
         self.kv_pressure.retain(ready)
         self.slots.retain(ready)
+        self.working_sets.retain(ready)
         self.loads.retain(ready)
 
     def _by_prefix(
@@ -255,6 +264,7 @@ class Router:
         chosen: int | None = None
         reason: Reason = "least_load"
         matched = 0
+        new = False
         floor = self.min_match_blocks
         slots: dict[int, SlotView] = {}
 
@@ -278,6 +288,8 @@ class Router:
             # No engine reports enough of the prompt (or none publishes KV events): the
             # gateway's own record of what it sent where, then the session.
             matches = index.longest_match_hashes(keys, ids) if keys else {}
+            # Whether the prompt starts a prefix this gateway never sent any candidate.
+            new = self.working_sets.starts_prefix(keys) and max(matches.values(), default=0) < floor
             # Where the cache is the slots, what the slot the engine would give this request
             # holds of it, rather than what was sent there (slot_cache.py).
             slots = self._slot_views(routes, keys)
@@ -301,7 +313,9 @@ class Router:
                 else:
                     chosen = self._least_loaded(request.model, loads)
                     reason = "fallback_overloaded"
-        if chosen is None:
+        if chosen is None and new:
+            chosen, reason = self._place(request.model, ids, loads, least, slots, now), "new_prefix"
+        elif chosen is None:
             chosen = self._least_loaded(request.model, loads, self._spares(slots, loads, least))
 
         if keys:
@@ -310,6 +324,7 @@ class Router:
             # with KV events too: it routes them while their feed is down.
             index.insert_hashes(ids[chosen], keys, now)
             self._indexed.add(ids[chosen])
+            self.working_sets.sent(ids[chosen], keys, now)
         return chosen, reason, matched, kv.get(ids[chosen]), predicted.get(chosen)
 
     def _kv_predicted(self, route: Route, found: _KvMatch, now: float) -> int:
@@ -476,6 +491,27 @@ class Router:
             for i, route in enumerate(routes)
             if route.prompt_slots is not None
         }
+
+    def _place(
+        self,
+        model: str,
+        ids: Sequence[str],
+        loads: Sequence[int],
+        least: int,
+        slots: Mapping[int, SlotView],
+        now: float,
+    ) -> int:
+        """Index of the replica for a prompt whose prefix this gateway never sent (and no
+        session places). It starts a prefix that the requests sharing it will follow, so it
+        goes where the least distinct prompt was recently sent (working_set.py), among the
+        replicas that are not overloaded and where it evicts no prompt's only slot (_spares);
+        among equals the least loaded."""
+        among = self._spares(slots, loads, least) or [
+            i for i in range(len(loads)) if not self.margin.exceeded(loads[i], least)
+        ]
+        sizes = {i: self.working_sets.blocks(ids[i], now) for i in among}
+        smallest = min(sizes.values())
+        return self._least_loaded(model, loads, [i for i, n in sizes.items() if n == smallest])
 
     def _spares(self, slots: Mapping[int, SlotView], loads: Sequence[int], least: int) -> list[int]:
         """Where a request that matches nothing evicts nothing another request will want: every

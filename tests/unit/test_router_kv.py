@@ -91,7 +91,7 @@ def test_a_single_block_in_common_is_not_a_match() -> None:
     index.store("a", HASHES[:1])
     router = Router(kv_index=index, min_match_blocks=2)
     decision = router.choose(snapshot(route("a"), route("b")), ask(), {"a": 1}, now=0.0)
-    assert (chosen(decision), decision.reason) == ("b", "least_load")
+    assert (chosen(decision), decision.reason) == ("b", "new_prefix")
 
 
 def test_a_fully_cached_prompt_predicts_one_block_less() -> None:
@@ -182,7 +182,7 @@ def test_without_a_kv_match_the_approximate_index_and_sessions_route_as_before()
     router = Router(kv_index=index)
     snap = snapshot(route("a"), route("b"))
     first = router.choose(snap, ask(), {}, now=0.0)
-    assert first.reason == "least_load"
+    assert first.reason == "new_prefix"
     again = router.choose(snap, ask(), {}, now=1.0)
     assert (chosen(again), again.reason) == (chosen(first), "prefix")
     session = router.choose(snap, ask(prompt=b"short", session="s-1"), {}, now=2.0)
@@ -213,7 +213,7 @@ def test_requests_without_token_ids_route_as_before() -> None:
     keys = [RequestKey("m", p, session="s" if n % 3 else None) for n, p in enumerate(PROMPTS * 2)]
     decisions = _decisions(Router(kv_index=index), snap, keys)
     assert decisions == _decisions(Router(), snap, keys)
-    assert {"prefix", "least_load", "fallback_overloaded"} <= {r for _, r, _, _ in decisions}
+    assert {"prefix", "new_prefix", "fallback_overloaded"} <= {r for _, r, _, _ in decisions}
 
 
 def test_routes_without_kv_route_exactly_as_before_even_with_token_ids() -> None:
@@ -228,7 +228,7 @@ def test_routes_without_kv_route_exactly_as_before_even_with_token_ids() -> None
     decisions = _decisions(Router(kv_index=index), snap, with_ids)
     assert decisions == _decisions(Router(), snap, plain)
     assert all(reason != "kv_prefix" for _, reason, _, _ in decisions)
-    assert {"prefix", "least_load"} <= {reason for _, reason, _, _ in decisions}
+    assert {"prefix", "new_prefix"} <= {reason for _, reason, _, _ in decisions}
 
 
 def full_engine(router: Router, replica_id: str, blocks: int, waiting: int = 0) -> None:

@@ -53,7 +53,7 @@ def test_requests_sharing_a_system_prompt_follow_the_replica_that_served_it() ->
     router = Router()
     snap = snapshot("r-0", "r-1", "r-2")
     first = router.choose(snap, ask(SYSTEM_A + b"Q: my chain slips"), {}, now=0.0)
-    assert first.reason == "least_load"
+    assert first.reason == "new_prefix"
     assert first.matched_blocks == 0
     other = router.choose(snap, ask(SYSTEM_B + b"Summarise trial 7"), {}, now=1.0)
     assert chosen(other) != chosen(first), "ties rotate: a new prefix goes elsewhere"
@@ -105,19 +105,20 @@ def test_engine_reported_queues_count_but_stale_samples_do_not() -> None:
 def test_requests_finished_since_the_last_sample_do_not_count_as_load() -> None:
     # This gateway had two requests on r-0 when its engine was last read; both have finished.
     # The sample alone would still show r-0 busy until the next scrape, and send a new
-    # group elsewhere; read against the gateway's own count, r-0 is idle.
+    # group elsewhere; read against the gateway's own count, r-0 is idle. (Prompts of one
+    # block: too short to start a prefix, so load alone places them.)
     board = EngineLoadBoard(max_age_s=5.0)
     router = Router(loads=board)
     snap = snapshot("r-0", "r-1")
     board.record("r-0", LoadSample(running=2, waiting=0, kv_usage=None, taken_at=10.0, own=2))
     board.record("r-1", LoadSample(running=1, waiting=0, kv_usage=None, taken_at=10.0, own=1))
     picks = [
-        chosen(router.choose(snap, ask(b"%d" % n * 900), {"r-1": 1}, now=10.5)) for n in range(3)
+        chosen(router.choose(snap, ask(b"%d" % n * 200), {"r-1": 1}, now=10.5)) for n in range(3)
     ]
     assert picks == ["r-0", "r-0", "r-0"]
     # Another gateway's request still counts: r-0's engine had one this gateway did not send.
     board.record("r-0", LoadSample(running=3, waiting=0, kv_usage=None, taken_at=11.0, own=2))
-    picks = [chosen(router.choose(snap, ask(b"new %d" % n * 300), {}, now=11.5)) for n in range(3)]
+    picks = [chosen(router.choose(snap, ask(b"new %d" % n * 50), {}, now=11.5)) for n in range(3)]
     assert picks == ["r-1", "r-1", "r-1"]
 
 
@@ -223,6 +224,7 @@ def test_reasons_are_a_small_fixed_set() -> None:
         "kv_prefix",
         "prefix",
         "session",
+        "new_prefix",
         "least_load",
         "round_robin",
         "fallback_overloaded",

@@ -1,0 +1,83 @@
+"""Where new prefixes go: the replica recently sent the least distinct prompt (working_set.py)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from gateway.routing import RequestKey, Router
+from gateway.routing.working_set import WorkingSets
+from tests.unit.test_routing_policy import chosen, snapshot
+
+
+def group_prompt(group: int, question: int) -> bytes:
+    """A tenant's system prompt (about 1 KB, four 256-byte blocks) and a question of its own."""
+    return (b"You are the assistant of tenant %d. " % group) * 30 + b"Question %d?" % question
+
+
+def test_a_prefix_counts_once_at_its_longest_prompt_until_its_window_passes() -> None:
+    sets = WorkingSets(root_blocks=2, window_s=10.0)
+    sets.sent("a", [1, 2, 3], now=0.0)
+    sets.sent("a", [1, 2, 3, 4, 5], now=1.0)  # the same prefix, a longer prompt
+    sets.sent("a", [1, 2, 4], now=2.0)  # the same prefix again, shorter
+    assert sets.blocks("a", now=2.0) == 5
+    sets.sent("a", [1, 9, 9], now=3.0)  # another prefix: its second block differs
+    assert sets.blocks("a", now=3.0) == 8
+    sets.sent("a", [7], now=3.0)  # one block: too short to start a prefix
+    assert sets.blocks("a", now=3.0) == 8
+    assert sets.blocks("b", now=3.0) == 0
+    # Ten seconds after each was last sent, it no longer counts.
+    assert sets.blocks("a", now=12.5) == 3
+    assert sets.blocks("a", now=13.0) == 0
+
+
+def test_the_prefixes_a_replica_keeps_are_bounded_and_leave_with_it() -> None:
+    sets = WorkingSets(root_blocks=1, max_prefixes=3)
+    for n in range(10):
+        sets.sent("a", [n, n], now=float(n))
+    assert sets.blocks("a", now=10.0) == 6, "the three sent last, of two blocks each"
+    sets.sent("b", [1], now=10.0)
+    sets.retain(["b"])
+    assert sets.blocks("a", now=10.0) == 0
+    assert sets.blocks("b", now=10.0) == 1
+    with pytest.raises(ValueError, match="must be positive"):
+        WorkingSets(window_s=0)
+
+
+def test_a_new_prefix_goes_where_fewer_prefixes_live_even_if_busier() -> None:
+    router = Router()
+    snap = snapshot("r-0", "r-1")
+    first = router.choose(snap, RequestKey("m", group_prompt(0, 0)), {}, now=0.0)
+    holder = chosen(first)
+    other = "r-1" if holder == "r-0" else "r-0"
+    # The other replica is busier, within the overload margin: the new prefix still goes there.
+    second = router.choose(snap, RequestKey("m", group_prompt(1, 0)), {other: 3}, now=1.0)
+    assert (chosen(second), second.reason) == (other, "new_prefix")
+    # Past the margin, load wins: the least loaded takes it.
+    third = router.choose(snap, RequestKey("m", group_prompt(2, 0)), {other: 9}, now=2.0)
+    assert (chosen(third), third.reason) == (holder, "new_prefix")
+    # A prompt too short to start a prefix goes by load alone.
+    short = router.choose(snap, RequestKey("m", b"hello"), {holder: 1}, now=3.0)
+    assert (chosen(short), short.reason) == (other, "least_load")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_interleaved_groups_split_evenly_whatever_the_loads(seed: int) -> None:
+    """Eight groups' requests interleaved, as in the KV benchmark, with loads that vary within
+    the margin: each replica ends up serving four groups, all of each group's requests on one
+    replica, as an oracle that pins the groups would."""
+    rng = random.Random(seed)
+    router = Router()
+    snap = snapshot("r-0", "r-1")
+    where: dict[int, set[str]] = {}
+    for turn in range(4):
+        order = list(range(8))
+        rng.shuffle(order)
+        for group in order:
+            loads = {"r-0": rng.randrange(4), "r-1": rng.randrange(4)}
+            decision = router.choose(snap, RequestKey("m", group_prompt(group, turn)), loads)
+            where.setdefault(group, set()).add(chosen(decision))
+    assert all(len(replicas) == 1 for replicas in where.values()), where
+    assert Counter(next(iter(r)) for r in where.values()) == {"r-0": 4, "r-1": 4}
