@@ -158,6 +158,7 @@ def create_app(
             finally:
                 for loop in loops:
                     await loop.stop()
+                await state.side_tasks.close()  # they use the session
                 try:
                     await usage.flush()
                 except Exception:

@@ -26,6 +26,7 @@ from gateway.route_source import RouteRefresher
 from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.shared_limits import SharedLimits
+from gateway.side_tasks import SideTasks
 from gateway.store import ApiKey, Store
 from gateway.upstream_keys import EngineKeys
 from gateway.usage import UsageRecorder
@@ -66,6 +67,8 @@ class GatewayState:
     kv_publishers: KvPublishers
     # Chats' leading messages as token ids, learned from engines (gateway/prefix_tokens.py).
     prefix_tokens: PrefixTokens = field(default_factory=PrefixTokens)
+    # What requests start and do not wait for: learning those leading messages.
+    side_tasks: SideTasks = field(default_factory=SideTasks)
     # model -> the key its external endpoints want (refreshed from the store); gateway-only.
     upstream_keys: dict[str, str] = field(default_factory=dict)
     # The web console's view of the cluster (gateway/console/); None when the process running

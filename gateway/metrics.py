@@ -94,7 +94,7 @@ class GatewayMetrics:
             "llmgw_kv_tokenize",
             "Prompts sent to an engine's /tokenize for KV routing, by outcome "
             "(ok, skipped, timeout, failed; learned: not sent, the chat's leading messages "
-            "known).",
+            "known; new_prefix: not sent, a prefix this gateway never sent anywhere).",
             ["outcome"],
             registry=r,
         )
@@ -161,7 +161,7 @@ class GatewayMetrics:
 
     def kv_tokenized(self, outcome: str, seconds: float) -> None:
         self._child(self._tokenized, outcome).inc()
-        if outcome not in ("skipped", "learned"):  # an engine was asked
+        if outcome not in ("skipped", "learned", "new_prefix"):  # an engine was asked
             self._tokenize_latency.observe(seconds)
 
     def kv_cache_error(self, model: str, predicted: int, reported: int) -> None:

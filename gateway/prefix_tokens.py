@@ -24,7 +24,10 @@ the template's closing text) once taught more than the others share; the spot ch
 
 Learning costs the engine a second tokenization, so a part is learned the second time it is
 seen, not the first: each turn of a conversation has leading messages never seen before (the
-last turn's, plus the reply), and pays one /tokenize per request, as without this.
+last turn's, plus the reply), and pays one /tokenize per request, as without this. The
+exception is a chat that starts a prefix the gateway never sent anywhere (a new tenant's system
+prompt): it asks no engine on its way, and its leading part is learned at once, aside
+(gateway/tokenize.py), so the chats that follow it ask none either.
 
 Bounded: at most MAX_TOKENS token ids in all (4 bytes each) and SEEN_KEYS keys of parts seen
 once (about 100 bytes each), least recently used first out.

@@ -250,16 +250,17 @@ async def _serve_admitted(
                 else upstream_payload(request, raw, changed or request.stream),
             )
             session = headers.get(SESSION_HEADER)
+            prompt = salted_prompt(
+                request.routing_prompt
+                if request.routing_prompt is not None
+                else prompt_bytes(body),
+                salt,
+            )
             # For replicas that publish KV events: the prompt's tokens, from an engine.
-            tokens = await request_token_ids(state, request, snapshot.ready(request.model))
+            tokens = await request_token_ids(state, request, snapshot.ready(request.model), prompt)
             routing_key = RequestKey(
                 model=request.model,
-                prompt=salted_prompt(
-                    request.routing_prompt
-                    if request.routing_prompt is not None
-                    else prompt_bytes(body),
-                    salt,
-                ),
+                prompt=prompt,
                 session=session.decode("latin-1") if session else request.user,
                 token_ids=tokens.ids if tokens is not None else None,
                 leading_only=tokens is not None and tokens.leading_only,

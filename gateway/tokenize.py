@@ -21,7 +21,11 @@ index: tokenizing never fails a request.
 
 A chat whose leading messages (all but the last) came before costs no round trip: the gateway
 learns the token ids every chat with them begins with, and routes on those
-(gateway/prefix_tokens.py says how it learns and checks them, and what it costs).
+(gateway/prefix_tokens.py says how it learns and checks them, and what it costs). Nor does a
+request whose prompt starts a prefix this gateway never sent anywhere, while no engine holds
+blocks another sender left (Router.needs_no_tokens): its tokens would not change where it
+goes. A chat's leading part is then learned in the background (gateway/side_tasks.py), for the
+requests after it.
 """
 
 from __future__ import annotations
@@ -53,8 +57,9 @@ MAX_ANSWER_BYTES = 2 * 1024 * 1024
 _TOKEN_MAX = 2**31 - 1
 
 # "skipped": not asked (several prompts, media parts); "failed": asked, no usable answer;
-# "learned": not asked, the chat's leading messages known (gateway/prefix_tokens.py).
-Outcome = Literal["ok", "skipped", "timeout", "failed", "learned"]
+# "learned": not asked, the chat's leading messages known (gateway/prefix_tokens.py);
+# "new_prefix": not asked, a prefix this gateway never sent anywhere.
+Outcome = Literal["ok", "skipped", "timeout", "failed", "learned", "new_prefix"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,12 +224,13 @@ def kv_candidates(routes: Sequence[Route]) -> list[Route]:
 
 
 async def request_token_ids(
-    state: GatewayState, request: ProxiedRequest, routes: Sequence[Route]
+    state: GatewayState, request: ProxiedRequest, routes: Sequence[Route], routing_prompt: bytes
 ) -> PromptTokens | None:
     """For gateway/proxy.py: the prompt's token ids when a ready route of the model publishes
     KV events and the request can use them (see the module's docstring); else None, at no
     cost. A chat whose leading messages the gateway has learned (gateway/prefix_tokens.py) is
-    answered with theirs, without asking an engine."""
+    answered with theirs, without asking an engine; so is a request whose `routing_prompt`
+    (RequestKey.prompt) starts a prefix this gateway never sent, with None."""
     candidates = kv_candidates(routes)
     timeout_s: float = state.settings.kv_tokenize_timeout_s
     if not candidates or timeout_s <= 0:
@@ -240,6 +246,9 @@ async def request_token_ids(
         return None
     book = state.prefix_tokens
     learnable = _learnable(state, request)
+    counts = state.inflight.counts
+    # The least loaded by this gateway's count: the first among equals (they are sorted).
+    route = min(candidates, key=lambda r: counts.get(r.replica_id, 0))
     spot_check = False
     if learnable is not None:
         known = book.get(learnable[0])
@@ -249,30 +258,60 @@ async def request_token_ids(
                 state.metrics.kv_tokenized("learned", 0.0)
                 length = len(known) + tokens_after(request.body)
                 return PromptTokens(known, leading_only=True, length=length)
-        elif not book.seen_before(learnable[0]):
-            learnable = None  # the first time: worth a second tokenization only if it comes back
-    counts = state.inflight.counts
-    # The least loaded by this gateway's count: the first among equals (they are sorted).
-    route = min(candidates, key=lambda r: counts.get(r.replica_id, 0))
-    bulk = request.bulk[: request.bulk_prompt_bytes] if request.bulk is not None else b""
-    auth = state.upstream_auth(route)
-    started = time.perf_counter()
-    whole = _ask(state.session, route, request.body, auth, timeout_s, request.path == CHAT, bulk)
-    if learnable is None:
-        ids, outcome = await whole
-    elif spot_check:
-        ids, outcome = await whole
-        if ids is not None and not book.check(request.model, learnable[0], ids):
+    if state.router.needs_no_tokens(routing_prompt, routes):
+        # This gateway never sent any replica the prompt's prefix, and no engine holds what
+        # another sender left: the router places it by what each replica was sent lately,
+        # which its token ids would not change, so the request waits for no engine. A chat's
+        # leading messages are learned meanwhile, for the requests that share them; when too
+        # many are being learned, the next chat with them learns them on its way, as below.
+        state.metrics.kv_tokenized("new_prefix", 0.0)
+        if learnable is not None:
+            key, opened = learnable
+            if not state.side_tasks.start(
+                lambda: _learn(state, route, request, key, opened), "learn leading tokens"
+            ):
+                book.seen_before(key)
+        return None
+    if learnable is not None and not spot_check and not book.seen_before(learnable[0]):
+        learnable = None  # the first time: worth a second tokenization only if it comes back
+    if learnable is None or spot_check:
+        started = time.perf_counter()
+        ids, outcome = await _ask_whole(state, route, request)
+        state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
+        checked = learnable[0] if spot_check and learnable is not None else None
+        if checked is not None and ids is not None and not book.check(request.model, checked, ids):
             log.warning("model %s: a chat did not begin as learned; dropped", request.model)
     else:
-        # The chat with its last content empty beside the whole one, at once on the same
-        # engine: what both begin with is learned (gateway/prefix_tokens.py).
-        opened = _post(state.session, route, learnable[1], auth, timeout_s)
-        (ids, outcome), (opened_ids, _) = await asyncio.gather(whole, opened)
-        if ids is not None and opened_ids is not None:
-            book.learn(request.model, learnable[0], opened_ids, ids)
-    state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
+        ids = await _learn(state, route, request, *learnable)
     return PromptTokens(ids, length=len(ids)) if ids is not None else None
+
+
+async def _ask_whole(
+    state: GatewayState, route: Route, request: ProxiedRequest
+) -> tuple[tuple[int, ...] | None, Outcome]:
+    bulk = request.bulk[: request.bulk_prompt_bytes] if request.bulk is not None else b""
+    timeout_s: float = state.settings.kv_tokenize_timeout_s
+    auth = state.upstream_auth(route)
+    return await _ask(
+        state.session, route, request.body, auth, timeout_s, request.path == CHAT, bulk
+    )
+
+
+async def _learn(
+    state: GatewayState, route: Route, request: ProxiedRequest, key: bytes, opened: bytes
+) -> tuple[int, ...] | None:
+    """The chat's token ids, and beside them, at once on the same engine, the chat with its
+    last content empty (`opened`): what both begin with is learned under `key`
+    (gateway/prefix_tokens.py)."""
+    started = time.perf_counter()
+    auth = state.upstream_auth(route)
+    whole = _ask_whole(state, route, request)
+    empty = _post(state.session, route, opened, auth, state.settings.kv_tokenize_timeout_s)
+    (ids, outcome), (opened_ids, _) = await asyncio.gather(whole, empty)
+    if ids is not None and opened_ids is not None:
+        state.prefix_tokens.learn(request.model, key, opened_ids, ids)
+    state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
+    return ids
 
 
 def _learnable(state: GatewayState, request: ProxiedRequest) -> tuple[bytes, bytes] | None:

@@ -176,6 +176,9 @@ class Router:
         # Per model, where the next tie-break starts: kept here rather than in the snapshot so
         # a new routing table does not send the next burst of ties to the same replica.
         self._cursor: dict[str, int] = {}
+        # Replica -> until when its engine counts as holding blocks another sender left there
+        # (needs_no_tokens).
+        self._unexplained_until: dict[str, float] = {}
         # Replicas with claims in the index, so `retain` scans the index only when one left.
         self._indexed: set[str] = set()
 
@@ -244,7 +247,49 @@ class Router:
         self.kv_pressure.retain(ready)
         self.slots.retain(ready)
         self.working_sets.retain(ready)
+        for replica_id in self._unexplained_until.keys() - ready:
+            del self._unexplained_until[replica_id]
         self.loads.retain(ready)
+
+    def needs_no_tokens(
+        self, prompt: bytes, routes: Sequence[Route], now: float | None = None
+    ) -> bool:
+        """Whether a request's token ids could not change where it goes, so none need be asked
+        of an engine: under the "prefix" policy, its routing prompt (RequestKey.prompt) starts
+        a prefix this gateway never sent any of `routes` (it is placed by what each was sent
+        lately, "new_prefix"), and in the last WorkingSets.window_s no engine of theirs held
+        blocks while this gateway had sent it nothing lately (as after this gateway restarts,
+        or where another gateway sends: those blocks might be the prefix). Another gateway's
+        requests to a replica this one also sends to are not seen: each gateway's first request
+        of a prefix another one placed misses its blocks."""
+        if self.policy != "prefix":
+            return False
+        now = self._clock() if now is None else now
+        if any(self._unexplained_blocks(r.replica_id, now) for r in routes if r.kv is not None):
+            return False
+        keys = self.index.hashes(prompt)
+        ids = [r.replica_id for r in routes]
+        return self._starts_prefix(keys, self.index.longest_match_hashes(keys, ids))
+
+    def _unexplained_blocks(self, replica_id: str, now: float) -> bool:
+        """Whether the replica's engine reported blocks while this gateway had sent it nothing
+        lately, in the last window: sticky, so the engine's older blocks are not forgotten as
+        soon as this gateway sends it one request."""
+        until = self._unexplained_until.get(replica_id)
+        if until is not None and now < until:
+            return True
+        held = self.kv_index is not None and self.kv_index.size(replica_id) > 0
+        if held and self.working_sets.blocks(replica_id, now) == 0:
+            self._unexplained_until[replica_id] = now + self.working_sets.window_s
+            return True
+        return False
+
+    def _starts_prefix(self, keys: Sequence[int], matches: Mapping[str, int]) -> bool:
+        """Whether the prompt of these block keys starts a prefix: long enough, and no replica
+        was sent min_match_blocks of it (`matches`: longest_match_hashes)."""
+        return self.working_sets.starts_prefix(keys) and all(
+            n < self.min_match_blocks for n in matches.values()
+        )
 
     def _by_prefix(
         self,
@@ -288,8 +333,7 @@ class Router:
             # No engine reports enough of the prompt (or none publishes KV events): the
             # gateway's own record of what it sent where, then the session.
             matches = index.longest_match_hashes(keys, ids) if keys else {}
-            # Whether the prompt starts a prefix this gateway never sent any candidate.
-            new = self.working_sets.starts_prefix(keys) and max(matches.values(), default=0) < floor
+            new = self._starts_prefix(keys, matches)
             # Where the cache is the slots, what the slot the engine would give this request
             # holds of it, rather than what was sent there (slot_cache.py).
             slots = self._slot_views(routes, keys)

@@ -110,13 +110,16 @@ async def engine(replica_id: str, master: bytes, template: Template) -> AsyncIte
         yield standin
 
 
-def ask(question: str) -> list[dict[str, str]]:
-    return [SYSTEM, {"role": "user", "content": question}]
+def ask(question: str, system: dict[str, str] = SYSTEM) -> list[dict[str, str]]:
+    return [system, {"role": "user", "content": question}]
 
 
 @asynccontextmanager
-async def kv_gateway(store: Store, template: Template) -> AsyncIterator[tuple[Any, Engine, Engine]]:
-    """A gateway before two engines; the second reports holding the system message's blocks."""
+async def kv_gateway(
+    store: Store, template: Template, system: dict[str, str] = SYSTEM, held: bool = True
+) -> AsyncIterator[tuple[Any, Engine, Engine]]:
+    """A gateway before two engines; the second reports holding the system message's blocks,
+    as another gateway's requests left them (unless not `held`: then neither holds any)."""
     master = await store.master_secret()
     token = kv_feed_token(node_secret(master, NODE))
     async with (
@@ -128,13 +131,15 @@ async def kv_gateway(store: Store, template: Template) -> AsyncIterator[tuple[An
         async with running_gateway(store, source, fast_settings()) as gw:
             conn = await feed.accepted()
             # What every chat below begins with (ChatML): the system message, the user's turn.
-            held = block_ids([*chatml([SYSTEM]), ROLES["user"]], 16, "0")
-            assert len(held) == 2
-            conn.send(*opening("e1", 2, {"r-a": [], "r-b": held}))
+            blocks = block_ids([*chatml([system]), ROLES["user"]], 16, "0") if held else []
+            conn.send(*opening("e1", 2, {"r-a": [], "r-b": blocks}))
 
             deadline = time.monotonic() + 5
-            while not (await gw.client.get("/admin/v1/kv")).json().get("replicas", {}).get("r-b"):
-                assert time.monotonic() < deadline, "the feed's blocks never reached the index"
+            while True:
+                kv = (await gw.client.get("/admin/v1/kv")).json()
+                if kv["replicas"].get("r-b") if held else kv["feeds"][0]["phase"] == "live":
+                    break
+                assert time.monotonic() < deadline, f"the feed's blocks never reached it: {kv}"
                 await asyncio.sleep(0.01)
             yield gw, a, b
 
@@ -163,6 +168,49 @@ async def test_a_system_prompt_seen_twice_is_routed_without_asking_for_tokens(
         cached = "llmgw_kv_cached_tokens_total"
         assert await metric(gw, cached, model=MODEL, kind="predicted") == 4 * 32
         assert await metric(gw, cached, model=MODEL, kind="reported") == 4 * 32
+
+
+LONG_SYSTEM = {"role": "system", "content": "You answer for otters; be kind. " * 20}
+
+
+async def test_a_new_prefix_waits_for_no_tokens_and_is_learned_aside(store: Store) -> None:
+    """A system prompt long enough to start a prefix, that no engine holds and this gateway
+    never sent: its first chat is placed without asking an engine for tokens (they could not
+    show it held anywhere), its leading part is learned meanwhile, and the chats after it are
+    routed on that, to where the first went, asking no engine either."""
+    async with kv_gateway(store, chatml, LONG_SYSTEM, held=False) as (gw, a, b):
+        first = await gw.chat(messages=ask("How many otters?", LONG_SYSTEM))
+        assert first.status_code == 200, first.text
+        placed = first.json()["choices"][0]["message"]["content"]
+        assert await metric(gw, "llmgw_kv_tokenize_total", outcome="new_prefix") == 1
+        assert await metric(gw, "llmgw_routing_decisions_total", reason="new_prefix") == 1
+        # Learned aside: the whole chat and the chat with its last content empty.
+        deadline = time.monotonic() + 5
+        while await metric(gw, "llmgw_kv_tokenize_total", outcome="ok") < 1:
+            assert time.monotonic() < deadline, "the leading part was never learned"
+            await asyncio.sleep(0.01)
+        assert len(a.tokenized + b.tokenized) == 2
+        for question in ("What do they eat?", "Where?"):
+            answer = await gw.chat(messages=ask(question, LONG_SYSTEM))
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["choices"][0]["message"]["content"] == placed
+        assert await metric(gw, "llmgw_kv_tokenize_total", outcome="learned") == 2
+        assert len(a.tokenized + b.tokenized) == 2
+
+
+async def test_a_new_prefix_is_tokenized_where_an_engine_holds_what_another_sender_left(
+    store: Store,
+) -> None:
+    """The same prompt where an engine holds blocks this gateway did not send it (another
+    gateway's, or from before this one restarted): they might be the prefix, so the engine is
+    asked, and the chat goes to the blocks."""
+    async with kv_gateway(store, chatml, LONG_SYSTEM) as (gw, a, b):
+        first = await gw.chat(messages=ask("How many otters?", LONG_SYSTEM))
+        assert first.status_code == 200, first.text
+        assert first.json()["choices"][0]["message"]["content"] == "r-b"
+        assert await metric(gw, "llmgw_kv_tokenize_total", outcome="new_prefix") == 0
+        assert len(a.tokenized + b.tokenized) == 1
+        assert await metric(gw, "llmgw_routing_decisions_total", reason="kv_prefix") == 1
 
 
 async def test_a_system_prompt_in_the_last_message_is_learned_too(store: Store) -> None:

@@ -7,9 +7,12 @@ from collections import Counter
 
 import pytest
 
-from gateway.routing import RequestKey, Router
+from engines.kv_index import KvBlockIndex
+from gateway.routing import RequestKey, Router, RoutingSnapshot
 from gateway.routing.working_set import WorkingSets
+from tests.unit.test_router_kv import route as kv_route
 from tests.unit.test_routing_policy import chosen, snapshot
+from workflows.contracts import RoutingTable
 
 
 def group_prompt(group: int, question: int) -> bytes:
@@ -81,3 +84,23 @@ def test_interleaved_groups_split_evenly_whatever_the_loads(seed: int) -> None:
             where.setdefault(group, set()).add(chosen(decision))
     assert all(len(replicas) == 1 for replicas in where.values()), where
     assert Counter(next(iter(r)) for r in where.values()) == {"r-0": 4, "r-1": 4}
+
+
+def test_a_new_prefix_needs_no_tokens_unless_an_engine_holds_what_another_sender_left() -> None:
+    index = KvBlockIndex()
+    router = Router(kv_index=index)
+    routes = [kv_route("a"), kv_route("b")]
+    snap = RoutingSnapshot(RoutingTable(version=1, routes=routes))
+    assert router.needs_no_tokens(group_prompt(0, 0), routes, now=0.0)
+    assert not router.needs_no_tokens(b"short", routes, now=0.0), "too short to start a prefix"
+    sent = chosen(router.choose(snap, RequestKey("m", group_prompt(0, 0)), {}, now=0.0))
+    assert not router.needs_no_tokens(group_prompt(0, 1), routes, now=1.0), "sent before"
+    # Blocks on the engine this gateway sent nothing: another gateway's, or from before a
+    # restart; they might be any prefix, for the working set's window.
+    other = "b" if sent == "a" else "a"
+    index.store(other, [1, 2, 3])
+    assert not router.needs_no_tokens(group_prompt(1, 0), routes, now=2.0)
+    router.choose(snap, RequestKey("m", group_prompt(1, 0)), {sent: 9}, now=3.0)
+    assert not router.needs_no_tokens(group_prompt(2, 0), routes, now=100.0)
+    assert router.needs_no_tokens(group_prompt(2, 0), routes, now=122.5)
+    assert not Router("least_load").needs_no_tokens(group_prompt(3, 0), routes, now=0.0)
