@@ -40,11 +40,11 @@ from gateway.request_body import (
     ProxiedRequest,
 )
 from gateway.request_limits import RequestLimits, check_request
-from gateway.routing import RequestKey, RoutingSnapshot, prompt_bytes
+from gateway.routing import RequestKey, Router, RoutingSnapshot, Sent, prompt_bytes
 from gateway.routing.queue_bound import full_replicas
 from gateway.shared_limits import Attempt, HeldLimits, Need
 from gateway.store import ApiKey
-from gateway.tokenize import cache_salt, request_token_ids
+from gateway.tokenize import PromptTokens, TokensLater, cache_salt, request_token_ids
 from workflows.contracts import Route
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,9 @@ async def _serve_admitted(
                 salt,
             )
             # For replicas that publish KV events: the prompt's tokens, from an engine.
-            tokens = await request_token_ids(state, request, snapshot.ready(request.model), prompt)
+            asked = await request_token_ids(state, request, snapshot.ready(request.model), prompt)
+            tokens = asked if isinstance(asked, PromptTokens) else None
+            later = asked if isinstance(asked, TokensLater) else None
             routing_key = RequestKey(
                 model=request.model,
                 prompt=prompt,
@@ -267,9 +269,10 @@ async def _serve_admitted(
                 prompt_tokens=tokens.length if tokens is not None else 0,
                 cache_salt=cache_salt(body),
                 adapter=request.adapter,
+                tokens_later=later is not None,
             )
             relay = await _first_answer(
-                state, request, snapshot, routing_key, payload, deadline, watch
+                state, request, snapshot, routing_key, payload, deadline, watch, later
             )
             return await relay.run(send, accounting, started)
         except BaseException:
@@ -288,6 +291,18 @@ async def _serve_admitted(
         return CLIENT_CLOSED
     finally:
         watch.stop()
+
+
+def _tokens_arrived(
+    router: Router,
+    sent: Sent,
+    route: Route,
+    routing_key: RequestKey,
+    ids: asyncio.Future[tuple[int, ...] | None],
+) -> None:
+    token_ids = None if ids.cancelled() else ids.result()
+    if token_ids is not None:
+        router.tokens_arrived(sent, route, routing_key, token_ids)
 
 
 def _deadline_s(state: GatewayState, client_timeout: bytes | None) -> float:
@@ -418,10 +433,12 @@ async def _first_answer(
     payload: UpstreamBodies,
     deadline: float,
     watch: ClientWatch,
+    later: TokensLater | None = None,
 ) -> Relay:
     """Send to the chosen replica; while nothing has come back, a failure moves the request to
     another replica, as long as the deadline allows. Once a response has started, it is the
-    answer, whatever it says."""
+    answer, whatever it says. `later`: the prompt's token ids, being asked aside; the router
+    gets them when they come (Router.tokens_arrived)."""
     model = request.model
     tried: list[str] = []
     failure: str | None = None
@@ -454,6 +471,10 @@ async def _first_answer(
         sent = state.router.sent(
             route, routing_key, predicted or 0, decision, streamed=request.stream
         )
+        if later is not None and sent is not None:
+            later.ids.add_done_callback(
+                functools.partial(_tokens_arrived, state.router, sent, route, routing_key)
+            )
         try:
             upstream = await _post(state, route, request, payload.for_route(route), remaining)
         except (aiohttp.ClientError, TimeoutError) as exc:

@@ -63,6 +63,14 @@ Outcome = Literal["ok", "skipped", "timeout", "failed", "learned", "new_prefix"]
 
 
 @dataclass(frozen=True, slots=True)
+class TokensLater:
+    """A request's prompt token ids, being asked aside: `ids` resolves to them, or to None when
+    the engine gave none (it never resolves if the gateway stops first)."""
+
+    ids: asyncio.Future[tuple[int, ...] | None]
+
+
+@dataclass(frozen=True, slots=True)
 class PromptTokens:
     ids: tuple[int, ...]
     # True: only the ids a chat begins with before its last content; the prompt goes on.
@@ -225,12 +233,13 @@ def kv_candidates(routes: Sequence[Route]) -> list[Route]:
 
 async def request_token_ids(
     state: GatewayState, request: ProxiedRequest, routes: Sequence[Route], routing_prompt: bytes
-) -> PromptTokens | None:
+) -> PromptTokens | TokensLater | None:
     """For gateway/proxy.py: the prompt's token ids when a ready route of the model publishes
     KV events and the request can use them (see the module's docstring); else None, at no
     cost. A chat whose leading messages the gateway has learned (gateway/prefix_tokens.py) is
-    answered with theirs, without asking an engine; so is a request whose `routing_prompt`
-    (RequestKey.prompt) starts a prefix this gateway never sent, with None."""
+    answered with theirs, without asking an engine. A request whose `routing_prompt`
+    (RequestKey.prompt) starts a prefix this gateway never sent gets TokensLater: its ids are
+    asked aside, for the record of what its engine is about to store."""
     candidates = kv_candidates(routes)
     timeout_s: float = state.settings.kv_tokenize_timeout_s
     if not candidates or timeout_s <= 0:
@@ -249,41 +258,74 @@ async def request_token_ids(
     counts = state.inflight.counts
     # The least loaded by this gateway's count: the first among equals (they are sorted).
     route = min(candidates, key=lambda r: counts.get(r.replica_id, 0))
-    spot_check = False
     if learnable is not None:
-        known = book.get(learnable[0])
+        key = learnable[0]
+        known = book.get(key)
         if known is not None:
-            spot_check = book.spot_check_due()
-            if not spot_check:
-                state.metrics.kv_tokenized("learned", 0.0)
-                length = len(known) + tokens_after(request.body)
-                return PromptTokens(known, leading_only=True, length=length)
+            if book.spot_check_due():
+                # The whole prompt, asked aside, must begin with what was learned.
+                state.side_tasks.start(
+                    lambda: _spot_check(state, route, request, key), "check leading tokens"
+                )
+            state.metrics.kv_tokenized("learned", 0.0)
+            length = len(known) + tokens_after(request.body)
+            return PromptTokens(known, leading_only=True, length=length)
     if state.router.needs_no_tokens(routing_prompt, routes):
         # This gateway never sent any replica the prompt's prefix, and no engine holds what
         # another sender left: the router places it by what each replica was sent lately,
-        # which its token ids would not change, so the request waits for no engine. A chat's
-        # leading messages are learned meanwhile, for the requests that share them; when too
-        # many are being learned, the next chat with them learns them on its way, as below.
+        # which its token ids would not change, so the request waits for no engine. Its ids
+        # are asked aside, and a chat's leading messages learned from them, for the requests
+        # that share them; when too many are being asked, the next chat with them learns them
+        # on its way, as below.
         state.metrics.kv_tokenized("new_prefix", 0.0)
+        later: asyncio.Future[tuple[int, ...] | None] = asyncio.get_running_loop().create_future()
+        if state.side_tasks.start(
+            lambda: _tokens_aside(state, route, request, learnable, later), "tokenize aside"
+        ):
+            return TokensLater(later)
         if learnable is not None:
-            key, opened = learnable
-            if not state.side_tasks.start(
-                lambda: _learn(state, route, request, key, opened), "learn leading tokens"
-            ):
-                book.seen_before(key)
+            book.seen_before(learnable[0])
         return None
-    if learnable is not None and not spot_check and not book.seen_before(learnable[0]):
+    if learnable is not None and not book.seen_before(learnable[0]):
         learnable = None  # the first time: worth a second tokenization only if it comes back
-    if learnable is None or spot_check:
+    if learnable is None:
         started = time.perf_counter()
         ids, outcome = await _ask_whole(state, route, request)
         state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
-        checked = learnable[0] if spot_check and learnable is not None else None
-        if checked is not None and ids is not None and not book.check(request.model, checked, ids):
-            log.warning("model %s: a chat did not begin as learned; dropped", request.model)
     else:
         ids = await _learn(state, route, request, *learnable)
     return PromptTokens(ids, length=len(ids)) if ids is not None else None
+
+
+async def _tokens_aside(
+    state: GatewayState,
+    route: Route,
+    request: ProxiedRequest,
+    learnable: tuple[bytes, bytes] | None,
+    later: asyncio.Future[tuple[int, ...] | None],
+) -> None:
+    """The prompt's token ids into `later` (None on failure), a chat's leading part learned."""
+    ids: tuple[int, ...] | None = None
+    try:
+        if learnable is None:
+            started = time.perf_counter()
+            ids, outcome = await _ask_whole(state, route, request)
+            state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
+        else:
+            ids = await _learn(state, route, request, *learnable)
+    finally:
+        if not later.done():
+            later.set_result(ids)
+
+
+async def _spot_check(
+    state: GatewayState, route: Route, request: ProxiedRequest, key: bytes
+) -> None:
+    started = time.perf_counter()
+    ids, outcome = await _ask_whole(state, route, request)
+    state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
+    if ids is not None and not state.prefix_tokens.check(request.model, key, ids):
+        log.warning("model %s: a chat did not begin as learned; dropped", request.model)
 
 
 async def _ask_whole(

@@ -27,6 +27,10 @@ when it finished, and the engine's size in blocks from its metrics (`vllm:cache_
   engine's are unsigned), freed before the request's hashed ones, as its tail is. Those the
   index no longer holds unaccounted for were evicted, the oldest first. Counted as idle blocks
   of unknown age, they had absorbed evictions that in truth took older prefixes.
+- **Sent before their token ids** (a prompt starting a prefix the gateway never sent, whose ids
+  are asked aside: gateway/tokenize.py): such a request counts for nothing it will store until
+  they come (`identify`), then as if sent with them; one that finished first leaves its blocks
+  of unknown age.
 - **Requests ahead with the same prefix:** blocks a request sent earlier to the same replica will
   store (it is not started yet) are there when this one is started: `in_flight_run`.
 - Idle blocks no request of this gateway freed (another gateway's, or older than this gateway)
@@ -95,6 +99,26 @@ class KvPressure:
         self._sent.setdefault(replica_id, {})[ticket] = sent
         self._in_flight.setdefault(replica_id, Counter()).update(sent.blocks)
         return ticket
+
+    def identify(
+        self,
+        replica_id: str,
+        ticket: int,
+        blocks: Sequence[int],
+        need: int,
+        *,
+        full_blocks: int | None = None,
+    ) -> None:
+        """A request `sent` without its blocks (its token ids came later): now with them, as
+        `sent` would have taken them. Nothing once it has finished: its blocks then count as
+        of unknown age."""
+        sent = self._sent.get(replica_id, {}).get(ticket)
+        if sent is None or sent.blocks:
+            return
+        sent.blocks = tuple(blocks)
+        sent.unhashed = max((full_blocks or 0) - len(blocks), 0)
+        sent.need = max(need, 0)
+        self._in_flight.setdefault(replica_id, Counter()).update(sent.blocks)
 
     def started(self, replica_id: str, ticket: int) -> None:
         """The engine started it (its first bytes came back): its blocks are allocated."""

@@ -419,6 +419,21 @@ class Router:
             return None
         return Sent(route.replica_id, kv_ticket, slot_ticket)
 
+    def tokens_arrived(
+        self, sent: Sent, route: Route, request: RequestKey, token_ids: Sequence[int]
+    ) -> None:
+        """The token ids of a request sent without them (`RequestKey.tokens_later`) came: its
+        place in its engine's eviction order gets its blocks, unless it has finished."""
+        kv = route.kv
+        if sent.kv is None or kv is None:
+            return
+        ids = request_block_ids(token_ids, kv, request.cache_salt, request.adapter)
+        blocks = list(islice(ids, KV_TRACKED_BLOCKS))
+        # As in _kv_sent, with nothing predicted cached: the prefix was new.
+        need = -(-(len(token_ids) + 1) // kv.block_size)
+        full_blocks = len(token_ids) // kv.block_size
+        self.kv_pressure.identify(route.replica_id, sent.kv, blocks, need, full_blocks=full_blocks)
+
     def started(self, sent: Sent | None) -> None:
         """Its first bytes came back: the engine has started it."""
         if sent is not None and sent.kv is not None:
@@ -442,8 +457,13 @@ class Router:
         streamed: bool,
     ) -> int | None:
         kv = route.kv
-        if kv is None or request.token_ids is None:
+        if kv is None:
             return None
+        if request.token_ids is None:
+            if not request.tokens_later:
+                return None
+            # Its blocks, and what it needs, once its token ids come (tokens_arrived).
+            return self.kv_pressure.sent(route.replica_id, (), 0, self._clock(), streamed=streamed)
         ids = blocks_hashed if blocks_hashed is not None else self._blocks_of(request, kv)
         blocks = list(islice(ids, KV_TRACKED_BLOCKS))
         length = max(request.prompt_tokens, len(request.token_ids))

@@ -39,6 +39,10 @@ class RequestKey:
     cache_salt: str | None = None
     # The LoRA adapter asked for: it changes every block's hash (gateway/routing/kv_blocks.py).
     adapter: str | None = None
+    # True: without `token_ids` now, they are being asked aside (a prompt starting a new prefix,
+    # gateway/tokenize.py); Router.tokens_arrived gives them to the record of what its engine is
+    # about to store.
+    tokens_later: bool = False
 
 
 def prompt_bytes(body: Mapping[str, Any], limit: int = PROMPT_LIMIT) -> bytes:

@@ -348,3 +348,30 @@ def test_blocks_a_request_sent_ahead_will_store_are_predicted() -> None:
     assert second.predicted_cached_tokens == 5 * BLOCK
     router.finished(ahead)  # it failed before storing anything
     assert router.choose(snap, ask(), {}, now=3.0).predicted_cached_tokens == 2 * BLOCK
+
+
+def test_a_request_sent_before_its_token_ids_gets_its_blocks_when_they_come() -> None:
+    """A prompt starting a new prefix is sent while its token ids are asked aside: until they
+    come it counts for nothing it will store; once they come, as if sent with them, so a
+    request of the same prompt after it is predicted to find them; and it frees them, last
+    block first, into the eviction order when it finishes."""
+    index = KvBlockIndex()
+    index.store("a", HASHES[:2])
+    router = Router(kv_index=index)
+    snap = snapshot(route("a"))
+    later = ask(tokens=None)
+    ahead = router.sent(route("a"), RequestKey("m", PROMPT, tokens_later=True), 0)
+    assert ahead is not None
+    assert ahead.kv is not None
+    assert router.sent(route("a"), later, 0) is None, "no ids and none coming: not noted"
+    assert router.choose(snap, ask(), {}, now=1.0).predicted_cached_tokens == 2 * BLOCK
+    router.tokens_arrived(ahead, route("a"), RequestKey("m", PROMPT), TOKENS)
+    assert router.choose(snap, ask(), {}, now=2.0).predicted_cached_tokens == 5 * BLOCK
+    noted = router.kv_pressure._sent["a"][ahead.kv]
+    assert (noted.blocks, noted.need) == (tuple(HASHES), 6)
+    # Twice, or after it finished: nothing changes.
+    router.started(ahead)
+    router.finished(ahead)
+    router.tokens_arrived(ahead, route("a"), RequestKey("m", PROMPT), TOKENS[:4])
+    assert router.kv_pressure.in_flight_run("a", HASHES) == 0
+    assert list(router.kv_pressure._freed["a"]) == HASHES[::-1]
