@@ -16,9 +16,9 @@ system prompt into the last user message (Mistral Instruct v0.3's), that opening
 system prompt. Kept only when it is at least MIN_TOKENS long; a model whose templates fell
 short MISMATCHES_OFF times is no longer learned (until the gateway restarts).
 
-Checked as it is used: every SPOT_CHECK_EVERY-th chat answered from what was learned asks the
-engine for the whole prompt instead, as without this, and a learned part the whole prompt does
-not begin with is dropped and counted as a mismatch. What the check cannot promise: a chat
+Checked as it is used: every SPOT_CHECK_EVERY-th chat answered from what was learned also asks
+the engine for its whole prompt, aside (gateway/tokenize.py), and a learned part the whole prompt
+does not begin with is dropped and counted as a mismatch. What the check cannot promise: a chat
 whose content happens to begin like the empty content's rendering (a question starting with
 the template's closing text) once taught more than the others share; the spot checks find it.
 
