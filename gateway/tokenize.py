@@ -288,12 +288,7 @@ async def request_token_ids(
         return None
     if learnable is not None and not book.seen_before(learnable[0]):
         learnable = None  # the first time: worth a second tokenization only if it comes back
-    if learnable is None:
-        started = time.perf_counter()
-        ids, outcome = await _ask_whole(state, route, request)
-        state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
-    else:
-        ids = await _learn(state, route, request, *learnable)
+    ids = await _token_ids(state, route, request, learnable)
     return PromptTokens(ids, length=len(ids)) if ids is not None else None
 
 
@@ -307,12 +302,7 @@ async def _tokens_aside(
     """The prompt's token ids into `later` (None on failure), a chat's leading part learned."""
     ids: tuple[int, ...] | None = None
     try:
-        if learnable is None:
-            started = time.perf_counter()
-            ids, outcome = await _ask_whole(state, route, request)
-            state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
-        else:
-            ids = await _learn(state, route, request, *learnable)
+        ids = await _token_ids(state, route, request, learnable)
     finally:
         if not later.done():
             later.set_result(ids)
@@ -321,11 +311,25 @@ async def _tokens_aside(
 async def _spot_check(
     state: GatewayState, route: Route, request: ProxiedRequest, key: bytes
 ) -> None:
+    ids = await _token_ids(state, route, request, None)
+    if ids is not None and not state.prefix_tokens.check(request.model, key, ids):
+        log.warning("model %s: a chat did not begin as learned; dropped", request.model)
+
+
+async def _token_ids(
+    state: GatewayState,
+    route: Route,
+    request: ProxiedRequest,
+    learnable: tuple[bytes, bytes] | None,
+) -> tuple[int, ...] | None:
+    """The prompt's token ids from `route`'s engine, counted; with `learnable` (_learnable), a
+    chat's leading part learned from the same asks."""
+    if learnable is not None:
+        return await _learn(state, route, request, *learnable)
     started = time.perf_counter()
     ids, outcome = await _ask_whole(state, route, request)
     state.metrics.kv_tokenized(outcome, time.perf_counter() - started)
-    if ids is not None and not state.prefix_tokens.check(request.model, key, ids):
-        log.warning("model %s: a chat did not begin as learned; dropped", request.model)
+    return ids
 
 
 async def _ask_whole(
