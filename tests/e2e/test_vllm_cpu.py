@@ -461,8 +461,9 @@ async def test_the_gateway_sends_a_shared_prefix_to_the_engine_that_cached_it(
                 )
                 assert second.usage is not None
                 assert cached_tokens(second.usage) >= (blocks - 1) * CPU_BLOCK_SIZE, topic
-            # Chats sharing a system prompt: from the third on, the gateway routes on what it
-            # learned they begin with (gateway/prefix_tokens.py), asking no engine for tokens.
+            # Chats sharing a system prompt: the first starts a new prefix (it asks no engine on
+            # its way, and what such chats begin with is learned aside); from the second on,
+            # the gateway routes on what it learned (gateway/prefix_tokens.py).
             system = {"role": "system", "content": long_text("fjord")}
             for n, question in enumerate(["Where is it?", "Why so deep?", "How old?", "Who?"]):
                 held_before = await blocks_held(gw)
@@ -477,7 +478,9 @@ async def test_the_gateway_sends_a_shared_prefix_to_the_engine_that_cached_it(
                     await wait_for(lambda: blocks_held(gw), held_before + blocks, "fjord")
                 else:
                     assert cached_tokens(chat.usage) >= (blocks - 2) * CPU_BLOCK_SIZE, question
-            assert await metric(gw, "llmgw_kv_tokenize_total", outcome="learned") == 2
+            assert await metric(gw, "llmgw_kv_tokenize_total", outcome="learned") == 3
+            # Each topic's first completion and the first chat: placed, no tokens on the way.
+            assert await metric(gw, "llmgw_kv_tokenize_total", outcome="new_prefix") == 5
             # Every follow-up routed by the engines' blocks, each prediction what the engine said.
             assert await metric(gw, "llmgw_routing_decisions_total", reason="kv_prefix") == 4 + 3
             predicted = await metric(gw, "llmgw_kv_cached_tokens_total", kind="predicted")
