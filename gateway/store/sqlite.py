@@ -95,7 +95,7 @@ class SqliteStore(Store):
                 self._path, timeout=10.0, isolation_level=None, check_same_thread=False
             )
             conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode=WAL")
+            _switch_to_wal(conn)
             conn.execute("PRAGMA busy_timeout=10000")
             conn.execute("PRAGMA synchronous=NORMAL")
             self._conn = conn
@@ -346,3 +346,19 @@ class SqliteStore(Store):
 
     async def lockouts(self) -> dict[str, float]:
         return await self._run(lambda conn: leases.lockouts(conn, time.time()))
+
+
+def _switch_to_wal(conn: sqlite3.Connection, wait_s: float = 10.0) -> None:
+    """WAL journal mode (persistent in the file: a no-op once set). Switching takes an exclusive
+    lock, and SQLite answers "database is locked" at once, without its busy wait, when another
+    connection is switching or writing at that moment (several gateways starting on one old
+    file): so retried for up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
