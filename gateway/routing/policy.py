@@ -6,7 +6,8 @@ The order of preference, for the "prefix" policy:
    token ids: among those whose engines report holding at least two leading blocks of the
    prompt (KvBlockIndex, filled from the node agents' feeds by gateway/kv_feeds.py), the one
    whose engine will still hold the most when it starts the request (a full cache evicts
-   before then; blocks a request sent ahead will store count: kv_pressure.py), then the one
+   before then; blocks a request sent ahead will store count: kv_caches.py reads both and
+   notes each request sent, kv_pressure.py orders the evictions), then the one
    holding the most now; unless it is overloaded (then the next that is not, else the least
    loaded: "fallback_overloaded");
 2. else the replica holding the longest prefix of the prompt by the gateway's own record of
@@ -37,23 +38,22 @@ four.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from typing import Literal, get_args
 
 from engines.kv_index import KvBlockIndex
 from gateway.routing import affinity
 from gateway.routing.breaker import CircuitBreaker
-from gateway.routing.kv_blocks import BlockIds, request_block_ids
-from gateway.routing.kv_pressure import KvPressure
+from gateway.routing.kv_blocks import BlockIds
+from gateway.routing.kv_caches import KvCaches, KvMatch
 from gateway.routing.loads import EngineLoadBoard
 from gateway.routing.prefix_index import PrefixIndex
 from gateway.routing.request_key import RequestKey
 from gateway.routing.slot_cache import SlotBoard, SlotView
 from gateway.routing.snapshot import RoutingSnapshot
 from gateway.routing.working_set import WorkingSets
-from workflows.contracts import KvSource, ReplicaState, Route
+from workflows.contracts import ReplicaState, Route
 
 # Why a replica was chosen: a small fixed set, so each can be a Prometheus label value.
 Reason = Literal[
@@ -68,11 +68,6 @@ Reason = Literal[
     "none",  # no candidate: the model has no ready replica (or all were tried)
 ]
 REASONS: tuple[Reason, ...] = get_args(Reason)
-
-# A request's blocks noted for its engine's eviction order (kv_pressure.py): a longer prompt's
-# later blocks are of unknown age there, which only makes them count as evicted earlier. Those
-# the decision did not hash cost a hash each (about 3.5 us here): at most 0.45 ms a request.
-KV_TRACKED_BLOCKS = 128
 
 Policy = Literal["prefix", "least_load", "round_robin"]
 POLICIES: tuple[Policy, ...] = get_args(Policy)
@@ -104,19 +99,6 @@ class Sent:
     replica_id: str
     kv: int | None = None  # its ticket in kv_pressure.py, where the engine publishes KV events
     slot: int | None = None  # its ticket in slot_cache.py, where the cache is the slots
-
-
-@dataclass(frozen=True, slots=True)
-class _KvMatch:
-    blocks: int  # leading blocks of the prompt the replica's engine holds
-    block_size: int
-    usable: int  # the most leading blocks the engine takes from its cache (see _kv_matches)
-    ids: BlockIds  # the prompt's block ids as this replica's engine hashes them
-
-    @property
-    def tokens(self) -> int:
-        """The held blocks' tokens: comparable across block sizes."""
-        return self.blocks * self.block_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +147,8 @@ class Router:
         self.loads = loads if loads is not None else EngineLoadBoard()
         self.margin = margin if margin is not None else OverloadMargin()
         self.min_match_blocks = max(1, min_match_blocks)
-        self.kv_index = kv_index
-        # What the engines will have evicted when a request sent now reaches them.
-        self.kv_pressure = KvPressure()
+        # What the engines publishing KV events hold, and will hold when a request reaches them.
+        self.kv = KvCaches(kv_index, self.loads)
         # What the slots of llama.cpp replicas that cache nothing else hold (slot_cache.py).
         self.slots = SlotBoard()
         # How much distinct prompt each replica was recently sent: where new prefixes go.
@@ -176,9 +157,6 @@ class Router:
         # Per model, where the next tie-break starts: kept here rather than in the snapshot so
         # a new routing table does not send the next burst of ties to the same replica.
         self._cursor: dict[str, int] = {}
-        # Replica -> until when its engine counts as holding blocks another sender left there
-        # (needs_no_tokens).
-        self._unexplained_until: dict[str, float] = {}
         # Replicas with claims in the index, so `retain` scans the index only when one left.
         self._indexed: set[str] = set()
 
@@ -205,7 +183,7 @@ class Router:
         ids = [r.replica_id for r in allowed]
         reason: Reason
         loads = [self._load(replica_id, inflight, now) for replica_id in ids]
-        found: _KvMatch | None = None
+        found: KvMatch | None = None
         predicted: int | None = None
         keys: Sequence[int] = ()
         if self.policy == "round_robin":
@@ -220,7 +198,7 @@ class Router:
         # A half-open replica lets one probe through: this request is it.
         breaker.started(ids[chosen], now)
         if predicted is None:
-            predicted = 0 if found is None else self._kv_predicted(allowed[chosen], found, now)
+            predicted = 0 if found is None else self.kv.predicted(ids[chosen], found, now)
         kv_blocks = found.ids if found is not None else None
         return Decision(allowed[chosen], reason, matched, predicted, kv_blocks, keys)
 
@@ -244,11 +222,9 @@ class Router:
             self._indexed.discard(replica_id)
         for replica_id in self.breaker.known() - ready:
             self.breaker.forget(replica_id)
-        self.kv_pressure.retain(ready)
+        self.kv.retain(ready)
         self.slots.retain(ready)
         self.working_sets.retain(ready)
-        for replica_id in self._unexplained_until.keys() - ready:
-            del self._unexplained_until[replica_id]
         self.loads.retain(ready)
 
     def needs_no_tokens(
@@ -265,24 +241,19 @@ class Router:
         if self.policy != "prefix":
             return False
         now = self._clock() if now is None else now
-        if any(self._unexplained_blocks(r.replica_id, now) for r in routes if r.kv is not None):
+        if any(self._foreign_blocks(r.replica_id, now) for r in routes if r.kv is not None):
             return False
         keys = self.index.hashes(prompt)
         ids = [r.replica_id for r in routes]
         return self._starts_prefix(keys, self.index.longest_match_hashes(keys, ids))
 
-    def _unexplained_blocks(self, replica_id: str, now: float) -> bool:
-        """Whether the replica's engine reported blocks while this gateway had sent it nothing
-        lately, in the last window: sticky, so the engine's older blocks are not forgotten as
-        soon as this gateway sends it one request."""
-        until = self._unexplained_until.get(replica_id)
-        if until is not None and now < until:
-            return True
-        held = self.kv_index is not None and self.kv_index.size(replica_id) > 0
-        if held and self.working_sets.blocks(replica_id, now) == 0:
-            self._unexplained_until[replica_id] = now + self.working_sets.window_s
-            return True
-        return False
+    def _foreign_blocks(self, replica_id: str, now: float) -> bool:
+        """Whether the replica's engine held blocks this gateway did not send in the last
+        window (KvCaches.holds_foreign_blocks)."""
+        sent_lately = self.working_sets.blocks(replica_id, now) > 0
+        return self.kv.holds_foreign_blocks(
+            replica_id, sent_lately, now, self.working_sets.window_s
+        )
 
     def _starts_prefix(self, keys: Sequence[int], matches: Mapping[str, int]) -> bool:
         """Whether the prompt of these block keys starts a prefix: long enough, and no replica
@@ -299,7 +270,7 @@ class Router:
         ids: Sequence[str],
         loads: Sequence[int],
         now: float,
-    ) -> tuple[int, Reason, int, _KvMatch | None, int | None]:
+    ) -> tuple[int, Reason, int, KvMatch | None, int | None]:
         """(index of the chosen replica, why, blocks it matched, what its engine reports
         holding of the prompt: None unless it publishes KV events, the cached tokens predicted
         there if the choice already worked them out)."""
@@ -313,14 +284,14 @@ class Router:
         floor = self.min_match_blocks
         slots: dict[int, SlotView] = {}
 
-        kv = self._kv_matches(request, routes)
+        kv = self.kv.matches(request, routes)
         kv_usable = [i for i, replica_id in enumerate(ids) if _blocks(kv, replica_id) >= floor]
         predicted: dict[int, int] = {}
         if kv_usable:
             # The most tokens the engine will still hold when it starts this request (a full
             # cache evicts before then, kv_pressure.py), then the most it holds now (replicas
             # may differ in block size); among equals the lighter.
-            predicted = {i: self._kv_predicted(routes[i], kv[ids[i]], now) for i in kv_usable}
+            predicted = {i: self.kv.predicted(ids[i], kv[ids[i]], now) for i in kv_usable}
             kv_usable.sort(key=lambda i: (-predicted[i], -kv[ids[i]].tokens, loads[i]))
             for i in kv_usable:
                 if not margin.exceeded(loads[i], least):
@@ -371,27 +342,6 @@ class Router:
             self.working_sets.sent(ids[chosen], keys, now)
         return chosen, reason, matched, kv.get(ids[chosen]), predicted.get(chosen)
 
-    def _kv_predicted(self, route: Route, found: _KvMatch, now: float) -> int:
-        """The prompt tokens `route`'s engine will take from its cache for this request: the
-        leading blocks it reports holding, and after them those that requests sent there
-        before this one will store, less those it will have evicted when it starts this one
-        (kv_pressure.py), given its cache's size from its metrics."""
-        pressure = self.kv_pressure
-        ahead = pressure.in_flight_run(route.replica_id, islice(found.ids, found.blocks, None))
-        blocks = min(found.blocks + ahead, found.usable)
-        if blocks == 0:
-            return 0
-        sample = self.loads.latest(route.replica_id, now)
-        if sample is not None and sample.kv_blocks is not None and self.kv_index is not None:
-            blocks = pressure.surviving(
-                route.replica_id,
-                found.ids.first(blocks),
-                sample.kv_blocks - 1,  # vLLM keeps one block aside (its null block)
-                self.kv_index,
-                started_before=sample.taken_at if sample.waiting == 0 else None,
-            )
-        return blocks * found.block_size
-
     def sent(
         self,
         route: Route,
@@ -409,7 +359,9 @@ class Router:
         hashed again. `streamed`: whether its first bytes will come back before it is done
         (`started` is then told)."""
         blocks_hashed = chosen_by.kv_blocks if chosen_by is not None else None
-        kv_ticket = self._kv_sent(route, request, predicted_tokens, blocks_hashed, streamed)
+        kv_ticket = self.kv.sent(
+            route, request, predicted_tokens, blocks_hashed, self._clock(), streamed=streamed
+        )
         slot_ticket = None
         if route.prompt_slots is not None:
             keys = chosen_by.prompt_keys if chosen_by is not None else ()
@@ -424,94 +376,22 @@ class Router:
     ) -> None:
         """The token ids of a request sent without them (`RequestKey.tokens_later`) came: its
         place in its engine's eviction order gets its blocks, unless it has finished."""
-        kv = route.kv
-        if sent.kv is None or kv is None:
-            return
-        ids = request_block_ids(token_ids, kv, request.cache_salt, request.adapter)
-        blocks = list(islice(ids, KV_TRACKED_BLOCKS))
-        # As in _kv_sent, with nothing predicted cached: the prefix was new.
-        need = -(-(len(token_ids) + 1) // kv.block_size)
-        full_blocks = len(token_ids) // kv.block_size
-        self.kv_pressure.identify(route.replica_id, sent.kv, blocks, need, full_blocks=full_blocks)
+        if sent.kv is not None:
+            self.kv.tokens_arrived(route, sent.kv, request, token_ids)
 
     def started(self, sent: Sent | None) -> None:
         """Its first bytes came back: the engine has started it."""
         if sent is not None and sent.kv is not None:
-            self.kv_pressure.started(sent.replica_id, sent.kv)
+            self.kv.started(sent.replica_id, sent.kv)
 
     def finished(self, sent: Sent | None) -> None:
         """It ended: answered, failed or cancelled."""
         if sent is None:
             return
         if sent.kv is not None:
-            self.kv_pressure.finished(sent.replica_id, sent.kv)
+            self.kv.finished(sent.replica_id, sent.kv)
         if sent.slot is not None:
             self.slots.finished(sent.replica_id, sent.slot)
-
-    def _kv_sent(
-        self,
-        route: Route,
-        request: RequestKey,
-        predicted_tokens: int,
-        blocks_hashed: BlockIds | None,
-        streamed: bool,
-    ) -> int | None:
-        kv = route.kv
-        if kv is None:
-            return None
-        if request.token_ids is None:
-            if not request.tokens_later:
-                return None
-            # Its blocks, and what it needs, once its token ids come (tokens_arrived).
-            return self.kv_pressure.sent(route.replica_id, (), 0, self._clock(), streamed=streamed)
-        ids = blocks_hashed if blocks_hashed is not None else self._blocks_of(request, kv)
-        blocks = list(islice(ids, KV_TRACKED_BLOCKS))
-        length = max(request.prompt_tokens, len(request.token_ids))
-        # At its start an engine allocates the prompt's blocks and the first output token's.
-        need = -(-(length + 1) // kv.block_size) - predicted_tokens // kv.block_size
-        full_blocks = length // kv.block_size
-        return self.kv_pressure.sent(
-            route.replica_id,
-            blocks,
-            need,
-            self._clock(),
-            full_blocks=full_blocks,
-            streamed=streamed,
-        )
-
-    @staticmethod
-    def _blocks_of(request: RequestKey, kv: KvSource) -> Iterator[int]:
-        assert request.token_ids is not None
-        return request_block_ids(request.token_ids, kv, request.cache_salt, request.adapter)
-
-    def _kv_matches(self, request: RequestKey, routes: Sequence[Route]) -> dict[str, _KvMatch]:
-        """What each candidate publishing KV events holds of the request's leading blocks; empty
-        without token ids or such candidates. Candidates are grouped by how their engines hash
-        (block size, seed and the adapter's path; normally one group per model), each group's
-        blocks hashed lazily: no further than the longest match (kv_blocks.py states the
-        cost)."""
-        token_ids, kv_index = request.token_ids, self.kv_index
-        if token_ids is None or kv_index is None:
-            return {}
-        adapter = request.adapter
-        groups: dict[tuple[int, str | None, str | None], tuple[KvSource, list[str]]] = {}
-        for route in routes:
-            if route.kv is not None:
-                path = route.kv.adapters.get(adapter) if adapter is not None else None
-                key = (route.kv.block_size, route.kv.hash_seed, path)
-                groups.setdefault(key, (route.kv, []))[1].append(route.replica_id)
-        found: dict[str, _KvMatch] = {}
-        for kv, replica_ids in groups.values():
-            blocks = BlockIds(request_block_ids(token_ids, kv, request.cache_salt, adapter))
-            # An engine recomputes at least the prompt's last token, so it takes at most the
-            # full blocks before it from its cache (vLLM: max_cache_hit_length = tokens - 1).
-            # Leading messages only: the prompt's last token comes after all of theirs.
-            last = len(token_ids) if request.leading_only else len(token_ids) - 1
-            usable = max(0, last // kv.block_size)
-            size = kv.block_size
-            for replica_id, count in kv_index.leading_blocks(blocks, replica_ids).items():
-                found[replica_id] = _KvMatch(count, size, usable, blocks)
-        return found
 
     def _all_ejected(self, candidates: Sequence[Route], now: float) -> Decision:
         """Every candidate's breaker is open. Refusing would turn a blip that tripped every
@@ -595,6 +475,6 @@ class Router:
         return index
 
 
-def _blocks(kv: Mapping[str, _KvMatch], replica_id: str) -> int:
+def _blocks(kv: Mapping[str, KvMatch], replica_id: str) -> int:
     found = kv.get(replica_id)
     return found.blocks if found is not None else 0

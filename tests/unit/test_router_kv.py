@@ -326,8 +326,8 @@ def test_the_decision_hands_its_hashed_blocks_to_the_note_of_what_was_sent() -> 
     assert ticket is not None
     assert fresh_ticket is not None
     noted, afresh = (
-        router.kv_pressure._sent["a"][ticket.kv],
-        fresh.kv_pressure._sent["a"][fresh_ticket.kv],
+        router.kv.pressure._sent["a"][ticket.kv],
+        fresh.kv.pressure._sent["a"][fresh_ticket.kv],
     )
     assert (noted.blocks, noted.need) == (afresh.blocks, afresh.need)
     assert list(noted.blocks) == HASHES
@@ -367,11 +367,11 @@ def test_a_request_sent_before_its_token_ids_gets_its_blocks_when_they_come() ->
     assert router.choose(snap, ask(), {}, now=1.0).predicted_cached_tokens == 2 * BLOCK
     router.tokens_arrived(ahead, route("a"), RequestKey("m", PROMPT), TOKENS)
     assert router.choose(snap, ask(), {}, now=2.0).predicted_cached_tokens == 5 * BLOCK
-    noted = router.kv_pressure._sent["a"][ahead.kv]
+    noted = router.kv.pressure._sent["a"][ahead.kv]
     assert (noted.blocks, noted.need) == (tuple(HASHES), 6)
     # Twice, or after it finished: nothing changes.
     router.started(ahead)
     router.finished(ahead)
     router.tokens_arrived(ahead, route("a"), RequestKey("m", PROMPT), TOKENS[:4])
-    assert router.kv_pressure.in_flight_run("a", HASHES) == 0
-    assert list(router.kv_pressure._freed["a"]) == HASHES[::-1]
+    assert router.kv.pressure.in_flight_run("a", HASHES) == 0
+    assert list(router.kv.pressure._freed["a"]) == HASHES[::-1]
