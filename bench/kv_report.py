@@ -12,6 +12,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+from bench.intervals import mean_ratio_interval
+
 ARMS = ("precise", "approximate", "least_load", "oracle")
 ORACLE = "oracle"
 
@@ -146,6 +148,9 @@ class Ratios:
     mean: float
     p90: float
     cached: float
+    # The 95% interval of `mean` from this run's own spread (bench/intervals.py).
+    mean_low: float = math.nan
+    mean_high: float = math.nan
 
 
 def against_oracle(results: Sequence[ArmResult]) -> dict[tuple[str, str], Ratios]:
@@ -158,10 +163,15 @@ def against_oracle(results: Sequence[ArmResult]) -> dict[tuple[str, str], Ratios
         if base is None:
             out[(r.setting, r.arm)] = Ratios(math.nan, math.nan, math.nan)
             continue
+        low, high = (
+            mean_ratio_interval(r.ttft_s, base.ttft_s) if r is not base else (math.nan, math.nan)
+        )
         out[(r.setting, r.arm)] = Ratios(
             _ratio(r.mean_ms, base.mean_ms),
             _ratio(r.p90_ms, base.p90_ms),
             _ratio(r.cached_share, base.cached_share),
+            low,
+            high,
         )
     return out
 
@@ -178,6 +188,10 @@ def _num(value: float, fmt: str) -> str:
     return "-" if math.isnan(value) else format(value, fmt)
 
 
+def _interval(low: float, high: float) -> str:
+    return "-" if math.isnan(low) else f"{low:.2f}-{high:.2f}"
+
+
 HEADERS = (
     "setting",
     "arm",
@@ -187,6 +201,7 @@ HEADERS = (
     "p90 TTFT ms",
     "cached",
     "mean/oracle",
+    "95% interval",
     "p90/oracle",
     "cached/oracle",
     "pred. error",
@@ -208,6 +223,7 @@ def rows(results: Sequence[ArmResult]) -> list[list[str]]:
                 _num(r.p90_ms, ".0f"),
                 _pct(r.cached_share),
                 _num(ratio.mean, ".3f"),
+                _interval(ratio.mean_low, ratio.mean_high),
                 _num(ratio.p90, ".3f"),
                 _num(ratio.cached, ".3f"),
                 _pct(r.error_share),
@@ -264,6 +280,7 @@ def as_json(results: Sequence[ArmResult], config: Mapping[str, object]) -> str:
             error_share=r.error_share,
             net_error_share=r.net_error_share,
             mean_vs_oracle=ratio.mean,
+            mean_vs_oracle_interval=[ratio.mean_low, ratio.mean_high],
             p90_vs_oracle=ratio.p90,
             cached_vs_oracle=ratio.cached,
         )

@@ -21,14 +21,18 @@ tokens by default) that holds exactly the prefixes of the groups the oracle give
 or not; at --small-blocks 48 the pinned groups fit and only a replica seeing every group
 evicts.
 Caches are emptied (POST /reset_prefix_cache) before each arm, so none inherits another's.
+With --gateways N each arm runs N gateway processes on one store and sends each request to the
+next in turn, as a load balancer in front of them would: each gateway's record covers only the
+requests it sent, where the engines' events cover all of them.
 
 Reported per arm: mean and p90 TTFT, the engines' cached share of prompt tokens (from each
 answer's usage.prompt_tokens_details.cached_tokens), each against the oracle's in the same
-setting and run, and for precise how far the gateway's predicted cached tokens were from the
-engines' figures (its llmgw_kv_predicted_cached_tokens_error histogram), as a share of the
+setting and run (the mean's ratio with a 95% bootstrap interval over this run's requests,
+bench/intervals.py), and for precise how far the gateway's predicted cached tokens were from
+the engines' figures (its llmgw_kv_predicted_cached_tokens_error histogram), as a share of the
 mean prompt.
 
-    .venv/bin/python -m bench.kv_routing [--groups 8 --per-group 6 --repeats 1 ...]
+    .venv/bin/python -m bench.kv_routing [--groups 8 --per-group 6 --repeats 1 --gateways 1 ...]
 """
 
 from __future__ import annotations
@@ -84,6 +88,10 @@ class BenchConfig:
     # Blocks of 32 tokens per replica in the small setting (see the docstring).
     small_blocks: int = 32
     repeats: int = 1
+    # Gateways in front of the replicas, each request sent to the next in turn (as a load
+    # balancer spreads them): each sees only its own requests, the precise arm's also the
+    # engines' events.
+    gateways: int = 1
     # An operator's vLLM environment to use instead of the one installed for the benchmark.
     vllm_env: Path | None = None
     # Cache settings to run, by their first word ("default", "small"); empty: both.
@@ -161,16 +169,17 @@ async def run_arm(
     cfg: BenchConfig,
     result: ArmResult,
     work: Sequence[KvRequest],
-    base: str,
-    key: str,
+    fronts: Sequence[tuple[str, str]],
     sessions: Sequence[str] | None,
 ) -> None:
-    """The workload in order, `in_flight` requests at a time."""
+    """The workload in order, `in_flight` requests at a time, each to the next of `fronts`
+    (gateways' base URLs and API keys) in turn."""
     gate = asyncio.Semaphore(cfg.in_flight)
     async with httpx.AsyncClient(timeout=300.0, trust_env=False) as client:
 
         async def one(index: int, request: KvRequest) -> None:
             session = sessions[request.group] if sessions else None
+            base, key = fronts[index % len(fronts)]
             try:
                 answer = await stream_one(client, base, key, request, cfg.max_tokens, session)
                 result.ttft_s.append(answer.ttft_s)
@@ -190,16 +199,28 @@ async def run_arm(
 
 
 @contextlib.asynccontextmanager
+async def gateways(
+    state: Path, routes: list[Route], policy: str, count: int
+) -> AsyncIterator[list[tuple[str, str]]]:
+    """`count` real gateways on one store, each in its own process; yields each one's base URL
+    and an API key."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(gateway(state, routes, policy)) for _ in range(count)
+        ]
+
+
+@contextlib.asynccontextmanager
 async def gateway(state: Path, routes: list[Route], policy: str) -> AsyncIterator[tuple[str, str]]:
     """The real gateway in its own process (the load generator would otherwise bill it for the
     client's work), on `routes` with `policy`; yields its base URL and an API key."""
     port = free_port()
     routes_file = state / f"routes-{port}.json"
     routes_file.write_text(RoutingTable(version=1, routes=routes).model_dump_json())
+    key_file = state / "gateway" / f"{KEY_FILENAME}-{port}"
     argv = [sys.executable, "-m", "bench.kv_gateway", "--port", str(port)]
     argv += ["--state-dir", str(state / "gateway"), "--routes", str(routes_file)]
-    argv += ["--routing", policy]
-    key_file = state / "gateway" / KEY_FILENAME
+    argv += ["--routing", policy, "--key-file", str(key_file)]
     key_file.unlink(missing_ok=True)
     child = Child("gateway", argv, state / f"gateway-{port}.log", cpu=None)
     try:
@@ -304,12 +325,15 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
                         began = time.monotonic()
                         await engines.reset_caches()
                         routes = engines.routes if arm == "precise" else engines.without_kv()
-                        async with gateway(state, routes, POLICY[arm]) as (base, key):
+                        count = cfg.gateways
+                        async with gateways(state, routes, POLICY[arm], count) as fronts:
                             if arm == "precise":
-                                await feed_live_and_empty(base)
+                                for base, _ in fronts:
+                                    await feed_live_and_empty(base)
                             pins = sessions if arm == "oracle" else None
-                            await run_arm(cfg, by_arm[arm], works[repeat], base, key, pins)
-                            await gateway_figures(base, by_arm[arm])
+                            await run_arm(cfg, by_arm[arm], works[repeat], fronts, pins)
+                            for base, _ in fronts:
+                                await gateway_figures(base, by_arm[arm])
                         # The arm's figures so far: a run stopped early still leaves them.
                         done = by_arm[arm]
                         print(
@@ -326,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     defaults, work = BenchConfig(), Workload()
     for name in ("groups", "per_group", "system_words", "seed"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(work, name))
-    for name in ("replicas", "in_flight", "max_tokens", "small_blocks", "repeats"):
+    for name in ("replicas", "in_flight", "max_tokens", "small_blocks", "repeats", "gateways"):
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name)
         )
@@ -353,13 +377,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_tokens=args.max_tokens,
         small_blocks=args.small_blocks,
         repeats=args.repeats,
+        gateways=max(1, args.gateways),
         vllm_env=args.vllm_env,
         only=tuple(name for name in args.only.split(",") if name),
     )
     header = (
         f"workload: {cfg.workload.groups} groups x {cfg.workload.per_group} requests, "
         f"~{cfg.workload.system_words}-word system prompts, {cfg.in_flight} in flight, "
-        f"{cfg.replicas} vLLM replicas, max_tokens {cfg.max_tokens}, small cache "
+        f"{cfg.replicas} vLLM replicas behind {cfg.gateways} gateway(s), "
+        f"max_tokens {cfg.max_tokens}, small cache "
         f"{cfg.small_blocks} blocks of 32 tokens, {cfg.repeats} run(s) of each arm, one "
         f"workload each: {seeds(cfg.workload.seed, cfg.repeats)}"
     )

@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import random
 import statistics
 import sys
@@ -48,6 +49,7 @@ import httpx
 
 from bench.gateway.procs import Child, StartFailed, http_get, wait_for_file, wait_until
 from bench.gateway.target import KEY_FILENAME
+from bench.intervals import mean_ratio_interval
 from bench.routing_engines import HEALTH_TIMEOUT_S, Engine, engines, prompt_counters
 from engines.local_port import free_port
 from gateway.routing import PrefixIndex, RequestKey, Router, RoutingSnapshot, affinity
@@ -401,7 +403,8 @@ def direct(engine_list: Sequence[Engine]) -> Target:
 def table(results: Sequence[ArmResult]) -> str:
     lines = [
         f"{'setting':<14} {'arm':<14} {'n':>3} {'err':>3} {'mean TTFT':>10} {'p90 TTFT':>9} "
-        f"{'cached':>7} {'mean/oracle':>11} {'p90/oracle':>10} {'cached/oracle':>13}"
+        f"{'cached':>7} {'mean/oracle':>11} {'95% interval':>12} {'p90/oracle':>10} "
+        f"{'cached/oracle':>13}"
     ]
     oracle = {r.setting: r for r in results if r.arm == "oracle"}
     for r in results:
@@ -409,10 +412,16 @@ def table(results: Sequence[ArmResult]) -> str:
         ratio = (r.mean_ms / base.mean_ms) if base else float("nan")
         ratio90 = (r.p90_ms / base.p90_ms) if base else float("nan")
         cached = (r.cached_share / base.cached_share) if base else float("nan")
+        low, high = (
+            mean_ratio_interval(r.ttft_s, base.ttft_s)
+            if base and base is not r
+            else (math.nan,) * 2
+        )
+        interval = "-" if math.isnan(low) else f"{low:.2f}-{high:.2f}"
         lines.append(
             f"{r.setting:<14} {r.arm:<14} {len(r.ttft_s):>3} {r.errors:>3} "
             f"{r.mean_ms:>8.0f}ms {r.p90_ms:>7.0f}ms {r.cached_share:>7.1%} "
-            f"{ratio:>11.2f} {ratio90:>10.2f} {cached:>13.2f}"
+            f"{ratio:>11.2f} {interval:>12} {ratio90:>10.2f} {cached:>13.2f}"
         )
     for r in results:
         if r.reasons:

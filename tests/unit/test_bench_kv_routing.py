@@ -74,6 +74,10 @@ def test_ratios_are_against_the_oracle_of_the_same_setting() -> None:
     assert math.isclose(got.mean, 250 / 200)
     assert math.isclose(got.cached, (236 / 300) / (240 / 300))
     assert math.isclose(ratios[("small", "oracle")].mean, 1.0)
+    # The mean's ratio comes with the interval this run's spread allows; the oracle needs none.
+    assert got.mean_low < got.mean < got.mean_high
+    assert math.isnan(ratios[("small", "oracle")].mean_low)
+    assert f"| {got.mean_low:.2f}-{got.mean_high:.2f} |" in markdown([precise, oracle], "")
     # A setting without an oracle has no ratios rather than another setting's.
     assert math.isnan(ratios[("default", "precise")].mean)
 
