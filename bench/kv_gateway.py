@@ -4,10 +4,10 @@ JSON file (a RoutingTable, routes with or without `kv`) and the given routing po
 
     python -m bench.kv_gateway --port P --state-dir D --routes FILE --routing POLICY
 
-Like bench/gateway/target.py it writes a fresh API key's plaintext to D/bench-api-key (or the
-file `--key-file` names, for several gateways on one store) before serving. The store's master
-secret is the one the benchmark's node agent derived its node secret from, so this gateway reads
-that agent's KV feed and sends its engines their keys.
+Like bench/gateway/target.py it writes a fresh API key's plaintext to D/bench-api-key before
+serving, unless told `--no-key` (a second gateway on the store, which takes the first's). The
+store's master secret is the one the benchmark's node agent derived its node secret from, so this
+gateway reads that agent's KV feed and sends its engines their keys.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, required=True)
     parser.add_argument("--routes", type=Path, required=True, help="a RoutingTable as JSON")
     parser.add_argument("--routing", choices=POLICIES, default="prefix")
-    parser.add_argument("--key-file", type=Path, help="where to write the API key")
+    parser.add_argument(
+        "--no-key", action="store_true", help="make no key: another gateway on the store did"
+    )
     args = parser.parse_args(argv)
     table = RoutingTable.model_validate_json(args.routes.read_text())
     model = table.routes[0].model
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     store = open_store(None, args.state_dir)
     config = uvicorn_config(settings, store, FileRoutes(table))
     # The plain asyncio loop, as workers/gateway_main.py runs the gateway.
-    key_file = args.key_file or args.state_dir / KEY_FILENAME
+    key_file = None if args.no_key else args.state_dir / KEY_FILENAME
     asyncio.run(serve(uvicorn.Server(config), store, key_file, model))
     return 0
 

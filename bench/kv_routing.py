@@ -202,30 +202,39 @@ async def run_arm(
 async def gateways(
     state: Path, routes: list[Route], policy: str, count: int
 ) -> AsyncIterator[list[tuple[str, str]]]:
-    """`count` real gateways on one store, each in its own process; yields each one's base URL
-    and an API key."""
+    """`count` real gateways on one store, each in its own process (the load generator would
+    otherwise bill them for the client's work), on `routes` with `policy`; yields each one's
+    base URL and the API key the first made."""
     async with contextlib.AsyncExitStack() as stack:
-        yield [
-            await stack.enter_async_context(gateway(state, routes, policy)) for _ in range(count)
-        ]
+        base, api_key = await stack.enter_async_context(gateway(state, routes, policy, True))
+        bases = [base]
+        for _ in range(count - 1):
+            other, _ = await stack.enter_async_context(gateway(state, routes, policy, False))
+            bases.append(other)
+        yield [(base, api_key) for base in bases]
 
 
 @contextlib.asynccontextmanager
-async def gateway(state: Path, routes: list[Route], policy: str) -> AsyncIterator[tuple[str, str]]:
-    """The real gateway in its own process (the load generator would otherwise bill it for the
-    client's work), on `routes` with `policy`; yields its base URL and an API key."""
+async def gateway(
+    state: Path, routes: list[Route], policy: str, make_key: bool
+) -> AsyncIterator[tuple[str, str]]:
+    """One gateway process; yields its base URL once its routes are loaded, and the API key it
+    made (`make_key`; else "": it serves the one another gateway on the store made)."""
     port = free_port()
     routes_file = state / f"routes-{port}.json"
     routes_file.write_text(RoutingTable(version=1, routes=routes).model_dump_json())
-    key_file = state / "gateway" / f"{KEY_FILENAME}-{port}"
     argv = [sys.executable, "-m", "bench.kv_gateway", "--port", str(port)]
     argv += ["--state-dir", str(state / "gateway"), "--routes", str(routes_file)]
-    argv += ["--routing", policy, "--key-file", str(key_file)]
-    key_file.unlink(missing_ok=True)
+    argv += ["--routing", policy] + ([] if make_key else ["--no-key"])
+    key_file = state / "gateway" / KEY_FILENAME
+    if make_key:
+        key_file.unlink(missing_ok=True)
     child = Child("gateway", argv, state / f"gateway-{port}.log", cpu=None)
     try:
         await asyncio.to_thread(wait_until, child, lambda: _routes_loaded(port), GATEWAY_START_S)
-        api_key = await asyncio.to_thread(wait_for_file, key_file, child, GATEWAY_START_S)
+        api_key = ""
+        if make_key:
+            api_key = await asyncio.to_thread(wait_for_file, key_file, child, GATEWAY_START_S)
         yield f"http://127.0.0.1:{port}", api_key
     except StartFailed as exc:
         raise SystemExit(f"the gateway failed to start: {exc}") from exc
