@@ -234,10 +234,11 @@ class Router:
         of an engine: under the "prefix" policy, its routing prompt (RequestKey.prompt) starts
         a prefix this gateway never sent any of `routes` (it is placed by what each was sent
         lately, "new_prefix"), and in the last WorkingSets.window_s no engine of theirs held
-        blocks while this gateway had sent it nothing lately (as after this gateway restarts,
-        or where another gateway sends: those blocks might be the prefix). Another gateway's
-        requests to a replica this one also sends to are not seen: each gateway's first request
-        of a prefix another one placed misses its blocks."""
+        blocks while this gateway had sent it nothing lately (as after this gateway restarts)
+        or while its gauges showed requests this gateway did not send (another gateway's, or a
+        client's straight to the engine): those blocks might be the prefix. Another sender's
+        requests that no metrics sample (one a second) caught go unseen: a gateway's first
+        request of a prefix another one placed then misses its blocks."""
         if self.policy != "prefix":
             return False
         now = self._clock() if now is None else now
@@ -248,12 +249,13 @@ class Router:
         return self._starts_prefix(keys, self.index.longest_match_hashes(keys, ids))
 
     def _foreign_blocks(self, replica_id: str, now: float) -> bool:
-        """Whether the replica's engine held blocks this gateway did not send in the last
-        window (KvCaches.holds_foreign_blocks)."""
-        sent_lately = self.working_sets.blocks(replica_id, now) > 0
-        return self.kv.holds_foreign_blocks(
-            replica_id, sent_lately, now, self.working_sets.window_s
+        """Whether the replica's engine may hold blocks another sender left, in the last window
+        (KvCaches.holds_foreign_blocks): this gateway has sent it nothing lately, or the
+        engine's last metrics sample showed requests this gateway did not send."""
+        alone = self.working_sets.blocks(replica_id, now) > 0 and not self.loads.others(
+            replica_id, now
         )
+        return self.kv.holds_foreign_blocks(replica_id, alone, now, self.working_sets.window_s)
 
     def _starts_prefix(self, keys: Sequence[int], matches: Mapping[str, int]) -> bool:
         """Whether the prompt of these block keys starts a prefix: long enough, and no replica

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 
 import pytest
 
 from engines.kv_index import KvBlockIndex
 from gateway.routing import RequestKey, Router, RoutingSnapshot
+from gateway.routing.loads import LoadSample
 from gateway.routing.working_set import WorkingSets
 from tests.unit.test_router_kv import route as kv_route
 from tests.unit.test_routing_policy import chosen, snapshot
@@ -104,3 +106,34 @@ def test_a_new_prefix_needs_no_tokens_unless_an_engine_holds_what_another_sender
     assert not router.needs_no_tokens(group_prompt(2, 0), routes, now=100.0)
     assert router.needs_no_tokens(group_prompt(2, 0), routes, now=122.5)
     assert not Router("least_load").needs_no_tokens(group_prompt(3, 0), routes, now=0.0)
+
+
+def test_a_new_prefix_asks_for_tokens_where_the_engine_serves_another_senders_requests() -> None:
+    index = KvBlockIndex()
+    router = Router(kv_index=index)
+    routes = [kv_route("a"), kv_route("b")]
+    snap = RoutingSnapshot(RoutingTable(version=1, routes=routes))
+    for group, replica in ((0, "a"), (1, "b")):
+        loads = {"a": 0, "b": 9} if replica == "a" else {"a": 9, "b": 0}
+        assert (
+            chosen(router.choose(snap, RequestKey("m", group_prompt(group, 0)), loads)) == replica
+        )
+    # This gateway sent both engines its own prefixes, and they hold blocks: its own, as far
+    # as it can tell, so a new prefix needs no tokens.
+    index.store("a", [1, 2, 3])
+    index.store("b", [4, 5, 6])
+    assert router.needs_no_tokens(group_prompt(2, 0), routes)
+    # Then an engine's gauges show a request this gateway did not send (another gateway's):
+    # its blocks might be any prefix, for the working set's window, past the next sample.
+    router.loads.record(
+        "b", LoadSample(running=1, waiting=0, kv_usage=0.1, taken_at=time.monotonic())
+    )
+    assert not router.needs_no_tokens(group_prompt(2, 0), routes)
+    router.loads.record(
+        "b", LoadSample(running=0, waiting=0, kv_usage=0.1, taken_at=time.monotonic())
+    )
+    assert not router.needs_no_tokens(group_prompt(2, 0), routes)
+    later = time.monotonic() + router.working_sets.window_s + 1
+    router.choose(snap, RequestKey("m", group_prompt(3, 0)), {"a": 0, "b": 0}, now=later)
+    router.choose(snap, RequestKey("m", group_prompt(4, 0)), {"a": 0, "b": 0}, now=later)
+    assert router.needs_no_tokens(group_prompt(5, 0), routes, now=later + 1)
