@@ -44,3 +44,8 @@ def mean_ratio_interval(
     low = ratios[min(len(ratios) - 1, int(tail * len(ratios)))]
     high = ratios[min(len(ratios) - 1, int((1 - tail) * len(ratios)))]
     return low, high
+
+
+def interval_text(low: float, high: float) -> str:
+    """How a report prints an interval: "0.91-1.07", or "-" where there is none."""
+    return "-" if math.isnan(low) else f"{low:.2f}-{high:.2f}"

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from bench.intervals import mean_ratio_interval
+from bench.intervals import interval_text, mean_ratio_interval
 
 ARMS = ("precise", "approximate", "least_load", "oracle")
 ORACLE = "oracle"
@@ -188,10 +188,6 @@ def _num(value: float, fmt: str) -> str:
     return "-" if math.isnan(value) else format(value, fmt)
 
 
-def _interval(low: float, high: float) -> str:
-    return "-" if math.isnan(low) else f"{low:.2f}-{high:.2f}"
-
-
 HEADERS = (
     "setting",
     "arm",
@@ -223,7 +219,7 @@ def rows(results: Sequence[ArmResult]) -> list[list[str]]:
                 _num(r.p90_ms, ".0f"),
                 _pct(r.cached_share),
                 _num(ratio.mean, ".3f"),
-                _interval(ratio.mean_low, ratio.mean_high),
+                interval_text(ratio.mean_low, ratio.mean_high),
                 _num(ratio.p90, ".3f"),
                 _num(ratio.cached, ".3f"),
                 _pct(r.error_share),

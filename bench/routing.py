@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import math
 import random
 import statistics
 import sys
@@ -49,7 +48,7 @@ import httpx
 
 from bench.gateway.procs import Child, StartFailed, http_get, wait_for_file, wait_until
 from bench.gateway.target import KEY_FILENAME
-from bench.intervals import mean_ratio_interval
+from bench.intervals import interval_text, mean_ratio_interval
 from bench.routing_engines import HEALTH_TIMEOUT_S, Engine, engines, prompt_counters
 from engines.local_port import free_port
 from gateway.routing import PrefixIndex, RequestKey, Router, RoutingSnapshot, affinity
@@ -412,12 +411,9 @@ def table(results: Sequence[ArmResult]) -> str:
         ratio = (r.mean_ms / base.mean_ms) if base else float("nan")
         ratio90 = (r.p90_ms / base.p90_ms) if base else float("nan")
         cached = (r.cached_share / base.cached_share) if base else float("nan")
-        low, high = (
-            mean_ratio_interval(r.ttft_s, base.ttft_s)
-            if base and base is not r
-            else (math.nan,) * 2
-        )
-        interval = "-" if math.isnan(low) else f"{low:.2f}-{high:.2f}"
+        interval = "-"
+        if base and base is not r:
+            interval = interval_text(*mean_ratio_interval(r.ttft_s, base.ttft_s))
         lines.append(
             f"{r.setting:<14} {r.arm:<14} {len(r.ttft_s):>3} {r.errors:>3} "
             f"{r.mean_ms:>8.0f}ms {r.p90_ms:>7.0f}ms {r.cached_share:>7.1%} "

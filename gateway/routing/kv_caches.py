@@ -166,17 +166,19 @@ class KvCaches:
         self.pressure.finished(replica_id, ticket)
 
     def holds_foreign_blocks(
-        self, replica_id: str, alone: bool, now: float, window_s: float
+        self, replica_id: str, sent_lately: bool, now: float, window_s: float
     ) -> bool:
         """Whether the replica's engine held blocks while this gateway could not tell it was
-        their only sender (`alone` false: the caller knows why), within the last `window_s`:
-        sticky, so another sender's blocks are not forgotten as soon as this gateway sends the
+        their only sender, within the last `window_s`: this gateway had sent it nothing lately
+        (`sent_lately` false, as after a restart), or the engine's last metrics sample showed
+        requests this gateway did not send (another gateway's, or a client's straight to it).
+        Sticky, so another sender's blocks are not forgotten as soon as this gateway sends the
         engine a request or a sample misses the other's."""
         until = self._foreign_until.get(replica_id)
         if until is not None and now < until:
             return True
         held = self.index is not None and self.index.size(replica_id) > 0
-        if held and not alone:
+        if held and (not sent_lately or self.loads.others(replica_id, now)):
             self._foreign_until[replica_id] = now + window_s
             return True
         return False

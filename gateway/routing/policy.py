@@ -250,12 +250,11 @@ class Router:
 
     def _foreign_blocks(self, replica_id: str, now: float) -> bool:
         """Whether the replica's engine may hold blocks another sender left, in the last window
-        (KvCaches.holds_foreign_blocks): this gateway has sent it nothing lately, or the
-        engine's last metrics sample showed requests this gateway did not send."""
-        alone = self.working_sets.blocks(replica_id, now) > 0 and not self.loads.others(
-            replica_id, now
+        (KvCaches.holds_foreign_blocks)."""
+        sent_lately = self.working_sets.blocks(replica_id, now) > 0
+        return self.kv.holds_foreign_blocks(
+            replica_id, sent_lately, now, self.working_sets.window_s
         )
-        return self.kv.holds_foreign_blocks(replica_id, alone, now, self.working_sets.window_s)
 
     def _starts_prefix(self, keys: Sequence[int], matches: Mapping[str, int]) -> bool:
         """Whether the prompt of these block keys starts a prefix: long enough, and no replica
