@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
-from bench.intervals import interval_text, mean_ratio_interval
+from bench.intervals import WorkloadSums, interval_text, mean_ratio_interval, workload_intervals
 
 ARMS = ("precise", "approximate", "least_load", "oracle")
 ORACLE = "oracle"
@@ -98,11 +98,22 @@ class ArmResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     errors: int = 0
+    # workload's seed -> this arm's sums on it
+    by_workload: dict[int, WorkloadSums] = field(default_factory=dict)
     reasons: dict[str, float] = field(default_factory=dict)
     # The gateway's asks of an engine's /tokenize (precise arm): their count and total time.
     tokenize_count: float = 0.0
     tokenize_s: float = 0.0
     prediction: Prediction = field(default_factory=Prediction)
+
+    def add(self, workload: int, ttft_s: float, prompt_tokens: int, cached_tokens: int) -> None:
+        """One answer, on the workload of seed `workload`."""
+        self.ttft_s.append(ttft_s)
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached_tokens
+        self.by_workload.setdefault(workload, WorkloadSums()).add(
+            ttft_s, cached_tokens, prompt_tokens
+        )
 
     @property
     def mean_ms(self) -> float:
@@ -148,9 +159,15 @@ class Ratios:
     mean: float
     p90: float
     cached: float
-    # The 95% interval of `mean` from this run's own spread (bench/intervals.py).
+    # The 95% interval of `mean` from this run's own requests (bench/intervals.py).
     mean_low: float = math.nan
     mean_high: float = math.nan
+    # The 95% intervals of `mean` and `cached` from whole workloads, each paired with the
+    # oracle's on the same one; NaN with fewer than intervals.MIN_WORKLOADS of them.
+    mean_paired_low: float = math.nan
+    mean_paired_high: float = math.nan
+    cached_low: float = math.nan
+    cached_high: float = math.nan
 
 
 def against_oracle(results: Sequence[ArmResult]) -> dict[tuple[str, str], Ratios]:
@@ -163,8 +180,11 @@ def against_oracle(results: Sequence[ArmResult]) -> dict[tuple[str, str], Ratios
         if base is None:
             out[(r.setting, r.arm)] = Ratios(math.nan, math.nan, math.nan)
             continue
-        low, high = (
-            mean_ratio_interval(r.ttft_s, base.ttft_s) if r is not base else (math.nan, math.nan)
+        nothing = (math.nan, math.nan)
+        is_base = r is base
+        low, high = nothing if is_base else mean_ratio_interval(r.ttft_s, base.ttft_s)
+        means, cached = (
+            (nothing, nothing) if is_base else workload_intervals(r.by_workload, base.by_workload)
         )
         out[(r.setting, r.arm)] = Ratios(
             _ratio(r.mean_ms, base.mean_ms),
@@ -172,6 +192,8 @@ def against_oracle(results: Sequence[ArmResult]) -> dict[tuple[str, str], Ratios
             _ratio(r.cached_share, base.cached_share),
             low,
             high,
+            *means,
+            *cached,
         )
     return out
 
@@ -197,9 +219,11 @@ HEADERS = (
     "p90 TTFT ms",
     "cached",
     "mean/oracle",
-    "95% interval",
+    "95%: requests",
+    "95%: workloads",
     "p90/oracle",
     "cached/oracle",
+    "95%: workloads",
     "pred. error",
 )
 
@@ -220,8 +244,10 @@ def rows(results: Sequence[ArmResult]) -> list[list[str]]:
                 _pct(r.cached_share),
                 _num(ratio.mean, ".3f"),
                 interval_text(ratio.mean_low, ratio.mean_high),
+                interval_text(ratio.mean_paired_low, ratio.mean_paired_high),
                 _num(ratio.p90, ".3f"),
                 _num(ratio.cached, ".3f"),
+                interval_text(ratio.cached_low, ratio.cached_high),
                 _pct(r.error_share),
             ]
         )
@@ -277,8 +303,10 @@ def as_json(results: Sequence[ArmResult], config: Mapping[str, object]) -> str:
             net_error_share=r.net_error_share,
             mean_vs_oracle=ratio.mean,
             mean_vs_oracle_interval=[ratio.mean_low, ratio.mean_high],
+            mean_vs_oracle_workload_interval=[ratio.mean_paired_low, ratio.mean_paired_high],
             p90_vs_oracle=ratio.p90,
             cached_vs_oracle=ratio.cached,
+            cached_vs_oracle_workload_interval=[ratio.cached_low, ratio.cached_high],
         )
         arms.append(raw)
     return json.dumps({"config": dict(config), "arms": arms}, indent=2, default=str)

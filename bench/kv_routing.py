@@ -168,12 +168,13 @@ async def stream_one(
 async def run_arm(
     cfg: BenchConfig,
     result: ArmResult,
+    workload: int,
     work: Sequence[KvRequest],
     fronts: Sequence[tuple[str, str]],
     sessions: Sequence[str] | None,
 ) -> None:
-    """The workload in order, `in_flight` requests at a time, each to the next of `fronts`
-    (gateways' base URLs and API keys) in turn."""
+    """The workload of seed `workload`, in order, `in_flight` requests at a time, each to the
+    next of `fronts` (gateways' base URLs and API keys) in turn."""
     gate = asyncio.Semaphore(cfg.in_flight)
     async with httpx.AsyncClient(timeout=300.0, trust_env=False) as client:
 
@@ -182,9 +183,7 @@ async def run_arm(
             base, key = fronts[index % len(fronts)]
             try:
                 answer = await stream_one(client, base, key, request, cfg.max_tokens, session)
-                result.ttft_s.append(answer.ttft_s)
-                result.prompt_tokens += answer.prompt_tokens
-                result.cached_tokens += answer.cached_tokens
+                result.add(workload, answer.ttft_s, answer.prompt_tokens, answer.cached_tokens)
             except (httpx.HTTPError, RuntimeError) as exc:
                 result.errors += 1
                 print(f"  request {index} failed: {exc}", file=sys.stderr)
@@ -340,7 +339,8 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
                                 for base, _ in fronts:
                                     await feed_live_and_empty(base)
                             pins = sessions if arm == "oracle" else None
-                            await run_arm(cfg, by_arm[arm], works[repeat], fronts, pins)
+                            seed = cfg.workload.seed + repeat
+                            await run_arm(cfg, by_arm[arm], seed, works[repeat], fronts, pins)
                             for base, _ in fronts:
                                 await gateway_figures(base, by_arm[arm])
                         # The arm's figures so far: a run stopped early still leaves them.

@@ -48,7 +48,7 @@ import httpx
 
 from bench.gateway.procs import Child, StartFailed, http_get, wait_for_file, wait_until
 from bench.gateway.target import KEY_FILENAME
-from bench.intervals import interval_text, mean_ratio_interval
+from bench.intervals import WorkloadSums, interval_text, mean_ratio_interval, workload_intervals
 from bench.routing_engines import HEALTH_TIMEOUT_S, Engine, engines, prompt_counters
 from engines.local_port import free_port
 from gateway.routing import PrefixIndex, RequestKey, Router, RoutingSnapshot, affinity
@@ -114,6 +114,8 @@ class ArmResult:
     errors: int = 0
     # The gateway's decisions by reason (llmgw arm only), from its own /metrics.
     reasons: dict[str, float] = field(default_factory=dict)
+    # workload's seed -> this arm's sums on it (the engines count cached tokens per run)
+    by_workload: dict[int, WorkloadSums] = field(default_factory=dict)
 
     @property
     def mean_ms(self) -> float:
@@ -203,12 +205,14 @@ Target = Callable[[int, BenchRequest], Destination]
 async def run_arm(
     cfg: BenchConfig,
     result: ArmResult,
+    workload_seed: int,
     requests: Sequence[BenchRequest],
     engine_list: Sequence[Engine],
     target: Target,
 ) -> list[tuple[float, float]]:
-    """Send the workload with `in_flight` requests at a time, in order; `target` says where
-    request i goes. Returns each engine's (cached, computed) prompt tokens in the run."""
+    """Send the workload of seed `workload_seed` with `in_flight` requests at a time, in order;
+    `target` says where request i goes. Returns each engine's (cached, computed) prompt tokens
+    in the run."""
     gate = asyncio.Semaphore(cfg.in_flight)
     # No keep-alive: llama-server closes idle connections, and a request that lands on one as
     # it closes fails before a byte; a new connection per request costs ~0.1 ms on loopback.
@@ -223,9 +227,11 @@ async def run_arm(
         await asyncio.sleep(2 * SCRAPE_INTERVAL_S)
         before = await prompt_counters(client, engine_list)
 
+        ttfts: list[float] = []
+
         async def one(index: int, request: BenchRequest) -> None:
             try:
-                result.ttft_s.append(
+                ttfts.append(
                     await time_to_first_token(
                         client, target(index, request), request, cfg.max_tokens
                     )
@@ -243,8 +249,13 @@ async def run_arm(
         await asyncio.gather(*tasks)
         after = await prompt_counters(client, engine_list)
     split = [(a[0] - b[0], a[1] - b[1]) for a, b in zip(after, before, strict=True)]
-    result.cached += sum(cached for cached, _ in split)
-    result.computed += sum(computed for _, computed in split)
+    cached, computed = sum(c for c, _ in split), sum(c for _, c in split)
+    result.ttft_s += ttfts
+    result.cached += cached
+    result.computed += computed
+    result.by_workload[workload_seed] = WorkloadSums(
+        sum(ttfts), len(ttfts), cached, cached + computed
+    )
     return split
 
 
@@ -307,7 +318,7 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
             (s, e, n, a) for s, e in SETTINGS.items() for n in range(cfg.repeats) for a in ARMS
         ]
         for setting, extra, repeat, arm in rounds:
-            requests = workloads[repeat]
+            requests, seed = workloads[repeat], cfg.seed + repeat
             if (setting, arm) not in by_arm:
                 by_arm[(setting, arm)] = ArmResult(setting, arm)
                 results.append(by_arm[(setting, arm)])
@@ -316,14 +327,16 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
             async with engines(cfg, keys, extra, state) as engine_list:
                 policy = GATEWAY_POLICY.get(arm)
                 if policy is None:
-                    split = await run_arm(cfg, result, requests, engine_list, direct(engine_list))
+                    split = await run_arm(
+                        cfg, result, seed, requests, engine_list, direct(engine_list)
+                    )
                 else:
                     # As the ledger's route says of a llama.cpp profile with these flags.
                     slots = Profile(parallel=cfg.parallel, args=list(extra)).prompt_slots
                     async with gateway(state, engine_list, policy, slots) as (base, api_key):
                         pins = sessions if arm == "oracle" else None
                         target = via(base, api_key, pins)
-                        split = await run_arm(cfg, result, requests, engine_list, target)
+                        split = await run_arm(cfg, result, seed, requests, engine_list, target)
                         for reason, count in (await routing_reasons(base)).items():
                             result.reasons[reason] = result.reasons.get(reason, 0.0) + count
             print(
@@ -401,9 +414,9 @@ def direct(engine_list: Sequence[Engine]) -> Target:
 
 def table(results: Sequence[ArmResult]) -> str:
     lines = [
-        f"{'setting':<14} {'arm':<14} {'n':>3} {'err':>3} {'mean TTFT':>10} {'p90 TTFT':>9} "
-        f"{'cached':>7} {'mean/oracle':>11} {'95% interval':>12} {'p90/oracle':>10} "
-        f"{'cached/oracle':>13}"
+        f"{'setting':<14} {'arm':<14} {'n':>4} {'err':>3} {'mean TTFT':>10} {'p90 TTFT':>9} "
+        f"{'cached':>7} {'mean/oracle':>11} {'95%: requests':>13} {'95%: workloads':>14} "
+        f"{'p90/oracle':>10} {'cached/oracle':>13} {'95%: workloads':>14}"
     ]
     oracle = {r.setting: r for r in results if r.arm == "oracle"}
     for r in results:
@@ -411,13 +424,16 @@ def table(results: Sequence[ArmResult]) -> str:
         ratio = (r.mean_ms / base.mean_ms) if base else float("nan")
         ratio90 = (r.p90_ms / base.p90_ms) if base else float("nan")
         cached = (r.cached_share / base.cached_share) if base else float("nan")
-        interval = "-"
+        interval, mean_paired, cached_paired = "-", "-", "-"
         if base and base is not r:
             interval = interval_text(*mean_ratio_interval(r.ttft_s, base.ttft_s))
+            means, shares = workload_intervals(r.by_workload, base.by_workload)
+            mean_paired, cached_paired = interval_text(*means), interval_text(*shares)
         lines.append(
-            f"{r.setting:<14} {r.arm:<14} {len(r.ttft_s):>3} {r.errors:>3} "
+            f"{r.setting:<14} {r.arm:<14} {len(r.ttft_s):>4} {r.errors:>3} "
             f"{r.mean_ms:>8.0f}ms {r.p90_ms:>7.0f}ms {r.cached_share:>7.1%} "
-            f"{ratio:>11.2f} {interval:>12} {ratio90:>10.2f} {cached:>13.2f}"
+            f"{ratio:>11.2f} {interval:>13} {mean_paired:>14} {ratio90:>10.2f} {cached:>13.2f} "
+            f"{cached_paired:>14}"
         )
     for r in results:
         if r.reasons:

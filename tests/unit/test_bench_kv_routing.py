@@ -82,6 +82,30 @@ def test_ratios_are_against_the_oracle_of_the_same_setting() -> None:
     assert math.isnan(ratios[("default", "precise")].mean)
 
 
+def test_answers_added_by_workload_give_paired_intervals_from_six_workloads() -> None:
+    oracle, precise = ArmResult("small", "oracle"), ArmResult("small", "precise")
+    for seed in range(7, 13):
+        for turn in range(4):
+            oracle.add(seed, 0.2 + 0.1 * turn, 300, 200 if seed % 2 else 100)
+            # Precise caches 10% less than the oracle on every workload, as fast.
+            precise.add(seed, 0.2 + 0.1 * turn, 300, 180 if seed % 2 else 90)
+    assert len(precise.ttft_s) == 24
+    assert precise.prompt_tokens == 24 * 300
+    got = against_oracle([precise, oracle])[("small", "precise")]
+    assert math.isclose(got.cached, 0.9)
+    assert math.isclose(got.cached_low, 0.9)
+    assert math.isclose(got.cached_high, 0.9)
+    assert math.isclose(got.mean_paired_low, 1.0)
+    assert math.isclose(got.mean_paired_high, 1.0)
+    assert "| 0.900 | 0.90-0.90 |" in markdown([precise, oracle], "")
+    # Three workloads are too few to resample: the report says so rather than guess.
+    short = ArmResult("small", "oracle")
+    for seed in range(3):
+        short.add(seed, 0.2, 300, 100)
+    few = against_oracle([short, ArmResult("small", "precise", by_workload=short.by_workload)])
+    assert math.isnan(few[("small", "precise")].cached_low)
+
+
 METRICS = """
 llmgw_kv_predicted_cached_tokens_error_bucket{le="-4096.0",model="m"} 0.0
 llmgw_kv_predicted_cached_tokens_error_bucket{le="-1024.0",model="m"} 0.0
