@@ -27,10 +27,11 @@ requests it sent, where the engines' events cover all of them.
 
 Reported per arm: mean and p90 TTFT, the engines' cached share of prompt tokens (from each
 answer's usage.prompt_tokens_details.cached_tokens), each against the oracle's in the same
-setting and run (the mean's ratio with a 95% bootstrap interval over this run's requests,
-bench/intervals.py), and for precise how far the gateway's predicted cached tokens were from
-the engines' figures (its llmgw_kv_predicted_cached_tokens_error histogram), as a share of the
-mean prompt.
+setting and run (the mean's ratio with a 95% bootstrap interval over this run's requests;
+from 6 repeats on, the mean's and the cached share's with one over whole workloads, each
+paired with the oracle's on the same one: bench/intervals.py), and for precise how far the
+gateway's predicted cached tokens were from the engines' figures (its
+llmgw_kv_predicted_cached_tokens_error histogram), as a share of the mean prompt.
 
     .venv/bin/python -m bench.kv_routing [--groups 8 --per-group 6 --repeats 1 --gateways 1 ...]
 """

@@ -22,7 +22,10 @@ them: one workload's draw of that luck is not a measure of routing.
 
 Reported per arm: mean and p90 time to first token, and the engines' cached share of prompt
 tokens from their own counters: llama.cpp's `llamacpp:prompt_tokens_total` counts only the
-tokens it computed (cached ones excluded), so the share is cached / (cached + computed).
+tokens it computed (cached ones excluded), so the share is cached / (cached + computed). Each
+ratio to the oracle's mean comes with a 95% interval (bench/intervals.py) over this run's
+requests, and from 6 repeats on the mean's and the cached share's with one over whole
+workloads, each paired with the oracle's on the same one.
 
     .venv/bin/python -m bench.routing [--groups 4 --per-group 6 ...]
 """
