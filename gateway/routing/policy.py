@@ -17,11 +17,10 @@ The order of preference, for the "prefix" policy:
 3. with no match, the session's replica by rendezvous hashing, if the client named a session;
 4. else, for a prompt of at least `min_match_blocks` blocks whose prefix this gateway never
    sent (it starts one that the requests sharing it will follow), the replica recently sent
-   the least distinct prompt (working_set.py) among those not overloaded ("new_prefix"),
-   those within half the prompt of the least counting alike, and among them the least
-   loaded; any other prompt to the least loaded, ties taken in turn. Either way, where some
-   replicas' slot for the request holds the only copy of a prompt there, only the others not
-   overloaded are considered.
+   the least distinct prompt (working_set.py) among those not overloaded ("new_prefix"), ties
+   to the least loaded; any other prompt to the least loaded, ties taken in turn. Either way,
+   where some replicas' slot for the request holds the only copy of a prompt there, only the
+   others not overloaded are considered.
 Replicas whose breaker is open are skipped unless every candidate's is. "least_load" and
 "round_robin" are the baselines the routing benchmark compares against.
 
@@ -331,8 +330,7 @@ class Router:
                     chosen = self._least_loaded(request.model, loads)
                     reason = "fallback_overloaded"
         if chosen is None and new:
-            place = self._place(request.model, ids, loads, least, slots, len(keys), now)
-            chosen, reason = place, "new_prefix"
+            chosen, reason = self._place(request.model, ids, loads, least, slots, now), "new_prefix"
         elif chosen is None:
             chosen = self._least_loaded(request.model, loads, self._spares(slots, loads, least))
 
@@ -446,25 +444,19 @@ class Router:
         loads: Sequence[int],
         least: int,
         slots: Mapping[int, SlotView],
-        prompt_blocks: int,
         now: float,
     ) -> int:
-        """Index of the replica for a prompt of `prompt_blocks` blocks whose prefix this
-        gateway never sent (and no session places). It starts a prefix that the requests
-        sharing it will follow, so it goes where the least distinct prompt was recently sent
-        (working_set.py), among the replicas that are not overloaded and where it evicts no
-        prompt's only slot (_spares). Working sets within half this prompt of the smallest
-        count as alike, and among those the least loaded takes it: its request is a whole
-        prefill, and one sent where another is computing slows both (bench-routing's 4 groups
-        on 3 replicas, whose prompts differ by a block, placed the fourth by a block rather than
-        on the idle replica). A whole prefix more is never alike, so the groups still split
-        evenly."""
+        """Index of the replica for a prompt whose prefix this gateway never sent (and no
+        session places). It starts a prefix that the requests sharing it will follow, so it
+        goes where the least distinct prompt was recently sent (working_set.py), among the
+        replicas that are not overloaded and where it evicts no prompt's only slot (_spares);
+        among equals the least loaded."""
         among = self._spares(slots, loads, least) or [
             i for i in range(len(loads)) if not self.margin.exceeded(loads[i], least)
         ]
         sizes = {i: self.working_sets.blocks(ids[i], now) for i in among}
-        room = min(sizes.values()) + prompt_blocks // 2
-        return self._least_loaded(model, loads, [i for i, n in sizes.items() if n <= room])
+        smallest = min(sizes.values())
+        return self._least_loaded(model, loads, [i for i, n in sizes.items() if n == smallest])
 
     def _spares(self, slots: Mapping[int, SlotView], loads: Sequence[int], least: int) -> list[int]:
         """Where a request that matches nothing evicts nothing another request will want: every

@@ -68,27 +68,6 @@ def test_a_new_prefix_goes_where_fewer_prefixes_live_even_if_busier() -> None:
     assert (chosen(short), short.reason) == (other, "least_load")
 
 
-def test_a_new_prefix_takes_the_idle_replica_among_working_sets_a_block_apart() -> None:
-    """bench-routing's shape: three replicas, one group each, prompts a block apart. The fourth
-    group's first request is a whole prefill: it goes to the replica computing nothing rather
-    than to the one sent a block less, which is busy with its own group's first request."""
-    router = Router()
-    snap = snapshot("r-0", "r-1", "r-2")
-    longer = b"x" * 256  # one more 256-byte block in that group's system prompt
-    prompts = [group_prompt(0, 0), group_prompt(1, 0) + longer, group_prompt(2, 0) + longer]
-    placed = [chosen(router.choose(snap, RequestKey("m", p), {}, now=0.0)) for p in prompts]
-    assert sorted(placed) == ["r-0", "r-1", "r-2"]
-    shortest, idle = placed[0], placed[2]
-    loads = {shortest: 1, placed[1]: 1}
-    fourth = router.choose(snap, RequestKey("m", group_prompt(3, 0)), loads, now=1.0)
-    assert (chosen(fourth), fourth.reason) == (idle, "new_prefix")
-    # A whole prefix more is not alike: the idle replica that holds two groups is passed over
-    # for the least sent, though it is busy.
-    loads = {shortest: 1, placed[1]: 1, idle: 0}
-    fifth = router.choose(snap, RequestKey("m", group_prompt(4, 0)), loads, now=2.0)
-    assert (chosen(fifth), fifth.reason) == (shortest, "new_prefix")
-
-
 @pytest.mark.parametrize("seed", range(8))
 def test_interleaved_groups_split_evenly_whatever_the_loads(seed: int) -> None:
     """Eight groups' requests interleaved, as in the KV benchmark, with loads that vary within
