@@ -316,9 +316,13 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
         sessions = pinning_sessions(cfg.groups, replica_ids)
         by_arm: dict[tuple[str, str], ArmResult] = {}
         # Rounds of every arm in turn rather than each arm's repeats together, so that a slow
-        # spell of this shared machine lands on all arms alike.
+        # spell of this shared machine lands on all arms alike; each round starts one arm
+        # further along, so that no arm always runs first or after the same one.
         rounds = [
-            (s, e, n, a) for s, e in SETTINGS.items() for n in range(cfg.repeats) for a in ARMS
+            (s, e, n, a)
+            for s, e in SETTINGS.items()
+            for n in range(cfg.repeats)
+            for a in ARMS[n % len(ARMS) :] + ARMS[: n % len(ARMS)]
         ]
         for setting, extra, repeat, arm in rounds:
             requests, seed = workloads[repeat], cfg.seed + repeat
