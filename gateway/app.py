@@ -56,7 +56,7 @@ def _upstream_session(settings: GatewaySettings) -> aiohttp.ClientSession:
             sock_connect=settings.upstream_connect_timeout_s,
             sock_read=settings.upstream_read_timeout_s,
         ),
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=settings.upstream_keepalive_s),
         # Never pick up HTTP(S)_PROXY from the environment: engine traffic goes straight to
         # the node, with its key.
         trust_env=False,

@@ -15,8 +15,8 @@ import aiohttp
 
 from engines.metrics import metrics_path
 from gateway.deps import EXTERNAL_ENGINE, GatewayState
-from gateway.proxy import upstream_url
 from gateway.routing import scrape_all
+from gateway.upstream_post import upstream_url
 from workflows.contracts import Route
 
 log = logging.getLogger(__name__)

@@ -45,6 +45,7 @@ from gateway.routing.queue_bound import full_replicas
 from gateway.shared_limits import Attempt, HeldLimits, Need
 from gateway.store import ApiKey
 from gateway.tokenize import PromptTokens, TokensLater, cache_salt, request_token_ids
+from gateway.upstream_post import closed_before_answering, post_upstream
 from workflows.contracts import Route
 
 log = logging.getLogger(__name__)
@@ -62,23 +63,9 @@ WANTED_HEADERS = frozenset(
 )
 # What every stream asks of its engine (as its stream_options; see _serve_admitted).
 USAGE_OPTION = b'"stream_options":{"include_usage":true}'
-# How far a request's remaining deadline may fall short of the upstream read timeout and still be
-# left to that timeout (no timer of the request's own): at most this long, and this share of it.
-DEADLINE_SLACK_S = 1.0
-DEADLINE_SLACK_SHARE = 0.01
 # Statuses that mean "this replica cannot take it now", not "this request is wrong": another
 # replica may well serve it.
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
-
-
-def upstream_url(route: Route, path: str) -> str:
-    """The ledger gives an endpoint such as http://10.0.0.5:18000 (a trailing /v1 or a missing
-    scheme are tolerated); `path` starts with / (/v1/..., or an engine's metrics path)."""
-    base = route.endpoint.rstrip("/")
-    if "://" not in base:
-        base = "http://" + base
-    base = base.removesuffix("/v1")
-    return base + path
 
 
 class Outcome:
@@ -444,6 +431,7 @@ async def _first_answer(
     failure: str | None = None
     limit = state.settings.max_inflight_per_replica
     busy: set[str] = set()
+    resent: set[str] = set()
     # Replicas that do not load the requested LoRA adapter (llama.cpp): never chosen.
     excluded = unserved(snapshot.ready(model), request.adapter)
     while True:
@@ -476,10 +464,23 @@ async def _first_answer(
                 functools.partial(_tokens_arrived, state.router, sent, route, routing_key)
             )
         try:
-            upstream = await _post(state, route, request, payload.for_route(route), remaining)
+            upstream = await post_upstream(
+                state, route, request, payload.for_route(route), remaining
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
             state.inflight.release(route.replica_id)
             state.router.finished(sent)
+            if route.replica_id not in resent and closed_before_answering(exc):
+                # Most likely a pooled connection the engine closed as idle just as the request
+                # went out. Once per replica the request goes out again, on another connection,
+                # before the replica counts as failed.
+                resent.add(route.replica_id)
+                log.info(
+                    "replica %s closed a connection before answering; sending again",
+                    route.replica_id,
+                )
+                state.metrics.upstream_error(model, "disconnected")
+                continue
             reason = "timeout" if isinstance(exc, TimeoutError) else "unreachable"
             _failed(state, model, route, reason, exc)
             tried.append(route.replica_id)
@@ -550,36 +551,3 @@ def _failed(state: GatewayState, model: str, route: Route, reason: str, detail: 
     log.warning("replica %s failed before answering (%s): %s", route.replica_id, reason, detail)
     state.metrics.upstream_error(model, reason)
     state.router.breaker.failed(route.replica_id, time.monotonic())
-
-
-def needs_own_timer(remaining: float, read_timeout: float) -> bool:
-    """Whether waiting for a replica's answer needs a timer of the request's own, or whether
-    the session's read timeout ends it no later than the deadline would, give or take the
-    slack. With the defaults (both 600 s) the deadline left is the read timeout less the time
-    spent admitting the request: the slack spares that case a timer per request."""
-    return remaining < read_timeout - min(DEADLINE_SLACK_S, read_timeout * DEADLINE_SLACK_SHARE)
-
-
-async def _post(
-    state: GatewayState, route: Route, request: ProxiedRequest, payload: bytes, remaining: float
-) -> aiohttp.ClientResponse:
-    headers = {
-        "Content-Type": "application/json",
-        "Accept": "text/event-stream" if request.stream else "application/json",
-    }
-    secret = state.upstream_auth(route)
-    if secret:
-        headers["Authorization"] = f"Bearer {secret}"
-    url = upstream_url(route, request.path)
-    if not needs_own_timer(remaining, state.settings.upstream_read_timeout_s):
-        # The usual case: the session's own timeouts bound the wait.
-        return await state.session.post(url, data=payload, headers=headers)
-    # Until the response starts: bounded by the request's deadline, so a hung replica still
-    # leaves time to try another. Reads after that follow the session's read timeout.
-    timeout = aiohttp.ClientTimeout(
-        total=None,
-        sock_connect=min(state.settings.upstream_connect_timeout_s, remaining),
-        sock_read=state.settings.upstream_read_timeout_s,
-    )
-    async with asyncio.timeout(remaining):
-        return await state.session.post(url, data=payload, headers=headers, timeout=timeout)

@@ -15,9 +15,13 @@ from gateway.route_source import RouteSource
 from gateway.settings import GatewaySettings
 from gateway.store import Store
 
-# Between two requests on one connection. uvicorn's default, stated: the head timeout
-# (gateway/http_limits.py) takes over from the first byte of the next request.
-KEEP_ALIVE_S = 5
+# Between two requests on one connection; the head timeout (gateway/http_limits.py) takes over
+# from the first byte of the next request. Longer than clients keep an idle connection (httpx and
+# the `openai` client 5 s, aiohttp 15 s, nginx's upstream keep-alive and cloud load balancers
+# 60 s), so that the client, not the gateway, closes it: at uvicorn's 5 s an httpx client now and
+# then sent its request onto a connection the gateway was closing, and lost it ("Server
+# disconnected"; the `openai` client retries that, a client with retries off does not).
+KEEP_ALIVE_S = 65
 # How long a cancelled gateway waits for its own shutdown (flushing usage, giving back leases).
 CANCELLED_SHUTDOWN_S = 10
 

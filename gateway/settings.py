@@ -31,6 +31,11 @@ class GatewaySettings(BaseModel):
     upstream_connect_timeout_s: float = Field(default=5.0, gt=0)
     # Between two reads from an engine: long enough for a slow first token on a busy replica.
     upstream_read_timeout_s: float = Field(default=600.0, gt=0)
+    # An idle connection to an engine is reused for at most this long. Engines close idle
+    # keep-alive connections after 5 s (llama-server's cpp-httplib, and uvicorn's default,
+    # which vLLM keeps); a pool that held them longer would now and then write a request onto
+    # a connection the engine was closing at that instant (gateway/proxy.py sends it again).
+    upstream_keepalive_s: float = Field(default=4.0, gt=0)
     # A streaming client must take each write within this long, or it is dropped and the
     # engine's request cancelled: a client that stops reading cannot keep a replica generating
     # (gateway/relay.py). Token streams need a few KB/s; a stalled write means no reading at all.

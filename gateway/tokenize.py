@@ -43,6 +43,7 @@ import aiohttp
 from gateway.deps import GatewayState
 from gateway.prefix_tokens import open_turn, open_turn_fields, prefix_key, tokens_after
 from gateway.request_body import CHAT, COMPLETIONS, PROMPT_FIELDS, ProxiedRequest
+from gateway.upstream_post import upstream_url
 from workflows.contracts import Route
 
 log = logging.getLogger(__name__)
@@ -157,9 +158,6 @@ async def _post(
     session: aiohttp.ClientSession, route: Route, made: bytes, key: str | None, timeout_s: float
 ) -> tuple[tuple[int, ...] | None, Outcome]:
     """POST one /tokenize body to `route`'s engine."""
-    # Imported here: gateway/proxy.py imports this module.
-    from gateway.proxy import upstream_url
-
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"

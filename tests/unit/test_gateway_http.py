@@ -30,7 +30,9 @@ from tests.gateway_kit import (
     FakeRouteSource,
     Gateway,
     assert_openai_error,
+    complete_response,
     fast_settings,
+    http_request,
     recording_upstream,
     route,
     running_gateway,
@@ -528,3 +530,28 @@ def test_admin_refuses_clients_off_the_machine(client: str) -> None:
     with pytest.raises(ApiError) as caught:
         require_local(Request(scope))
     assert caught.value.status == 403
+
+
+async def test_a_connection_idle_past_a_clients_keepalive_still_carries_a_request(
+    gateway: Gateway,
+) -> None:
+    """The gateway keeps an idle connection longer than httpx (5 s) or aiohttp (15 s) clients do,
+    so the client is the one to close it: never a request written onto a closing connection."""
+    host, _, port = gateway.url.removeprefix("http://").rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+
+    async def healthz() -> bytes:
+        writer.write(http_request("GET", "/healthz"))
+        data = b""
+        while not complete_response(data):
+            chunk = await asyncio.wait_for(reader.read(65536), 5)
+            assert chunk, f"the gateway closed the connection after {data!r}"
+            data += chunk
+        return data
+
+    try:
+        assert (await healthz()).startswith(b"HTTP/1.1 200")
+        await asyncio.sleep(6.0)
+        assert (await healthz()).startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()

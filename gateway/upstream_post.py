@@ -1,0 +1,73 @@
+"""One request to one engine: its URL, its key, the timers that bound the wait for the answer
+to start, and which failures mean the engine dropped a connection it had accepted."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+
+import aiohttp
+
+from gateway.deps import GatewayState
+from gateway.request_body import ProxiedRequest
+from workflows.contracts import Route
+
+# How far a request's remaining deadline may fall short of the upstream read timeout and still be
+# left to that timeout (no timer of the request's own): at most this long, and this share of it.
+DEADLINE_SLACK_S = 1.0
+DEADLINE_SLACK_SHARE = 0.01
+
+
+def upstream_url(route: Route, path: str) -> str:
+    """The ledger gives an endpoint such as http://10.0.0.5:18000 (a trailing /v1 or a missing
+    scheme are tolerated); `path` starts with / (/v1/..., or an engine's metrics path)."""
+    base = route.endpoint.rstrip("/")
+    if "://" not in base:
+        base = "http://" + base
+    base = base.removesuffix("/v1")
+    return base + path
+
+
+def needs_own_timer(remaining: float, read_timeout: float) -> bool:
+    """Whether waiting for a replica's answer needs a timer of the request's own, or whether
+    the session's read timeout ends it no later than the deadline would, give or take the
+    slack. With the defaults (both 600 s) the deadline left is the read timeout less the time
+    spent admitting the request: the slack spares that case a timer per request."""
+    return remaining < read_timeout - min(DEADLINE_SLACK_S, read_timeout * DEADLINE_SLACK_SHARE)
+
+
+async def post_upstream(
+    state: GatewayState, route: Route, request: ProxiedRequest, payload: bytes, remaining: float
+) -> aiohttp.ClientResponse:
+    """POST one request to `route`'s engine with its key; returns once the response starts."""
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "text/event-stream" if request.stream else "application/json",
+    }
+    secret = state.upstream_auth(route)
+    if secret:
+        headers["Authorization"] = f"Bearer {secret}"
+    url = upstream_url(route, request.path)
+    if not needs_own_timer(remaining, state.settings.upstream_read_timeout_s):
+        # The usual case: the session's own timeouts bound the wait.
+        return await state.session.post(url, data=payload, headers=headers)
+    # Until the response starts: bounded by the request's deadline, so a hung replica still
+    # leaves time to try another. Reads after that follow the session's read timeout.
+    timeout = aiohttp.ClientTimeout(
+        total=None,
+        sock_connect=min(state.settings.upstream_connect_timeout_s, remaining),
+        sock_read=state.settings.upstream_read_timeout_s,
+    )
+    async with asyncio.timeout(remaining):
+        return await state.session.post(url, data=payload, headers=headers, timeout=timeout)
+
+
+def closed_before_answering(exc: BaseException) -> bool:
+    """Whether the engine closed or reset a connection it had accepted, before any answer: what a
+    request written onto a pooled connection the engine was closing looks like. A refused
+    connection is not this: nothing listens there."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientConnectionResetError):
+        return True
+    return isinstance(exc, aiohttp.ClientOSError) and exc.errno in (errno.ECONNRESET, errno.EPIPE)

@@ -1,0 +1,35 @@
+"""For every test: one that fails while it holds a running llmgw (the `system` fixture) shows
+the last lines of each of that llmgw's logs (gateway, agent, control, engines), so a failure
+seen once in CI can be read without making it happen again."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
+
+from tests.system import System
+
+LINES_PER_LOG = 40
+
+
+def log_tails(state_dir: Path, lines: int = LINES_PER_LOG) -> str:
+    """The last `lines` lines of every *.log under `state_dir`, each under its path."""
+    parts = []
+    for path in sorted(state_dir.rglob("*.log")):
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {path.relative_to(state_dir)} (last {len(tail)} lines)")
+        parts.extend(tail)
+    return "\n".join(parts) or f"no logs under {state_dir}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    system = getattr(item, "funcargs", {}).get("system")
+    if report.failed and isinstance(system, System):
+        report.sections.append(("llmgw logs", log_tails(system.state_dir)))
+    return report
