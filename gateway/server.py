@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
+import resource
 import socket
 
 import uvicorn
@@ -22,8 +24,13 @@ from gateway.store import Store
 # then sent its request onto a connection the gateway was closing, and lost it ("Server
 # disconnected"; the `openai` client retries that, a client with retries off does not).
 KEEP_ALIVE_S = 65
+# The soft limit on open files asked for when the hard limit is unlimited: Linux refuses more
+# than its nr_open, 1,048,576 by default.
+OPEN_FILES_WHEN_UNLIMITED = 1 << 20
 # How long a cancelled gateway waits for its own shutdown (flushing usage, giving back leases).
 CANCELLED_SHUTDOWN_S = 10
+
+log = logging.getLogger(__name__)
 
 
 def http_limits(settings: GatewaySettings) -> HttpLimits:
@@ -60,6 +67,25 @@ def uvicorn_config(
     )
 
 
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit, as Go's runtime and
+    nginx's `worker_rlimit_nofile` do, and return the soft limit now in force. Each client
+    connection and each engine connection is a file; the common soft limit of 1024 would cap a
+    gateway near a thousand open streams, and idle clients are kept 65 s (KEEP_ALIVE_S)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = OPEN_FILES_WHEN_UNLIMITED if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError) as err:
+            log.warning(
+                "open files stay limited to %d (raising it to %d failed: %s)", soft, wanted, err
+            )
+            return soft
+        return wanted
+    return soft
+
+
 def listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """A bound listening socket. `reuse_port`: several processes bind the same port and the
     kernel spreads new connections among them (SO_REUSEPORT, `llmgw gateway --workers`)."""
@@ -90,6 +116,7 @@ async def serve(
     worker processes of one gateway."""
     if not ipaddress.ip_address(settings.admin_host).is_loopback:
         raise RuntimeError(f"the admin API listens on loopback only, not {settings.admin_host}")
+    raise_open_files_limit()
     public = listen(settings.host, settings.port, reuse_port)
     admin = listen(settings.admin_host, settings.admin_port)
     admin_address = admin.getsockname()[:2]
