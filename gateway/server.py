@@ -68,8 +68,8 @@ def uvicorn_config(
 
 
 def raise_open_files_limit() -> int:
-    """Raise this process's soft limit on open files to its hard limit, as Go's runtime and
-    nginx's `worker_rlimit_nofile` do, and return the soft limit now in force. Each client
+    """Raise this process's soft limit on open files to its hard limit, as Go's runtime does,
+    and return the soft limit now in force. Each client
     connection and each engine connection is a file; the common soft limit of 1024 would cap a
     gateway near a thousand open streams, and idle clients are kept 65 s (KEEP_ALIVE_S)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -18,6 +18,7 @@ from gateway.store import Store
 from tests.gateway_kit import (
     MODEL,
     FakeRouteSource,
+    Gateway,
     assert_openai_error,
     fast_settings,
     route,
@@ -89,33 +90,39 @@ async def keep_alive_engine(**script: bool) -> AsyncIterator[KeepAliveEngine]:
         yield engine
 
 
+@asynccontextmanager
+async def gateway_to(
+    store: Store, engine: KeepAliveEngine, **settings: float
+) -> AsyncIterator[Gateway]:
+    """A gateway whose one replica is `engine`, its scrape kept out of the pool (QUIET)."""
+    source = FakeRouteSource(route("smol-0", engine.url))
+    async with running_gateway(store, source, fast_settings(**QUIET, **settings)) as gw:
+        yield gw
+
+
 async def test_a_pooled_connection_the_engine_closed_is_sent_again_not_failed(
     store: Store,
 ) -> None:
-    async with keep_alive_engine(close_reused=True) as engine:
-        source = FakeRouteSource(route("smol-0", engine.url))
-        async with running_gateway(store, source, fast_settings(**QUIET)) as gw:
-            for _ in range(3):
-                response = await gw.chat()
-                assert response.status_code == 200, response.text
-            assert engine.closed_unanswered >= 1, "the gateway reused a pooled connection"
-            assert engine.answered == 3
-            disconnected = await metric(
-                gw, "llmgw_upstream_errors_total", model=MODEL, reason="disconnected"
-            )
-            assert disconnected == engine.closed_unanswered
-            assert await metric(gw, "llmgw_upstream_errors_total", reason="unreachable") == 0
+    async with keep_alive_engine(close_reused=True) as engine, gateway_to(store, engine) as gw:
+        for _ in range(3):
+            response = await gw.chat()
+            assert response.status_code == 200, response.text
+        assert engine.closed_unanswered >= 1, "the gateway reused a pooled connection"
+        assert engine.answered == 3
+        disconnected = await metric(
+            gw, "llmgw_upstream_errors_total", model=MODEL, reason="disconnected"
+        )
+        assert disconnected == engine.closed_unanswered
+        assert await metric(gw, "llmgw_upstream_errors_total", reason="unreachable") == 0
 
 
 async def test_an_engine_that_drops_every_request_is_sent_it_twice_then_502(
     store: Store,
 ) -> None:
-    async with keep_alive_engine(close_all=True) as engine:
-        source = FakeRouteSource(route("smol-0", engine.url))
-        async with running_gateway(store, source, fast_settings(**QUIET)) as gw:
-            assert_openai_error(await gw.chat(), 502, "upstream_unreachable")
-            assert engine.closed_unanswered == 2
-            assert await metric(gw, "llmgw_upstream_errors_total", reason="unreachable") == 1
+    async with keep_alive_engine(close_all=True) as engine, gateway_to(store, engine) as gw:
+        assert_openai_error(await gw.chat(), 502, "upstream_unreachable")
+        assert engine.closed_unanswered == 2
+        assert await metric(gw, "llmgw_upstream_errors_total", reason="unreachable") == 1
 
 
 async def test_an_idle_connection_is_not_reused_past_the_keepalive(store: Store) -> None:
@@ -123,9 +130,7 @@ async def test_an_idle_connection_is_not_reused_past_the_keepalive(store: Store)
     pooled one is reused."""
     for keepalive_s, connections in ((0.2, 2), (30.0, 1)):
         async with keep_alive_engine() as engine:
-            source = FakeRouteSource(route("smol-0", engine.url))
-            settings = fast_settings(upstream_keepalive_s=keepalive_s, **QUIET)
-            async with running_gateway(store, source, settings) as gw:
+            async with gateway_to(store, engine, upstream_keepalive_s=keepalive_s) as gw:
                 assert (await gw.chat()).status_code == 200
                 await asyncio.sleep(0.5)
                 assert (await gw.chat()).status_code == 200
