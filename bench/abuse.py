@@ -60,7 +60,7 @@ ABUSE_OPTIONS = ("prompt_mb", "big_mb", "big_at_once", "slow", "slow_tokens", "b
 
 
 def _module(name: str) -> list[str]:
-    return [sys.executable, "-m", f"workers.{name}"]
+    return [sys.executable, "-m", f"bench.{name}"]
 
 
 def _kb(line: str) -> float:
@@ -135,14 +135,14 @@ def run_phase(
     abuse_out = workdir / f"{name}-abuse.json"
     if kinds:
         extra = [f"--{o.replace('_', '-')}={getattr(args, o)}" for o in ABUSE_OPTIONS]
-        argv = [*_module("bench_abuse_clients"), "abuse", *common, "--kinds", ",".join(kinds)]
+        argv = [*_module("abuse_clients"), "abuse", *common, "--kinds", ",".join(kinds)]
         abuse_s = ABUSE_LEAD_S + args.warmup + duration_s + 0.5
         argv += ["--duration", str(abuse_s), "--out", str(abuse_out)]
         argv += ["--spray-block", str(setup.next_block())]
         abusers = Child("abusers", argv + extra, workdir / f"{name}-abuse.log", cores.load)
         time.sleep(ABUSE_LEAD_S)
     good_out = workdir / f"{name}-good.json"
-    argv = [*_module("bench_abuse_clients"), "good", *common, "--rate", str(args.rate)]
+    argv = [*_module("abuse_clients"), "good", *common, "--rate", str(args.rate)]
     argv += ["--duration", str(duration_s), "--warmup", str(args.warmup), "--out", str(good_out)]
     good = Child("good client", argv, workdir / f"{name}-good.log", cores.load)
     good.process.wait()
@@ -175,12 +175,12 @@ def bench(args: argparse.Namespace, workdir: Path) -> list[Phase]:
     up_port, gw_port = free_port(), free_port()
     upstream = Child(
         "stand-in",
-        [*_module("bench_abuse_upstream"), "--port", str(up_port)],
+        [*_module("abuse_upstream"), "--port", str(up_port)],
         workdir / "upstream.log",
         cores.load,
     )
     state = workdir / "gateway-state"
-    argv = [*_module("bench_abuse_target"), "--port", str(gw_port)]
+    argv = [*_module("abuse_target"), "--port", str(gw_port)]
     argv += ["--upstream", f"http://{HOST}:{up_port}", "--state-dir", str(state)]
     gateway = Child("llmgw", argv, workdir / "gateway.log", cores.proxy)
     try:

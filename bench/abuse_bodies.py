@@ -99,6 +99,35 @@ def surrogate_bodies(max_tokens: int = 1000) -> list[tuple[str, bytes]]:
     ]
 
 
+def hole_requests(key: str, host: str) -> list[tuple[str, bytes]]:
+    """Issue 30's last holes, each a whole request (label, bytes): every one should be a 400."""
+    chat = [{"role": "user", "content": "Say hi."}]
+    inside = {"type": "image_url", "image_url": {"url": "http://127.0.0.1:8001/admin/v1/keys"}}
+    bodies = [
+        ("n_predict -1", "/v1/chat/completions", _json(
+            {"model": MODEL, "messages": chat, "max_tokens": 1, "n_predict": -1})),
+        ("n_predict 1e9", "/v1/chat/completions",
+            b'{"model":"%s","messages":[{"role":"user","content":"hi"}],"max_tokens":1,'
+            b'"n_predict":1e9}' % MODEL.encode()),
+        ("n_probs 1000000", "/v1/completions", _json(
+            {"model": MODEL, "prompt": "hi", "max_tokens": 1, "n_probs": 1_000_000})),
+        ("image_url inside", "/v1/chat/completions", _json(
+            {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user",
+                                                              "content": [inside]}]})),
+        ("duplicate keys", "/v1/chat/completions",
+            b'{"model":"%s","model":"other","messages":[{"role":"user","content":"hi"}]}'
+            % MODEL.encode()),
+    ]  # fmt: skip
+    requests = [(label, request_bytes(path, body, key, host)) for label, path, body in bodies]
+    body = good_body(False)
+    chunked = (
+        b"POST /v1/chat/completions HTTP/1.0\r\nHost: " + host.encode() + b"\r\n"
+        b"Authorization: Bearer " + key.encode() + b"\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    )
+    return [*requests, ("HTTP/1.0 chunked", chunked)]
+
+
 def bad_key(rng: random.Random) -> str:
     """A well-formed key that exists nowhere: a random key id (so each costs the gateway a
     store lookup) and a random secret."""

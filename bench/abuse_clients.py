@@ -13,6 +13,8 @@ Abuse kinds (each from a loopback address of its own, so a lockout never reaches
   bad-keys    random keys from ever new addresses, under the lockout's threshold on each
   lockout     random keys from one address, past the lockout
   surrogates  lone UTF-16 surrogates in JSON, against a key with a token budget
+  holes       issue 30's last holes (n_predict -1 and 1e9, n_probs 1000000, an image_url of the
+              admin API, duplicate keys, HTTP/1.0 chunked), each labelled: all should be 400
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from bench.abuse_bodies import (
     bad_key,
     big_body,
     good_body,
+    hole_requests,
     prompt_array_body,
     prompts_for_bytes,
     request_bytes,
@@ -60,7 +63,16 @@ from gateway.settings import GatewaySettings
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 GOOD_TIMEOUT_S = 30.0
-KINDS = ("prompts", "prompts-mb", "slow", "big", "bad-keys", "lockout", "surrogates")
+KINDS = (
+    "prompts",
+    "prompts-mb",
+    "slow",
+    "big",
+    "bad-keys",
+    "lockout",
+    "surrogates",
+    "holes",
+)
 SOURCES = {
     "prompts": "127.0.0.2",
     "prompts-mb": "127.0.0.3",
@@ -68,6 +80,7 @@ SOURCES = {
     "big": "127.0.0.5",
     "lockout": "127.0.0.6",
     "surrogates": "127.0.0.7",
+    "holes": "127.0.0.8",
 }
 # A receive buffer this small holds a few SSE events: what a reader does not take stays in
 # the gateway's send buffer and then in the gateway itself.
@@ -235,6 +248,19 @@ async def surrogates(
     return AbuseFigures("lone surrogates, budget key", len(labels), count(labels), note)
 
 
+async def holes(
+    port: int, key: str, duration_s: float, _options: argparse.Namespace
+) -> AbuseFigures:
+    requests = hole_requests(key, f"{HOST}:{port}")
+
+    async def send(i: int) -> list[str]:
+        label, request = requests[i % len(requests)]
+        return [f"{label}: {await one_request(port, request, SOURCES['holes'])}"]
+
+    labels = await paced(duration_s, 10, 4, send)
+    return AbuseFigures("issue 30's last holes", len(labels), count(labels))
+
+
 async def slow(port: int, key: str, duration_s: float, options: argparse.Namespace) -> AbuseFigures:
     """`options.slow` streams of megabytes held open: half read a byte a second, half never
     read. A connection the gateway ends is opened again. At the end, the gateway's side of each
@@ -333,6 +359,7 @@ ABUSERS = {
     "bad-keys": bad_keys,
     "lockout": lockout,
     "surrogates": surrogates,
+    "holes": holes,
 }
 
 

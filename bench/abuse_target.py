@@ -27,7 +27,7 @@ import uvicorn
 from bench.gateway.target import GENEROUS_LIMITS, MODEL, StaticRoutes, loop_factory
 from gateway.server import uvicorn_config
 from gateway.settings import GatewaySettings
-from gateway.store import KeyLimits, Store, open_store
+from store import KeyLimits, Store, open_store
 
 KEYS_FILENAME = "bench-abuse-keys.json"
 # Enough for the budget key's legitimate traffic in a long run (the stand-in bills 25 tokens a

@@ -23,7 +23,7 @@ from bench.gateway.target import KEY_FILENAME, serve
 from gateway.routing.policy import POLICIES
 from gateway.server import uvicorn_config
 from gateway.settings import GatewaySettings
-from gateway.store import open_store
+from store import open_store
 from workflows.contracts import RoutingTable
 
 
@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-key", action="store_true", help="make no key: another gateway on the store did"
     )
+    parser.add_argument(
+        "--reuse-port", action="store_true", help="share --port with other processes (--workers)"
+    )
+    parser.add_argument("--own-port", type=int, help="also listen here, this process alone")
     args = parser.parse_args(argv)
     table = RoutingTable.model_validate_json(args.routes.read_text())
     model = table.routes[0].model
@@ -54,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     config = uvicorn_config(settings, store, FileRoutes(table))
     # The plain asyncio loop, as workers/gateway_main.py runs the gateway.
     key_file = None if args.no_key else args.state_dir / KEY_FILENAME
-    asyncio.run(serve(uvicorn.Server(config), store, key_file, model))
+    asyncio.run(
+        serve(uvicorn.Server(config), store, key_file, model, args.reuse_port, args.own_port)
+    )
     return 0
 
 

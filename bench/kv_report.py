@@ -105,6 +105,18 @@ class ArmResult:
     tokenize_count: float = 0.0
     tokenize_s: float = 0.0
     prediction: Prediction = field(default_factory=Prediction)
+    # With --restart: the restarted gateway's decisions by reason, all made after it came back.
+    after_restart: dict[str, float] = field(default_factory=dict)
+    # Decisions each gateway process made (several: --gateways, --workers), summed over runs.
+    per_process: list[float] = field(default_factory=list)
+
+    @property
+    def blind_after_restart(self) -> tuple[float, float]:
+        """(decisions the restarted gateway made cache-blind, all it made): blind is placing a
+        prompt as a new prefix or by load alone, where every group's prefix had been sent
+        before the restart (the restart comes after the workload's first round)."""
+        blind = sum(self.after_restart.get(r, 0.0) for r in ("new_prefix", "least_load"))
+        return blind, sum(self.after_restart.values())
 
     def add(self, workload: int, ttft_s: float, prompt_tokens: int, cached_tokens: int) -> None:
         """One answer, on the workload of seed `workload`."""
@@ -259,6 +271,11 @@ def _decisions(results: Sequence[ArmResult]) -> list[str]:
     for r in results:
         counts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.reasons.items()) if v)
         line = f"gateway decisions ({r.setting}, {r.arm}): {counts or 'none'}"
+        if len(r.per_process) > 1:
+            line += "; decisions per gateway process " + "/".join(f"{n:.0f}" for n in r.per_process)
+        blind, after = r.blind_after_restart
+        if after:
+            line += f"; after its restart one gateway made {blind:.0f} of {after:.0f} cache-blind"
         if r.tokenize_count:
             line += f"; /tokenize took {1000 * r.tokenize_s / r.tokenize_count:.0f} ms on average"
         pred = r.prediction

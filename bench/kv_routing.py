@@ -22,8 +22,12 @@ or not; at --small-blocks 48 the pinned groups fit and only a replica seeing eve
 evicts.
 Caches are emptied (POST /reset_prefix_cache) before each arm, so none inherits another's.
 With --gateways N each arm runs N gateway processes on one store and sends each request to the
-next in turn, as a load balancer in front of them would: each gateway's record covers only the
-requests it sent, where the engines' events cover all of them.
+next in turn, as a load balancer in front of them would; they share what each sent where over
+their peer bus (gateway/peers/). --workers N runs each gateway as N processes sharing its port,
+as `llmgw gateway --workers N` does (the kernel spreads connections among them). --restart
+restarts the last gateway halfway through each arm, once the requests in flight have ended, and
+counts its decisions after it serves again that placed a prompt cache-blind (as a new prefix or
+by load alone: every group's prefix was sent in the first round).
 
 Reported per arm: mean and p90 TTFT, the engines' cached share of prompt tokens (from each
 answer's usage.prompt_tokens_details.cached_tokens), each against the oracle's in the same
@@ -33,27 +37,25 @@ paired with the oracle's on the same one: bench/intervals.py), and for precise h
 gateway's predicted cached tokens were from the engines' figures (its
 llmgw_kv_predicted_cached_tokens_error histogram), as a share of the mean prompt.
 
-    .venv/bin/python -m bench.kv_routing [--groups 8 --per-group 6 --repeats 1 --gateways 1 ...]
+    .venv/bin/python -m bench.kv_routing [--groups 8 --per-group 6 --repeats 1 --gateways 1
+                                          --workers 1 --restart ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
 
-from bench.gateway.procs import Child, StartFailed, http_get, wait_for_file, wait_until
-from bench.gateway.target import KEY_FILENAME
 from bench.kv_fleet import (
     MODEL,
     EngineSettings,
@@ -62,14 +64,12 @@ from bench.kv_fleet import (
     replica_ids,
     unpack_smollm2,
 )
+from bench.kv_gateways import Fronts, gateways
 from bench.kv_report import ARMS, ArmResult, as_json, markdown, parse_prediction, table
 from bench.kv_workload import KvRequest, Workload, requests
 from bench.routing import pinning_sessions, seeds
-from engines.local_port import free_port
-from gateway.store import open_store
-from workflows.contracts import Route, RoutingTable
+from store import open_store
 
-GATEWAY_START_S = 120.0
 FEED_WAIT_S = 60.0
 # The gateway's routing policy per arm; precise and approximate differ in their routes' `kv`.
 POLICY = {
@@ -93,6 +93,11 @@ class BenchConfig:
     # balancer spreads them): each sees only its own requests, the precise arm's also the
     # engines' events.
     gateways: int = 1
+    # Processes per gateway sharing its port, as `llmgw gateway --workers N` runs them.
+    workers: int = 1
+    # Restart the last gateway halfway through each arm (its requests held meanwhile), and count
+    # its decisions after it serves again that were cache-blind.
+    restart: bool = False
     # An operator's vLLM environment to use instead of the one installed for the benchmark.
     vllm_env: Path | None = None
     # Cache settings to run, by their first word ("default", "small"); empty: both.
@@ -171,17 +176,18 @@ async def run_arm(
     result: ArmResult,
     workload: int,
     work: Sequence[KvRequest],
-    fronts: Sequence[tuple[str, str]],
+    fronts: Fronts,
     sessions: Sequence[str] | None,
 ) -> None:
     """The workload of seed `workload`, in order, `in_flight` requests at a time, each to the
-    next of `fronts` (gateways' base URLs and API keys) in turn."""
+    next of `fronts` (the gateways) in turn; with `cfg.restart`, the last gateway is restarted
+    halfway, once the requests in flight have ended."""
     gate = asyncio.Semaphore(cfg.in_flight)
     async with httpx.AsyncClient(timeout=300.0, trust_env=False) as client:
 
         async def one(index: int, request: KvRequest) -> None:
             session = sessions[request.group] if sessions else None
-            base, key = fronts[index % len(fronts)]
+            base, key = fronts.target(index)
             try:
                 answer = await stream_one(client, base, key, request, cfg.max_tokens, session)
                 result.add(workload, answer.ttft_s, answer.prompt_tokens, answer.cached_tokens)
@@ -193,58 +199,15 @@ async def run_arm(
 
         tasks = []
         for index, request in enumerate(work):
+            if cfg.restart and index == len(work) // 2:
+                for _ in range(cfg.in_flight):
+                    await gate.acquire()
+                await fronts.restart_last()
+                for _ in range(cfg.in_flight):
+                    gate.release()
             await gate.acquire()
             tasks.append(asyncio.create_task(one(index, request)))
         await asyncio.gather(*tasks)
-
-
-@contextlib.asynccontextmanager
-async def gateways(
-    state: Path, routes: list[Route], policy: str, count: int
-) -> AsyncIterator[list[tuple[str, str]]]:
-    """`count` real gateways on one store, each in its own process (the load generator would
-    otherwise bill them for the client's work), on `routes` with `policy`; yields each one's
-    base URL and the API key the first made."""
-    async with contextlib.AsyncExitStack() as stack:
-        base, api_key = await stack.enter_async_context(gateway(state, routes, policy, True))
-        bases = [base]
-        for _ in range(count - 1):
-            other, _ = await stack.enter_async_context(gateway(state, routes, policy, False))
-            bases.append(other)
-        yield [(base, api_key) for base in bases]
-
-
-@contextlib.asynccontextmanager
-async def gateway(
-    state: Path, routes: list[Route], policy: str, make_key: bool
-) -> AsyncIterator[tuple[str, str]]:
-    """One gateway process; yields its base URL once its routes are loaded, and the API key it
-    made (`make_key`; else "": it serves the one another gateway on the store made)."""
-    port = free_port()
-    routes_file = state / f"routes-{port}.json"
-    routes_file.write_text(RoutingTable(version=1, routes=routes).model_dump_json())
-    argv = [sys.executable, "-m", "bench.kv_gateway", "--port", str(port)]
-    argv += ["--state-dir", str(state / "gateway"), "--routes", str(routes_file)]
-    argv += ["--routing", policy] + ([] if make_key else ["--no-key"])
-    key_file = state / "gateway" / KEY_FILENAME
-    if make_key:
-        key_file.unlink(missing_ok=True)
-    child = Child("gateway", argv, state / f"gateway-{port}.log", cpu=None)
-    try:
-        await asyncio.to_thread(wait_until, child, lambda: _routes_loaded(port), GATEWAY_START_S)
-        api_key = ""
-        if make_key:
-            api_key = await asyncio.to_thread(wait_for_file, key_file, child, GATEWAY_START_S)
-        yield f"http://127.0.0.1:{port}", api_key
-    except StartFailed as exc:
-        raise SystemExit(f"the gateway failed to start: {exc}") from exc
-    finally:
-        await asyncio.to_thread(child.stop)
-
-
-def _routes_loaded(port: int) -> bool:
-    status, body = http_get(port, "/healthz")
-    return status == 200 and json.loads(body).get("routes_version") == 1
 
 
 async def feed_live_and_empty(base: str) -> None:
@@ -263,12 +226,22 @@ async def feed_live_and_empty(base: str) -> None:
             await asyncio.sleep(0.1)
 
 
-async def gateway_figures(base: str, result: ArmResult) -> None:
+async def gateway_figures(
+    base: str, result: ArmResult, restarted: bool = False, process: int = 0
+) -> None:
     """The decisions by reason, tokenize outcomes and time, and the prediction histogram, from
-    the gateway's /metrics."""
+    the /metrics of gateway process number `process`; `restarted`: its decisions are also the
+    restarted gateway's."""
     async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
         text = (await client.get(base + "/metrics")).text
+    decisions = 0.0
     for line in text.splitlines():
+        if line.startswith("llmgw_routing_decisions_total{"):
+            decisions += float(line.rsplit(" ")[-1])
+        if restarted and line.startswith("llmgw_routing_decisions_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            count = float(line.rsplit(" ")[-1])
+            result.after_restart[reason] = result.after_restart.get(reason, 0.0) + count
         for metric, label, prefix in (
             ("llmgw_routing_decisions_total{", 'reason="', ""),
             ("llmgw_kv_tokenize_total{", 'outcome="', "tokenize "),
@@ -281,6 +254,9 @@ async def gateway_figures(base: str, result: ArmResult) -> None:
         elif line.startswith("llmgw_kv_tokenize_duration_seconds_count"):
             result.tokenize_count += float(line.rsplit(" ")[-1])
     result.prediction.add(parse_prediction(text))
+    while len(result.per_process) <= process:
+        result.per_process.append(0.0)
+    result.per_process[process] += decisions
 
 
 def stop_on_signals() -> None:
@@ -334,16 +310,17 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
                         began = time.monotonic()
                         await engines.reset_caches()
                         routes = engines.routes if arm == "precise" else engines.without_kv()
-                        count = cfg.gateways
-                        async with gateways(state, routes, POLICY[arm], count) as fronts:
+                        count, workers = cfg.gateways, cfg.workers
+                        async with gateways(state, routes, POLICY[arm], count, workers) as fronts:
                             if arm == "precise":
-                                for base, _ in fronts:
+                                for base in fronts.processes():
                                     await feed_live_and_empty(base)
                             pins = sessions if arm == "oracle" else None
                             seed = cfg.workload.seed + repeat
                             await run_arm(cfg, by_arm[arm], seed, works[repeat], fronts, pins)
-                            for base, _ in fronts:
-                                await gateway_figures(base, by_arm[arm])
+                            restarted = fronts.restarted.processes if fronts.restarted else []
+                            for n, base in enumerate(fronts.processes()):
+                                await gateway_figures(base, by_arm[arm], base in restarted, n)
                         # The arm's figures so far: a run stopped early still leaves them.
                         done = by_arm[arm]
                         print(
@@ -360,7 +337,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     defaults, work = BenchConfig(), Workload()
     for name in ("groups", "per_group", "system_words", "seed"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(work, name))
-    for name in ("replicas", "in_flight", "max_tokens", "small_blocks", "repeats", "gateways"):
+    names = (
+        "replicas",
+        "in_flight",
+        "max_tokens",
+        "small_blocks",
+        "repeats",
+        "gateways",
+        "workers",
+    )
+    for name in names:
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name)
         )
@@ -371,6 +357,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "with it, adding gguf and accelerate, unless already cached)",
     )
     parser.add_argument("--only", default="", help="default,small: the cache settings to run")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="restart the last gateway halfway through each arm and count its cache-blind "
+        "decisions after",
+    )
     parser.add_argument("--markdown", type=Path, help="also write the table here")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)
@@ -388,13 +380,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         small_blocks=args.small_blocks,
         repeats=args.repeats,
         gateways=max(1, args.gateways),
+        workers=max(1, args.workers),
+        restart=args.restart,
         vllm_env=args.vllm_env,
         only=tuple(name for name in args.only.split(",") if name),
     )
     header = (
         f"workload: {cfg.workload.groups} groups x {cfg.workload.per_group} requests, "
         f"~{cfg.workload.system_words}-word system prompts, {cfg.in_flight} in flight, "
-        f"{cfg.replicas} vLLM replicas behind {cfg.gateways} gateway(s), "
+        f"{cfg.replicas} vLLM replicas behind {cfg.gateways} gateway(s) of {cfg.workers} "
+        f"process(es){', the last restarted halfway' if cfg.restart else ''}, "
         f"max_tokens {cfg.max_tokens}, small cache "
         f"{cfg.small_blocks} blocks of 32 tokens, {cfg.repeats} run(s) of each arm, one "
         f"workload each: {seeds(cfg.workload.seed, cfg.repeats)}"

@@ -27,7 +27,20 @@ ratio to the oracle's mean comes with a 95% interval (bench/intervals.py) over t
 requests, and from 6 repeats on the mean's and the cached share's with one over whole
 workloads, each paired with the oracle's on the same one.
 
+Sticky until saturated (docs/sticky-routing.md): `--arms sticky,today,least_load` compares,
+through the same gateway, the "prefix" policy with its TTFT target (`sticky`: 1 s unless
+`--ttft-target-s`, whatever the setting's default), with the target at 0 (`today`: the
+request-count margin decides when the holder of a prefix is overloaded) and the `least_load`
+policy. Saturating them takes more requests in flight than the replicas serve within the target
+(`--in-flight`), hot groups that get `--hot-weight` times the others' requests (`--hot-groups`),
+and the fair queue off (`--no-fair-queue`): on, it holds each replica to about its slots, and no
+policy can pile requests on one. Ratios are then to the first arm named. `--gateways N` sends
+the arms that go through a gateway through N gateway processes on one store, request i through
+the i-th in turn, as a load balancer would; they share their records over the peer bus.
+
     .venv/bin/python -m bench.routing [--groups 4 --per-group 6 ...]
+    .venv/bin/python -m bench.routing --arms today,sticky,least_load --in-flight 12 \
+        --groups 6 --hot-groups 2 --hot-weight 4 --no-fair-queue
 """
 
 from __future__ import annotations
@@ -42,22 +55,19 @@ import statistics
 import sys
 import tempfile
 import time
-import timeit
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 
-from bench.gateway.procs import Child, StartFailed, http_get, wait_for_file, wait_until
-from bench.gateway.target import KEY_FILENAME
 from bench.intervals import WorkloadSums, interval_text, mean_ratio_interval, workload_intervals
-from bench.routing_engines import HEALTH_TIMEOUT_S, Engine, engines, prompt_counters
-from engines.local_port import free_port
-from gateway.routing import PrefixIndex, RequestKey, Router, RoutingSnapshot, affinity
+from bench.routing_engines import Engine, engines, prompt_counters
+from bench.routing_gateway import decision_cost_us, gateway
+from gateway.routing import affinity
 from gateway.settings import GatewaySettings
-from gateway.store import open_store
-from workflows.contracts import Profile, ReplicaState, Route, RoutingTable
+from store import open_store
+from workflows.contracts import Profile
 from workflows.engine_keys import engine_key_from_master
 
 MODEL = "smollm2-bench"
@@ -70,8 +80,20 @@ SETTINGS: dict[str, tuple[str, ...]] = {
 ARMS = ("llmgw", "round_robin", "oracle", "oracle_direct")
 # The gateway's engine scrape period (its default `engine_scrape_interval_s`).
 SCRAPE_INTERVAL_S = GatewaySettings().engine_scrape_interval_s
-# The gateway's routing policy for each arm that goes through it.
-GATEWAY_POLICY = {"llmgw": "prefix", "round_robin": "round_robin", "oracle": "prefix"}
+# The sticky arm's TTFT target unless --ttft-target-s: the one docs/sticky-routing.md argues
+# for, named here so that the arm stays sticky while the setting's default is 0.
+STICKY_TTFT_TARGET_S = 1.0
+# The gateway's routing policy for each arm that goes through it, and its TTFT target for sticky
+# routing (None: the setting's default; `sticky` takes --ttft-target-s where given).
+GATEWAY_POLICY: dict[str, tuple[str, float | None]] = {
+    "llmgw": ("prefix", None),
+    "round_robin": ("round_robin", None),
+    "oracle": ("prefix", None),
+    "sticky": ("prefix", STICKY_TTFT_TARGET_S),
+    "today": ("prefix", 0.0),
+    "least_load": ("least_load", None),
+}
+ALL_ARMS = (*GATEWAY_POLICY, "oracle_direct")
 # Words to build system prompts from: plain English, about one token a word for SmolLM2.
 _VOCABULARY = """
 the customer account invoice refund policy order shipping delivery address payment card
@@ -99,6 +121,16 @@ class BenchConfig:
     # run of the small-cache setting can swing an arm's cached share by a third (the same
     # pinning gave 61% and 76% in one run), so compare a few.
     repeats: int = 1
+    arms: tuple[str, ...] = ARMS
+    # The first `hot_groups` groups get `hot_weight` requests a turn, the others one.
+    hot_groups: int = 0
+    hot_weight: int = 1
+    fair_queue: bool = True
+    ttft_target_s: float | None = None  # the sticky arm's; None: STICKY_TTFT_TARGET_S
+    # Gateway processes on one store, each request to the next in turn (a load balancer's way);
+    # they share their routing records over the peer bus (docs/peer-bus.md).
+    gateways: int = 1
+    settings: tuple[str, ...] = tuple(SETTINGS)
 
 
 @dataclass(frozen=True)
@@ -138,7 +170,8 @@ class ArmResult:
 
 def workload(cfg: BenchConfig) -> list[BenchRequest]:
     """`groups` system prompts; each group's requests add a short question of their own. The
-    order interleaves the groups (shuffled each round) as concurrent users would."""
+    order interleaves the groups (shuffled each round) as concurrent users would; each turn
+    has `hot_weight` requests of each of the first `hot_groups` groups, one of the others."""
     rng = random.Random(cfg.seed)
     systems = [
         f"You are assistant number {g}. " + " ".join(rng.choices(_WORDS, k=cfg.system_words))
@@ -147,6 +180,7 @@ def workload(cfg: BenchConfig) -> list[BenchRequest]:
     requests: list[BenchRequest] = []
     for turn in range(cfg.per_group):
         order = list(range(cfg.groups))
+        order += [g for g in range(min(cfg.hot_groups, cfg.groups))] * (cfg.hot_weight - 1)
         rng.shuffle(order)
         for group in order:
             question = f"Question {turn}: " + " ".join(rng.choices(_WORDS, k=8)) + "?"
@@ -262,39 +296,6 @@ async def run_arm(
     return split
 
 
-@contextlib.asynccontextmanager
-async def gateway(
-    state: Path, engine_list: Sequence[Engine], policy: str, prompt_slots: int | None
-) -> AsyncIterator[tuple[str, str]]:
-    """The real gateway in a process of its own, routing to `engine_list` with `policy`; yields
-    its base URL and an API key for it. Its own process, as in production: in this one it would
-    share an event loop with the load generator and bill the gateway for the client's work."""
-    port = free_port()
-    argv = [sys.executable, "-m", "bench.gateway.target", "--port", str(port)]
-    argv += ["--state-dir", str(state), "--model", MODEL, "--engine", "llamacpp"]
-    argv += ["--node", NODE, "--routing", policy, "--loop", "asyncio"]
-    if prompt_slots is not None:
-        argv += ["--prompt-slots", str(prompt_slots)]
-    for engine in engine_list:
-        argv += ["--upstream", engine.url]
-    key_file = state / KEY_FILENAME
-    key_file.unlink(missing_ok=True)
-    child = Child("gateway", argv, state / f"gateway-{policy}-{port}.log", cpu=None)
-    try:
-        await asyncio.to_thread(wait_until, child, lambda: _routes_loaded(port), HEALTH_TIMEOUT_S)
-        api_key = await asyncio.to_thread(wait_for_file, key_file, child, HEALTH_TIMEOUT_S)
-        yield f"http://127.0.0.1:{port}", api_key
-    except StartFailed as exc:
-        raise SystemExit(f"the gateway failed to start: {exc}") from exc
-    finally:
-        await asyncio.to_thread(child.stop)
-
-
-def _routes_loaded(port: int) -> bool:
-    status, body = http_get(port, "/healthz")
-    return status == 200 and json.loads(body).get("routes_version") == 1
-
-
 async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
     # Each repeat its own workload (seeds seed, seed + 1, ...): which two groups end up sharing
     # a replica, and whether their requests collide there, is decided by a workload's order,
@@ -318,11 +319,12 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
         # Rounds of every arm in turn rather than each arm's repeats together, so that a slow
         # spell of this shared machine lands on all arms alike; each round starts one arm
         # further along, so that no arm always runs first or after the same one.
+        arms = cfg.arms
         rounds = [
-            (s, e, n, a)
-            for s, e in SETTINGS.items()
+            (s, SETTINGS[s], n, a)
+            for s in cfg.settings
             for n in range(cfg.repeats)
-            for a in ARMS[n % len(ARMS) :] + ARMS[: n % len(ARMS)]
+            for a in arms[n % len(arms) :] + arms[: n % len(arms)]
         ]
         for setting, extra, repeat, arm in rounds:
             requests, seed = workloads[repeat], cfg.seed + repeat
@@ -332,25 +334,43 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
             result = by_arm[(setting, arm)]
             began = time.monotonic()
             async with engines(cfg, keys, extra, state) as engine_list:
-                policy = GATEWAY_POLICY.get(arm)
-                if policy is None:
+                routing = gateway_routing(cfg, arm)
+                if routing is None:
                     split = await run_arm(
                         cfg, result, seed, requests, engine_list, direct(engine_list)
                     )
                 else:
                     # As the ledger's route says of a llama.cpp profile with these flags.
                     slots = Profile(parallel=cfg.parallel, args=list(extra)).prompt_slots
-                    async with gateway(state, engine_list, policy, slots) as (base, api_key):
+                    async with contextlib.AsyncExitStack() as stack:
+                        fronts = [
+                            await stack.enter_async_context(
+                                gateway(state, engine_list, routing, slots, MODEL, NODE, n == 0)
+                            )
+                            for n in range(cfg.gateways)
+                        ]
+                        bases, api_key = [base for base, _ in fronts], fronts[0][1]
                         pins = sessions if arm == "oracle" else None
-                        target = via(base, api_key, pins)
+                        target = via(bases, api_key, pins)
                         split = await run_arm(cfg, result, seed, requests, engine_list, target)
-                        for reason, count in (await routing_reasons(base)).items():
-                            result.reasons[reason] = result.reasons.get(reason, 0.0) + count
+                        for base in bases:
+                            for reason, count in (await routing_reasons(base)).items():
+                                result.reasons[reason] = result.reasons.get(reason, 0.0) + count
             print(
                 f"  {setting:<14} {arm:<14} {time.monotonic() - began:5.1f}s  {describe(split)}",
                 file=sys.stderr,
             )
     return results
+
+
+def gateway_routing(cfg: BenchConfig, arm: str) -> tuple[str, float | None, bool] | None:
+    """How the arm's gateway routes (policy, TTFT target, fair queue); None: no gateway."""
+    if arm not in GATEWAY_POLICY:
+        return None
+    policy, target = GATEWAY_POLICY[arm]
+    if arm == "sticky" and cfg.ttft_target_s is not None:
+        target = cfg.ttft_target_s
+    return policy, target, cfg.fair_queue
 
 
 def seeds(first: int, repeats: int) -> str:
@@ -400,10 +420,12 @@ def chat_at(base: str, key: str, session: str | None = None) -> Destination:
     return Destination(base + "/v1/chat/completions", key, session)
 
 
-def via(base: str, api_key: str, sessions: Sequence[str] | None) -> Target:
-    """Every request through the gateway; with `sessions`, each names its group's session."""
+def via(bases: Sequence[str], api_key: str, sessions: Sequence[str] | None) -> Target:
+    """Every request through a gateway, request i through the i-th in turn; with `sessions`,
+    each names its group's session."""
 
-    def pick(_index: int, request: BenchRequest) -> Destination:
+    def pick(index: int, request: BenchRequest) -> Destination:
+        base = bases[index % len(bases)]
         return chat_at(base, api_key, sessions[request.group] if sessions else None)
 
     return pick
@@ -420,14 +442,16 @@ def direct(engine_list: Sequence[Engine]) -> Target:
 
 
 def table(results: Sequence[ArmResult]) -> str:
+    """Each arm's figures, and its ratios to the oracle's, or without one the first arm's."""
+    named = "oracle" if any(r.arm == "oracle" for r in results) else results[0].arm
     lines = [
         f"{'setting':<14} {'arm':<14} {'n':>4} {'err':>3} {'mean TTFT':>10} {'p90 TTFT':>9} "
-        f"{'cached':>7} {'mean/oracle':>11} {'95%: requests':>13} {'95%: workloads':>14} "
-        f"{'p90/oracle':>10} {'cached/oracle':>13} {'95%: workloads':>14}"
+        f"{'cached':>7} {'mean/' + named:>11} {'95%: requests':>13} {'95%: workloads':>14} "
+        f"{'p90/' + named:>10} {'cached/' + named:>13} {'95%: workloads':>14}"
     ]
-    oracle = {r.setting: r for r in results if r.arm == "oracle"}
+    bases = {r.setting: r for r in reversed(results) if r.arm == named}
     for r in results:
-        base = oracle.get(r.setting)
+        base = bases.get(r.setting)
         ratio = (r.mean_ms / base.mean_ms) if base else float("nan")
         ratio90 = (r.p90_ms / base.p90_ms) if base else float("nan")
         cached = (r.cached_share / base.cached_share) if base else float("nan")
@@ -449,61 +473,45 @@ def table(results: Sequence[ArmResult]) -> str:
     return "\n".join(lines)
 
 
-def decision_cost_us(replicas: int = 5, prompt_bytes: int = 4096) -> float:
-    """Microseconds per `Router.choose` on the hot path: a 4 KB prompt whose first 3 KB is one
-    of 20 shared system prompts, `replicas` replicas, the index held at its bound (20,000
-    claims here, so every request also evicts) to include eviction in the cost."""
-    rng = random.Random(1)
-    routes = [
-        Route(
-            replica_id=f"r-{i}",
-            model="m",
-            node="n",
-            endpoint="http://127.0.0.1:1",
-            engine="llamacpp",
-            state=ReplicaState.READY,
-        )
-        for i in range(replicas)
-    ]
-    snap = RoutingSnapshot(RoutingTable(version=1, routes=routes))
-    shared = [rng.randbytes(prompt_bytes * 3 // 4) for _ in range(20)]
-    keys = [
-        RequestKey("m", rng.choice(shared) + rng.randbytes(prompt_bytes // 4)) for _ in range(4000)
-    ]
-    router = Router(index=PrefixIndex(max_claims=20_000))
-    inflight = {"r-0": 2, "r-1": 1}
-    for key in keys:
-        router.choose(snap, key, inflight)
-    stream = iter(keys * 30)
-    runs = timeit.repeat(lambda: router.choose(snap, next(stream), inflight), number=5000, repeat=5)
-    return min(runs) / 5000 * 1e6
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bench_routing", description=__doc__.split("\n")[0])
     defaults = BenchConfig()
     names = ("replicas", "groups", "per_group", "in_flight", "system_words", "threads", "seed")
-    for name in (*names, "repeats"):
+    for name in (*names, "repeats", "hot_groups", "hot_weight", "gateways"):
         parser.add_argument(
             f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name)
         )
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"of {', '.join(ALL_ARMS)}")
+    parser.add_argument("--settings", default=",".join(SETTINGS), help="engine settings")
+    parser.add_argument("--ttft-target-s", type=float, help="the sticky arm's target")
+    parser.add_argument("--no-fair-queue", action="store_true", help="the gateway's, off")
     args = parser.parse_args(argv)
+    arms, settings = tuple(args.arms.split(",")), tuple(args.settings.split(","))
+    if not arms or set(arms) - set(ALL_ARMS) or set(settings) - set(SETTINGS):
+        parser.error(f"arms are of {', '.join(ALL_ARMS)}; settings of {', '.join(SETTINGS)}")
     cfg = BenchConfig(
-        replicas=args.replicas,
-        groups=args.groups,
-        per_group=args.per_group,
-        in_flight=args.in_flight,
-        system_words=args.system_words,
-        threads=args.threads,
-        seed=args.seed,
-        repeats=args.repeats,
+        **{
+            name: getattr(args, name)
+            for name in (*names, "repeats", "hot_groups", "hot_weight", "gateways")
+        },
+        arms=arms,
+        fair_queue=not args.no_fair_queue,
+        ttft_target_s=args.ttft_target_s,
+        settings=settings,
     )
-    print(f"routing decision: {decision_cost_us():.1f} µs (4 KB prompt, 5 replicas, prefix)")
+    sticky = STICKY_TTFT_TARGET_S if cfg.ttft_target_s is None else cfg.ttft_target_s
+    for target in (0.0, sticky):
+        print(
+            f"routing decision: {decision_cost_us(ttft_target_s=target):.1f} µs (4 KB prompt, "
+            f"5 replicas, prefix, TTFT target {target:g} s)"
+        )
+    hot = f", {cfg.hot_groups} of them {cfg.hot_weight}x as many" if cfg.hot_groups else ""
     print(
-        f"workload: {cfg.groups} groups x {cfg.per_group} requests, ~{cfg.system_words}-word "
+        f"workload: {cfg.groups} groups x {cfg.per_group} requests{hot}, ~{cfg.system_words}-word "
         f"system prompts, {cfg.in_flight} in flight, {cfg.replicas} replicas "
         f"(--parallel {cfg.parallel}, -t {cfg.threads}), max_tokens {cfg.max_tokens}, "
-        f"{cfg.repeats} run(s) of each arm, one workload each: {seeds(cfg.seed, cfg.repeats)}"
+        f"{cfg.repeats} run(s) of each arm, one workload each: {seeds(cfg.seed, cfg.repeats)}; "
+        f"fair queue {'on' if cfg.fair_queue else 'off'}; {cfg.gateways} gateway(s)"
     )
     results = asyncio.run(run_bench(cfg))
     print(table(results))

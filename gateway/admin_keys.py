@@ -19,7 +19,7 @@ from gateway.admin_models import require_same_site_json
 from gateway.admin_routes import require_local
 from gateway.deps import State
 from gateway.errors import ApiError, bad_request
-from gateway.store import ApiKey, KeyLimits, KeyNameTaken
+from store import ApiKey, KeyLimits, KeyNameTaken
 
 router = APIRouter(prefix="/admin/v1", dependencies=[Depends(require_local)])
 _writes = [Depends(require_same_site_json)]

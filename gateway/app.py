@@ -17,6 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from engines.kv_index import KvBlockIndex
 from gateway import admin_keys, admin_models, admin_routes, admin_usage, openai_routes
 from gateway.admin_routes import require_local
+from gateway.admission import AdmissionGate, QueuePolicy, ReplicaDepths
+from gateway.admission.metrics import AdmissionCollector
 from gateway.auth import AuthFailed, KeyCache
 from gateway.body_parse import BodyParser
 from gateway.cache_salt import CacheSalts
@@ -34,16 +36,24 @@ from gateway.kv_feeds import KvFeeds
 from gateway.kv_publishers import KvPublishers
 from gateway.lockout import FailedAuthLimiter
 from gateway.loops import PeriodicTask
+from gateway.media_urls import MediaPolicy
 from gateway.metrics import GatewayMetrics
+from gateway.peers import PeerBus
+from gateway.peers.bus import advertised_host
+from gateway.peers.metrics import PeerBusCollector
+from gateway.queue_exchange import QueueExchange
 from gateway.quota import QuotaBook
 from gateway.route_source import RouteRefresher, RouteSource
 from gateway.routing import Router
+from gateway.routing.prefix_index import PrefixIndex
 from gateway.settings import GatewaySettings
 from gateway.shared_limits import SharedLimits
-from gateway.store import Store
 from gateway.store_health import StoreHealth
 from gateway.upstream_keys import EngineKeys
 from gateway.usage import UsageRecorder
+from store import Store
+from store.models import PRIORITY_CLASSES
+from workflows.engine_keys import peer_bus_key, prefix_hash_key
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +111,10 @@ def create_app(
         kv_feeds = KvFeeds(kv_index, master_secret, session)
         kv_publishers = KvPublishers(kv_index)
         body_parser = BodyParser(
-            settings.inline_parse_bytes, settings.body_parse_workers, settings.body_parse_wait_s
+            settings.inline_parse_bytes,
+            settings.body_parse_workers,
+            settings.body_parse_wait_s,
+            MediaPolicy.of(settings.media_url_allow),
         )
         quota = QuotaBook()
         lockout = FailedAuthLimiter(
@@ -110,6 +123,42 @@ def create_app(
         )
         health = StoreHealth(settings.store_outage_grace_s)
         limits = SharedLimits(store, quota, lockout, health, settings.quota_sync_interval_s)
+        metrics = GatewayMetrics()
+        # Prefix hashes keyed by the cluster's secret: every gateway process computes the same
+        # ones, so the peer bus can share what each sent where (prefix_index.py).
+        router = Router(
+            policy=settings.routing_policy,
+            kv_index=kv_index,
+            index=PrefixIndex(hash_key=prefix_hash_key(master_secret)),
+            ttft_target_s=settings.routing_ttft_target_s,
+            prefill_tokens_per_s=settings.routing_prefill_tokens_per_s,
+        )
+        inflight = InFlight()
+        peers = (
+            PeerBus(
+                store,
+                router,
+                lambda: inflight.counts,
+                peer_bus_key(master_secret),
+                advertised_host(settings.peer_host, settings.host),
+            )
+            if settings.peer_bus
+            else None
+        )
+        exchange = QueueExchange(store, limits.holder, settings.quota_sync_interval_s)
+        admission = AdmissionGate(
+            QueuePolicy.of(settings),
+            ReplicaDepths(settings.max_inflight_per_replica),
+            lambda model: routes.snapshot.ready(model),
+            router.loads.others,
+            enabled=settings.fair_queue,
+            refused=metrics.queue_refused,
+            waited=lambda model, priority, s: metrics.queue_waited(
+                model, PRIORITY_CLASSES[priority], s
+            ),
+            fleet_share=exchange.share,
+            key_part=exchange.key_part,
+        )
         # Closed however start-up ends: a store that fails here must not leave the session's
         # connector open (aiohttp warns about it at exit, and it holds sockets).
         try:
@@ -118,25 +167,33 @@ def create_app(
                 store=store,
                 keys=keys,
                 routes=routes,
-                inflight=InFlight(),
+                inflight=inflight,
                 usage=usage,
                 engine_keys=engine_keys,
                 cache_salts=CacheSalts(master_secret),
                 session=session,
-                metrics=GatewayMetrics(),
+                metrics=metrics,
                 quota=quota,
                 limits=limits,
                 lockout=lockout,
-                router=Router(policy=settings.routing_policy, kv_index=kv_index),
+                router=router,
                 key_inflight=KeyInFlight(),
                 body_parser=body_parser,
                 kv_index=kv_index,
                 kv_feeds=kv_feeds,
                 kv_publishers=kv_publishers,
+                admission=admission,
                 console=ClusterCache(cluster) if cluster is not None else None,
+                peers=peers,
             )
             state.metrics.watch_kv(kv_feeds, kv_publishers)
             state.metrics.watch_store(health)
+            state.metrics.registry.register(AdmissionCollector(admission))
+            if peers is not None:
+                state.metrics.registry.register(PeerBusCollector(peers))
+                # Before the first request: the other gateways' record, so this one does not
+                # start cache-blind (bounded wait; gateway/peers/bus.py).
+                await peers.start()
             key_refresh = KeyRefresh(state)
             await key_refresh.run()
             app.state.gateway = state
@@ -151,6 +208,14 @@ def create_app(
                     "engine-scrape", settings.engine_scrape_interval_s, EngineScraper(state).run
                 ),
             ]
+            if settings.fair_queue and settings.queue_exchange:
+                loops.append(
+                    PeriodicTask(
+                        "queue-exchange",
+                        settings.quota_sync_interval_s,
+                        partial(exchange.sync, admission),
+                    )
+                )
             for loop in loops:
                 loop.start()
             try:
@@ -168,13 +233,21 @@ def create_app(
                     await limits.sync(final=True)
                 except Exception:
                     log.exception("the shared limits' last round failed at shutdown")
+                try:
+                    await exchange.withdraw()
+                except Exception:
+                    # The others stop counting it a few rounds later anyway.
+                    log.exception("the fair queue's demand could not be withdrawn at shutdown")
         finally:
             try:
+                if peers is not None:
+                    await peers.close()
                 await kv_publishers.close()
                 await kv_feeds.close()  # its readers use the session
             finally:
                 await session.close()
                 body_parser.close()
+                await admission.close()
 
     app = FastAPI(
         title="llmgw gateway",
@@ -215,6 +288,8 @@ def create_app(
             "status": "ok",
             "routes_version": state.routes.snapshot.version,
             "routes_age_s": state.routes.age_s(),
+            # Other gateway processes on the store, and whether each is heard now.
+            "peers": state.peers.picture.peers() if state.peers is not None else {},
         }
 
     return FrontDoor(app, admin_address)

@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from gateway.errors import ApiError
-from gateway.store import ApiKey
-from gateway.store.keyformat import parse_key_id
+from store import ApiKey
+from store.keyformat import parse_key_id
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.errors import SERVER_ERROR, ApiError, bad_request
+from gateway.media_urls import MediaPolicy, pinned_urls
 from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.request_body import (
     CACHE_SALT,
@@ -182,6 +183,24 @@ def _split(request: ProxiedRequest) -> ProxiedRequest:
     return replace(request, body=head, bulk=bulk, bulk_prompt_bytes=len(parts[0]) if prompt else 0)
 
 
+def with_urls_pinned(request: ProxiedRequest, pinned: dict[str, str]) -> ProxiedRequest:
+    """`request` with each URL of `pinned` replaced by its pinned form (gateway/media_urls.py)
+    wherever it is a member's value, in the bulk that goes upstream: a body parsed inline is
+    split first, so the client's own bytes are never sent as they were. In JSON as json.dumps
+    writes it, `":"` can only end a member's name and start its value: inside a string every
+    quote is escaped. A member elsewhere holding the very same URL is pinned too."""
+    if request.bulk is None:
+        request = _split(request)
+    assert request.bulk is not None  # messages, a list, always travel in the bulk
+    at = request.bulk_prompt_bytes
+    prompt, rest = request.bulk[:at], request.bulk[at:]
+    for url, pin in pinned.items():
+        old = b'":' + json.dumps(url).encode()
+        new = b'":' + json.dumps(pin).encode()
+        prompt, rest = prompt.replace(old, new), rest.replace(old, new)
+    return replace(request, bulk=prompt + rest, bulk_prompt_bytes=len(prompt))
+
+
 def _is_small(value: object) -> bool:
     if isinstance(value, str):
         return len(value) <= SMALL_STRING
@@ -214,10 +233,14 @@ class BodyParser:
     A large body that finds every worker busy waits up to `wait_s` for one, then gets 503 with
     Retry-After: a queue of 16 MB bodies is memory the gateway would hold while they wait."""
 
-    def __init__(self, inline_bytes: int, workers: int, wait_s: float) -> None:
+    def __init__(
+        self, inline_bytes: int, workers: int, wait_s: float, media: MediaPolicy | None = None
+    ) -> None:
         self.inline_bytes = inline_bytes
         self.workers = workers
         self.wait_s = wait_s
+        # Where media URLs may point (gateway/media_urls.py): public addresses by default.
+        self.media = media or MediaPolicy()
         self._pool: ProcessPoolExecutor | None = None
         self._slots = asyncio.Semaphore(workers)
 
@@ -236,8 +259,14 @@ class BodyParser:
             admit_model(prepared.model, prepared.adapter)
         if prepared.refusal is not None:
             raise prepared.refusal.error()
-        assert prepared.request is not None
-        return prepared.request
+        request = prepared.request
+        assert request is not None
+        if request.media_urls:
+            # Resolved on the event loop's resolver threads, once, and pinned in what is sent.
+            pinned = await pinned_urls(request, self.media)
+            if pinned:
+                request = with_urls_pinned(request, pinned)
+        return request
 
     async def _in_worker(self, path: str, raw: bytes, check: Check | None) -> Prepared:
         try:

@@ -24,7 +24,7 @@ from typing import Any
 
 from gateway.errors import bad_request
 from gateway.request_body import CACHE_SALT, MAX_CACHE_SALT
-from gateway.store import ApiKey
+from store import ApiKey
 from workflows.contracts import Route
 from workflows.engine_keys import cache_salt_from_master
 

@@ -9,6 +9,7 @@ import aiohttp
 from fastapi import Depends, Request
 
 from engines.kv_index import KvBlockIndex
+from gateway.admission import AdmissionGate
 from gateway.auth import KeyCache
 from gateway.body_parse import BodyParser
 from gateway.cache_salt import CacheSalts
@@ -20,6 +21,7 @@ from gateway.kv_feeds import KvFeeds
 from gateway.kv_publishers import KvPublishers
 from gateway.lockout import FailedAuthLimiter
 from gateway.metrics import GatewayMetrics
+from gateway.peers import PeerBus
 from gateway.prefix_tokens import PrefixTokens
 from gateway.quota import QuotaBook
 from gateway.route_source import RouteRefresher
@@ -27,9 +29,9 @@ from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.shared_limits import SharedLimits
 from gateway.side_tasks import SideTasks
-from gateway.store import ApiKey, Store
 from gateway.upstream_keys import EngineKeys
 from gateway.usage import UsageRecorder
+from store import ApiKey, Store
 from workflows.contracts import Route
 
 EXTERNAL_ENGINE = "external"
@@ -65,6 +67,8 @@ class GatewayState:
     kv_index: KvBlockIndex
     kv_feeds: KvFeeds
     kv_publishers: KvPublishers
+    # Which requests go to the engines now, and in what order the others wait (fair queue).
+    admission: AdmissionGate
     # Chats' leading messages as token ids, learned from engines (gateway/prefix_tokens.py).
     prefix_tokens: PrefixTokens = field(default_factory=PrefixTokens)
     # What requests start and do not wait for: learning those leading messages.
@@ -76,6 +80,9 @@ class GatewayState:
     console: ClusterCache | None = None
     # The remote console's logins (gateway/console/remote.py), in this process's memory only.
     console_sessions: SessionBook = field(default_factory=SessionBook)
+    # The other gateway processes on the store and what they told this one (gateway/peers/);
+    # None when settings.peer_bus is off.
+    peers: PeerBus | None = None
 
     def upstream_auth(self, route: Route) -> str | None:
         """The bearer the gateway shows this replica: an external endpoint's own key (or none),

@@ -53,6 +53,10 @@ class EngineScraper:
             state.kv_feeds.retain(snapshot)
             state.kv_publishers.retain(snapshot)
             self._version = snapshot.version
+            # The fair queue reads the table itself (and hands out a new replica's room at its
+            # next tick); only the depths it learnt of replicas that left go.
+            ready = {r.replica_id for model in snapshot.models() for r in snapshot.ready(model)}
+            state.admission.depths.retain(ready)
         routes = [
             route
             for model in snapshot.models()
@@ -63,6 +67,10 @@ class EngineScraper:
             return
         scraped = await scrape_all(routes, self._fetch, SCRAPE_TIMEOUT_S, own=state.inflight.counts)
         router.loads.update(scraped)
+        state.admission.observe(
+            {replica: (s.running, s.waiting) for replica, s in scraped.items()},
+            {route.replica_id: route.model for route in routes},
+        )
         now = time.monotonic()
         for replica_id, why in scraped.failures.items():
             if replica_id not in self._failing:

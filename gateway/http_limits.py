@@ -25,6 +25,9 @@ connection idle for `timeout_keep_alive`. What it leaves open, and this subclass
   The answer says `connection: close`, so a keep-alive client (httpx, the `openai` client) does
   not send its next request on a connection that is closing: it did, when the body arrived a
   moment after the head, and lost that request to "Server disconnected".
+- An HTTP/1.0 request with Transfer-Encoding (which HTTP/1.0 does not have) was read as chunked,
+  served, and its connection closed, dropping what was pipelined behind it unanswered. It is
+  refused with 400 (RFC 9112 6.1: its framing is faulty).
 - Trailer fields of a chunked body were appended to the request's headers, after the
   application had read them. They are dropped (RFC 9110 §6.5.1), and counted against the head.
 
@@ -234,6 +237,16 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._cancel_head_timer()
         self._in_head = False
+        if self.parser.get_http_version() == "1.0" and self._has_transfer_encoding():
+            # HTTP/1.0 has no transfer codings: RFC 9112 6.1 has such a message's framing
+            # treated as faulty. llhttp read the chunked body, uvicorn served it and closed the
+            # connection, and the requests pipelined behind it were lost without an answer.
+            raise _Refusal(
+                400,
+                "Transfer-Encoding is not part of HTTP/1.0; send the body with Content-Length "
+                "or use HTTP/1.1.",
+                "invalid_http",
+            )
         declared = self._declared_length()
         if declared is not None and declared > self.limits.max_body_bytes:
             raise _Refusal(413, *_too_large(self.limits.max_body_bytes))
@@ -332,6 +345,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def _body_ceiling(self) -> int:
         return self.limits.max_body_bytes + self.limits.body_backstop_slack_bytes
+
+    def _has_transfer_encoding(self) -> bool:
+        return any(name == b"transfer-encoding" for name, _ in self.headers)
 
     def _declared_length(self) -> int | None:
         # llhttp has already refused a malformed or repeated Content-Length.

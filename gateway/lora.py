@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from gateway.body_parse import upstream_payload
+from gateway.body_parse import upstream_payload, with_member
 from gateway.errors import ApiError
 from gateway.request_body import ProxiedRequest
 from workflows.contracts import Route
@@ -89,14 +89,26 @@ class UpstreamBodies:
     loading adapters gets that body plus a `lora` field (the adapter's index, or every adapter
     at scale 0 for the base model), serialised once per variant."""
 
-    def __init__(self, request: ProxiedRequest, raw: bytes, payload: bytes) -> None:
+    def __init__(
+        self, request: ProxiedRequest, raw: bytes, payload: bytes, priority: int | None = None
+    ) -> None:
+        """`priority`: the request's class, sent as `priority` to the replicas that take one
+        (Route.takes_priority)."""
         self._request = request
         self._raw = raw
         self._payload = payload
         self._by_index: dict[int, bytes] = {}
         self._base: dict[int, bytes] = {}
+        self._priority = priority
+        self._with_priority: bytes | None = None
 
     def for_route(self, route: Route) -> bytes:
+        if route.takes_priority and self._priority is not None:
+            # Only vLLM takes one, and it gets the one payload every engine but llama.cpp gets.
+            if self._with_priority is None:
+                member = f'"priority":{self._priority}'.encode()
+                self._with_priority = with_member(self._payload, member)
+            return self._with_priority
         adapter = self._request.adapter
         if route.engine != BY_INDEX_ENGINE:
             return self._payload

@@ -7,10 +7,11 @@ should not pay on every request.
 
 from __future__ import annotations
 
+import time
 from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -21,6 +22,7 @@ from typing_extensions import override
 
 from gateway.kv_feeds import KvFeeds
 from gateway.kv_publishers import KvPublishers
+from gateway.routing.states import Expected, Routed, StateBook, StateChange
 from gateway.store_health import StoreHealth
 
 # Seconds: a gateway hop is sub-millisecond, a long completion is minutes.
@@ -34,7 +36,11 @@ TOKENIZE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # Each model's recent routing states and cache checks, in memory (the console's window
+        # and the state-change log: gateway/routing/states.py).
+        self.routing_states = StateBook()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self._requests = Counter(
@@ -76,6 +82,27 @@ class GatewayMetrics:
             "llmgw_routing_decisions",
             "Replica choices, by model and why (prefix, session, least_load, ...).",
             ["model", "reason"],
+            registry=r,
+        )
+        self._routing_state = Counter(
+            "llmgw_routing_state",
+            "Replica choices, by model, how sure the choice was of the cache (exact, "
+            "approximate, degraded, fallback) and why (docs/routing-states.md).",
+            ["model", "state", "why"],
+            registry=r,
+        )
+        self._routing_predicted = Counter(
+            "llmgw_routing_predicted",
+            "Requests sent to a replica predicted to hold a prefix of their prompt whose engine "
+            "reported its cached tokens, by model and routing state.",
+            ["model", "state"],
+            registry=r,
+        )
+        self._routing_incorrect = Counter(
+            "llmgw_routing_incorrect",
+            "Of llmgw_routing_predicted, those whose engine reported fewer than half the "
+            "predicted cached tokens: the replica did not hold the prefix.",
+            ["model", "state"],
             registry=r,
         )
         self._quota = Counter(
@@ -122,6 +149,21 @@ class GatewayMetrics:
             ["model", "kind"],
             registry=r,
         )
+        self._queue_wait = Histogram(
+            "llmgw_queue_wait_seconds",
+            "Time requests waited in the gateway's fair queue, by model and priority class "
+            "(requests that passed at once are not counted).",
+            ["model", "priority"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self._queue_refused = Counter(
+            "llmgw_queue_refusals",
+            "Requests the fair queue refused, by model and reason (queue_full: 429, "
+            "queue_timeout: 503).",
+            ["model", "reason"],
+            registry=r,
+        )
         self._children: dict[tuple[object, ...], Counter | Histogram] = {}
 
     def _child(self, metric: Metric, *labels: str) -> Metric:
@@ -153,6 +195,25 @@ class GatewayMetrics:
     def routed(self, model: str, reason: str) -> None:
         self._child(self._routing, model, reason).inc()
 
+    def routing_state(self, model: str, routed: Routed) -> StateChange | None:
+        """Count a decision's state; the change of the model's routing state it makes, if
+        any, for the caller to log."""
+        self._child(self._routing_state, model, routed.state, routed.why).inc()
+        return self.routing_states.note(model, routed, self._clock())
+
+    def routing_checked(self, model: str, expected: Expected, reported: int) -> None:
+        """The engine reported `reported` cached prompt tokens where `expected` was
+        predicted."""
+        incorrect = expected.incorrect(reported)
+        self._child(self._routing_predicted, model, expected.state).inc()
+        if incorrect:
+            self._child(self._routing_incorrect, model, expected.state).inc()
+        self.routing_states.checked(model, expected.state, incorrect, self._clock())
+
+    def routing_view(self) -> list[dict[str, Any]]:
+        """Each model's routing states over the recent window, for the console."""
+        return self.routing_states.view(self._clock())
+
     def quota_rejected(self, reason: str) -> None:
         self._child(self._quota, reason).inc()
 
@@ -171,6 +232,12 @@ class GatewayMetrics:
         # Their sum over requests is the exact mean |error|, which the histogram only bounds.
         self._child(self._cached_tokens, model, "over").inc(max(predicted - reported, 0))
         self._child(self._cached_tokens, model, "under").inc(max(reported - predicted, 0))
+
+    def queue_waited(self, model: str, priority: str, seconds: float) -> None:
+        self._child(self._queue_wait, model, priority).observe(seconds)
+
+    def queue_refused(self, model: str, reason: str) -> None:
+        self._child(self._queue_refused, model, reason).inc()
 
     def watch_kv(self, feeds: KvFeeds, publishers: KvPublishers | None = None) -> None:
         """Expose the KV feeds' and external publishers' counters and the index's size, read

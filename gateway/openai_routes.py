@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from gateway.deps import CallerKey, State
 from gateway.routing import RoutingSnapshot
-from gateway.store import ApiKey
+from store import ApiKey
 
 router = APIRouter(prefix="/v1")
 

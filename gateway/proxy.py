@@ -3,9 +3,10 @@
 One request goes: lockout check, key, body, model and adapter allowlists, the body's fields and
 request limits, the key's prompt tokens in flight, the model's routes (404, 503, or held while a
 model at zero replicas wakes), the key's prefix-cache salt (gateway/cache_salt.py), quota
-reservation, routing, the upstream hop (retried on another replica while no byte has come back
-and the deadline allows), the relay, then accounting (usage, quota settlement, metrics) exactly
-once.
+reservation, the fair queue (gateway/admission/), routing and the upstream hop, retried on
+another replica while no byte has come back and the deadline allows
+(gateway/replica_attempts.py), the relay, then accounting (usage, quota settlement, metrics)
+exactly once.
 
 The client's own headers never travel upstream: the gateway builds the engine request from the
 validated body and the replica's key only.
@@ -21,9 +22,10 @@ import math
 import time
 from dataclasses import dataclass
 
-import aiohttp
 from starlette.types import Receive, Scope, Send
 
+from gateway.admission import Pass
+from gateway.admission.priority import PRIORITY_FIELD, PRIORITY_HEADER, request_priority
 from gateway.asgi import headers_of, read_body, send_error
 from gateway.auth import AuthFailed, ensure_adapter_allowed, ensure_model_allowed
 from gateway.billing import choices_requested, completion_length
@@ -32,25 +34,22 @@ from gateway.cache_salt import salt_body, salted_prompt
 from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError
 from gateway.lockout import stored_group
-from gateway.lora import UpstreamBodies, ensure_adapter_served, unserved
+from gateway.lora import UpstreamBodies, ensure_adapter_served
 from gateway.quota import Denied, Reservation
-from gateway.relay import Accounting, ClientWatch, Relay
+from gateway.relay import Accounting, ClientWatch
+from gateway.replica_attempts import RETRY_AFTER_S, first_answer
 from gateway.request_body import (
     EMBEDDINGS,
     ProxiedRequest,
 )
 from gateway.request_limits import RequestLimits, check_request
-from gateway.routing import RequestKey, Router, RoutingSnapshot, Sent, prompt_bytes
-from gateway.routing.queue_bound import full_replicas
+from gateway.routing import RequestKey, RoutingSnapshot, prompt_bytes
 from gateway.shared_limits import Attempt, HeldLimits, Need
-from gateway.store import ApiKey
 from gateway.tokenize import PromptTokens, TokensLater, cache_salt, request_token_ids
-from gateway.upstream_post import closed_before_answering, post_upstream
-from workflows.contracts import Route
+from store import ApiKey
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER_S = "2"
 # nginx's status for "the client closed the request": what the metrics record when it did.
 CLIENT_CLOSED = 499
 # How often a held request looks for a ready replica of the model it woke.
@@ -59,13 +58,12 @@ WAKE_POLL_S = 0.2
 CLIENT_TIMEOUT_HEADER = b"x-stainless-timeout"
 SESSION_HEADER = b"x-session-id"
 WANTED_HEADERS = frozenset(
-    {b"authorization", b"content-length", CLIENT_TIMEOUT_HEADER, SESSION_HEADER}
+    {b"authorization", b"content-length", CLIENT_TIMEOUT_HEADER, SESSION_HEADER, PRIORITY_HEADER}
 )
 # What every stream asks of its engine (as its stream_options; see _serve_admitted).
 USAGE_OPTION = b'"stream_options":{"include_usage":true}'
-# Statuses that mean "this replica cannot take it now", not "this request is wrong": another
-# replica may well serve it.
-RETRYABLE_STATUSES = frozenset({502, 503, 504})
+# The completion a queued request is charged for until it ends: its max_tokens, up to this.
+QUEUE_COMPLETION_GUESS = 1024
 
 
 class Outcome:
@@ -183,6 +181,9 @@ async def _serve_admitted(
     outcome: Outcome,
 ) -> int:
     key, request, raw, headers = admitted.key, admitted.request, admitted.raw, admitted.headers
+    # Taken out of the body: engines read `priority` their own way (gateway/admission/priority).
+    asked_priority = PRIORITY_FIELD in request.body
+    priority = request_priority(headers.get(PRIORITY_HEADER), request.body, key.limits.top_priority)
     snapshot = await _routable_snapshot(state, request.model)
     outcome.model = request.model
     # A llama.cpp replica serves only the adapters it loaded (gateway/lora.py).
@@ -200,13 +201,30 @@ async def _serve_admitted(
         reservation, clamped = await _reserve(state, key, request, prompt_estimate)
         accounting = Accounting(state, key, request.model, reservation, prompt_estimate)
         routing_key: RequestKey | None = None  # built once no engine can have the prompt yet
+        admission: Pass | None = None
         try:
+            # Quota first: a key past its limits is told at once, not after waiting its turn.
+            admission = await state.admission.enter(
+                request.model,
+                key.key_id,
+                priority,
+                _queue_cost(request, prompt_estimate),
+                key.limits.weight,
+                deadline - time.perf_counter(),
+                key.name,
+            )
+            if admission.waited_s:
+                snapshot = state.routes.snapshot  # the table may have changed meanwhile
             # From here to the relay's end, whatever raises, this request's reservation is
             # settled: a reservation left open holds a key's budget until the process restarts.
             # Accounting settles once, so after the relay has settled this does nothing.
             upstream_model = snapshot.upstream_model(request.model)
             changed = (
-                clamped or salt is not None or request.adapter is not None or bool(upstream_model)
+                clamped
+                or salt is not None
+                or request.adapter is not None
+                or bool(upstream_model)
+                or asked_priority
             )
             # A stream whose body asks nothing of stream_options gets include_usage appended to
             # the client's own bytes: serialising the whole body again would cost more.
@@ -235,6 +253,7 @@ async def _serve_admitted(
                 with_member(raw, USAGE_OPTION)
                 if append_usage
                 else upstream_payload(request, raw, changed or request.stream),
+                priority,
             )
             session = headers.get(SESSION_HEADER)
             prompt = salted_prompt(
@@ -258,7 +277,7 @@ async def _serve_admitted(
                 adapter=request.adapter,
                 tokens_later=later is not None,
             )
-            relay = await _first_answer(
+            relay = await first_answer(
                 state, request, snapshot, routing_key, payload, deadline, watch, later
             )
             return await relay.run(send, accounting, started)
@@ -268,6 +287,9 @@ async def _serve_admitted(
             else:
                 accounting.settle_failed()
             raise
+        finally:
+            if admission is not None:
+                state.admission.leave(admission, accounting.used)
     except asyncio.CancelledError:
         if not watch.gone:
             raise
@@ -280,16 +302,16 @@ async def _serve_admitted(
         watch.stop()
 
 
-def _tokens_arrived(
-    router: Router,
-    sent: Sent,
-    route: Route,
-    routing_key: RequestKey,
-    ids: asyncio.Future[tuple[int, ...] | None],
-) -> None:
-    token_ids = None if ids.cancelled() else ids.result()
-    if token_ids is not None:
-        router.tokens_arrived(sent, route, routing_key, token_ids)
+def _queue_cost(request: ProxiedRequest, prompt_estimate: int) -> float:
+    """What the fair queue charges a request's key while it waits: its prompt and the
+    completion it asks for, up to QUEUE_COMPLETION_GUESS a choice (the key is charged what it
+    really used once it ends)."""
+    if request.path == EMBEDDINGS:
+        return prompt_estimate
+    _, requested = completion_length(request.body)
+    choices, _ = choices_requested(request.path, request.body)  # every completion it makes
+    guess = QUEUE_COMPLETION_GUESS if requested is None else max(requested, 1)
+    return prompt_estimate + min(guess, QUEUE_COMPLETION_GUESS) * choices
 
 
 def _deadline_s(state: GatewayState, client_timeout: bytes | None) -> float:
@@ -410,144 +432,3 @@ async def wait_for_replica(state: GatewayState, model: str, timeout_s: float) ->
                 headers={"Retry-After": RETRY_AFTER_S},
             )
         await asyncio.sleep(WAKE_POLL_S)
-
-
-async def _first_answer(
-    state: GatewayState,
-    request: ProxiedRequest,
-    snapshot: RoutingSnapshot,
-    routing_key: RequestKey,
-    payload: UpstreamBodies,
-    deadline: float,
-    watch: ClientWatch,
-    later: TokensLater | None = None,
-) -> Relay:
-    """Send to the chosen replica; while nothing has come back, a failure moves the request to
-    another replica, as long as the deadline allows. Once a response has started, it is the
-    answer, whatever it says. `later`: the prompt's token ids, being asked aside; the router
-    gets them when they come (Router.tokens_arrived)."""
-    model = request.model
-    tried: list[str] = []
-    failure: str | None = None
-    limit = state.settings.max_inflight_per_replica
-    busy: set[str] = set()
-    resent: set[str] = set()
-    # Replicas that do not load the requested LoRA adapter (llama.cpp): never chosen.
-    excluded = unserved(snapshot.ready(model), request.adapter)
-    while True:
-        # A replica holding its bound of this gateway's requests is passed over like one
-        # already tried: the engine would only queue it. Nothing awaits between this count
-        # and the acquire below, so concurrent requests cannot all take the last place.
-        busy = full_replicas(snapshot.ready(model), state.inflight.counts, limit) - set(tried)
-        busy -= excluded
-        decision = state.router.choose(
-            snapshot, routing_key, state.inflight.counts, [*tried, *busy, *excluded]
-        )
-        route = decision.route
-        if route is None:
-            break
-        if tried:
-            state.metrics.retry(model)
-        state.metrics.routed(model, decision.reason)
-        remaining = deadline - time.perf_counter()
-        if remaining <= 0:
-            failure = failure or "deadline"
-            break
-        state.inflight.acquire(route.replica_id)
-        # Checked against the engine's usage when it reports cached tokens.
-        predicted = decision.predicted_cached_tokens if routing_key.token_ids and route.kv else None
-        sent = state.router.sent(
-            route, routing_key, predicted or 0, decision, streamed=request.stream
-        )
-        if later is not None and sent is not None:
-            later.ids.add_done_callback(
-                functools.partial(_tokens_arrived, state.router, sent, route, routing_key)
-            )
-        try:
-            upstream = await post_upstream(
-                state, route, request, payload.for_route(route), remaining
-            )
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            state.inflight.release(route.replica_id)
-            state.router.finished(sent)
-            if route.replica_id not in resent and closed_before_answering(exc):
-                # Most likely a pooled connection the engine closed as idle just as the request
-                # went out. Once per replica the request goes out again, on another connection,
-                # before the replica counts as failed.
-                resent.add(route.replica_id)
-                log.info(
-                    "replica %s closed a connection before answering; sending again",
-                    route.replica_id,
-                )
-                state.metrics.upstream_error(model, "disconnected")
-                continue
-            reason = "timeout" if isinstance(exc, TimeoutError) else "unreachable"
-            _failed(state, model, route, reason, exc)
-            tried.append(route.replica_id)
-            failure = reason
-            continue
-        except BaseException:
-            state.inflight.release(route.replica_id)
-            state.router.finished(sent)
-            raise
-        if upstream.status in RETRYABLE_STATUSES:
-            detail = f"answered {upstream.status}"
-            upstream.release()
-            state.inflight.release(route.replica_id)
-            state.router.finished(sent)
-            _failed(state, model, route, f"status_{upstream.status}", detail)
-            tried.append(route.replica_id)
-            failure = "unavailable"
-            continue
-        state.router.breaker.succeeded(route.replica_id, time.monotonic())
-        return Relay(
-            state,
-            model,
-            route,
-            upstream,
-            request.stream,
-            request.wants_usage,
-            watch,
-            predicted,
-            sent,
-        )
-
-    if route is None and busy:
-        # Every replica left to try is full: waiting helps, and no engine saw the request.
-        raise ApiError(
-            429,
-            f"Every ready replica of the model '{model}' already holds {limit} requests from "
-            "this gateway (max_inflight_per_replica); try again shortly.",
-            type_=SERVER_ERROR,
-            param="model",
-            code="replicas_busy",
-            headers={"Retry-After": RETRY_AFTER_S},
-        )
-    if failure is None:
-        raise ApiError(
-            503,
-            f"The model '{model}' has no ready replica right now; try again shortly.",
-            type_=SERVER_ERROR,
-            param="model",
-            code="no_ready_replica",
-            headers={"Retry-After": RETRY_AFTER_S},
-        )
-    if failure in ("timeout", "deadline"):
-        raise ApiError(
-            504,
-            f"No replica of the model '{model}' answered within the request's deadline.",
-            type_=SERVER_ERROR,
-            code="upstream_timeout",
-        )
-    raise ApiError(
-        502,
-        f"No replica of the model '{model}' could serve the request.",
-        type_=SERVER_ERROR,
-        code="upstream_unreachable",
-    )
-
-
-def _failed(state: GatewayState, model: str, route: Route, reason: str, detail: object) -> None:
-    log.warning("replica %s failed before answering (%s): %s", route.replica_id, reason, detail)
-    state.metrics.upstream_error(model, reason)
-    state.router.breaker.failed(route.replica_id, time.monotonic())

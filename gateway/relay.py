@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import socket
 import struct
 import time
@@ -33,14 +32,12 @@ from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError, error_body
 from gateway.quota import Reservation
 from gateway.routing import Sent
+from gateway.routing.states import Expected, reported_cached
 from gateway.sse import EventTooLarge, StreamFilter, data_event
-from gateway.store import ApiKey
+from store import ApiKey
 from workflows.contracts import Route
 
 log = logging.getLogger(__name__)
-
-# A whole response's cached prompt tokens (usage.prompt_tokens_details.cached_tokens).
-_CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 
 SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
@@ -52,7 +49,7 @@ SSE_HEADERS = [
 class Accounting:
     """Settles one request: usage row, quota, token metrics. The first call wins."""
 
-    __slots__ = ("_done", "_key", "_model", "_prompt_estimate", "_reservation", "_state")
+    __slots__ = ("_done", "_key", "_model", "_prompt_estimate", "_reservation", "_state", "used")
 
     def __init__(
         self,
@@ -68,6 +65,9 @@ class Accounting:
         self._reservation = reservation
         self._prompt_estimate = prompt_estimate
         self._done = False
+        # The tokens the request was settled with (prompt plus completion): what the fair queue
+        # charges its key. None until settled, and when nothing reached an engine.
+        self.used: int | None = None
 
     @property
     def reservation(self) -> Reservation:
@@ -87,6 +87,7 @@ class Accounting:
             # one token. Over-counting here keeps a budget from being overrun, never the reverse.
             counts = (self._prompt_estimate, chunks_seen)
         prompt, completion = counts
+        self.used = prompt + completion
         state = self._state
         state.usage.record(self._key.key_id, self._model, prompt, completion)
         state.metrics.tokens(self._model, prompt, completion)
@@ -194,13 +195,16 @@ class Relay:
         watch: ClientWatch,
         predicted_cached: int | None = None,
         sent: Sent | None = None,
+        expected: Expected | None = None,
     ) -> None:
         """`predicted_cached`: the prompt tokens the router expected the engine to find in its
         cache (KV events), checked against what the engine reports; None: nothing to check.
         `sent`: the request as the router noted it sent (Router.sent), told when the engine
-        started it and when it finished."""
+        started it and when it finished. `expected`: what the decision predicted the replica
+        holds, for the incorrect-routing rate (gateway/routing/states.py); None: nothing."""
         self._watch = watch
         self._predicted_cached = predicted_cached
+        self._expected = expected
         self._sent = sent
         self._state = state
         self._model = model
@@ -275,10 +279,8 @@ class Relay:
                     raw, self._route.engine, accounting.reservation, accounting.prompt_estimate
                 )
             )
-            if self._predicted_cached is not None:
-                usage_at = raw.rfind(b'"usage"')
-                found = _CACHED_TOKENS.search(raw, usage_at) if usage_at >= 0 else None
-                self._cached(int(found.group(1)) if found else None)
+            if self._predicted_cached is not None or self._expected is not None:
+                self._cached(reported_cached(raw))
         content_type = upstream.headers.get("Content-Type", "application/json").encode()
         await send(
             {
@@ -295,15 +297,14 @@ class Relay:
 
     def _cached(self, reported: object) -> None:
         """The engine reported `reported` cached prompt tokens (vLLM does with
-        --enable-prompt-tokens-details): how far the router's prediction was off."""
-        predicted = self._predicted_cached
-        if (
-            predicted is not None
-            and isinstance(reported, int)
-            and not isinstance(reported, bool)
-            and reported >= 0
-        ):
-            self._state.metrics.kv_cache_error(self._model, predicted, reported)
+        --enable-prompt-tokens-details, llama-server in its usage since early 2026): how far
+        the router's prediction was off, and whether the replica held the prefix at all."""
+        if not isinstance(reported, int) or isinstance(reported, bool) or reported < 0:
+            return
+        if self._predicted_cached is not None:
+            self._state.metrics.kv_cache_error(self._model, self._predicted_cached, reported)
+        if self._expected is not None:
+            self._state.metrics.routing_checked(self._model, self._expected, reported)
 
     async def _relay_stream(self, send: Send, started: float) -> None:
         transport = self._watch.transport

@@ -14,7 +14,7 @@ from typing import Any
 from gateway.errors import bad_request
 from gateway.request_body import COMPLETIONS, EMBEDDINGS
 from gateway.settings import GatewaySettings
-from gateway.store.models import KeyLimits
+from store.models import KeyLimits
 
 
 @dataclass(frozen=True, slots=True)

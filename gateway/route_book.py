@@ -1,9 +1,9 @@
-"""The gateway's copy of the routing table, kept up to date from the ledger's answers.
+"""The gateway's copy of the routing table, kept up to date from the fleet tables' answers.
 
-The ledger (workflows/route_log.py) answers a gateway that takes deltas with nothing new, the
-routes changed since the gateway's version, or a page of the whole table. This is the pure part
-of applying those: which answer follows the copy and which means fetching the whole table
-again. TemporalRouteSource (route_source.py) does the asking.
+The tables (store/fleet/tables.py: routing_table) answer a gateway with nothing new, the routes
+changed since the gateway's version, or the whole table. This is the pure part of applying
+those: which answer follows the copy and which means reading the whole table again.
+StoreRouteSource (route_source.py) does the asking.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from workflows.contracts import Route, RoutingTable, RoutingTableRequest
 
 @dataclass
 class RouteBook:
-    """One ledger's table (epoch) as of one version, by replica id."""
+    """One store's table (epoch) as of one version, by replica id."""
 
     epoch: str
     version: int
@@ -39,7 +39,7 @@ class RouteBook:
 
 def follows(book: RouteBook, answer: RoutingTable) -> bool:
     """The answer is a delta or `unchanged` from exactly this book's epoch and version. Any
-    other (another ledger, a version the book does not hold) means fetching the whole table:
+    other (another store, a version the book does not hold) means fetching the whole table:
     applying it would leave routes the book missed, or keep ones it should have dropped."""
     if answer.epoch != book.epoch:
         return False
@@ -65,18 +65,8 @@ def apply_delta(book: RouteBook, answer: RoutingTable) -> RouteBook | None:
 
 
 def start_book(first: RoutingTable) -> RouteBook:
-    """A book from the first page of a whole table. It holds that page's version: a delta
-    asked from there brings whatever changed while the later pages were read."""
+    """A book from a whole table."""
     if first.delta or first.unchanged:
-        raise ValueError("a whole table's first page was wanted, not a delta")
+        raise ValueError("a whole table was wanted, not a delta")
     routes = {r.replica_id: r for r in first.routes}
     return RouteBook(first.epoch, first.version, routes, list(first.idle_models))
-
-
-def add_page(book: RouteBook, page: RoutingTable) -> None:
-    """A later page of the same whole table. A page from another ledger (it was started afresh
-    while the gateway paged) cannot be mixed in: ValueError, and the next fetch starts over."""
-    if page.delta or page.unchanged or page.epoch != book.epoch:
-        raise ValueError(f"page from ledger {page.epoch!r} while reading {book.epoch!r}")
-    for route in page.routes:
-        book.routes[route.replica_id] = route

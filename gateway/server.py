@@ -15,7 +15,7 @@ from gateway.console.source import ClusterConsole
 from gateway.http_limits import HttpLimits, limited_protocol
 from gateway.route_source import RouteSource
 from gateway.settings import GatewaySettings
-from gateway.store import Store
+from store import Store
 
 # Between two requests on one connection; the head timeout (gateway/http_limits.py) takes over
 # from the first byte of the next request. Longer than clients keep an idle connection (httpx and

@@ -49,6 +49,19 @@ class GatewaySettings(BaseModel):
     # How the gateway picks a replica: "prefix" (longest cached prompt prefix, then session,
     # then least load), "least_load" or "round_robin" (for comparison).
     routing_policy: str = Field(default="prefix", pattern=r"^(prefix|least_load|round_robin)$")
+    # Sticky until saturated ("prefix" policy, docs/sticky-routing.md): the replica holding a
+    # request's prefix keeps getting it while the prompt tokens waiting to be prefilled there,
+    # this request's included, would take at most this long at the replica's measured prefill
+    # rate; past that, the replica with the least predicted wait, its own prefill counted, the
+    # holder included. 1 s is the target to try: about where an interactive user notices the
+    # wait, and on a GPU several whole prompts' prefill. Off (0: the request-count margin,
+    # OverloadMargin) by default until it wins in both of the routing benchmark's settings: in
+    # its last run (docs/benchmarks.md, "Sticky until saturated") its mean TTFT was 1.11x the
+    # margin's with llama.cpp's default cache and 1.08x with the small one.
+    routing_ttft_target_s: float = Field(default=0.0, ge=0, le=60)
+    # A replica's prefill rate before its first measured request (tokens a second); learnt
+    # per replica from then on (gateway/routing/token_load.py).
+    routing_prefill_tokens_per_s: float = Field(default=2000.0, gt=0)
     # How often each engine's own /metrics is read for its queue (least-load routing).
     engine_scrape_interval_s: float = Field(default=1.0, gt=0, le=60)
     # Failed key checks from one address before it is refused for a while (429 Retry-After).
@@ -68,6 +81,9 @@ class GatewaySettings(BaseModel):
     body_parse_workers: int = Field(default=2, ge=1, le=64)
     # How long a large body waits for a free worker before 503 with Retry-After.
     body_parse_wait_s: float = Field(default=2.0, ge=0)
+    # Where media URLs may point besides public addresses (gateway/media_urls.py): CIDRs, and
+    # host names trusted as they are. Empty: loopback, private and link-local are refused.
+    media_url_allow: list[str] = Field(default_factory=list)
     # Per request, before anything reaches an engine (gateway/request_limits.py); a key's own
     # limits (KeyLimits) replace these. Observed without them: 20,000 one-token prompts in one
     # /v1/completions body kept a CPU llama-server busy 3.5 minutes, and 4.2 million prompts
@@ -87,12 +103,33 @@ class GatewaySettings(BaseModel):
     # it, gateway/key_inflight.py). Four requests at the per-request ceiling, or hundreds of
     # ordinary ones; one client cannot fill every engine's queue with huge prompts.
     max_inflight_prompt_tokens: int = Field(default=4 * 1_048_576, ge=1)
-    # Requests this gateway has in flight to one replica; when every ready replica of a model
-    # holds this many, a request gets 429 `replicas_busy` instead of waiting in an engine's
-    # queue. Counted per gateway (several gateways each send up to this much). 128 is above
-    # what `llmgw bench gateway` drives (64) and within vLLM's default batch (256 sequences);
-    # set it near an engine's slots (llama.cpp `--parallel`) to keep queues short.
+    # Requests this gateway has in flight to one replica, at most. With the fair queue on, the
+    # most a replica's learnt depth can grow to, and the depth of a replica whose engine has no
+    # request gauges; off, when every ready replica of a model holds this many a request gets
+    # 429 `replicas_busy`. Counted per gateway. 128 is above what `llmgw bench gateway` drives
+    # (64) and within vLLM's default batch (256 sequences).
     max_inflight_per_replica: int = Field(default=128, ge=1)
+    # The fair queue (gateway/admission/): a replica is sent only as many requests as its engine
+    # runs at once (learnt from its gauges); the rest wait in the gateway, fair among keys by
+    # tokens (a key's `weight`) and ordered by priority class, rather than in the engine's
+    # arrival order. Off: every request goes straight to an engine, as before.
+    fair_queue: bool = True
+    # The longest a request waits in the queue (503 `queue_timeout` with Retry-After past it);
+    # requests of the batch class wait up to batch_queue_deadline_s. A client's own timeout
+    # (x-stainless-timeout) shortens both.
+    queue_deadline_s: float = Field(default=60.0, gt=0, le=3600)
+    batch_queue_deadline_s: float = Field(default=600.0, gt=0, le=86400)
+    # Requests of one key and one class waiting for one model at once (429 `queue_full` past it).
+    queue_per_key: int = Field(default=1000, ge=1, le=1_000_000)
+    # A lower-class request that has waited this long gets every fourth turn while higher
+    # classes have requests waiting, so a flood of higher classes never starves a lower one
+    # (0: strict classes).
+    queue_aging_s: float = Field(default=10.0, ge=0, le=3600)
+    # Several gateways on one store share each model's slots by their keys' weights: every
+    # quota_sync_interval_s each tells the others, through the store, what its queue holds
+    # (gateway/queue_exchange.py), so a key cannot get more than its share by spreading its
+    # requests over gateways. Off: each gateway's queue is fair among its own requests only.
+    queue_exchange: bool = True
     # Replicas that publish KV events (vLLM with kv_events) are routed by the blocks their
     # engines report (gateway/kv_feeds.py), which needs each prompt's token ids: the gateway asks
     # an engine's /tokenize and waits this long for them before routing without (0: never ask).
@@ -100,3 +137,12 @@ class GatewaySettings(BaseModel):
     # The most block ids the gateway keeps per replica: about 78 bytes each, so ~20 MB per
     # replica at the default (engines/kv_index.py). An engine's own cache is usually smaller.
     kv_index_max_blocks: int = Field(default=262_144, ge=1)
+    # The gateway processes on one store (several gateways, or `--workers N`) tell each other
+    # what they send where, their requests in flight and their breakers' changes, over a peer
+    # bus of their own (gateway/peers/): each finds the others through the store and listens on
+    # peer_host (any free port). A process that starts takes a peer's snapshot before it serves.
+    # Off: each process routes by its own record alone.
+    peer_bus: bool = True
+    # The address the other gateways reach this one's bus at (it listens there too). Empty: the
+    # gateway's own host, or where that is a wildcard (0.0.0.0, ::), this machine's name.
+    peer_host: str = ""

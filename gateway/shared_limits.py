@@ -1,4 +1,4 @@
-"""Keys' limits shared by every gateway on one store, through leases (gateway/store/lease_rules.py).
+"""Keys' limits shared by every gateway on one store, through leases (store/lease_rules.py).
 
 The quota book (gateway/quota.py) still decides each request in memory, synchronously, but
 against what this gateway holds of each limit, not the limit itself. A request the holdings do
@@ -28,8 +28,9 @@ from datetime import UTC, datetime
 from gateway.errors import ApiError
 from gateway.lockout import FailedAuthLimiter
 from gateway.quota import IN_FLIGHT_RETRY_S, Denied, QuotaBook, Reservation
-from gateway.store import KeyLimits, Store
-from gateway.store.lease_rules import (
+from gateway.store_health import StoreHealth
+from store import KeyLimits, Store
+from store.lease_rules import (
     KINDS,
     LeaseChange,
     LeaseState,
@@ -39,7 +40,6 @@ from gateway.store.lease_rules import (
     shortfall,
     spare,
 )
-from gateway.store_health import StoreHealth
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 
-from gateway.store import Store, UsageDelta
+from store import Store, UsageDelta
 
 
 @dataclass

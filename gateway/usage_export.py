@@ -11,7 +11,7 @@ import csv
 import io
 from collections.abc import Iterable
 
-from gateway.store import UsageRow
+from store import UsageRow
 
 HEADER = (
     "day",

@@ -20,7 +20,7 @@ import uvicorn
 from gateway.deps import GatewayState
 from gateway.server import uvicorn_config
 from gateway.settings import GatewaySettings
-from gateway.store import KeyLimits, Store, UsageDelta, open_store
+from store import KeyLimits, Store, UsageDelta, open_store
 from tests.console_standin import StandinCluster
 from tests.gateway_kit import CatalogSource, fast_settings
 

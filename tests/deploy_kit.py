@@ -176,9 +176,11 @@ def commands_in_script(script: str, where: str) -> Iterator[Command]:
 
 
 def markdown_commands(text: str, name: str) -> Iterator[Command]:
-    """Commands in a Markdown file's shell code blocks (```sh, ```bash, ``` with no language)."""
-    for block in re.finditer(r"^```(sh|bash|shell|)\n(.*?)^```", text, re.M | re.S):
-        yield from commands_in_script(block[2], f"{name} code block")
+    """Commands in a Markdown file's shell code blocks (```sh, ```bash, ``` with no language).
+    Fences pair in order, so the closing fence of a ```yaml block never opens one."""
+    for block in re.finditer(r"^```([a-z]*)\n(.*?)^```[ \t]*$", text, re.M | re.S):
+        if block[1] in ("sh", "bash", "shell", ""):
+            yield from commands_in_script(block[2], f"{name} code block")
 
 
 # --- systemd units ---------------------------------------------------------------------------

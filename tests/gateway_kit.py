@@ -35,7 +35,7 @@ from engines.local_port import free_port
 from gateway.http_limits import limited_protocol
 from gateway.server import http_limits, uvicorn_config
 from gateway.settings import GatewaySettings
-from gateway.store import Store, open_store
+from store import Store, open_store
 from tests import standin_engine
 from workflows.contracts import ModelSpec, ModelView, ReplicaState, Route, RoutingTable
 
@@ -377,11 +377,19 @@ class GatewayProcess:
 
 
 def start_gateway_process(
-    state_dir: Path, upstream: str, *, body_timeout_s: float | None = None, timeout: float = 30
+    state_dir: Path,
+    upstream: str,
+    *more_upstreams: str,
+    body_timeout_s: float | None = None,
+    timeout: float = 30,
 ) -> GatewayProcess:
-    """The store in `state_dir` is shared: this process may open it too (keys, usage)."""
+    """The store in `state_dir` is shared: this process may open it too (keys, usage), and
+    other gateway processes on it are its peers (gateway/peers/). Each upstream is a replica
+    of the model `smol`: smol-0, smol-1, ... in order."""
     command = [sys.executable, "-m", "tests.gateway_kit"]
-    command += ["--state-dir", str(state_dir), "--upstream", upstream]
+    command += ["--state-dir", str(state_dir)]
+    for url in (upstream, *more_upstreams):
+        command += ["--upstream", url]
     if body_timeout_s is not None:
         command += ["--body-timeout-s", str(body_timeout_s)]
     outside = non_loopback_address()
@@ -525,7 +533,7 @@ async def _serve_subprocess(args: argparse.Namespace) -> None:
     if args.outside:
         sockets.append(socket.create_server((args.outside, 0)))
     settings = fast_settings(host="127.0.0.1")
-    source = CatalogSource(route("smol-0", args.upstream))
+    source = CatalogSource(*(route(f"smol-{i}", url) for i, url in enumerate(args.upstream)))
     config = uvicorn_config(settings, store, source)
     if args.body_timeout_s is not None:
         # The production protocol with one limit shortened, so a test need not wait a minute.
@@ -556,7 +564,7 @@ async def _serve_subprocess(args: argparse.Namespace) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--state-dir", required=True)
-    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--upstream", required=True, action="append")
     parser.add_argument("--outside", default="")
     parser.add_argument("--body-timeout-s", type=float, default=None)
     args = parser.parse_args(argv)

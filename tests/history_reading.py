@@ -10,9 +10,9 @@ from workflows.names import ControlActivity, node_workflow_id
 
 
 async def node_states_published(client: Client, node: str) -> list[str]:
-    """Every node state the node's workflow sent the ledger, in order, over all its runs (the
-    inputs of its ledger_upsert_node activities): a state it held only for a moment is here
-    too."""
+    """Every node state the node's workflow wrote to the fleet tables, in order, over all its
+    runs (the inputs of its ledger_upsert_node activities): a state it held only for a moment
+    is here too."""
     events: list[dict] = []
     run_id: str | None = None
     while True:  # every run, oldest first, following continue-as-new back from the latest

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +16,16 @@ import httpx
 from temporalio.client import Client
 
 from engines.local_port import free_port
-from workers.progress import ledger_snapshot
+from store.fleet import open_fleet
 from workflows.client import connect
 from workflows.contracts import LedgerState, ReplicaState
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN_ENGINE = REPO / "tests" / "standin_llama_server"
+
+
+# The first `llmgw up` on a machine builds llama-server from source.
+FIRST_BUILD_ALLOWANCE_S = 40 * 60
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -123,7 +127,13 @@ class System:
         return await connect(f"127.0.0.1:{self.temporal_port}")
 
     async def ledger(self) -> LedgerState:
-        return await ledger_snapshot(await self.client())
+        """The fleet tables as `llmgw up` keeps them: the SQLite store in its state dir."""
+        fleet = open_fleet(None, self.state_dir, pool_size=1)
+        try:
+            await fleet.init()
+            return await fleet.snapshot()
+        finally:
+            await fleet.close()
 
     async def ready_replicas(self, model: str) -> list[str]:
         state = await self.ledger()
@@ -225,3 +235,13 @@ async def engines_answer(http: httpx.AsyncClient, system: System, replicas: list
         if health.status_code != 200:
             return False
     return True
+
+
+def running_system(state_dir: Path, *, demo: bool = True) -> Iterator[System]:
+    """`llmgw up` in `state_dir` for a module's tests (a fixture yields from it), stopped after
+    them unless a test stopped it."""
+    system = System(state_dir, demo=demo, engine_path=None)
+    system.start(timeout=FIRST_BUILD_ALLOWANCE_S)
+    yield system
+    if system.process is not None and system.process.poll() is None:
+        assert system.stop() == 0

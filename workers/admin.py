@@ -3,18 +3,17 @@ tables, and the live console `top`. Keys, usage and the store itself are in
 workers/store_commands.py."""
 
 import argparse
-import sys
 from pathlib import Path
 
 from temporalio.client import Client
 
+from store.fleet import FleetTables
 from workers.connect import connect_with_retry
 from workers.fetch_progress import fetches_table, running_fetches, show_fetches
-from workers.ledger_commands import ledger_problem
 from workers.model_commands import model_command
 from workers.node_commands import node_command, show_nodes
 from workers.paths import Locations
-from workers.progress import ledger_snapshot
+from workers.progress import fleet_tables, ledger_snapshot
 from workers.tables import table
 from workflows.model_client import list_models
 
@@ -31,33 +30,31 @@ async def run_command(args: argparse.Namespace, where: Locations) -> None:
         raise SystemExit(
             f"cannot reach Temporal at {where.temporal}: is `llmgw up` running? ({err})"
         ) from None
+    fleet = await fleet_tables(where)
     if args.command == "status":
-        await status(client)
+        await status(client, fleet)
     elif args.command == "nodes":
-        await show_nodes(client)
+        await show_nodes(client, fleet)
     elif args.command == "fetches":
         await show_fetches(client)
     elif args.command == "node":
-        await node_command(client, where, args)
+        await node_command(client, fleet, where, args)
     elif args.command == "model":
-        await model_command(args, client)
+        await model_command(args, client, where, fleet)
     elif args.command == "top":
         from workers.top import run_console
         from workers.top_source import LiveSource
 
-        await run_console(LiveSource(client, args.admin), args.every)
+        await run_console(LiveSource(client, fleet, args.admin), args.every)
 
 
-async def status(client: Client) -> None:
-    problem = await ledger_problem(client)
-    if problem is not None:
-        print(f"warning: {problem}", file=sys.stderr)
-    await show_nodes(client)
+async def status(client: Client, fleet: FleetTables) -> None:
+    await show_nodes(client, fleet)
     fetches = await running_fetches(client)
     if fetches:
         print()
         print(fetches_table(fetches))
-    state = await ledger_snapshot(client)
+    state = await ledger_snapshot(fleet)
     current = {v.spec.name: set(v.spec.fingerprints()) for v in await list_models(client)}
     print()
     rows = [

@@ -9,15 +9,14 @@ workflows about engines that died while it was away, and stops engines no workfl
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import Enum
 
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
-    WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
@@ -30,7 +29,7 @@ from activities.agent.kv_service import KvService
 from activities.agent.liveness import NodePulse
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
 from activities.agent.node_metrics import EngineLoadSample, NodeMetricsService
-from activities.control.node_admin import node_handle
+from workers.agent_owners import NodeEnd, Ownership, node_end, ownership
 from workers.connect import connect_with_retry
 from workers.paths import Locations
 from workers.signals import stop_event, wait_or_stop
@@ -44,7 +43,6 @@ from workflows.contracts import (
     NodeView,
     ReplicaView,
 )
-from workflows.engine_keys import node_identity
 from workflows.names import (
     CONTROL_TASK_QUEUE,
     node_task_queue,
@@ -52,12 +50,10 @@ from workflows.names import (
     reserved_node_name,
 )
 from workflows.node import NodeWorkflow
+from workflows.node_proof import signed_registration
 from workflows.replica import ReplicaWorkflow
 
 log = logging.getLogger("llmgw.agent")
-# One call to Temporal from the agent's own loop: long enough for a busy server, short enough
-# that a frozen one does not stall the loop.
-DESCRIBE_TIMEOUT = timedelta(seconds=10)
 # On stopping, how long the agent waits for its liveness watch to tell the node workflow (the
 # next watch then waits for the agent's successor rather than timing out).
 HAND_OVER_S = 2.0
@@ -89,7 +85,7 @@ class AgentOptions:
 
 
 class NodeRemoved(Exception):
-    """The node's workflow has ended: an operator removed this node from the cluster."""
+    """The node's workflow completed with the node removed (`llmgw node rm`)."""
 
 
 async def register(
@@ -116,33 +112,12 @@ def replica_handle(
     return handle
 
 
-class Ownership(Enum):
-    OWNED = "owned"  # its replica workflow runs
-    ORPHAN = "orphan"  # its replica workflow is closed, or never existed: a definite answer
-    UNKNOWN = "unknown"  # Temporal could not be asked: silence proves nothing
-
-
-async def ownership(client: Client, workflow_id: str) -> Ownership:
-    """Whether a running workflow owns an engine. Only Temporal's own answer counts: while it
-    is down, frozen or unreachable, every engine stays owned (DESIGN.md, "Faults and time")."""
-    try:
-        described = await client.get_workflow_handle(workflow_id).describe(
-            rpc_timeout=DESCRIBE_TIMEOUT
-        )
-    except RPCError as err:
-        return Ownership.ORPHAN if err.status == RPCStatusCode.NOT_FOUND else Ownership.UNKNOWN
-    except Exception as err:  # noqa: BLE001 - nothing but NOT_FOUND may read as ORPHAN
-        # A timeout, a broken connection, or anything else: no answer either.
-        log.warning("could not ask about %s: %s", workflow_id, err)
-        return Ownership.UNKNOWN
-    running = described.status == WorkflowExecutionStatus.RUNNING
-    return Ownership.OWNED if running else Ownership.ORPHAN
-
-
 async def reconcile_shards(client: Client, agent: NodeAgentActivities) -> None:
-    """Tell replica workflows about engines that died unwatched; stop engines whose replica
-    workflow is definitely gone (nothing can describe them, and they hold a port and cores).
-    An engine whose owner cannot be asked right now is left alone until it can."""
+    """Tell replica workflows about engines that died unwatched; stop engines nothing will own
+    again (workers/agent_owners.py: they hold a port and cores). An engine whose owner cannot be
+    asked right now is left alone until it can, and so is one whose replica workflow an
+    operator closed while its model still wants it: the model starts the replica again, which
+    adopts it."""
     for dead in agent.dead_shards():
         try:
             await replica_handle(client, dead.workflow_id).signal(
@@ -253,7 +228,7 @@ async def serve_agent(
 ) -> None:
     client = await connect_with_retry(where)
     stop = stop_event()
-    pulse = NodePulse(opts.node, opts.heartbeat_s)
+    pulse = NodePulse(opts.node, opts.heartbeat_s, verify=agent.reverify_all)
     # Fetches of model artifacts from the mirror sit beside the engine activities.
     activities = [*agent.all(), *ArtifactActivities(config).all(), pulse.watch]
     worker = Worker(
@@ -265,7 +240,7 @@ async def serve_agent(
     removed = False
     try:
         async with worker:
-            await serve_node(client, agent, opts, node_identity(config.node_secret), stop, pulse)
+            await serve_node(client, agent, opts, config.node_secret, stop, pulse)
     except NodeRemoved:
         removed = True
         log.warning("node %s was removed from the cluster; stopping its engines", opts.node)
@@ -278,7 +253,7 @@ async def serve_node(
     client: Client,
     agent: NodeAgentActivities,
     opts: AgentOptions,
-    identity: str,
+    node_secret: bytes,
     stop: asyncio.Event,
     pulse: NodePulse,
 ) -> None:
@@ -289,7 +264,6 @@ async def serve_node(
     reg = NodeRegistration(
         inventory=inventory,
         boot_id=pulse.boot_id,
-        identity=identity,
         labels=opts.labels,
         engine_paths=opts.engine_paths,
         lost_after_s=opts.lost_after_s,
@@ -299,7 +273,8 @@ async def serve_node(
     # offered to placement again: their GPUs and ports may be handed out the moment it is.
     await reconcile_shards(client, agent)
     try:
-        await register(client, reg)
+        # Signed now, each time: the node workflow takes a signature once (workflows/node_proof.py).
+        await register(client, signed_registration(reg, node_secret, int(time.time() * 1000)))
     except WorkflowUpdateFailedError as err:
         # Another machine holds this name, or this is not the node's token: say so and stop,
         # rather than retrying forever under systemd.
@@ -311,7 +286,7 @@ async def serve_node(
         inventory.memory_mb,
         len(inventory.gpus),
     )
-    handle = node_handle(client, opts.node)
+    workflow_id = node_workflow_id(opts.node)
     loop = asyncio.get_running_loop()
     next_look = loop.time() + opts.look_every_s
     try:
@@ -327,9 +302,16 @@ async def serve_node(
                 pulse.look(inventory, await running_engines(agent))
                 await reconcile_shards(client, agent)
             # No watch for a grace: the workflow may have ended (an operator removed the
-            # node), or only be slow to ask (its control worker is away). Ask which.
-            if pulse.unwatched_for() > opts.lost_after_s and await _workflow_ended(handle):
-                raise NodeRemoved
+            # node, or terminated its workflow), or only be slow to ask (its control worker is
+            # away). Ask which.
+            if pulse.unwatched_for() > opts.lost_after_s:
+                end = await node_end(client, workflow_id)
+                if end == NodeEnd.REMOVED:
+                    raise NodeRemoved
+                if end == NodeEnd.CLOSED:
+                    again = reg.model_copy(update={"inventory": inventory})
+                    signed = signed_registration(again, node_secret, int(time.time() * 1000))
+                    await come_back(client, opts.node, signed)
     finally:
         pulse.stop()
         await pulse.handed_over(HAND_OVER_S)
@@ -352,14 +334,17 @@ async def look_again(agent: NodeAgentActivities, before: NodeInventory) -> NodeI
     return now if now.comparable() != before.comparable() else None
 
 
-async def _workflow_ended(handle: WorkflowHandle[NodeWorkflow, NodeView | None]) -> bool:
-    """The node's workflow has closed (an operator removed the node). Not found, or no answer,
-    is not that: the agent keeps watching and its engines keep serving."""
+async def come_back(client: Client, node: str, reg: NodeRegistration) -> None:
+    """The node's workflow closed without the node being removed (an operator terminated,
+    cancelled or reset it): register again, which starts a new one. Its engines keep serving
+    all along; the new workflow leaves them and their allocations alone."""
+    log.warning("node %s: its workflow ended without `llmgw node rm`; registering again", node)
     try:
-        described = await handle.describe(rpc_timeout=DESCRIBE_TIMEOUT)
-    except Exception:  # noqa: BLE001 - no answer, of any kind, is not "ended"
-        return False
-    return described.status != WorkflowExecutionStatus.RUNNING
+        await register(client, reg)
+    except WorkflowUpdateFailedError as err:
+        log.warning("node %s: registration refused: %s", node, err.cause)
+    except RPCError as err:
+        log.warning("node %s: could not register again (tried at the next look): %s", node, err)
 
 
 async def stop_engines_and_tell(client: Client, agent: NodeAgentActivities) -> None:

@@ -21,6 +21,7 @@ from workers.store_commands import STORE_COMMANDS, add_store_parsers, run_store_
 from workers.temporal_flags import add_temporal_arguments, namespace_from, security_from
 from workflows import options
 from workflows.client import PLAINTEXT
+from workflows.payload_codec import PayloadKeyError
 from workflows.temporal_security import TemporalSecurityError
 
 if TYPE_CHECKING:
@@ -38,6 +39,16 @@ def parse_engine_paths(values: list[str]) -> dict[str, str]:
             raise SystemExit(f"--engine-path wants ENGINE=PATH, got {value!r}")
         paths[engine] = str(Path(path).resolve())
     return paths
+
+
+def queue_deadline(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not 0 < seconds <= 3600:
+        raise argparse.ArgumentTypeError("more than 0 and at most 3600 seconds")
+    return seconds
 
 
 def refresh_interval(value: str) -> float:
@@ -86,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--ui-port", type=int, default=8233, help="Temporal web UI port")
     up.add_argument("--headless", action="store_true", help="no Temporal web UI")
     up.add_argument("--no-demo", action="store_true", help="do not define the demo model")
+    up.add_argument(
+        "--encrypt-payloads",
+        action="store_true",
+        help="encrypt every Temporal payload with a key made in STATE_DIR/payload.key; once it "
+        "exists, up always uses it ($LLMGW_PAYLOAD_KEY_FILE names another)",
+    )
     up.add_argument("--engine-path", action="append", default=[], metavar="ENGINE=PATH")
     up.add_argument("--config", help="server configuration YAML, default $LLMGW_CONFIG")
 
@@ -182,10 +199,46 @@ def build_parser() -> argparse.ArgumentParser:
         "console is on the loopback admin listener only)",
     )
     gw.add_argument(
+        "--media-url-allow",
+        action="append",
+        default=[],
+        metavar="CIDR_OR_HOST",
+        help="let media URLs point at this network or host name besides public addresses "
+        "(repeatable; by default loopback, private and link-local are refused)",
+    )
+    gw.add_argument(
         "--routing",
         choices=["prefix", "least_load", "round_robin"],
         default="prefix",
         help="how a replica is chosen (default: longest cached prompt prefix, then load)",
+    )
+    gw.add_argument(
+        "--no-fair-queue",
+        dest="fair_queue",
+        action="store_false",
+        help="send every request straight to an engine rather than holding what the replicas "
+        "cannot run at once in the gateway's fair queue (by key weight and priority class)",
+    )
+    gw.add_argument(
+        "--peer-host",
+        default="",
+        help="the address the other gateway processes on the store reach this one's peer bus "
+        "at, and where it listens (default: --host, or this machine's name where --host is a "
+        "wildcard); docs/peer-bus.md",
+    )
+    gw.add_argument(
+        "--no-peer-bus",
+        dest="peer_bus",
+        action="store_false",
+        help="route by this process's own record alone, telling other gateway processes nothing",
+    )
+    gw.add_argument(
+        "--queue-deadline",
+        type=queue_deadline,
+        default=60.0,
+        metavar="SECONDS",
+        help="the longest a request waits in the fair queue before a 503 with Retry-After "
+        "(batch-class requests: ten times as long; default 60)",
     )
 
     sub.add_parser("status", parents=[common], help="nodes and replicas")
@@ -231,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         where = locations(args)
         dispatch(args, where)
-    except TemporalSecurityError as err:
+    except (TemporalSecurityError, PayloadKeyError) as err:
         raise SystemExit(f"Temporal connection settings: {err}") from None
     except ValidationError as err:
         raise SystemExit(f"invalid input: {err}") from None
@@ -298,6 +351,12 @@ def gateway_settings(args: argparse.Namespace) -> "GatewaySettings":
         admin_port=args.admin_port,
         console_remote=args.console_remote,
         routing_policy=args.routing,
+        media_url_allow=args.media_url_allow,
+        fair_queue=args.fair_queue,
+        queue_deadline_s=args.queue_deadline,
+        batch_queue_deadline_s=args.queue_deadline * 10,
+        peer_bus=args.peer_bus,
+        peer_host=args.peer_host,
     )
 
 
@@ -324,6 +383,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 demo=not args.no_demo,
                 engine_paths=parse_engine_paths(args.engine_path),
                 config_file=where.config_file(args.config),
+                encrypt_payloads=args.encrypt_payloads,
             ),
         )
     elif args.command == "control":

@@ -12,6 +12,7 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from gateway.console.source import ConsoleRefused
+from store.fleet import FleetTables
 from workers.console_data import ClusterReadings, cluster_view
 from workers.fetch_progress import running_fetches
 from workers.node_commands import NodeCommandRefused, send_node_command
@@ -26,13 +27,14 @@ def _why(err: BaseException) -> str:
 
 
 class TemporalClusterConsole:
-    def __init__(self, client: Client, temporal_ui: str = "") -> None:
+    def __init__(self, client: Client, fleet: FleetTables, temporal_ui: str = "") -> None:
         self._client = client
+        self._fleet = fleet
         self._temporal_ui = temporal_ui.rstrip("/")
 
     async def read(self) -> dict[str, Any]:
         client = self._client
-        ledger = await ledger_snapshot(client)
+        ledger = await ledger_snapshot(self._fleet)
         readings = ClusterReadings(ledger=ledger, temporal_ui=self._temporal_ui)
         urls = {name: r.inventory.metrics_url for name, r in ledger.nodes.items()}
         installing = [
@@ -67,7 +69,7 @@ class TemporalClusterConsole:
 
     async def node_command(self, node: str, action: str, reason: str) -> str:
         try:
-            seen, here = await send_node_command(self._client, node, action, reason)
+            seen, here = await send_node_command(self._client, self._fleet, node, action, reason)
         except NodeCommandRefused as err:
             raise ConsoleRefused(str(err), status=404 if err.missing else 409) from None
         said = f"node {node}: {action} " + ("done" if seen else "sent")

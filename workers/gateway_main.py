@@ -1,10 +1,10 @@
-"""`llmgw gateway`: the OpenAI front door, reading routes from the ledger in the background.
+"""`llmgw gateway`: the OpenAI front door, reading routes from the store in the background.
 
 With `--workers N` it runs N gateway processes sharing the public port (SO_REUSEPORT: the kernel
 spreads connections among them), so the gateway uses N cores. Each worker is a whole gateway:
-its own routing table and KV index fed from the same sources (the ledger, the agents' feeds),
-its own admin listener (admin port + worker index), and the keys' limits shared with every other
-gateway through the store's leases (gateway/shared_limits.py).
+its own routing table and KV index fed from the same sources (the store's fleet tables, the
+agents' feeds), its own admin listener (admin port + worker index), and the keys' limits
+shared with every other gateway through the store's leases (gateway/shared_limits.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from typing import cast
 
 import uvloop
 
-from gateway.route_source import TemporalRouteSource
+from gateway.route_source import StoreRouteSource
 from gateway.server import serve
 from gateway.settings import GatewaySettings
-from gateway.store import open_store
+from store import open_store
+from store.fleet import open_fleet
 from workers.connect import connect_with_retry
 from workers.console_cluster import TemporalClusterConsole
 from workers.paths import Locations
@@ -39,16 +40,21 @@ async def run_gateway(
     where: Locations, settings: GatewaySettings, temporal_ui: str = "", reuse_port: bool = False
 ) -> None:
     store = open_store(where.database_url, where.state_dir)
+    # Routes come from the fleet tables in the same database: a few connections are enough
+    # for one read every half second.
+    fleet = open_fleet(where.database_url, where.state_dir, pool_size=2)
     client = await connect_with_retry(where)
     try:
+        await fleet.init()
         await serve(
             settings,
             store,
-            TemporalRouteSource(client),
-            TemporalClusterConsole(client, temporal_ui),
+            StoreRouteSource(fleet, client),
+            TemporalClusterConsole(client, fleet, temporal_ui),
             reuse_port,
         )
     finally:
+        await fleet.close()
         await store.close()
 
 

@@ -1,33 +1,25 @@
-"""`llmgw ledger rebuild`: a new cluster ledger from what the node and replica workflows hold.
+"""`llmgw ledger check` and `llmgw ledger rebuild`: the fleet tables against the workflows.
 
-The ledger (`cluster`) is the one record of which node holds which GPU, core and port, and
-of the routes gateways read. Ledger calls never start it over a closed run (an operator's
-terminate): an empty ledger would hand every device out again. While it is closed, placements,
-releases and route changes wait (their activities retry, saying why), and this command rebuilds
-it: every node from its Node workflow, every allocation and route from its running Replica
-workflow, idle models and external routes from the Model workflows. The calls that waited then
-go through on the rebuilt ledger.
+The workflows are the truth for what should run where: each node workflow holds its record,
+each running replica workflow its allocation and route, each model workflow whether it is
+scaled to zero and its external routes. The tables are what placement and gateways read, and
+each of those workflows writes its part in the step that changes it. `check` rebuilds the
+tables' contents from the workflows and shows where they differ (zero is the goal); `rebuild`
+writes what the workflows hold into the tables (after a restore of the database from an older
+backup, say).
 """
 
 import argparse
-import asyncio
 
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import ApplicationError
+from temporalio.client import Client, WorkflowHandle
 
-from activities.control.ledger_calls import (
-    ledger_cells,
-    ledger_handle,
-    ledger_status,
-    update_ledger,
-)
+from store.fleet import FleetTables
 from workers.connect import connect_with_retry
 from workers.paths import Locations
+from workers.progress import fleet_tables
 from workflows.addresses import http_base
 from workflows.contracts import (
     Allocation,
-    LedgerCells,
     LedgerState,
     ModelView,
     NodeState,
@@ -36,42 +28,14 @@ from workflows.contracts import (
     ReplicaView,
     Route,
 )
-from workflows.ledger import ClusterLedgerWorkflow
-from workflows.ledger_cells import merge_states, split_state
-from workflows.ledger_compact import compact_record, pack_state
 from workflows.model import external_route
 from workflows.model_client import list_models
-from workflows.names import CONTROL_TASK_QUEUE, LEDGER_WORKFLOW_ID, ledger_cell_workflow_id
 from workflows.node import NodeWorkflow
+from workflows.placement.compact import compact_record
 from workflows.replica import ReplicaWorkflow
 
 RUNNING_NODES = "WorkflowType = 'Node' AND ExecutionStatus = 'Running'"
 RUNNING_REPLICAS = "WorkflowType = 'Replica' AND ExecutionStatus = 'Running'"
-
-
-class LedgerRunning(Exception):
-    """The ledger runs: there is nothing to rebuild, and rebuilding would drop its state."""
-
-
-async def ledger_problem(client: Client) -> str | None:
-    """A line for `llmgw status` when the ledger, or a cell of it, is closed; None when every
-    cell that started runs."""
-    status = await ledger_status(client)
-    if status != WorkflowExecutionStatus.RUNNING:
-        what = "does not exist" if status is None else f"is {status.name.lower()}"
-        return f"the cluster ledger workflow {what}; run `llmgw ledger rebuild`"
-    closed = [
-        ledger_cell_workflow_id(cell)
-        for cell, status in enumerate(await _cell_statuses(client, await ledger_cells(client)))
-        if status not in (None, WorkflowExecutionStatus.RUNNING)
-    ]
-    if not closed:
-        return None
-    return f"ledger cell workflow(s) {', '.join(closed)} closed; run `llmgw ledger rebuild`"
-
-
-async def _cell_statuses(client: Client, cells: int) -> list[WorkflowExecutionStatus | None]:
-    return list(await asyncio.gather(*(ledger_status(client, c) for c in range(cells))))
 
 
 async def _running_ids(client: Client, query: str) -> list[str]:
@@ -117,7 +81,7 @@ async def _replicas(client: Client, state: LedgerState, models: dict[str, ModelV
         )
         view = await handle.query(ReplicaWorkflow.describe)
         if view.state == ReplicaState.STOPPED:
-            continue  # released, or releasing (that call waits for the rebuilt ledger)
+            continue  # released, or releasing
         alloc = await handle.query(ReplicaWorkflow.allocation)
         if alloc is not None:
             state.allocations[alloc.replica_id] = alloc
@@ -135,7 +99,7 @@ def _models(state: LedgerState, models: dict[str, ModelView]) -> None:
 
 
 async def rebuilt_state(client: Client) -> LedgerState:
-    """The ledger's state from the workflows that own each part of it."""
+    """What the fleet tables should hold, from the workflows that own each part of it."""
     state = LedgerState()
     models = {view.spec.name: view for view in await list_models(client)}
     await _nodes(client, state)
@@ -144,84 +108,84 @@ async def rebuilt_state(client: Client) -> LedgerState:
     return state
 
 
-async def rebuild_ledger(client: Client, cells: int | None = None) -> LedgerState:
-    """Start a new run of every closed ledger cell from the rebuilt state; refused while they
-    all run. `cells`: how many the ledger has; read from cell 0 (a closed workflow still
-    answers queries while its history is kept) when not given."""
-    cells = cells or await ledger_cells(client)
-    statuses = await _cell_statuses(client, cells)
-    running = WorkflowExecutionStatus.RUNNING
-    if statuses[0] == running and all(s in (None, running) for s in statuses):
-        raise LedgerRunning(f"the cluster ledger ({LEDGER_WORKFLOW_ID!r}) is running")
-    parts = split_state(await rebuilt_state(client), cells)
-    # A cell that never started has no ledger to lose (no node of it registered): the first
-    # call for one of its nodes starts it.
-    closed = [
-        cell
-        for cell, status in enumerate(statuses)
-        if status != running
-        and (status is not None or cell == 0 or parts[cell].nodes or parts[cell].routes)
-    ]
-    for cell in closed:
-        # The one place a ledger run may start where one existed; FAIL keeps it from ever
-        # replacing a running one (someone else rebuilt first).
-        await client.start_workflow(
-            ClusterLedgerWorkflow.run,
-            pack_state(parts[cell]),
-            id=ledger_cell_workflow_id(cell),
-            task_queue=CONTROL_TASK_QUEUE,
-            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
-            id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
-        )
-    return merge_states(parts)
+def drift(want: LedgerState, have: LedgerState) -> list[str]:
+    """Where the tables (`have`) differ from the workflows (`want`), a line each. Routes are
+    compared by what gateways act on (state, endpoint, node); a detail may differ."""
+    lines: list[str] = []
+    for name in sorted(want.nodes.keys() - have.nodes.keys()):
+        lines.append(f"node {name}: its workflow runs, the tables do not list it")
+    for name in sorted(have.nodes.keys() - want.nodes.keys()):
+        lines.append(f"node {name}: in the tables, no running workflow")
+    for name in sorted(want.nodes.keys() & have.nodes.keys()):
+        if want.nodes[name].state != have.nodes[name].state:
+            lines.append(
+                f"node {name}: {want.nodes[name].state.value} in its workflow, "
+                f"{have.nodes[name].state.value} in the tables"
+            )
+    for rid in sorted(want.allocations.keys() | have.allocations.keys()):
+        wanted, held = want.allocations.get(rid), have.allocations.get(rid)
+        if wanted is None:
+            lines.append(f"allocation {rid}: held in the tables, no running replica holds it")
+        elif held is None:
+            lines.append(f"allocation {rid}: its replica holds it, the tables do not")
+        elif wanted != held:
+            lines.append(f"allocation {rid}: differs between its replica and the tables")
+    for rid in sorted(want.routes.keys() | have.routes.keys()):
+        a, b = want.routes.get(rid), have.routes.get(rid)
+        if a is None or b is None:
+            where = "the tables only" if a is None else "its workflow only"
+            lines.append(f"route {rid}: in {where}")
+        elif (a.state, a.endpoint, a.node) != (b.state, b.endpoint, b.node):
+            lines.append(
+                f"route {rid}: {a.state.value} at {a.endpoint or '-'} in its workflow, "
+                f"{b.state.value} at {b.endpoint or '-'} in the tables"
+            )
+    if want.idle_models != have.idle_models:
+        lines.append(f"idle models: {want.idle_models} in the workflows, {have.idle_models} held")
+    return lines
 
 
-async def set_ledger_cells(client: Client, cells: int) -> LedgerCells:
-    """`llmgw ledger cells N`: split a new cluster's ledger into N cells (before nodes join)."""
-    await update_ledger(client, ClusterLedgerWorkflow.set_cells, LedgerCells(cells=cells))
-    return await ledger_handle(client).query(ClusterLedgerWorkflow.cells)
+async def rebuild(client: Client, fleet: FleetTables) -> LedgerState:
+    """Write what the workflows hold into the tables: nodes, allocations, routes, idle models."""
+    state = await rebuilt_state(client)
+    for record in state.nodes.values():
+        await fleet.upsert_node(record)
+    await fleet.replace_all(state)
+    held = await fleet.snapshot()
+    for model in set(held.idle_models) | set(state.idle_models):
+        await fleet.set_idle(model, model in state.idle_models)
+    return state
 
 
 def add_ledger_parsers(
     sub: "argparse._SubParsersAction[argparse.ArgumentParser]", common: argparse.ArgumentParser
 ) -> None:
-    ledger = sub.add_parser("ledger", parents=[common], help="the cluster ledger")
+    ledger = sub.add_parser(
+        "ledger", parents=[common], help="the fleet tables (allocations, routes) in the store"
+    )
     commands = ledger.add_subparsers(dest="ledger_command", required=True)
-    rebuild = commands.add_parser(
-        "rebuild",
+    commands.add_parser(
+        "check",
         parents=[common],
-        help="start a closed ledger again from the node and replica workflows",
+        help="compare the fleet tables with the workflows; exit 1 on any difference",
     )
-    rebuild.add_argument(
-        "--cells",
-        type=int,
-        help="how many cells the ledger has, where its `cluster` workflow's history is gone",
+    commands.add_parser(
+        "rebuild", parents=[common], help="write what the workflows hold into the fleet tables"
     )
-    split = commands.add_parser(
-        "cells",
-        parents=[common],
-        help=(
-            "split the ledger into N cells, one per 500 nodes; once, before any "
-            "node joins (docs/operations.md)"
-        ),
-    )
-    split.add_argument("count", type=int)
 
 
-async def ledger_command(args: argparse.Namespace, client: Client) -> None:
-    if args.ledger_command == "cells":
-        try:
-            answer = await set_ledger_cells(client, args.count)
-        except ApplicationError as err:
-            raise SystemExit(str(err)) from None
-        print(f"the cluster ledger has {answer.cells} cell(s)")
+async def ledger_command(args: argparse.Namespace, client: Client, fleet: FleetTables) -> None:
+    if args.ledger_command == "check":
+        lines = drift(await rebuilt_state(client), await fleet.snapshot())
+        for line in lines:
+            print(line)
+        if lines:
+            raise SystemExit(1)
+        print("the fleet tables agree with the workflows")
     elif args.ledger_command == "rebuild":
-        try:
-            state = await rebuild_ledger(client, args.cells)
-        except LedgerRunning as err:
-            raise SystemExit(f"{err}: nothing to rebuild") from None
+        state = await rebuild(client, fleet)
         print(
-            f"rebuilt the cluster ledger: {len(state.nodes)} nodes, "
+            f"wrote the fleet tables from the workflows: {len(state.nodes)} nodes, "
             f"{len(state.allocations)} allocations, {len(state.routes)} routes"
         )
 
@@ -231,4 +195,8 @@ async def run_ledger_command(args: argparse.Namespace, where: Locations) -> None
         client = await connect_with_retry(where, attempts=3)
     except RuntimeError as err:
         raise SystemExit(f"cannot reach Temporal at {where.temporal}: {err}") from None
-    await ledger_command(args, client)
+    fleet = await fleet_tables(where)
+    try:
+        await ledger_command(args, client, fleet)
+    finally:
+        await fleet.close()

@@ -7,7 +7,7 @@ import asyncio
 import logging
 
 from activities.control.mirror_server import start_mirror_server
-from gateway.store import open_store
+from store import open_store
 from workers.paths import Locations
 from workers.signals import stop_event
 

@@ -23,7 +23,8 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from activities.control.mirror.errors import MirrorError
 from activities.control.mirror.sources import OllamaSource
 from activities.control.mirror.store import MirrorStore
-from gateway.store import open_store
+from store import open_store
+from store.fleet import FleetTables
 from workers.external_kv_args import add_external_kv_arguments, external_kv_from_args
 from workers.mirror_commands import add_source_options
 from workers.mirror_ollama import add_ollama
@@ -31,7 +32,7 @@ from workers.model_from_source import lora_sources, mirrored_spec, with_source
 from workers.ollama_import import fetch_blobs, plan_import
 from workers.ollama_store import STORE_ENV, OllamaStoreError
 from workers.paths import Locations
-from workers.progress import ledger_snapshot
+from workers.progress import fleet_tables, ledger_snapshot
 from workers.tables import table
 from workflows.catalog import EXTERNAL, CatalogError, validate_model
 from workflows.contracts import LoraAdapter, ModelSpec, Profile
@@ -241,7 +242,10 @@ def wanted(spec: ModelSpec) -> str:
 
 
 async def model_command(
-    args: argparse.Namespace, client: Client, where: Locations | None = None
+    args: argparse.Namespace,
+    client: Client,
+    where: Locations | None = None,
+    fleet: FleetTables | None = None,
 ) -> None:
     if where is None:
         where = Locations.resolve(
@@ -272,9 +276,9 @@ async def model_command(
             else:
                 print(f"model {args.name}: removing; its replicas stop and release their resources")
         elif args.action == "list":
-            await show_models(client)
+            await show_models(client, fleet or await fleet_tables(where))
         elif args.action == "why":
-            await why(client, args.name)
+            await why(client, fleet or await fleet_tables(where), args.name)
     except WorkflowUpdateFailedError as err:
         raise SystemExit(f"refused: {err.cause}") from None
 
@@ -310,8 +314,8 @@ def mirror_ollama_model(where: Locations, args: argparse.Namespace, name: str) -
     return f"mirror: {added.name} -> {added.digest} ({len(added.manifest.files)} file(s))"
 
 
-async def show_models(client: Client) -> None:
-    state = await ledger_snapshot(client)
+async def show_models(client: Client, fleet: FleetTables) -> None:
+    state = await ledger_snapshot(fleet)
     rows = []
     for view in await list_models(client):
         routes = [r for r in state.routes.values() if r.model == view.spec.name]
@@ -341,7 +345,7 @@ def describe_profile(p: Profile) -> str:
     return f"{p.engine} {where}"
 
 
-async def why(client: Client, name: str) -> None:
+async def why(client: Client, fleet: FleetTables, name: str) -> None:
     """Where each profile of the model could go now, and why every other node is out: for
     weights in the mirror, also which nodes hold them and which lack the disk to fetch them."""
     from workflows.placement import explain
@@ -349,7 +353,7 @@ async def why(client: Client, name: str) -> None:
     views = [v for v in await list_models(client) if v.spec.name == name]
     if not views:
         raise SystemExit(f"no model {name!r}")
-    state = await ledger_snapshot(client)
+    state = await ledger_snapshot(fleet)
     for line in explain(state, views[0].spec):
         print(line)
     pending = [r for r in state.routes.values() if r.model == name and r.state.value == "pending"]

@@ -13,7 +13,8 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from activities.control.node_admin import add_node, node_handle
-from gateway.store import open_store
+from store import open_store
+from store.fleet import FleetTables
 from workers.join import JoinToken
 from workers.node_telemetry import gpu_headline, node_warnings, read_agents
 from workers.paths import Locations
@@ -29,9 +30,10 @@ from workflows.contracts import (
     NodeState,
     NodeView,
 )
-from workflows.engine_keys import node_identity, node_secret
+from workflows.engine_keys import node_secret
 from workflows.names import reserved_node_name
 from workflows.node import NodeWorkflow
+from workflows.node_proof import identity_key
 from workflows.placement.disk import size_text
 
 # How long a command waits to see the node take it before saying it was only sent.
@@ -80,8 +82,8 @@ def why_not_placeable(record: NodeRecord) -> list[str]:
     return reasons
 
 
-async def show_nodes(client: Client) -> None:
-    state = await ledger_snapshot(client)
+async def show_nodes(client: Client, fleet: FleetTables) -> None:
+    state = await ledger_snapshot(fleet)
     rows = []
     notes: list[str] = []
     unread: list[str] = []
@@ -186,7 +188,7 @@ async def node_add(client: Client, where: Locations, args: argparse.Namespace) -
         name=args.name,
         address=args.address or "",
         labels=parse_labels(args.label),
-        identity=node_identity(secret),
+        identity=identity_key(secret),
     )
     view = await add_node(client, req)
     token = JoinToken(node=args.name, temporal=args.join_address or where.temporal, secret=secret)
@@ -204,7 +206,12 @@ class NodeCommandRefused(Exception):
 
 
 async def send_node_command(
-    client: Client, name: str, action: str, reason: str = "", force: bool = False
+    client: Client,
+    fleet: FleetTables,
+    name: str,
+    action: str,
+    reason: str = "",
+    force: bool = False,
 ) -> tuple[bool, list[str]]:
     """Signal `action` (cordon, uncordon, drain, rm) on the node's workflow after the checks
     every caller gets (the CLI and the web console's admin API alike), and wait a little to see
@@ -214,7 +221,7 @@ async def send_node_command(
     view = await describe(client, name)
     if view is None or view.record.state == NodeState.REMOVED:
         raise NodeCommandRefused(f"no node {name!r}", missing=True)
-    state = await ledger_snapshot(client)
+    state = await ledger_snapshot(fleet)
     here = sorted(a.replica_id for a in state.allocations.values() if a.node == name)
     if action == "rm" and here and not force and view.record.state != NodeState.LOST:
         raise NodeCommandRefused(
@@ -223,13 +230,13 @@ async def send_node_command(
         )
     signal = NODE_SIGNALS[action]
     await node_handle(client, name).signal(signal, NodeCommand(reason=reason))
-    return await _seen(client, name, action), here
+    return await _seen(fleet, name, action), here
 
 
-async def node_signal(client: Client, args: argparse.Namespace) -> None:
+async def node_signal(client: Client, fleet: FleetTables, args: argparse.Namespace) -> None:
     try:
         seen, here = await send_node_command(
-            client, args.name, args.action, args.reason or "", getattr(args, "force", False)
+            client, fleet, args.name, args.action, args.reason or "", getattr(args, "force", False)
         )
     except NodeCommandRefused as err:
         raise SystemExit(str(err)) from None
@@ -239,8 +246,8 @@ async def node_signal(client: Client, args: argparse.Namespace) -> None:
         print(f"moving {', '.join(here)}; `llmgw node show {args.name}` shows progress")
 
 
-async def _seen(client: Client, name: str, action: str) -> bool:
-    """Wait until the ledger reflects the command."""
+async def _seen(fleet: FleetTables, name: str, action: str) -> bool:
+    """Wait until the fleet tables reflect the command."""
 
     def done(state: LedgerState) -> bool:
         record = state.nodes.get(name)
@@ -257,7 +264,7 @@ async def _seen(client: Client, name: str, action: str) -> bool:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + SEEN_WITHIN_S
     while loop.time() < deadline:
-        if done(await ledger_snapshot(client)):
+        if done(await ledger_snapshot(fleet)):
             return True
         await asyncio.sleep(0.2)
     return False
@@ -290,10 +297,12 @@ def add_node_parsers(
             cmd.add_argument("--force", action="store_true", help="even with replicas on it")
 
 
-async def node_command(client: Client, where: Locations, args: argparse.Namespace) -> None:
+async def node_command(
+    client: Client, fleet: FleetTables, where: Locations, args: argparse.Namespace
+) -> None:
     if args.action == "add":
         await node_add(client, where, args)
     elif args.action == "show":
         await show_node(client, args.name)
     else:
-        await node_signal(client, args)
+        await node_signal(client, fleet, args)

@@ -3,13 +3,11 @@
 from workflows.artifact_fetch import ArtifactFetchWorkflow
 from workflows.engine_install import EngineInstallWorkflow
 from workflows.fleet import FleetRefreshWorkflow, ScheduledOnboardingWorkflow
-from workflows.ledger import ClusterLedgerWorkflow
 from workflows.model import ModelWorkflow
 from workflows.node import NodeWorkflow
 from workflows.replica import ReplicaWorkflow
 
 CONTROL_WORKFLOWS = [
-    ClusterLedgerWorkflow,
     NodeWorkflow,
     EngineInstallWorkflow,
     ModelWorkflow,

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import asyncpg
 
-from gateway.store import ApiKey, KeyLimits, KeyNameTaken, Store, open_store
-from gateway.store.factory import redacted_url
-from gateway.store.migrate import TargetNotEmpty, migrate
 from gateway.usage_export import usage_csv
+from store import ApiKey, KeyLimits, KeyNameTaken, Store, open_store
+from store.factory import redacted_url
+from store.migrate import TargetNotEmpty, migrate
+from store.models import DEFAULT_TOP_PRIORITY, MAX_WEIGHT, PRIORITY_CLASSES
 from workers.paths import Locations
 from workers.tables import table
 
@@ -46,6 +49,18 @@ def positive_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not at least 1")
+    return value
+
+
+def key_weight(text: str) -> float:
+    """A key's weight in the fair queue: a number above 0, at most MAX_WEIGHT."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    # float() also reads "nan" and "inf"; neither is a share.
+    if not (math.isfinite(value) and 0 < value <= MAX_WEIGHT):
+        raise argparse.ArgumentTypeError(f"{text!r} is not above 0 and at most {MAX_WEIGHT:g}")
     return value
 
 
@@ -85,7 +100,9 @@ def add_store_parsers(
         help="an admin key: it also logs in to the remote web console (`llmgw gateway "
         "--console-remote`); on the OpenAI API it is an ordinary key",
     )
-    _add_limit_flags(create, positive_count, "unlimited", "the gateway's default", "shared")
+    _add_limit_flags(
+        create, positive_count, "unlimited", "the gateway's default", "shared", "default "
+    )
 
     limit = ksub.add_parser("limit", parents=[common], help="change a key's limits")
     limit.add_argument("name_or_id")
@@ -95,6 +112,7 @@ def add_store_parsers(
         "unchanged; `none` removes the limit",
         "unchanged; `none` goes back to the gateway's default",
         "unchanged",
+        "unchanged; a new key has ",
     )
 
     ksub.add_parser("list", parents=[common], help="every key, its allowlists and limits")
@@ -127,6 +145,7 @@ def _add_limit_flags(
     default_help: str,
     size_default_help: str,
     isolate_default_help: str,
+    fair_default_help: str,
 ) -> None:
     parser.add_argument("--rpm", type=count, help=f"requests per minute ({default_help})")
     parser.add_argument("--tpm", type=count, help=f"tokens per minute ({default_help})")
@@ -143,6 +162,23 @@ def _add_limit_flags(
         help="a prefix cache of the key's own on vLLM replicas: its prompts never hit blocks "
         f"another key's left cached (--no-isolate-cache shares it; {isolate_default_help})",
     )
+    # Fair queuing (issue 30): not limits that refuse a request, but how the gateway orders the
+    # key's requests against other keys' when a model's replicas are saturated.
+    parser.add_argument(
+        "--weight",
+        type=key_weight,
+        metavar="W",
+        help="the key's share of a saturated model relative to other keys': 2 is twice the "
+        f"tokens of a key of weight 1; above 0, at most {MAX_WEIGHT:g} ({fair_default_help}1)",
+    )
+    parser.add_argument(
+        "--top-priority",
+        choices=PRIORITY_CLASSES,
+        metavar="CLASS",
+        help="the highest priority class the key's requests may ask for: "
+        f"{', '.join(PRIORITY_CLASSES)}, highest first ({fair_default_help}{DEFAULT_TOP_PRIORITY}"
+        "; critical only for keys given it)",
+    )
 
 
 def limits_to_create(args: argparse.Namespace) -> KeyLimits:
@@ -155,7 +191,15 @@ def limits_to_create(args: argparse.Namespace) -> KeyLimits:
         budget_period=args.budget_period or "day",
         **{field: getattr(args, field) for _, field, _ in SIZE_LIMIT_FLAGS},
         isolate_cache=bool(args.isolate_cache),
+        **_fairness(args),
     )
+
+
+def _fairness(args: argparse.Namespace) -> dict[str, Any]:
+    """--weight and --top-priority where given; a flag left out is the field's default (create)
+    or unchanged (limit)."""
+    given = {"weight": args.weight, "top_priority": args.top_priority}
+    return {field: value for field, value in given.items() if value is not None}
 
 
 def changed_limits(current: KeyLimits, args: argparse.Namespace) -> KeyLimits:
@@ -170,9 +214,18 @@ def changed_limits(current: KeyLimits, args: argparse.Namespace) -> KeyLimits:
         changes["budget_period"] = args.budget_period
     if args.isolate_cache is not None:
         changes["isolate_cache"] = args.isolate_cache
+    changes |= _fairness(args)
     if not changes:
         flags = ", ".join(
-            ["--rpm", "--tpm", "--budget", *(f for f, _, _ in SIZE_LIMIT_FLAGS), "--budget-period"]
+            [
+                "--rpm",
+                "--tpm",
+                "--budget",
+                *(f for f, _, _ in SIZE_LIMIT_FLAGS),
+                "--budget-period",
+                "--weight",
+                "--top-priority",
+            ]
         )
         raise SystemExit(f"nothing to change: give {flags} or --[no-]isolate-cache")
     return KeyLimits.model_validate(current.model_dump() | changes)
@@ -192,6 +245,11 @@ def describe_limits(limits: KeyLimits) -> str:
             parts.append(f"{flag.removeprefix('--')} {value}")
     if limits.isolate_cache:
         parts.append(ISOLATE_FLAG.removeprefix("--"))
+    # Shown only where they differ from a new key's, like the limits above shown only when set.
+    if limits.weight != KeyLimits().weight:
+        parts.append(f"weight {limits.weight:.15g}")
+    if limits.top_priority != DEFAULT_TOP_PRIORITY:
+        parts.append(f"top-priority {limits.top_priority}")
     return ", ".join(parts) or "none"
 
 

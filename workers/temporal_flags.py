@@ -1,9 +1,10 @@
 """The flags and environment variables that say how to reach Temporal: namespace, TLS, mutual
-TLS and an API key. A flag wins over its variable; a variable set once per machine (the systemd
-env file, a container's environment) points every command at the same cluster the same way.
+TLS, an API key, and the payload key (workflows/payload_codec.py). A flag wins over its
+variable; a variable set once per machine (the systemd env file, a container's environment)
+points every command at the same cluster the same way.
 
-The API key is named by a file, never given as a value: a value in a flag or a variable shows in
-`ps`, in /proc/PID/environ and in `systemctl show`.
+The API key and the payload key are named by a file, never given as a value: a value in a flag
+or a variable shows in `ps`, in /proc/PID/environ and in `systemctl show`.
 """
 
 import argparse
@@ -26,9 +27,11 @@ NAMESPACE_VARIABLE = "LLMGW_TEMPORAL_NAMESPACE"
 # Refused rather than ignored: an operator who guesses this name would otherwise connect
 # without a key and wonder why the cluster says "unauthenticated".
 REFUSED_KEY_VARIABLE = "LLMGW_TEMPORAL_API_KEY"
-# Every variable this module reads: `llmgw up` keeps them from its children, which talk to the
-# plaintext dev server it runs (workers/up.py).
+# Every variable this module reads for the connection: `llmgw up` keeps them from its children,
+# which talk to the plaintext dev server it runs (workers/up.py).
 SECURITY_VARIABLES = (*PATH_SETTINGS.values(), TLS_VARIABLE, SERVER_NAME_VARIABLE)
+# Not a connection setting: `up` hands its children its own payload key (workers/up.py).
+PAYLOAD_KEY_VARIABLE = "LLMGW_PAYLOAD_KEY_FILE"
 
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
@@ -70,6 +73,12 @@ def add_temporal_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a file holding the API key (Temporal Cloud); implies TLS",
     )
+    group.add_argument(
+        "--payload-key-file",
+        metavar="FILE",
+        help=f"encrypt every Temporal payload with the keys in FILE (${PAYLOAD_KEY_VARIABLE}); "
+        "every process of the cluster needs the same file",
+    )
 
 
 def env_flag(env: Mapping[str, str], name: str) -> bool | None:
@@ -103,6 +112,7 @@ def security_from(args: argparse.Namespace | None, env: Mapping[str, str]) -> Te
         value = getattr(args, dest, None) or env.get(variable) or None
         paths[dest] = Path(value).expanduser().absolute() if value else None
     server_name = getattr(args, "temporal_tls_server_name", None) or env.get(SERVER_NAME_VARIABLE)
+    payload_key = getattr(args, "payload_key_file", None) or env.get(PAYLOAD_KEY_VARIABLE)
     tls_flag = getattr(args, "temporal_tls", None)
     tls = tls_flag if tls_flag is not None else env_flag(env, TLS_VARIABLE)
     security = TemporalSecurity(
@@ -112,6 +122,7 @@ def security_from(args: argparse.Namespace | None, env: Mapping[str, str]) -> Te
         key_file=paths["temporal_tls_key"],
         server_name=server_name or None,
         api_key_file=paths["temporal_api_key_file"],
+        payload_key_file=Path(payload_key).expanduser().absolute() if payload_key else None,
     )
     if tls is False and security.uses_tls:
         raise TemporalSecurityError(

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from gateway.console.figures import CACHE_REASONS
+from store.models import PRIORITY_CLASSES
 from workers.node_telemetry import GpuFigures, NodeTelemetry
 from workflows.contracts import LedgerState
 
@@ -65,6 +66,23 @@ class ModelCounters(BaseModel):
     tokens: float = 0.0
     routed: float = 0.0  # replica choices
     routed_to_cache: float = 0.0  # of which to a replica holding the prompt's prefix
+    # Replica choices by routing state (exact, approximate, degraded, fallback:
+    # docs/routing-states.md).
+    states: dict[str, float] = Field(default_factory=dict)
+    predicted: float = 0.0  # requests sent where a prefix was predicted, the engine's figure back
+    incorrect: float = 0.0  # of which the engine held less than half the prediction
+    # Requests the fair queue refused, by reason (queue_full: 429, queue_timeout: 503).
+    queue_refused: dict[str, float] = Field(default_factory=dict)
+
+
+class WaitingRow(BaseModel):
+    """Requests of one key and priority class waiting in the gateway's fair queue for a model."""
+
+    model: str
+    key: str
+    priority: str
+    waiting: float
+    oldest_s: float | None = None  # how long the longest-waiting of them has waited
 
 
 class KeyQuota(BaseModel):
@@ -86,6 +104,9 @@ class TopData(BaseModel):
     models: list[ModelCounters] = Field(default_factory=list)
     keys: list[KeyQuota] = Field(default_factory=list)
     in_flight: float | None = None  # the gateway's requests being proxied now
+    waiting: list[WaitingRow] = Field(default_factory=list)  # in the gateway's fair queue
+    # Replica id -> the requests the gateway sends it at once, learnt from its engine.
+    replica_depths: dict[str, float] = Field(default_factory=dict)
     # What could not be read this time, in words ("gateway admin API: ConnectError").
     problems: list[str] = Field(default_factory=list)
 
@@ -169,6 +190,11 @@ class ModelRates:
     tokens_per_s: float | None
     error_share: float | None  # of the requests answered since the last refresh
     cache_share: float | None  # of the replica choices since the last refresh
+    # The state most replica choices since the last refresh were in, and its share of them.
+    state: str | None = None
+    state_share: float | None = None
+    # Of the requests predicted to find a prefix since the last refresh, those that did not.
+    incorrect_share: float | None = None
 
 
 def _since(now: float, then: float) -> float:
@@ -189,6 +215,10 @@ def model_rates(current: TopData, previous: TopData | None) -> list[ModelRates]:
         then = before.get(now.model, ModelCounters(model=now.model))
         requests = _since(now.requests, then.requests)
         routed = _since(now.routed, then.routed)
+        states = {s: _since(n, then.states.get(s, 0.0)) for s, n in now.states.items()}
+        decided = sum(states.values())
+        state = max(sorted(states), key=lambda s: states[s]) if decided else None
+        predicted = _since(now.predicted, then.predicted)
         rates.append(
             ModelRates(
                 model=now.model,
@@ -197,6 +227,11 @@ def model_rates(current: TopData, previous: TopData | None) -> list[ModelRates]:
                 error_share=_since(now.errors, then.errors) / requests if requests else None,
                 cache_share=(
                     _since(now.routed_to_cache, then.routed_to_cache) / routed if routed else None
+                ),
+                state=state,
+                state_share=states[state] / decided if state is not None else None,
+                incorrect_share=(
+                    _since(now.incorrect, then.incorrect) / predicted if predicted else None
                 ),
             )
         )
@@ -228,7 +263,46 @@ def counters_from_samples(
             counters.routed += value
             if labels.get("reason") in CACHE_REASONS:
                 counters.routed_to_cache += value
+        elif name == "llmgw_routing_state_total":
+            state = labels.get("state", "")
+            counters.states[state] = counters.states.get(state, 0.0) + value
+        elif name == "llmgw_routing_predicted_total":
+            counters.predicted += value
+        elif name == "llmgw_routing_incorrect_total":
+            counters.incorrect += value
+        elif name == "llmgw_queue_refusals_total":
+            reason = labels.get("reason", "")
+            counters.queue_refused[reason] = counters.queue_refused.get(reason, 0.0) + value
     return list(models.values()), in_flight
+
+
+def _class_order(priority: str) -> int:
+    """A class's place, highest first; a name this CLI does not know goes last."""
+    names: tuple[str, ...] = PRIORITY_CLASSES
+    return names.index(priority) if priority in names else len(names)
+
+
+def queue_from_samples(
+    samples: list[tuple[str, dict[str, str], float]],
+) -> tuple[list[WaitingRow], dict[str, float]]:
+    """The gateway's /metrics samples as who waits in its fair queue (by model, the highest
+    class first, then key) and each replica's learnt depth."""
+    rows: dict[tuple[str, str, str], WaitingRow] = {}
+    oldest: dict[tuple[str, str, str], float] = {}
+    depths: dict[str, float] = {}
+    for name, labels, value in samples:
+        if name == "llmgw_replica_depth":
+            depths[labels.get("replica", "")] = value
+            continue
+        place = (labels.get("model", ""), labels.get("key", ""), labels.get("priority", ""))
+        if name == "llmgw_queue_waiting" and value > 0:
+            rows[place] = WaitingRow(model=place[0], key=place[1], priority=place[2], waiting=value)
+        elif name == "llmgw_queue_oldest_wait_seconds":
+            oldest[place] = value
+    for place, row in rows.items():
+        row.oldest_s = oldest.get(place)
+    ordered = sorted(rows.values(), key=lambda r: (r.model, _class_order(r.priority), r.key))
+    return ordered, depths
 
 
 def key_quotas(

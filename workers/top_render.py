@@ -10,7 +10,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from workers.tables import table
-from workers.top_data import GpuRow, KeyQuota, ModelRates, NodeRow, ReplicaRow, TopData
+from workers.top_data import (
+    GpuRow,
+    KeyQuota,
+    ModelCounters,
+    ModelRates,
+    NodeRow,
+    ReplicaRow,
+    TopData,
+)
 
 PANES = ("Nodes", "Replicas", "Traffic")
 SORTS: dict[str, tuple[str, ...]] = {
@@ -209,11 +217,22 @@ def _replicas(data: TopData, sort: str) -> list[str]:
             r.engine,
             _num(r.running, 0),
             _num(r.waiting, 0),
+            _num(data.replica_depths.get(r.replica_id), 0),
             r.detail,
         ]
         for r in sorted(data.replicas, key=keys[sort])
     ]
-    headers = ["REPLICA", "MODEL", "STATE", "NODE", "ENGINE", "RUNNING", "WAITING", "DETAIL"]
+    headers = [
+        "REPLICA",
+        "MODEL",
+        "STATE",
+        "NODE",
+        "ENGINE",
+        "RUNNING",
+        "WAITING",
+        "DEPTH",
+        "DETAIL",
+    ]
     return table(headers, rows).splitlines()
 
 
@@ -236,10 +255,13 @@ def _traffic(data: TopData, rates: list[ModelRates], sort: str) -> list[str]:
             _num(r.tokens_per_s, 0),
             _pct(None if r.error_share is None else 100 * r.error_share),
             _pct(None if r.cache_share is None else 100 * r.cache_share),
+            _state(r),
+            _pct(None if r.incorrect_share is None else 100 * r.incorrect_share),
         ]
         for r in ordered
     ]
-    lines = table(["MODEL", "REQ/S", "TOK/S", "ERRORS", "CACHE HITS"], model_rows).splitlines()
+    model_headers = ["MODEL", "REQ/S", "TOK/S", "ERRORS", "CACHE HITS", "ROUTING", "MISROUTED"]
+    lines = table(model_headers, model_rows).splitlines()
 
     def spent(key: KeyQuota) -> float:
         return key.budget_spent / key.token_budget if key.token_budget else 0.0
@@ -257,7 +279,47 @@ def _traffic(data: TopData, rates: list[ModelRates], sort: str) -> list[str]:
         for k in keys
     ]
     headers = ["KEY", "REQUESTS TODAY", "TOKENS TODAY", "TOKEN BUDGET", "RPM", "TPM"]
-    return [*lines, "", *table(headers, key_rows).splitlines()]
+    return [*lines, *_waiting(data), "", *table(headers, key_rows).splitlines()]
+
+
+def _state(rates: ModelRates) -> str:
+    """The routing state most choices since the last refresh were in, and its share."""
+    if rates.state is None or rates.state_share is None:
+        return "-"
+    return f"{rates.state} {100 * rates.state_share:.0f}%"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+def _refusals(model: ModelCounters) -> str:
+    said = {"queue_full": "queue full (429)", "queue_timeout": "queue timeout (503)"}
+    counts = [
+        f"{count:.0f} {said.get(reason, reason)}"
+        for reason, count in sorted(model.queue_refused.items())
+        if count
+    ]
+    return f"{model.model}: " + ", ".join(counts) if counts else ""
+
+
+def _waiting(data: TopData) -> list[str]:
+    """Who waits in the gateway's fair queue for what, and what the queue refused since the
+    gateway started; nothing when neither."""
+    refused = [line for m in sorted(data.models, key=lambda m: m.model) if (line := _refusals(m))]
+    if not data.waiting and not refused:
+        return []
+    lines = ["", "Waiting in the gateway's fair queue:"]
+    cells = [
+        [w.model, w.key, w.priority, _num(w.waiting, 0), _seconds(w.oldest_s)] for w in data.waiting
+    ]
+    if cells:
+        lines += table(["MODEL", "KEY", "CLASS", "WAITING", "OLDEST"], cells).splitlines()
+    else:
+        lines.append("nothing waits")
+    if refused:
+        lines.append("Refused since the gateway started: " + "; ".join(refused))
+    return lines
 
 
 # The screen -----------------------------------------------------------------------------
@@ -283,6 +345,8 @@ def _summary(screen: Screen) -> str:
     ]
     if data.in_flight is not None:
         parts.append(f"{data.in_flight:.0f} in flight")
+    if data.waiting:
+        parts.append(f"{sum(w.waiting for w in data.waiting):.0f} waiting")
     refreshed = f"refreshed {screen.refreshed}" if screen.refreshed else ""
     parts.append(f"{refreshed}, every {screen.every_s:g}s" + (" *" if screen.reading else ""))
     return "  ".join(parts)

@@ -1,6 +1,7 @@
 """Where `llmgw top` reads from: the cluster ledger's snapshot through Temporal (nodes,
 replicas), each node agent's /metrics (GPUs now, engines' load; workers/node_telemetry.py)
-and the gateway's admin listener on loopback (its counters on /metrics, keys and usage). What
+and the gateway's admin listener on loopback (its counters and fair queue on /metrics, keys
+and usage). What
 cannot be read becomes a line in `TopData.problems`; the rest is still shown.
 """
 
@@ -16,9 +17,16 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
 
+from store.fleet import FleetTables
 from workers.node_telemetry import read_agents
 from workers.progress import ledger_snapshot
-from workers.top_data import TopData, cluster_rows, counters_from_samples, key_quotas
+from workers.top_data import (
+    TopData,
+    cluster_rows,
+    counters_from_samples,
+    key_quotas,
+    queue_from_samples,
+)
 
 # Each read is bounded, so a refresh never hangs on a frozen server.
 LEDGER_TIMEOUT_S = 5.0
@@ -34,8 +42,9 @@ def _why(err: BaseException) -> str:
 
 
 class LiveSource:
-    def __init__(self, client: Client, admin_url: str) -> None:
+    def __init__(self, client: Client, fleet: FleetTables, admin_url: str) -> None:
         self._client = client
+        self._fleet = fleet
         self._admin = admin_url.rstrip("/")
         self._last: TopData | None = None
 
@@ -43,9 +52,9 @@ class LiveSource:
         problems: list[str] = []
         taken_at = time.monotonic()
         try:
-            ledger = await asyncio.wait_for(ledger_snapshot(self._client), LEDGER_TIMEOUT_S)
+            ledger = await asyncio.wait_for(ledger_snapshot(self._fleet), LEDGER_TIMEOUT_S)
         except Exception as err:  # noqa: BLE001 - shown on screen; the console keeps going
-            problems.append(f"Temporal: {_why(err)}")
+            problems.append(f"store: {_why(err)}")
             nodes, replicas = (self._last.nodes, self._last.replicas) if self._last else ([], [])
         else:
             urls = {name: r.inventory.metrics_url for name, r in ledger.nodes.items()}
@@ -81,6 +90,7 @@ class LiveSource:
             data.problems.append(f"gateway admin API at {self._admin}: {_why(err)}")
             return
         data.models, data.in_flight = counters_from_samples(samples)
+        data.waiting, data.replica_depths = queue_from_samples(samples)
         data.keys = key_quotas(key_list, usage_rows, today)
 
 

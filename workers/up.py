@@ -20,19 +20,22 @@ from temporalio.client import Client
 
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
 from activities.control.server_config import ConfigError, load_server_config
-from gateway.store import Store, open_store
+from store import Store, open_store
+from store.fleet import FleetTables
 from workers.children import Child, Children
 from workers.connect import connect_with_retry
 from workers.demo import DEMO_MODEL, demo_spec
 from workers.paths import Locations
-from workers.progress import engine_lines, ledger_snapshot
+from workers.payload_key import up_payload_key
+from workers.progress import engine_lines, fleet_tables, ledger_snapshot
 from workers.secret_files import write_secret_file
 from workers.signals import stop_event, wait_or_stop
-from workers.temporal_flags import SECURITY_VARIABLES
+from workers.temporal_flags import PAYLOAD_KEY_VARIABLE, SECURITY_VARIABLES
 from workers.temporal_server import TemporalDevServer
 from workflows.contracts import ReplicaState
 from workflows.engine_keys import node_secret
 from workflows.model_client import define_if_missing
+from workflows.payload_codec import PayloadKeyError
 
 log = logging.getLogger("llmgw.up")
 
@@ -56,6 +59,8 @@ class UpOptions:
     demo: bool = True
     engine_paths: dict[str, str] = field(default_factory=dict)
     config_file: Path | None = None
+    # Make a payload key in the state dir if there is none (workers/payload_key.py).
+    encrypt_payloads: bool = False
 
 
 def say(text: str) -> None:
@@ -100,6 +105,10 @@ def child_env(where: Locations) -> dict[str, str]:
     # has for a cluster elsewhere.
     for variable in SECURITY_VARIABLES:
         env.pop(variable, None)
+    # The payload key is not a connection setting: every child seals with `up`'s own.
+    env.pop(PAYLOAD_KEY_VARIABLE, None)
+    if where.security.payload_key_file is not None:
+        env[PAYLOAD_KEY_VARIABLE] = str(where.security.payload_key_file)
     if where.database_url:
         env["LLMGW_DATABASE_URL"] = where.database_url
     # This environment's tools first: engines and the stand-in engine find the same Python.
@@ -140,7 +149,11 @@ def planned_children(where: Locations, opts: UpOptions) -> list[Child]:
 
 
 async def wait_until_serving(
-    client: Client, model: str, stop: asyncio.Event, tick: Callable[[], Awaitable[None]]
+    client: Client,
+    fleet: FleetTables,
+    model: str,
+    stop: asyncio.Event,
+    tick: Callable[[], Awaitable[None]],
 ) -> bool:
     """Print what happens until a replica of the model is ready; False if stopped first.
     `tick` runs every second, so a process that dies during a long first build is revived."""
@@ -148,7 +161,7 @@ async def wait_until_serving(
     while not stop.is_set():
         await tick()
         try:
-            state = await ledger_snapshot(client)
+            state = await ledger_snapshot(fleet)
         except Exception:  # noqa: BLE001 - unreadable for any reason is not ready yet; keep ticking
             state = None
         if state is not None:
@@ -244,6 +257,13 @@ async def run_up(where: Locations, opts: UpOptions) -> None:
     except ConfigError as err:
         raise SystemExit(f"configuration: {err}") from None
     lock = lock_state_dir(where.state_dir)
+    try:
+        payload_key = up_payload_key(where.state_dir, os.environ, opts.encrypt_payloads)
+    except PayloadKeyError as err:
+        raise SystemExit(str(err)) from None
+    if payload_key is not None:
+        where = replace(where, security=replace(where.security, payload_key_file=payload_key))
+        say(f"Temporal payloads encrypted with the key in {payload_key}")
     stop = stop_event()
     store = open_store(where.database_url, where.state_dir)
     await store.init()
@@ -284,7 +304,11 @@ async def run_up(where: Locations, opts: UpOptions) -> None:
             if await define_if_missing(client, spec):
                 say(f"defined the demo model {spec.name}")
             say(f"waiting for {DEMO_MODEL} to serve (the first run builds llama.cpp)")
-            await wait_until_serving(client, DEMO_MODEL, stop, revive)
+            fleet = await fleet_tables(where)
+            try:
+                await wait_until_serving(client, fleet, DEMO_MODEL, stop, revive)
+            finally:
+                await fleet.close()
         await wait_until_gateway_answers(opts, stop, revive)
         if not stop.is_set():
             say(banner(opts, where, api_key))

@@ -9,7 +9,7 @@ min_replicas is 0. Never outside min_replicas..max_replicas.
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from workflows.contracts import Autoscale, AutoscaleState, EngineLoad
+from workflows.contracts import Autoscale, AutoscaleState, EngineLoad, LoadTotals
 
 
 @dataclass(frozen=True)
@@ -25,15 +25,16 @@ def decide(
     min_replicas: int,
     max_replicas: int,
     state: AutoscaleState,
-    engines: list[EngineLoad],
+    engines: list[EngineLoad] | LoadTotals,
     now: datetime,
 ) -> Decision:
-    seen = [e for e in engines if e.seen]
-    if engines and not seen:
+    """`engines`: each engine's load, or their sums (LoadTotals), which decide the same."""
+    load = engines if isinstance(engines, LoadTotals) else LoadTotals.of(engines)
+    if load.unseen and not load.seen:
         return Decision(replicas, state)  # no engine answered: unknown is not idle
-    waiting = sum(e.waiting for e in seen)
-    running = sum(e.running for e in seen)
-    work = sum(e.work for e in seen)
+    waiting = load.waiting
+    running = load.running
+    work = load.work
     # A counter that moved (either way: an engine restart resets it) means requests were served.
     served = state.last_work is not None and work != state.last_work
     active = waiting > 0 or running > 0 or served
@@ -46,7 +47,7 @@ def decide(
     if replicas == 0:
         return Decision(replicas, new)  # only a request wakes a model at zero
 
-    per_replica = waiting / max(len(seen), 1)
+    per_replica = waiting / max(load.seen, 1)
     if per_replica > policy.queue_per_replica:
         new.queueing_since = new.queueing_since or now
         new.quiet_since = None
@@ -54,7 +55,7 @@ def decide(
         if sustained and replicas < max_replicas:
             new.queueing_since = None  # the next step waits its own sustained period
             return Decision(
-                replicas + 1, new, f"{waiting} requests waiting on {len(seen)} replica(s)"
+                replicas + 1, new, f"{waiting} requests waiting on {load.seen} replica(s)"
             )
         return Decision(replicas, new)
     new.queueing_since = None

@@ -7,6 +7,7 @@ again against what each node really has, and the agent drops forbidden environme
 
 from urllib.parse import urlsplit
 
+from workflows.arg_secrets import args_problems
 from workflows.artifact_names import BadArtifact, check_digest, check_relative_path
 from workflows.contracts import LoraAdapter, ModelSpec, Profile
 from workflows.env_policy import forbidden_env
@@ -137,6 +138,7 @@ def check_profile(p: Profile) -> list[str]:
         reason = forbidden_env(name) or env_value_problem(name, p.env[name])
         if reason is not None:
             problems.append(f"env.{name}: {reason}")
+    problems.extend(args_problems(p.args))
     return problems
 
 

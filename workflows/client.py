@@ -1,9 +1,14 @@
-"""How every llmgw process talks to Temporal: one place that sets the data converter and the
+"""How every llmgw process talks to Temporal: one place that sets the data converter (pydantic,
+with payloads encrypted when a payload key is configured: workflows/payload_codec.py) and the
 connection's security (TLS, mutual TLS, API key: workflows/temporal_security.py)."""
+
+import dataclasses
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter
 
+from workflows.payload_codec import EncryptionCodec, PayloadKeys
 from workflows.temporal_security import TemporalSecurity
 
 DEFAULT_TEMPORAL_ADDRESS = "127.0.0.1:7233"
@@ -21,7 +26,14 @@ async def connect(
     return await Client.connect(
         address,
         namespace=namespace,
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(security.payload_keys()),
         tls=security.tls_config(),
         api_key=security.api_key(),
     )
+
+
+def data_converter(keys: PayloadKeys | None) -> DataConverter:
+    """Pydantic payloads, sealed with `keys`. Without keys the codec seals nothing but still
+    names the missing key when it meets an encrypted payload, rather than Temporal's "unknown
+    encoding"."""
+    return dataclasses.replace(pydantic_data_converter, payload_codec=EncryptionCodec(keys))

@@ -47,11 +47,15 @@ def cache_salt_from_master(master: bytes, key_id: str) -> str:
     return hmac.new(master, b"cache-salt:" + key_id.encode(), hashlib.sha256).hexdigest()
 
 
-def node_identity(node_secret_value: bytes) -> str:
-    """What a node proves it was joined with, safe to keep in workflow history: a one-way
-    function of the node secret, so a node workflow can tell two tokens apart without holding
-    either secret."""
-    return hashlib.sha256(b"identity:" + node_secret_value).hexdigest()[:32]
+def prefix_hash_key(master: bytes) -> bytes:
+    """The key of the gateways' prefix hashes (gateway/routing/prefix_index.py): the same on
+    every gateway process, so what one sent where can be told to the others."""
+    return hmac.new(master, b"prefix-hash:v1", hashlib.sha256).digest()[:32]
+
+
+def peer_bus_key(master: bytes) -> bytes:
+    """What the gateways sign their peer bus frames with (gateway/peers/wire.py)."""
+    return hmac.new(master, b"peer-bus:v1", hashlib.sha256).digest()
 
 
 def mirror_token(node_secret_value: bytes) -> str:

@@ -5,12 +5,15 @@ A model definition travels in every replica's and model's workflow history, wher
 the Temporal UI reads it. So a token (HF_TOKEN, WANDB_API_KEY) is never written there: the env
 value is `secret:NAME`, and each node's agent reads NAME from its own secrets directory when
 it starts the engine (`llmgw secret set NAME` on the node; docs/secrets.md). A plain value for
-a variable whose name says it is a secret is refused, with how to reference one instead.
+a variable whose name says it is a secret is refused, with how to reference one instead, and so
+is a value holding a credential whatever its name (workflows/credential_values.py).
 """
 
 from __future__ import annotations
 
 import re
+
+from workflows.credential_values import credential_in
 
 SECRET_PREFIX = "secret:"  # noqa: S105 (a marker, not a password)
 SECRET_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
@@ -45,6 +48,13 @@ def env_value_problem(name: str, value: str) -> str | None:
             "looks like a secret, and a model definition is stored in workflow history: keep "
             f"the value on each node (`llmgw secret set {suggested_name(name)}`) and write "
             f"{name}: {SECRET_PREFIX}{suggested_name(name)}"
+        )
+    found = credential_in(value)
+    if found is not None:
+        return (
+            f"the value holds {found}, and a model definition is stored in workflow history: "
+            f"put the whole value on each node (`llmgw secret set {suggested_name(name)}`) and "
+            f"write {name}: {SECRET_PREFIX}{suggested_name(name)}"
         )
     return None
 

@@ -8,3 +8,7 @@ Never rename a value: the name is what running workflows and stored histories re
 # A replica tells its model it serves (workflows/replica.py -> ModelWorkflow.replica_ready):
 # model.py imports replica.py for its child workflows, so replica.py cannot import model.py.
 MODEL_REPLICA_READY = "replica_ready"
+
+# A node's fetch tells each workflow waiting on it how it ended (workflows/artifact_fetch.py ->
+# ReplicaWorkflow.artifact_fetched): replica.py is the fetch's caller, not a module it imports.
+ARTIFACT_FETCHED = "artifact_fetched"

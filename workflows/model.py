@@ -21,9 +21,11 @@ The whole state, pending work included, is one ModelState carried through contin
 Replicas are reached by workflow ID, never by a child handle (none survives a continue-as-new):
 once a minute the model asks Temporal which of its replica workflows still run (a control
 activity, cheap and bounded). One that closed without being told to stop (an operator
-terminated it) left its engine, allocation and route behind: the model withdraws the route,
-asks the node's agent to stop the engine and starts a replacement; it frees the allocation once
-the engine is stopped, or its node is gone, asking again at each check until then. A
+terminated or cancelled it, or it failed) left its engine, allocation and route behind: the
+model starts it again under its ID, and the new run adopts all three (workflows/replica.py). One
+told to stop that closed before it had (terminated mid-stop) is stopped here: the model
+withdraws the route, asks the node's agent to stop the engine, and frees the allocation once the
+engine is stopped, or its node is gone, asking again at each check until then. A
 removal polls the same way until every stopping replica has closed, so it waits for them across
 any number of continue-as-new. Polling was chosen over replicas signalling their release: it
 also covers a replica that never gets to signal (terminated, failed), and needs no change to the
@@ -41,8 +43,11 @@ from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from workflows import history_budget, options
     from workflows.autoscale import decide
+    from workflows.cancel_refusal import refusing_cancel
     from workflows.catalog import CatalogError, endpoint_base, validate_model
     from workflows.contracts import (
+        EngineLoad,
+        LoadTotals,
         ModelSpec,
         ModelState,
         ModelView,
@@ -61,9 +66,17 @@ with workflow.unsafe.imports_passed_through():
     from workflows.dead_replicas import free_dead_replicas, retry_unstopped
     from workflows.ledger_activity import call_ledger
     from workflows.messages import MODEL_REPLICA_READY
-    from workflows.model_calls import engine_loads, set_idle, workflow_statuses
+    from workflows.model_adoption import adopt_left_replicas
+    from workflows.model_calls import (
+        engine_load_totals,
+        engine_loads,
+        set_idle,
+        workflow_statuses,
+        workflow_statuses_batched,
+    )
     from workflows.model_rules import (
         adapters_to_tell,
+        check_removal,
         check_scale,
         model_view,
         stale_indices,
@@ -97,6 +110,31 @@ ADAPTERS_AT_RUNTIME_PATCH = "model-tells-replicas-new-adapters-instead-of-rollin
 # with those routes still in the ledger: gateways kept sending a removed model's requests to its
 # URLs. Now the model closes only once every route it published is withdrawn.
 REMOVAL_WITHDRAWS_EXTERNAL_ROUTES_PATCH = "model-removal-waits-for-external-routes-withdrawn"
+# A run started replica workflows until its count was met: past 2,000 started in one run (each a
+# pending child until it closes) Temporal refused the next start and the model failed its task
+# for good. Now a run starts at most REPLICAS_STARTED_PER_RUN and the next run goes on.
+BOUNDED_CHILDREN_PATCH = "model-starts-a-bounded-number-of-replicas-per-run"
+# A replica workflow that closed without being told to stop (an operator terminated or cancelled
+# it, or it failed) was cleaned up and replaced: its healthy engine stopped and a second copy
+# loaded. Now it is started again under its own ID and adopts its allocation and engine
+# (workflows/replica.py); one told to stop that closed before it could is cleaned up as before.
+RESTART_UNBIDDEN_PATCH = "model-restarts-a-replica-that-closed-unbidden"
+# A model applied again after its workflow was terminated started its replicas from index 0 (a
+# second copy of each). Now a run that knows of no replica first takes over those the ledger
+# lists for it (workflows/model_adoption.py).
+ADOPT_LEFT_REPLICAS_PATCH = "model-adopts-replicas-an-earlier-run-left"
+# A cancel request ended the model as cancelled, its replicas orphaned. Now it is refused
+# (workflows/cancel_refusal.py).
+REFUSES_CANCEL_PATCH = "model-refuses-cancel"
+# A look at the engines' load ran one activity per hosting node, one after another: about
+# 8,500 nodes filled a history in one look, and the whole routing table of the model (every
+# replica's route) came back through history first. Now one control activity reads every
+# node's agent metrics and answers with sums (workflows/model_calls.py engine_load_totals).
+LOAD_IN_ONE_LOOK_PATCH = "model-looks-at-its-load-in-one-bounded-activity"
+# The check sent every replica's workflow ID to one activity, described one after another:
+# 5,000 replicas did not finish in its 30 s. Now batches of options.REPLICA_CHECK_BATCH go
+# out at once, each described concurrently.
+CHECK_IN_BATCHES_PATCH = "model-checks-its-replicas-in-bounded-batches"
 
 
 @workflow.defn(name="Model")
@@ -111,6 +149,9 @@ class ModelWorkflow:
         # When the autoscaler looks next, and when the replica workflows are checked next.
         self.look_at: datetime | None = state.look_at
         self.check_at: datetime | None = state.check_at
+        # Replica workflows this run started: each stays a pending child of the run until it
+        # closes, and a run may have at most 2,000.
+        self.children_started = 0
 
     @workflow.run
     async def run(self, state: ModelState) -> ModelView:  # noqa: ARG002 - @workflow.init took it
@@ -118,6 +159,14 @@ class ModelWorkflow:
             return await self._run_before_carried_state()
         if self.check_at is None:
             self.check_at = workflow.now() + options.REPLICA_CHECK_EVERY
+        if workflow.patched(REFUSES_CANCEL_PATCH):
+            return await refusing_cancel(self._live(), "remove a model with `llmgw model rm`")
+        return await self._live()
+
+    async def _live(self) -> ModelView:
+        adopting = not self.state.adopted and workflow.patched(ADOPT_LEFT_REPLICAS_PATCH)
+        if adopting and await adopt_left_replicas(self.state):
+            self.check_at = workflow.now()  # restart or forget the closed ones at once
         while True:
             wait = self._until_next_wake()
             if wait is None or wait > timedelta(0):
@@ -130,7 +179,7 @@ class ModelWorkflow:
                 # Every replica told to stop has closed and every engine is stopped: what they
                 # held is released, so the name can be reused.
                 return self._view()
-            if history_budget.time_to_continue():
+            if history_budget.time_to_continue() or self._children_full():
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 self.state.look_at, self.state.check_at = self.look_at, self.check_at
                 workflow.continue_as_new(self.state)
@@ -236,6 +285,10 @@ class ModelWorkflow:
         self.dirty = True
         return self._view()
 
+    @remove.validator
+    def _check_remove(self, req: RemoveModel) -> None:
+        check_removal(req)
+
     @workflow.signal(name="replace")
     def replace(self, req: ReplaceReplicas) -> None:
         """Signalled by node workflows (drain, lost, removed): a fact about where replicas run."""
@@ -287,10 +340,16 @@ class ModelWorkflow:
         if spec.autoscale is None or spec.external:
             return
         replicas = spec.replicas
-        loads = await engine_loads(spec.name)
+        loads: list[EngineLoad] | LoadTotals | None
+        if workflow.patched(LOAD_IN_ONE_LOOK_PATCH):
+            loads = await engine_load_totals(spec.name)
+        else:
+            loads = await engine_loads(spec.name)
         changed = self.state.removing or self.state.spec is not spec or spec.replicas != replicas
         if changed and workflow.patched(AUTOSCALE_YIELDS_TO_CHANGES_PATCH):
             return
+        if loads is None:
+            return  # the look failed: a blind look changes nothing
         decision = decide(
             spec.autoscale,
             replicas,
@@ -317,6 +376,15 @@ class ModelWorkflow:
             return
         await set_idle(spec.name, idle)
         self.state.published_idle = idle
+
+    def _children_full(self) -> bool:
+        """This run has started as many replicas as it may: the rest are started by the next
+        run, after a continue-as-new (the count, and the replacements still to make, are in the
+        carried state). Replicas a run started stay its pending children while they run, and
+        Temporal refuses a run's 2,001st."""
+        with workflow.unsafe.sandbox_unrestricted():  # a test knob read from the environment
+            full = self.children_started >= options.replicas_started_per_run()
+        return full and workflow.patched(BOUNDED_CHILDREN_PATCH)
 
     def _index_of(self, rid: str) -> int | None:
         name = self.state.spec.name
@@ -376,6 +444,7 @@ class ModelWorkflow:
                 workflow.logger.info("%s: index %d is taken, skipping it", spec.name, index)
                 continue
             self.children[index] = handle
+            self.children_started += 1
             self.state.indices.append(index)
             return index
 
@@ -405,9 +474,11 @@ class ModelWorkflow:
         if not watched:
             return
         name = self.state.spec.name
+        ids = [replica_workflow_id(name, i) for i in watched]
+        batched = workflow.patched(CHECK_IN_BATCHES_PATCH)
         try:
-            statuses: WorkflowStatuses = await workflow_statuses(
-                [replica_workflow_id(name, i) for i in watched]
+            statuses: WorkflowStatuses = await (
+                workflow_statuses_batched(ids) if batched else workflow_statuses(ids)
             )
         except ActivityError as err:
             # No answer proves nothing: look again next time.
@@ -418,9 +489,33 @@ class ModelWorkflow:
         ]
         self.state.stopping = [i for i in self.state.stopping if i not in closed]
         dead = [i for i in closed if i in self.state.indices or i in self.state.retiring]
+        if workflow.patched(RESTART_UNBIDDEN_PATCH):
+            unbidden = [i for i in closed if statuses.ended_unbidden(replica_workflow_id(name, i))]
+            await self._restart_replicas([i for i in unbidden if i in dead])
+            # Told to stop, it ended before it had: stop its engine and free what it held here.
+            await free_dead_replicas(self.state, [i for i in unbidden if i not in dead])
+            dead = [i for i in dead if i not in unbidden]
         if dead:
             await free_dead_replicas(self.state, dead)
             self._forget(dead)
+
+    async def _restart_replicas(self, indices: list[int]) -> None:
+        """Start each replica again under its own ID: the new run finds the allocation its
+        predecessor held and adopts the engine still serving on it (workflows/replica.py). Its
+        route stays as it was meanwhile, and it keeps its place in the count."""
+        spec = self.state.spec
+        for index in indices:
+            workflow_id = replica_workflow_id(spec.name, index)
+            workflow.logger.warning(
+                "%s: its workflow closed unbidden; starting it again", workflow_id
+            )
+            with contextlib.suppress(WorkflowAlreadyStartedError):  # someone else already did
+                await workflow.start_child_workflow(
+                    ReplicaWorkflow.run,
+                    ReplicaInput(replica_id=replica_id(spec.name, index), model=spec),
+                    id=workflow_id,
+                    parent_close_policy=ParentClosePolicy.ABANDON,
+                )
 
     def _forget(self, dead: list[int]) -> None:
         """Drop dead replicas from the state; _reconcile starts replacements for the count, and
@@ -446,7 +541,7 @@ class ModelWorkflow:
     async def _replace(self) -> None:
         """Start a successor for each replica asked to move; the old one stops now or later."""
         name = self.state.spec.name
-        while self.state.replacements:
+        while self.state.replacements and not self._children_full():
             req = self.state.replacements.pop(0)
             for rid in req.replica_ids:
                 old = self._index_of(rid)
@@ -496,7 +591,7 @@ class ModelWorkflow:
         # An external model's replicas are its URLs: it runs none of its own (and stops any it
         # ran before its definition turned external).
         wanted = 0 if spec.external else spec.replicas
-        while len(self.state.indices) < wanted:
+        while len(self.state.indices) < wanted and not self._children_full():
             await self._start_replica()
         while len(self.state.indices) > wanted:
             index = self.state.indices.pop()  # newest first

@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
         ModelState,
         ModelView,
         Profile,
+        RemoveModel,
         ReplicaState,
         Route,
     )
@@ -57,6 +58,20 @@ def external_kv_source(profile: Profile, endpoint: str) -> KvSource | None:
                 topic=source.topic,
             )
     return None
+
+
+# A removal's reason is for the operator's eyes: a line, not a document.
+MAX_REMOVAL_REASON = 500
+
+
+def check_removal(req: RemoveModel) -> None:
+    """Raise ApplicationError (type InvalidRequest) unless `req` may be recorded: an update
+    refused here is never written to the model's history."""
+    if len(req.reason) > MAX_REMOVAL_REASON or "\n" in req.reason:
+        raise ApplicationError(
+            f"a removal's reason is one line of at most {MAX_REMOVAL_REASON} characters",
+            type="InvalidRequest",
+        )
 
 
 def check_scale(spec: ModelSpec, replicas: int) -> None:

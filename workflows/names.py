@@ -8,13 +8,6 @@ operator can find any entity in the Temporal UI or CLI by its name.
 # own task queue (this one, in llmgw) rather than naming it, so a control worker on another
 # queue (a test's own) serves a whole cluster of workflows by itself.
 CONTROL_TASK_QUEUE = "llmgw-control"
-LEDGER_WORKFLOW_ID = "cluster"
-
-
-def ledger_cell_workflow_id(cell: int) -> str:
-    """The ledger workflow of one cell (workflows/ledger_cells.py): cell 0 is `cluster`, the
-    only one a cluster of up to a thousand or so nodes needs."""
-    return LEDGER_WORKFLOW_ID if cell == 0 else f"{LEDGER_WORKFLOW_ID}:{cell}"
 
 
 def node_task_queue(node: str) -> str:
@@ -88,6 +81,8 @@ class ControlActivity:
     LEDGER_ALLOCATION = "ledger_allocation"
     # Whether workflows, by ID, have an open run (a model watches its replicas by ID).
     DESCRIBE_WORKFLOWS = "control_describe_workflows"
+    # One look at a model's load: every hosting node's agent metrics read at once, summed.
+    MODEL_LOAD = "control_model_load"
     # Which engines a node should have, from the cluster's `engines:` configuration.
     ENGINE_PLAN = "control_engine_plan"
     # The nodes an operator listed in a file, for scheduled onboarding.
@@ -95,7 +90,11 @@ class ControlActivity:
     # Expect a node: create its workflow if missing, set its labels and identity.
     ADD_NODE = "control_add_node"
     # Start a node's fetch of an artifact (the ArtifactFetch workflow), or join the one already
-    # running, and wait for its end: how a replica shares a fetch with others on its node.
+    # running, and register a waiter it signals when it ends: how a replica shares a fetch with
+    # others on its node without holding an activity slot while it waits.
+    JOIN_ARTIFACT_FETCH = "control_join_artifact_fetch"
+    # What replicas did before: join and wait for the end inside the activity. Kept for the
+    # waits their runs still have in flight.
     AWAIT_ARTIFACT_FETCH = "control_await_artifact_fetch"
 
 

@@ -22,10 +22,11 @@ import asyncio
 from datetime import datetime
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from workflows import history_budget
+    from workflows.cancel_refusal import refusing_cancel
     from workflows.contracts import (
         EngineInstallRequest,
         EnginePlan,
@@ -63,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.node_rules import (
         AgentSilent,
         apply_plan,
+        check_add,
         check_registration,
         take_verified,
         view_of,
@@ -77,6 +79,13 @@ UNREACHABLE_BEFORE_LOST = "unreachable-before-lost"
 INSTALL_WATCHES_LIVENESS = "install-watches-liveness"
 # Histories from before the liveness watch judge liveness from heartbeat signals alone.
 LIVENESS_BY_WATCH = "liveness-by-watch"
+# A cancel request ended the workflow as cancelled, which its agent read as the node removed:
+# it stopped every engine. Now the workflow refuses it (workflows/cancel_refusal.py).
+REFUSES_CANCEL = "node-refuses-cancel"
+# An install child an operator terminated or cancelled failed the whole node workflow. Now it
+# is started again, and after INSTALL_RESTARTS in a row reported failed with the reason.
+INSTALL_RESTARTS_PATCH = "node-restarts-an-install-closed-unbidden"
+INSTALL_RESTARTS = 3
 
 # The operator commands, by signal name.
 CORDON, UNCORDON, DRAIN, REMOVE = "cordon", "uncordon", "drain", "remove"
@@ -108,6 +117,11 @@ class NodeWorkflow(NodeLiveness):
         # across continue-as-new); a node with no record of it starts with a fresh grace.
         carried = view.last_heard if view is not None and self.two_step_liveness else None
         self.last_heard = carried or workflow.now()
+        if workflow.patched(REFUSES_CANCEL):
+            return await refusing_cancel(self._live(), "remove a node with `llmgw node rm`")
+        return await self._live()
+
+    async def _live(self) -> NodeView | None:
         while True:
             await self._work()
             if self._state() == NodeState.REMOVED:
@@ -154,7 +168,10 @@ class NodeWorkflow(NodeLiveness):
         # A watched node is live until a watch says otherwise.
         heard = self._watching() or self._silent_for() < self._grace()
         live = self._state() == NodeState.READY and heard
-        check_registration(expected, reg, self.view, live)
+        # A registration taken but not yet applied counts: its signature is spent already.
+        view = self._view_of(self.pending) if self.pending is not None else self.view
+        now_ms = int(workflow.now().timestamp() * 1000)
+        check_registration(expected, reg, view, live, now_ms)
 
     @workflow.update(name="add")
     def add(self, req: NodeAdd) -> NodeView:
@@ -170,6 +187,10 @@ class NodeWorkflow(NodeLiveness):
         if (self.view.record.labels, self.view.identity) != before or not self.last_published:
             self.refresh_asked = self.refresh_asked or NodeRefresh()  # publishes the change
         return self.view
+
+    @add.validator
+    def _check_add(self, req: NodeAdd) -> None:
+        check_add(workflow.info().workflow_id.removeprefix("node:"), req, self.view)
 
     @workflow.signal(name="heartbeat")
     def heartbeat(self, beat: NodeHeartbeat) -> None:
@@ -277,14 +298,30 @@ class NodeWorkflow(NodeLiveness):
         """One engine's install, as a child workflow watched against this node's liveness: a
         machine that dies mid-build never answers, and must still be seen lost."""
         node = self._name()
-        install = workflow.execute_child_workflow(
-            EngineInstallWorkflow.run,
-            EngineInstallRequest(node=node, requirement=req),
-            id=engine_install_workflow_id(node, req.engine, req.version),
+        workflow_id = engine_install_workflow_id(node, req.engine, req.version)
+        for attempt in range(1, INSTALL_RESTARTS + 1):
+            install = workflow.execute_child_workflow(
+                EngineInstallWorkflow.run,
+                EngineInstallRequest(node=node, requirement=req),
+                id=workflow_id,
+            )
+            if not workflow.patched(INSTALL_WATCHES_LIVENESS):
+                return await install
+            if not workflow.patched(INSTALL_RESTARTS_PATCH):
+                return await self._while_heard(asyncio.ensure_future(install))
+            try:
+                return await self._while_heard(asyncio.ensure_future(install))
+            except ChildWorkflowError as err:
+                # The install's workflow ended without a result (terminated, cancelled): ask
+                # again, and after a few in a row say so rather than wedge or fail the node.
+                why = f"{workflow_id} ended without a result ({err.cause}), {attempt} time(s)"
+                workflow.logger.warning("%s: %s", node, why)
+        return EngineStatus(
+            engine=req.engine,
+            version=req.version,
+            state=EngineState.FAILED,
+            detail=f"install not finished: {why}; the agent's next registration tries again",
         )
-        if not workflow.patched(INSTALL_WATCHES_LIVENESS):
-            return await install
-        return await self._while_heard(asyncio.ensure_future(install))
 
     async def _take_inventory(self, inventory: NodeInventory) -> None:
         assert self.view is not None

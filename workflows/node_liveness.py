@@ -20,13 +20,24 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from workflows import options
-    from workflows.contracts import NodeInventory, NodeState, NodeView, NodeWatch
+    from workflows.contracts import (
+        EngineState,
+        EngineStatus,
+        NodeInventory,
+        NodeState,
+        NodeView,
+        NodeWatch,
+        VerifyEnginesResult,
+    )
     from workflows.names import node_task_queue
-    from workflows.node_rules import AgentSilent
+    from workflows.node_rules import AgentSilent, take_verified
     from workflows.node_watch import Verdict, Watch, heartbeat_timeout
 
 # Histories from before agent calls were bounded by the node's grace replay without the watch.
 AGENT_CALLS_WATCH_LIVENESS = "agent-calls-watch-liveness"
+# Histories from before the agent re-verified its engines while holding the watch (only a
+# changed result returns it) replay watches that carry no engines.
+ENGINES_VERIFIED_ON_NODE = "engines-verified-on-node"
 T = TypeVar("T")
 
 # States whose agent is expected to answer; those with a liveness watch in flight.
@@ -64,6 +75,9 @@ class NodeLiveness:
         raise NotImplementedError
 
     async def _move_replicas(self, reason: str, wait_for_successor: bool) -> None:
+        raise NotImplementedError
+
+    async def _publish(self) -> None:
         raise NotImplementedError
 
     def _forgive_control_plane_outage(self, due: datetime | None) -> None:
@@ -191,6 +205,11 @@ class NodeLiveness:
         """Keep a watch in flight whenever an agent may answer one."""
         if self.view is None or self._state() not in WATCHED or not self._watching():
             return
+        if self.watch.running() and self._engines_moved():
+            # The watch in flight re-verifies engines the record no longer has (an install
+            # finished): ask again with the record's. It was heartbeated within its timeout.
+            self.last_heard = self._heard_at()
+            self.watch.drop()
         if self.watch.running() or self.watch.pause_left() is not None:
             return
         # A node under suspicion, or already found silent, is probed: answered at once.
@@ -200,12 +219,33 @@ class NodeLiveness:
             report_after_s=0 if probe else options.NODE_WATCH_PERIOD.total_seconds(),
             inventory_digest=self.reported_digest or self.view.record.inventory.digest(),
         )
+        if workflow.patched(ENGINES_VERIFIED_ON_NODE):
+            # The agent re-verifies these itself and returns the watch only when a result
+            # differs: no refresh signal, activity or record write while nothing changes.
+            request.engines = self._verified_on_node()
+            request.verify_every_s = options.ENGINE_REVERIFY_ON_NODE.total_seconds()
         queue = node_task_queue(self._name())
         # A lost node's agent may be hung (it takes the probe and says nothing): it is given a
         # whole period to answer, rather than probed again every half grace.
         lost = self._state() == NodeState.LOST
         heartbeat = options.NODE_WATCH_PERIOD if lost else self._heartbeat()
         self.watch.start(queue, request, self._watch_window(), heartbeat)
+
+    def _verified_on_node(self) -> list[EngineStatus]:
+        """The engines the agent re-verifies: those installed, or failed with a path."""
+        assert self.view is not None
+        runnable = (EngineState.INSTALLED, EngineState.FAILED)
+        engines = self.view.record.engines.values()
+        return [s for s in engines if s.state in runnable and s.path]
+
+    def _engines_moved(self) -> bool:
+        """A healthy watch in flight was asked to re-verify other engines than the record's."""
+        asked = self.watch.request
+        if asked is None or asked.report_after_s == 0 or self.suspect:
+            return False
+        if self._state() not in LIVE or not workflow.patched(ENGINES_VERIFIED_ON_NODE):
+            return False
+        return asked.engines != self._verified_on_node()
 
     def _watch_window(self) -> timedelta:
         """How long an agent has to take the next watch: until the node's liveness changes."""
@@ -223,6 +263,8 @@ class NodeLiveness:
         if verdict == Verdict.HEARD and report is not None and report.inventory is not None:
             self.reported_digest = report.inventory.digest()
             self.changed_inventory = report.inventory
+        if verdict == Verdict.HEARD and report is not None and report.engines is not None:
+            await self._take_verified(report.engines)
         elif verdict == Verdict.FAILED:
             workflow.logger.warning("node %s failed its watch: %s", name, outcome.detail)
             # Within half the grace, so that the next watch still has the other half.
@@ -248,6 +290,14 @@ class NodeLiveness:
                 self.last_heard = now
             elif self._state() == NodeState.UNREACHABLE:
                 self.last_heard = now - self._grace()  # still unreachable, lost only later
+
+    async def _take_verified(self, engines: list[EngineStatus]) -> None:
+        """A re-verification on the node that differs from the record: record and publish it
+        (only watches that asked for one can carry it: ENGINES_VERIFIED_ON_NODE)."""
+        if self.view is None or not workflow.patched(ENGINES_VERIFIED_ON_NODE):
+            return
+        if take_verified(self.view.record.engines, VerifyEnginesResult(engines=engines)):
+            await self._publish()
 
     async def _lose(self) -> None:
         """Count the node unreachable, or lost, once it has been silent long enough (the timer

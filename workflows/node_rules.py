@@ -13,6 +13,7 @@ with workflow.unsafe.imports_passed_through():
         EngineRequirement,
         EngineState,
         EngineStatus,
+        NodeAdd,
         NodeRecord,
         NodeRegistration,
         NodeState,
@@ -20,6 +21,12 @@ with workflow.unsafe.imports_passed_through():
         VerifyEnginesResult,
     )
     from workflows.names import reserved_node_name
+    from workflows.node_proof import (
+        CLOCK_SKEW_MS,
+        is_key_identity,
+        signature_problem,
+        signed_text,
+    )
 
 
 class AgentSilent(Exception):
@@ -27,10 +34,10 @@ class AgentSilent(Exception):
 
 
 def check_registration(
-    expected: str, reg: NodeRegistration, view: NodeView | None, live: bool
+    expected: str, reg: NodeRegistration, view: NodeView | None, live: bool, now_ms: int
 ) -> None:
     """Raise ValueError unless `reg` may register as node `expected`. `live`: the node is ready
-    and heard from within its grace."""
+    and heard from within its grace; `now_ms`: the workflow's clock."""
     # A node cannot claim another node's workflow: its inventory must carry this node's name,
     # the identity of the join token this node was given, and, while the node is live, the
     # same machine.
@@ -39,9 +46,20 @@ def check_registration(
         raise ValueError(reserved)
     if reg.inventory.name != expected:
         raise ValueError(f"node {reg.inventory.name!r} cannot register as {expected!r}")
+    if is_key_identity(reg.identity):
+        check_proof(expected, reg, view, now_ms)
     if view is None:
         return
-    if view.identity and reg.identity != view.identity:
+    # A node pinned to a key takes signed registrations only. One pinned before keys existed
+    # (sha256 of its secret) still takes that, from an agent not yet upgraded, and is pinned to
+    # the key of the first signed registration (workflows/node_rules.py view_of).
+    upgrade = not is_key_identity(view.identity) and is_key_identity(reg.identity)
+    if is_key_identity(view.identity) and not is_key_identity(reg.identity):
+        raise ValueError(
+            f"node {expected!r} takes signed registrations only, and this agent sent none: "
+            "upgrade llmgw on that machine"
+        )
+    if view.identity and reg.identity != view.identity and not upgrade:
         raise ValueError(
             f"node {expected!r} was joined with another token; give this machine that "
             f"node's token, or `llmgw node rm {expected}` first"
@@ -53,6 +71,38 @@ def check_registration(
             f"node {expected!r} is live on another machine ({record.inventory.hostname}); "
             "two agents cannot share a node name"
         )
+
+
+def check_proof(expected: str, reg: NodeRegistration, view: NodeView | None, now_ms: int) -> None:
+    """A signed registration's signature, its freshness, and that it was not taken before."""
+    text = signed_text(expected, reg.boot_id, reg.inventory.machine_id, reg.signed_at_ms)
+    problem = signature_problem(reg.identity, text, reg.proof)
+    if problem is not None:
+        raise ValueError(f"node {expected!r}: registration refused: {problem}")
+    if view is not None and reg.signed_at_ms <= view.last_signed_at_ms:
+        raise ValueError(
+            f"node {expected!r}: registration refused: it is a copy of one already taken (signed "
+            "no later than the last); an agent signs each registration anew"
+        )
+    skew_s = (reg.signed_at_ms - now_ms) / 1000
+    if abs(skew_s) * 1000 > CLOCK_SKEW_MS:
+        raise ValueError(
+            f"node {expected!r}: registration refused: signed {abs(skew_s):.0f} s "
+            f"{'ahead of' if skew_s > 0 else 'behind'} the control plane's clock (at most "
+            f"{CLOCK_SKEW_MS // 1000} s): set the node's clock right (NTP)"
+        )
+
+
+def check_add(expected: str, req: NodeAdd, view: NodeView | None) -> None:
+    """Raise ValueError unless `req` may be recorded as an operator's expectation of node
+    `expected`: an update refused here is never written to the node's history."""
+    if req.name != expected:
+        raise ValueError(f"this is node {expected!r}; `add` names {req.name!r}")
+    if view is not None and view.record.state == NodeState.REMOVED:
+        raise ValueError(f"node {expected!r} is being removed; add it again once it is gone")
+    empty = sorted(key for key in req.labels if not key.strip())
+    if empty:
+        raise ValueError("a label needs a name: `add` carries a label with an empty key")
 
 
 def view_of(view: NodeView | None, reg: NodeRegistration) -> NodeView:
@@ -68,10 +118,18 @@ def view_of(view: NodeView | None, reg: NodeRegistration) -> NodeView:
         operator_labels = view.operator_labels
         record.labels = {**reg.labels, **operator_labels}  # an operator's labels win
         identity = view.identity or reg.identity
+        last_signed = view.last_signed_at_ms
+        # No patch needed: histories of before keys hold no key identity, so take this path never.
+        if is_key_identity(reg.identity):
+            identity = reg.identity if not is_key_identity(view.identity) else view.identity
+            last_signed = max(last_signed, reg.signed_at_ms)
+    else:
+        last_signed = reg.signed_at_ms if is_key_identity(reg.identity) else 0
     return NodeView(
         record=record,
         boot_id=reg.boot_id,
         identity=identity,
+        last_signed_at_ms=last_signed,
         operator_labels=operator_labels,
         engine_paths=reg.engine_paths,
         lost_after_s=reg.lost_after_s,

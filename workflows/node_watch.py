@@ -104,6 +104,8 @@ class Watch:
         self.handle: ActivityHandle[NodeWatchReport] | None = None
         self.window = timedelta(0)
         self.asked_at: datetime | None = None
+        # What the watch in flight was asked (the engines its agent re-verifies).
+        self.request: NodeWatch | None = None
         # After a failed watch, none before this.
         self.not_before: datetime | None = None
 
@@ -121,7 +123,7 @@ class Watch:
 
     def start(self, queue: str, watch: NodeWatch, window: timedelta, heartbeat: timedelta) -> None:
         self.not_before = None
-        self.window, self.asked_at = window, workflow.now()
+        self.window, self.asked_at, self.request = window, workflow.now(), watch
         self.handle = start_watch(queue, watch, window, heartbeat)
         # Its end is judged when the workflow gets to it; one that ends as the run closes is
         # not an error never retrieved.

@@ -69,6 +69,15 @@ AWAIT_FETCH_GIVE_UP = FETCH_GIVE_UP + timedelta(hours=1)
 AWAIT_FETCH_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30)
 )
+# Today's replicas join a fetch with a short control activity (a signal-with-start), and wait
+# in their own workflow for the fetch's signal, up to AWAIT_FETCH_GIVE_UP as before: no
+# activity slot is held while a download takes hours. Every FETCH_REJOIN a replica still
+# waiting joins again, so a fetch that closed without telling it (terminated by an operator)
+# is started again rather than waited on for a day; a join costs the replica about ten events.
+JOIN_FETCH_TIMEOUT = timedelta(seconds=30)
+JOIN_FETCH_RETRY = LEDGER_RETRY
+JOIN_FETCH_GIVE_UP = timedelta(minutes=5)
+FETCH_REJOIN = timedelta(minutes=30)
 
 # Loading a running engine's new LoRA adapters (and unloading those it no longer lists): each
 # load reads an adapter's weights, seconds for the usual sizes. A few tries cover an agent
@@ -127,8 +136,26 @@ REPLICA_CHECK_EVERY = timedelta(
     seconds=float(os.environ.get("LLMGW_TEST_REPLICA_CHECK_EVERY_S", "") or 60)
 )
 STOPPING_POLL = timedelta(seconds=5)
+# A model starts at most this many replica workflows in one run, then continues as new: each
+# is a pending child of the run that started it until it closes (ABANDON does not change that),
+# and Temporal allows 2,000 pending children per run. Starting 500 costs the run about 2,000
+# history events, well inside its budget.
+REPLICAS_STARTED_PER_RUN = 500
+
+
+def replicas_started_per_run() -> int:
+    """REPLICAS_STARTED_PER_RUN, unless LLMGW_TEST_REPLICAS_STARTED_PER_RUN (tests, and the
+    replays of the histories they recorded) lowers it. Read at each use."""
+    knob = os.environ.get("LLMGW_TEST_REPLICAS_STARTED_PER_RUN", "")
+    return int(knob) if knob else REPLICAS_STARTED_PER_RUN
+
+
 DESCRIBE_WORKFLOWS_TIMEOUT = timedelta(seconds=30)
 DESCRIBE_WORKFLOWS_GIVE_UP = timedelta(minutes=2)
+# A check sends at most this many workflow IDs to one activity (about 30 KB), the batches at
+# once: 10,000 replicas are 10 activities, each describing its IDs 32 at a time
+# (activities/control/workflow_status.py), well inside DESCRIBE_WORKFLOWS_TIMEOUT.
+REPLICA_CHECK_BATCH = 1000
 # A dead replica's engine: its route is withdrawn, in-flight requests get ORPHAN_DRAIN to
 # finish, and its node's agent is asked to stop it for at most ORPHAN_STOP_GIVE_UP (a node that
 # does not answer stops engines no running workflow owns when its agent returns).
@@ -152,11 +179,17 @@ CONTROL_PLANE_AWAY = timedelta(seconds=5)
 # The liveness watch (workflows/node_watch.py): the agent holds one activity and heartbeats it
 # to Temporal, which writes no history for a heartbeat; the activity returns this often at
 # most (activities on a node's queue are bounded), or at once when the machine changed. Each
-# return costs the node workflow six history events. LLMGW_TEST_NODE_WATCH_PERIOD_S (tests and
+# return costs the node workflow six history events, 144 a day at one an hour. Liveness does not
+# wait for it: silence is judged by the watch's heartbeat timeout (half the grace) and its
+# schedule-to-start window, whatever the period. LLMGW_TEST_NODE_WATCH_PERIOD_S (tests and
 # the liveness benchmark only) shortens it, read when a worker imports this module.
 NODE_WATCH_PERIOD = timedelta(
-    seconds=float(os.environ.get("LLMGW_TEST_NODE_WATCH_PERIOD_S", "") or 15 * 60)
+    seconds=float(os.environ.get("LLMGW_TEST_NODE_WATCH_PERIOD_S", "") or 60 * 60)
 )
+# How often the agent re-verifies its installed engines while it holds the watch (an upgrade
+# elsewhere can take a library away). Only a result that differs returns the watch, so a node
+# whose engines still run costs no history for it.
+ENGINE_REVERIFY_ON_NODE = timedelta(minutes=10)
 # A watch the agent failed (not a timeout: the agent answered, so it is alive) is asked again
 # after this long (at most half the node's grace), so a broken agent cannot make its workflow
 # spin.
@@ -170,6 +203,15 @@ NODE_CHECK_RETRY = RetryPolicy(maximum_attempts=2)
 # How long one look at a node's engine load may take (Autoscale.look_every_s says how often).
 ENGINE_LOAD_TIMEOUT = timedelta(seconds=10)
 ENGINE_LOAD_RETRY = RetryPolicy(maximum_attempts=1)
+# One look at a whole model's load (activities/control/model_load.py): it reads every hosting
+# node's metrics within its own budget (20 s) and answers with what it read; a look that fails
+# is a blind look, and the next one comes `look_every_s` later.
+MODEL_LOAD_TIMEOUT = timedelta(seconds=40)
+MODEL_LOAD_RETRY = RetryPolicy(maximum_attempts=1)
+# Nodes whose metrics a look could not read (no `--metrics-port`, or not reachable from the
+# control worker) are asked through their agent's queue, at most this many a look (chosen at
+# random), so a look costs a bounded number of history events whatever the fleet.
+LOAD_AGENTS_ASKED_PER_LOOK = 8
 
 # How often a draining node looks whether its replicas have all moved.
 DRAIN_POLL = timedelta(seconds=5)

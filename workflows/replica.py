@@ -39,9 +39,11 @@ with workflow.unsafe.imports_passed_through():
     import workflows.history_budget as history_budget
     from workflows import options
     from workflows.addresses import http_base
+    from workflows.cancel_refusal import refusing_cancel
     from workflows.contracts import (
         Allocation,
         EngineExit,
+        FetchOutcome,
         LaunchResult,
         PlacementRequest,
         ReleaseRequest,
@@ -56,9 +58,10 @@ with workflow.unsafe.imports_passed_through():
         UpdateAdapters,
     )
     from workflows.ledger_activity import call_ledger, node_gone
-    from workflows.messages import MODEL_REPLICA_READY
+    from workflows.messages import ARTIFACT_FETCHED, MODEL_REPLICA_READY
     from workflows.names import ControlActivity
     from workflows.replica_adapters import ReplicaAdapterSteps
+    from workflows.replica_adoption import held_allocation
     from workflows.replica_calls import (
         await_shared_fetches,
         cancel_all,
@@ -70,6 +73,7 @@ with workflow.unsafe.imports_passed_through():
         start_supervise,
         start_wait_ready,
     )
+    from workflows.replica_fetch_wait import FetchWaits, wait_for_fetches
     from workflows.replica_rules import (
         artifacts_to_fetch,
         new_replica_state,
@@ -91,6 +95,16 @@ PATCH_MOVE_OFF_CRASH_LOOP = "replica-move-off-crash-looping-node"
 PATCH_CONTINUE_AS_NEW = "replica-continue-as-new"
 PATCH_SKIP_TAKEN_PORTS = "replica-skips-ports-taken-by-others"
 PATCH_SHARED_FETCH = "replica-fetches-through-artifact-fetch-workflow"
+# A new run placed itself, and published "starting" before its launch: started again after an
+# operator terminated its predecessor, it took its healthy engine out of service meanwhile. Now
+# it takes the allocation held under its ID, if any, and adopts the engine quietly.
+PATCH_ADOPT_HELD = "replica-adopts-what-its-predecessor-held"
+# A cancel request ended the replica as cancelled (its model then started it again). Now it is
+# refused (workflows/cancel_refusal.py).
+PATCH_REFUSES_CANCEL = "replica-refuses-cancel"
+# Replicas from before waited for a shared fetch inside a control activity, holding one of the
+# control worker's slots for as long as the download took; now they wait in the workflow.
+PATCH_FETCH_WAIT_IN_WORKFLOW = "replica-waits-for-fetches-in-its-workflow"
 
 
 @workflow.defn(name="Replica")
@@ -103,6 +117,7 @@ class ReplicaWorkflow(ReplicaAdapterSteps):
             parent = workflow.info().parent
             carried = new_replica_state(inp, parent.workflow_id if parent is not None else "")
         self.s = carried
+        self.fetch_waits = FetchWaits()
 
     @property
     def view(self) -> ReplicaView:
@@ -112,6 +127,13 @@ class ReplicaWorkflow(ReplicaAdapterSteps):
     async def run(self, inp: ReplicaInput) -> ReplicaView:
         if inp.carried is not None:
             self._label()
+        elif workflow.patched(PATCH_ADOPT_HELD):
+            await self._take_held_allocation()
+        if workflow.patched(PATCH_REFUSES_CANCEL):
+            return await refusing_cancel(self._live(), "stop a replica with its `stop` signal")
+        return await self._live()
+
+    async def _live(self) -> ReplicaView:
         while True:
             if self.s.stop is not None or self.s.phase == ReplicaPhase.STOPPING:
                 await self._stop()
@@ -141,6 +163,11 @@ class ReplicaWorkflow(ReplicaAdapterSteps):
         self.s.exit_report = EngineExit(
             replica_id=report.replica_id, exit_code=report.exit_code, reason=short_reason(report)
         )
+
+    @workflow.signal(name=ARTIFACT_FETCHED)
+    def artifact_fetched(self, outcome: FetchOutcome) -> None:
+        """A node's fetch this replica waits on is over (workflows/replica_fetch_wait.py)."""
+        self.fetch_waits.take(outcome)
 
     @workflow.query(name="describe")
     def describe(self) -> ReplicaView:
@@ -181,6 +208,19 @@ class ReplicaWorkflow(ReplicaAdapterSteps):
             await self._sleep_unless_stopped(wait)
             self.s.placement_wait_s = min(wait * 2, options.PLACEMENT_RETRY_MAX).total_seconds()
             await self._continue_as_new_if_due()
+
+    async def _take_held_allocation(self) -> None:
+        """Run on the allocation a predecessor under this ID left, if any, adopting its engine."""
+        alloc = await held_allocation(self.inp.replica_id)
+        if alloc is None:
+            return
+        workflow.logger.info(
+            "%s: taking over its allocation on %s", self.inp.replica_id, alloc.node
+        )
+        self.s.allocation = alloc
+        self.s.phase = ReplicaPhase.RUNNING
+        self.s.adopt = True
+        self.view.node = alloc.node
 
     async def _ask_for_room(self) -> Allocation | None:
         m = self.inp.model
@@ -294,22 +334,31 @@ class ReplicaWorkflow(ReplicaAdapterSteps):
         self.s.exit_report = None
         self._launch_with_next_model(alloc)
         artifacts = artifacts_to_fetch(self.inp.model, alloc.profile_index)
-        await self._set_state(ReplicaState.STARTING, "fetching the weights" if artifacts else "")
+        # Taking over a predecessor's engine: its route stays as it was until that engine is
+        # known to be the one wanted (adopted) and ready.
+        quiet, self.s.adopt = self.s.adopt, False
+        await self._set_state(
+            ReplicaState.STARTING, "fetching the weights" if artifacts else "", publish=not quiet
+        )
         if artifacts:
             nodes = list(dict.fromkeys(shard.node for shard in shards))
 
             def stopped() -> bool:
                 return self.s.stop is not None
 
-            if workflow.patched(PATCH_SHARED_FETCH):
+            model = self.inp.model.name
+            if workflow.patched(PATCH_FETCH_WAIT_IN_WORKFLOW):
                 # One ArtifactFetch workflow per node and artifact, shared with the node's other
-                # replicas, shown in `llmgw fetches` and the Temporal UI.
-                why_not = await await_shared_fetches(self.inp.model.name, artifacts, nodes, stopped)
+                # replicas, shown in `llmgw fetches` and the Temporal UI; it signals the end.
+                why_not = await wait_for_fetches(self.fetch_waits, model, artifacts, nodes, stopped)
+            elif workflow.patched(PATCH_SHARED_FETCH):
+                why_not = await await_shared_fetches(model, artifacts, nodes, stopped)
             else:
                 why_not = await fetch_artifacts(artifacts, nodes, stopped)
             if why_not is not None:
                 return self._exit(why_not)
         pids = []
+        adopted = True
         for shard in shards:
             launch = await self._launch(alloc, shard)
             if launch is None:
@@ -322,9 +371,12 @@ class ReplicaWorkflow(ReplicaAdapterSteps):
                 where = f" on {shard.node}" if len(shards) > 1 else ""
                 return self._exit(f"start failed{where}: {launch.cause}")
             pids.append(f"{shard.node}:{launch.pid}" if len(shards) > 1 else f"{launch.pid}")
+            adopted = adopted and launch.adopted
             if shard is leader:
                 self.s.kv = launch.kv
-        await self._set_state(ReplicaState.LOADING, f"pid {', '.join(pids)}")
+        await self._set_state(
+            ReplicaState.LOADING, f"pid {', '.join(pids)}", publish=not (quiet and adopted)
+        )
 
         workers = [start_supervise(self.inp.replica_id, shard) for shard in shards[1:]]
         ready_handle = start_wait_ready(self.inp.replica_id, leader)
@@ -534,10 +586,14 @@ class ReplicaWorkflow(ReplicaAdapterSteps):
         """Model, node and state as search attributes, for the Temporal UI's filters."""
         label(self.inp.model.name, self.view)
 
-    async def _set_state(self, state: ReplicaState, detail: str = "") -> None:
+    async def _set_state(self, state: ReplicaState, detail: str = "", publish: bool = True) -> None:
+        """Take `state`, and publish it as the replica's route unless told not to (the route
+        then keeps what it said: a predecessor's engine being adopted)."""
         self.view.state = state
         self.view.detail = detail
         self._label()
+        if not publish:
+            return
         alloc = self.s.allocation
         assert alloc is not None
         endpoint = http_base(alloc.address, alloc.port)

@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         LaunchRequest,
         LaunchResult,
         ModelSpec,
+        PlacementAnswer,
         PlacementRefusal,
         PlacementRequest,
         ReadyRequest,
@@ -39,12 +40,12 @@ with workflow.unsafe.imports_passed_through():
         ShardRef,
         StopResult,
     )
-    from workflows.ledger import NO_PLACEMENT
     from workflows.names import ControlActivity, NodeActivity, node_task_queue
+    from workflows.placement.refusal import NO_PLACEMENT
 
-# What the ledger's `place` answers (PlacementRefusal requires its summary, so neither parses as
-# the other).
-PLACEMENT_ANSWER: Any = Allocation | PlacementRefusal
+# What the ledger's `place` answers, told apart by its tag (contracts/ledger.py placement_kind),
+# not by pydantic's union heuristics.
+PLACEMENT_ANSWER: Any = PlacementAnswer
 
 
 async def request_placement(req: PlacementRequest) -> Allocation | str:

@@ -93,6 +93,8 @@ def replica_route(inp: ReplicaInput, carried: ReplicaCarried, node: str, endpoin
         kv=carried.kv,
         adapters=[adapter.name for adapter in profile.lora],
         prompt_slots=profile.prompt_slots,
+        takes_priority=profile.takes_priority,
+        slots=profile.slots,
     )
 
 

@@ -1,4 +1,5 @@
-"""How a process proves itself to a Temporal cluster: TLS, mutual TLS and API keys.
+"""How a process proves itself to a Temporal cluster: TLS, mutual TLS and API keys; and the key
+it seals its payloads with (workflows/payload_codec.py), which the cluster never sees.
 
 The settings hold file paths, never the secrets themselves: a private key or an API key is read
 from its file at each connect (so a rotated file is picked up by the next process start or
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio.service import TLSConfig
+
+from workflows.payload_codec import PayloadKeys, read_payload_keys
 
 # Each setting as an operator meets it: the flag and the variable (workers/temporal_flags.py).
 CA_SETTING = "--temporal-tls-ca ($LLMGW_TEMPORAL_TLS_CA)"
@@ -41,6 +44,9 @@ class TemporalSecurity:
     # the host in the address: a cluster reached by IP, or through a load balancer.
     server_name: str | None = None
     api_key_file: Path | None = None
+    # Payloads encrypted with the keys in this file; None: payloads in clear. Not TLS: the
+    # server never sees the key.
+    payload_key_file: Path | None = None
 
     def __post_init__(self) -> None:
         if (self.cert_file is None) != (self.key_file is None):
@@ -65,13 +71,13 @@ class TemporalSecurity:
 
     def describe(self) -> str:
         """For logs and errors: what is used, never a secret."""
-        if not self.uses_tls:
-            return "plaintext"
-        parts = ["TLS"]
+        parts = ["TLS"] if self.uses_tls else ["plaintext"]
         if self.cert_file is not None:
             parts.append("client certificate")
         if self.api_key_file is not None:
             parts.append("API key")
+        if self.payload_key_file is not None:
+            parts.append("encrypted payloads")
         return " + ".join(parts)
 
     def tls_config(self) -> TLSConfig | bool:
@@ -102,11 +108,16 @@ class TemporalSecurity:
             )
         return key
 
+    def payload_keys(self) -> PayloadKeys | None:
+        """Reads the payload key file now; raises PayloadKeyError (a ValueError) for a bad one."""
+        return read_payload_keys(self.payload_key_file) if self.payload_key_file else None
+
     def check(self) -> None:
         """Read every file once, so that a process refuses bad settings at start rather than
         while retrying its connection."""
         self.tls_config()
         self.api_key()
+        self.payload_keys()
 
 
 def _read(path: Path, setting: str) -> tuple[bytes, int]:

@@ -182,6 +182,11 @@ class NodeAgentActivities:
 
         return await self._heartbeating(run_all, lambda: latest[0])
 
+    def reverify_all(self, engines: list[EngineStatus]) -> list[EngineStatus]:
+        """Each engine's status now (blocking): what the liveness watch re-verifies every
+        `verify_every_s` and reports only when it differs (activities/agent/liveness.py)."""
+        return [self._reverify(status) for status in engines]
+
     def _reverify(self, status: EngineStatus) -> EngineStatus:
         if status.state not in (EngineState.INSTALLED, EngineState.FAILED) or not status.path:
             return status  # nothing installed to check; the install workflow owns the rest

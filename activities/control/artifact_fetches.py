@@ -1,5 +1,13 @@
 """A replica's wait for its node's fetch of an artifact: start the ArtifactFetch workflow
-(workflows/artifact_fetch.py), or join the one already running, and wait for its end.
+(workflows/artifact_fetch.py), or join the one already running.
+
+Today's replicas join with `control_join_artifact_fetch`: a signal-with-start that registers
+the replica as a waiter and returns at once; the fetch signals the replica its outcome, and
+the replica waits in its own workflow (workflows/replica_fetch_wait.py). A wait holds no
+activity slot, however many replicas wait and however long the downloads take.
+
+What follows is `control_await_artifact_fetch`, the activity replicas from before waited in:
+kept registered for the waits those runs still have in flight.
 
 Why an activity and not a child workflow: a child cannot be started with the USE_EXISTING
 conflict policy, so a second replica on the node would get "already started" and have nothing
@@ -13,6 +21,8 @@ waits on it, and what it downloads is there when this replica starts again.
 """
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
@@ -26,7 +36,13 @@ from temporalio.exceptions import FailureError
 
 from workflows import search_attributes
 from workflows.artifact_fetch import ArtifactFetchWorkflow
-from workflows.contracts import ArtifactFetchRequest, ArtifactFetchState, ArtifactFetchView
+from workflows.contracts import (
+    ArtifactFetchRequest,
+    ArtifactFetchState,
+    ArtifactFetchView,
+    FetchWaiter,
+    JoinArtifactFetch,
+)
 from workflows.names import CONTROL_TASK_QUEUE, ControlActivity, artifact_fetch_workflow_id
 
 # Far inside AWAIT_FETCH_HEARTBEAT; the SDK sends at most one per 80% of the timeout anyway.
@@ -43,6 +59,30 @@ async def start_or_join_fetch(
         id=artifact_fetch_workflow_id(req.node, req.manifest),
         task_queue=task_queue,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        # A closed fetch (done or failed) is no obstacle: a new run asks the node again, which
+        # answers at once for an artifact it holds.
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
+        search_attributes=TypedSearchAttributes(
+            [SearchAttributePair(search_attributes.NODE, req.node)]
+        ),
+        static_summary=fetch_summary(req),
+    )
+
+
+async def join_fetch(
+    client: Client, join: JoinArtifactFetch, task_queue: str = CONTROL_TASK_QUEUE
+) -> None:
+    """Register `join.waiter` with the node's fetch of the artifact: signal the running fetch,
+    or start a new run with the signal when none runs. One call to Temporal, atomic: a fetch
+    cannot close between finding it and registering with it."""
+    req = join.request
+    await client.start_workflow(
+        ArtifactFetchWorkflow.run,
+        req,
+        id=artifact_fetch_workflow_id(req.node, req.manifest),
+        task_queue=task_queue,
+        start_signal="wait",
+        start_signal_args=[join.waiter],
         # A closed fetch (done or failed) is no obstacle: a new run asks the node again, which
         # answers at once for an artifact it holds.
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE,
@@ -76,6 +116,16 @@ def failed_view(req: ArtifactFetchRequest, err: WorkflowFailureError) -> Artifac
 class ArtifactFetchActivities:
     def __init__(self, client: Client) -> None:
         self.client = client
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.join, self.await_fetch]
+
+    @activity.defn(name=ControlActivity.JOIN_ARTIFACT_FETCH)
+    async def join(self, join: JoinArtifactFetch) -> FetchWaiter:
+        """The waiter, registered with the fetch; the outcome arrives as a signal to it."""
+        # The queue this activity came from is the control queue of the workflow that asked.
+        await join_fetch(self.client, join, activity.info().task_queue)
+        return join.waiter
 
     @activity.defn(name=ControlActivity.AWAIT_ARTIFACT_FETCH)
     async def await_fetch(self, req: ArtifactFetchRequest) -> ArtifactFetchView:

@@ -2,8 +2,9 @@
 
     engines: {...}            # workflows/engine_plan.py; absent: llama.cpp only
     nodes_file: nodes.yaml    # relative to this file; read by the scheduled onboarding
-    reverify_every: 10m       # engines re-verified on every node
-    inventory_every: 5m       # every node looks at its machine again
+    refresh_schedules: false  # the two below run (agents look and re-verify themselves)
+    reverify_every: 10m       # engines re-verified on every node, when refresh_schedules
+    inventory_every: 5m       # every node looks at its machine again, when refresh_schedules
     onboarding_every: 1m      # the nodes file is read again
 
 A mistake is reported with the field it is in ("engines.vllm.version: Field required"), so an
@@ -52,6 +53,7 @@ class ServerConfig(BaseModel):
 
     engines: EnginesConfig = Field(default_factory=EnginesConfig.default)
     nodes_file: Path | None = None
+    refresh_schedules: bool = False
     reverify_every: timedelta = timedelta(minutes=10)
     inventory_every: timedelta = timedelta(minutes=5)
     onboarding_every: timedelta = timedelta(minutes=1)

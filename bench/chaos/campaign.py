@@ -1,10 +1,12 @@
 """The campaign loop and its command line:
 
     .venv/bin/python -m bench.chaos [--rounds 5 --seed 1 --freeze-max 70 --only agent,engine
+                                       --actions kill,freeze,terminate,cancel,reset
                                        --markdown FILE]
 
 Starts `llmgw up` (system.py), waits until both replicas serve, starts the load, then for each
-planned round signals the chosen process, keeps sampling while it is frozen, resumes it, and
+planned round signals the chosen process (or terminates, cancels or resets the chosen workflow:
+workflow_faults.py), keeps sampling while it is frozen, resumes it, and
 waits until the system has converged and stayed converged for --settle seconds (a fault whose
 consequences come late, a node declared lost a little after Temporal returns, is still caught).
 Exit status 1 when a hard invariant failed (report.py), 2 when the system never came up."""
@@ -24,9 +26,20 @@ from bench.chaos.checks import Snapshot, double_booked, duplicates, not_converge
 from bench.chaos.inject import NoVictim, Signaller, child_pid, pick_engine
 from bench.chaos.load import Load
 from bench.chaos.observe import Observer
-from bench.chaos.plan import FREEZE, KILL, TARGETS, Fault, parse_targets, plan_rounds
+from bench.chaos.plan import (
+    ACTIONS,
+    KILL,
+    PROCESS_TARGETS,
+    TARGETS,
+    TERMINATE,
+    Fault,
+    parse_targets,
+    plan_rounds,
+)
 from bench.chaos.report import Kill, RoundResult, Summary, count_requests, render, split_by_round
 from bench.chaos.system import NODE, UpProcess
+from bench.chaos.workflow_faults import hit, victim
+from workflows.client import connect
 
 SAMPLE_EVERY_S = 1.0
 
@@ -38,7 +51,7 @@ class Options:
     freeze_min: float = 5.0
     freeze_max: float = 70.0
     only: tuple[str, ...] = TARGETS
-    actions: tuple[str, ...] = (KILL, FREEZE)
+    actions: tuple[str, ...] = ACTIONS
     replicas: int = 2
     clients: int = 3
     every_s: float = 1.0
@@ -123,24 +136,10 @@ class Campaign:
             number, fault, 0, time.monotonic(), None,
             ready_replicas(before.ledger, self.model), [], engines_of(before, self.model), {},
         )  # fmt: skip
-        if fault.target == "engine":
-            shard = pick_engine(before.shards, before.engines, self.rng)
-            result.pid, result.killed_replica = shard.pid, shard.replica_id
+        if fault.target not in PROCESS_TARGETS:
+            await self.hit_workflow(fault, before)
         else:
-            result.pid = child_pid(self.up.state_dir, fault.target)
-        if fault.action == KILL:
-            self.signaller.kill(result.pid)
-            self.kills.append(Kill(fault.target, time.monotonic()))
-        else:
-            result.killed_replica = None
-            self.signaller.freeze(result.pid)
-            try:
-                thaw = time.monotonic() + fault.freeze_s
-                while time.monotonic() < thaw:
-                    await self.sample(result)
-                    await asyncio.sleep(max(0.0, min(SAMPLE_EVERY_S, thaw - time.monotonic())))
-            finally:
-                self.signaller.resume(result.pid)
+            await self.signal_process(fault, before, result)
         ended = time.monotonic()
         timeout = self.opts.converge_timeout_s
         result.converged_s, result.waiting_on = await self.converge(ended, timeout, result, True)
@@ -149,6 +148,38 @@ class Campaign:
             result.replicas_after = ready_replicas(self.last.ledger, self.model)
         result.engines_after = engines_of(self.last, self.model)
         return result
+
+    async def signal_process(self, fault: Fault, before: Snapshot, result: RoundResult) -> None:
+        """Kill the round's process, or freeze it (sampling meanwhile) and resume it."""
+        if fault.target == "engine":
+            shard = pick_engine(before.shards, before.engines, self.rng)
+            result.pid, result.killed_replica = shard.pid, shard.replica_id
+        else:
+            result.pid = child_pid(self.up.state_dir, fault.target)
+        if fault.action == KILL:
+            self.signaller.kill(result.pid)
+            self.kills.append(Kill(fault.target, time.monotonic()))
+            return
+        result.killed_replica = None
+        self.signaller.freeze(result.pid)
+        try:
+            thaw = time.monotonic() + fault.freeze_s
+            while time.monotonic() < thaw:
+                await self.sample(result)
+                await asyncio.sleep(max(0.0, min(SAMPLE_EVERY_S, thaw - time.monotonic())))
+        finally:
+            self.signaller.resume(result.pid)
+
+    async def hit_workflow(self, fault: Fault, before: Snapshot) -> None:
+        """Terminate, cancel or reset the round's workflow; a terminated model is applied
+        again, as an operator is told to (a model's definition lives in its workflow)."""
+        assert before.ledger is not None
+        workflow_id = victim(fault.target, NODE, self.model, before.ledger, self.rng)
+        say(f"  {fault.action} {workflow_id}")
+        client = await connect(self.up.temporal)
+        await hit(client, workflow_id, fault.action)
+        if fault.target == "model-workflow" and fault.action == TERMINATE:
+            await self.up.define_model(self.opts.replicas)
 
     async def run(self, faults: list[Fault]) -> Summary:
         say(f"waiting for {self.opts.replicas} replicas of {self.model} to serve")
@@ -221,7 +252,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     parser.add_argument("--freeze-min", type=float, default=Options.freeze_min, metavar="S")
     parser.add_argument("--freeze-max", type=float, default=Options.freeze_max, metavar="S")
     parser.add_argument("--only", default=",".join(TARGETS), help="targets, comma-separated")
-    parser.add_argument("--actions", default=f"{KILL},{FREEZE}", help="kill, freeze or both")
+    parser.add_argument("--actions", default=",".join(ACTIONS), help=f"any of {', '.join(ACTIONS)}")
     parser.add_argument("--replicas", type=int, default=Options.replicas)
     parser.add_argument("--clients", type=int, default=Options.clients)
     parser.add_argument("--every", type=float, default=Options.every_s, metavar="S",
@@ -237,8 +268,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
     except ValueError as err:
         parser.error(str(err))
     actions = tuple(a.strip() for a in args.actions.split(",") if a.strip())
-    if not actions or set(actions) - {KILL, FREEZE}:
-        parser.error(f"--actions wants {KILL}, {FREEZE} or both, comma-separated")
+    if not actions or set(actions) - set(ACTIONS):
+        parser.error(f"--actions wants some of {', '.join(ACTIONS)}, comma-separated")
     if args.rounds < 1 or args.replicas < 1 or args.clients < 1:
         parser.error("--rounds, --replicas and --clients want at least 1")
     if not 0 < args.freeze_min <= args.freeze_max:

@@ -13,7 +13,9 @@ from temporalio.client import Client
 
 from activities.agent import procfs
 from bench.chaos.checks import AgentShard, EngineProcess, Snapshot, ready_replicas
-from workers.progress import ledger_snapshot
+from store.fleet import FleetTables
+from workers.paths import Locations
+from workers.progress import fleet_tables, ledger_snapshot
 from workflows.client import connect
 from workflows.contracts import LedgerState
 
@@ -82,12 +84,15 @@ class Observer:
     api_key: str
     children: tuple[str, ...] = ("temporal", "control", "agent", "gateway")
     _client: Client | None = None
+    _fleet: FleetTables | None = None
 
     async def ledger(self) -> LedgerState | None:
         try:
             if self._client is None:
                 self._client = await asyncio.wait_for(connect(self.temporal), LEDGER_TIMEOUT_S)
-            return await asyncio.wait_for(ledger_snapshot(self._client), LEDGER_TIMEOUT_S)
+            if self._fleet is None:
+                self._fleet = await fleet_tables(Locations.resolve(str(self.state_dir)))
+            return await asyncio.wait_for(ledger_snapshot(self._fleet), LEDGER_TIMEOUT_S)
         except Exception:  # noqa: BLE001 - chaos kills Temporal: any failure is "no ledger"
             return None
 

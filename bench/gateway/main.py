@@ -40,10 +40,10 @@ from bench.gateway.procs import (
     Cores,
     StartFailed,
     cpu_seconds,
-    http_get,
     http_post,
     pin_self,
     port_open,
+    routes_loaded,
     wait_for_file,
     wait_until,
     work_directory,
@@ -121,18 +121,13 @@ def _serving(arm: str, options: Options, cores: Cores, upstream: str) -> Iterato
         raise ValueError(f"unknown arm {arm}")
     try:
         if arm == "llmgw":
-            wait_until(child, lambda: _routes_loaded(port), START_TIMEOUT_S)
+            wait_until(child, lambda: routes_loaded(port), START_TIMEOUT_S)
             auth = "Bearer " + wait_for_file(state_dir / KEY_FILENAME, child, START_TIMEOUT_S)
         else:
             wait_until(child, lambda: port_open(port), START_TIMEOUT_S)
         yield Endpoint(port, auth, child.process.pid)
     finally:
         child.stop()
-
-
-def _routes_loaded(port: int) -> bool:
-    status, body = http_get(port, "/healthz")
-    return status == 200 and json.loads(body).get("routes_version") == 1
 
 
 def _body(stream: bool) -> dict[str, object]:

@@ -3,7 +3,9 @@ answer, and stopping them."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
+import json
 import os
 import shutil
 import signal
@@ -12,8 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +120,12 @@ def http_get(port: int, path: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
         conn.close()
 
 
+def routes_loaded(port: int) -> bool:
+    """The gateway on `port` has read its first routing table (a fixed one, version 1)."""
+    status, body = http_get(port, "/healthz")
+    return status == 200 and json.loads(body).get("routes_version") == 1
+
+
 def http_post(
     port: int, path: str, body: bytes, headers: Mapping[str, str], timeout_s: float = 30.0
 ) -> tuple[int, bytes]:
@@ -161,6 +169,28 @@ def port_open(port: int) -> bool:
 def wait_for_file(path: Path, child: Child, timeout_s: float) -> str:
     wait_until(child, lambda: path.exists() and path.stat().st_size > 0, timeout_s)
     return path.read_text().strip()
+
+
+@asynccontextmanager
+async def gateway_child(
+    argv: list[str], log: Path, port: int, key_file: Path | None, timeout_s: float
+) -> AsyncIterator[str]:
+    """A benchmark's gateway process, from `argv`, once its routes are loaded (on `port`);
+    yields the API key it writes to `key_file` ("" with none: it serves another's). Stopped on
+    the way out; one that fails to start ends the benchmark, saying why."""
+    if key_file is not None:
+        await asyncio.to_thread(key_file.unlink, missing_ok=True)
+    child = Child("gateway", argv, log, cpu=None)
+    try:
+        await asyncio.to_thread(wait_until, child, lambda: routes_loaded(port), timeout_s)
+        api_key = ""
+        if key_file is not None:
+            api_key = await asyncio.to_thread(wait_for_file, key_file, child, timeout_s)
+        yield api_key
+    except StartFailed as exc:
+        raise SystemExit(f"the gateway failed to start: {exc}") from exc
+    finally:
+        await asyncio.to_thread(child.stop)
 
 
 def environment(**extra: str) -> dict[str, str]:

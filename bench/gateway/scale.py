@@ -31,8 +31,8 @@ from bench.gateway.procs import Child, http_get, wait_for_file, wait_until
 from bench.gateway.target import KEY_FILENAME, MODEL
 from engines.local_port import free_port
 from gateway.prompt_estimate import estimate_prompt_tokens
-from gateway.store import KeyLimits, open_store
-from gateway.store.lease_rules import LeaseChange, PoolRef
+from store import KeyLimits, open_store
+from store.lease_rules import LeaseChange, PoolRef
 
 HOST = "127.0.0.1"
 PATH = "/v1/chat/completions"

@@ -29,7 +29,7 @@ import uvicorn
 from gateway.routing.policy import POLICIES
 from gateway.server import listen, uvicorn_config
 from gateway.settings import GatewaySettings
-from gateway.store import KeyLimits, KeyNameTaken, Store, open_store
+from store import KeyLimits, KeyNameTaken, Store, open_store
 from workflows.contracts import ReplicaState, Route, RoutingTable
 
 MODEL = "mock"
@@ -93,17 +93,24 @@ async def serve(
     key_file: Path | None,
     model: str,
     reuse_port: bool = False,
+    own_port: int | None = None,
 ) -> None:
+    """`reuse_port`: the port is shared with other processes (as `llmgw gateway --workers`
+    shares it); `own_port`: a second port this process alone listens on, so its own /metrics
+    can be read."""
     config = server.config
     try:
         if key_file is not None:
             await create_key(store, key_file, model)
-        if reuse_port:
-            sock = listen(config.host, config.port, reuse_port=True)
+        if reuse_port or own_port is not None:
+            socks = [listen(config.host, config.port, reuse_port=reuse_port)]
+            if own_port is not None:
+                socks.append(listen(config.host, own_port))
             try:
-                await server.serve(sockets=[sock])
+                await server.serve(sockets=socks)
             finally:
-                sock.close()
+                for sock in socks:
+                    sock.close()
         else:
             await server.serve()
     finally:

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.admin_keys import key_view, parse_body
 from gateway.admin_models import require_same_site_json
 from gateway.admin_routes import require_local
-from gateway.console.figures import routing_figures
+from gateway.console.figures import queue_figures, routing_figures
 from gateway.console.source import NODE_ACTIONS, ClusterCache, ConsoleRefused
 from gateway.deps import State
 from gateway.errors import ApiError
@@ -104,6 +104,15 @@ async def console_data(state: State) -> dict[str, Any]:
             "keys": [key_view(key) for key in await state.store.list_keys()],
             "usage": [row.model_dump(mode="json") for row in usage],
             **routing_figures(state.metrics.registry),
+            # Each model's routing state and its shares over the last minute, in memory.
+            "routing_states": state.metrics.routing_view(),
+            # The other gateway processes on the store, and whether each is heard now.
+            "peers": state.peers.picture.peers() if state.peers is not None else None,
+            "queue": queue_figures(
+                state.admission,
+                state.metrics.registry,
+                {r.replica_id: r.model for r in state.routes.snapshot.table.routes},
+            ),
         },
     }
 

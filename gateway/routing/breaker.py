@@ -14,9 +14,13 @@ metrics that do not answer (gateway/engine_scrape.py). Times are the caller's cl
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+
+# Told when this breaker opens a replica (its open period, seconds) or closes it (0): the other
+# gateways then eject or readmit it too (gateway/peers/).
+BreakerListener = Callable[[str, float], None]
 
 
 class BreakerState(StrEnum):
@@ -53,6 +57,7 @@ class CircuitBreaker:
         self.max_open_s = max_open_s
         self.probe_timeout_s = probe_timeout_s
         self._trouble: dict[str, _Trouble] = {}
+        self.listener: BreakerListener | None = None
 
     def state(self, replica_id: str, now: float) -> BreakerState:
         trouble = self._trouble.get(replica_id)
@@ -82,7 +87,9 @@ class CircuitBreaker:
 
     def succeeded(self, replica_id: str, now: float) -> None:  # noqa: ARG002 - takes the clock as every event does
         """Any success closes the breaker and resets the backoff: the replica answered."""
-        self._trouble.pop(replica_id, None)
+        trouble = self._trouble.pop(replica_id, None)
+        if trouble is not None and trouble.opened_at is not None and self.listener is not None:
+            self.listener(replica_id, 0.0)
 
     def failed(self, replica_id: str, now: float) -> None:
         trouble = self._trouble.setdefault(replica_id, _Trouble())
@@ -90,17 +97,41 @@ class CircuitBreaker:
         if state is BreakerState.CLOSED:
             trouble.consecutive_failures += 1
             if trouble.consecutive_failures >= self.failures_to_open:
-                self._open(trouble, now)
+                self._open(replica_id, trouble, now)
         elif state is BreakerState.HALF_OPEN:
             trouble.reopens += 1
-            self._open(trouble, now)
+            self._open(replica_id, trouble, now)
         # While open: a request sent before the ejection failing late says nothing new, and
         # must not stretch the open period.
 
-    def _open(self, trouble: _Trouble, now: float) -> None:
+    def _open(self, replica_id: str, trouble: _Trouble, now: float) -> None:
         trouble.opened_at = now
         trouble.open_for_s = min(self.open_s * 2**trouble.reopens, self.max_open_s)
         trouble.probe_sent_at = None
+        if self.listener is not None:
+            self.listener(replica_id, trouble.open_for_s)
+
+    def eject(self, replica_id: str, open_for_s: float, now: float) -> None:
+        """Another gateway ejected the replica for `open_for_s` from now: so does this one,
+        unless it has it open already (its own period stands). Told no listener."""
+        trouble = self._trouble.setdefault(replica_id, _Trouble())
+        if self.state(replica_id, now) is BreakerState.OPEN:
+            return
+        trouble.opened_at = now
+        trouble.open_for_s = min(max(open_for_s, 0.0), self.max_open_s)
+        trouble.probe_sent_at = None
+
+    def readmit(self, replica_id: str) -> None:
+        """Another gateway's probe succeeded: closed here too. Told no listener."""
+        self._trouble.pop(replica_id, None)
+
+    def open_now(self, now: float) -> list[tuple[str, float]]:
+        """Replicas ejected now, with the seconds their open period has left."""
+        return [
+            (replica_id, t.opened_at + t.open_for_s - now)
+            for replica_id, t in self._trouble.items()
+            if t.opened_at is not None and now < t.opened_at + t.open_for_s
+        ]
 
     def ejected_longest_ago(self, replica_ids: Iterable[str]) -> str | None:
         """Of these replicas, the one whose breaker opened first (None if none is open): the

@@ -67,6 +67,20 @@ class _Sent:
     at: float  # when it was sent (the caller's monotonic clock)
     streamed: bool
     started: bool = False
+    from_peer: bool = False  # sent by another gateway, which told this one
+
+
+class PressureListener(Protocol):
+    """Told what this gateway sends (gateway/peers/outbox.py), for the other gateways' records:
+    each request's ticket and, once known, its blocks; when it starts and when it ends."""
+
+    def kv_sent(
+        self, replica_id: str, ticket: int, blocks: Sequence[int], unhashed: int, need: int
+    ) -> None: ...
+
+    def kv_started(self, replica_id: str, ticket: int) -> None: ...
+
+    def kv_finished(self, replica_id: str, ticket: int) -> None: ...
 
 
 class KvPressure:
@@ -80,6 +94,9 @@ class KvPressure:
         self._freed: dict[str, dict[int, None]] = {}
         self._tickets = itertools.count()
         self._placeholders = itertools.count(-1, -1)
+        # Told of this gateway's own requests; requests another gateway sent (`from_peer`) are
+        # recorded the same way and told to nobody.
+        self.listener: PressureListener | None = None
 
     def sent(
         self,
@@ -90,14 +107,17 @@ class KvPressure:
         *,
         full_blocks: int | None = None,
         streamed: bool = True,
+        from_peer: bool = False,
     ) -> int:
         """A request was sent to the replica at `at`; its ticket for `started` and `finished`.
         `full_blocks`: its prompt's full blocks, hashed or not (at least `blocks`)."""
         ticket = next(self._tickets)
         unhashed = max((full_blocks or 0) - len(blocks), 0)
-        sent = _Sent(tuple(blocks), unhashed, max(need, 0), at, streamed)
+        sent = _Sent(tuple(blocks), unhashed, max(need, 0), at, streamed, from_peer=from_peer)
         self._sent.setdefault(replica_id, {})[ticket] = sent
         self._in_flight.setdefault(replica_id, Counter()).update(sent.blocks)
+        if self.listener is not None and not from_peer:
+            self.listener.kv_sent(replica_id, ticket, sent.blocks, unhashed, sent.need)
         return ticket
 
     def identify(
@@ -108,6 +128,7 @@ class KvPressure:
         need: int,
         *,
         full_blocks: int | None = None,
+        from_peer: bool = False,
     ) -> None:
         """A request `sent` without its blocks (its token ids came later): now with them, as
         `sent` would have taken them. Nothing once it has finished: its blocks then count as
@@ -119,19 +140,25 @@ class KvPressure:
         sent.unhashed = max((full_blocks or 0) - len(blocks), 0)
         sent.need = max(need, 0)
         self._in_flight.setdefault(replica_id, Counter()).update(sent.blocks)
+        if self.listener is not None and not from_peer:
+            self.listener.kv_sent(replica_id, ticket, sent.blocks, sent.unhashed, sent.need)
 
-    def started(self, replica_id: str, ticket: int) -> None:
+    def started(self, replica_id: str, ticket: int, *, from_peer: bool = False) -> None:
         """The engine started it (its first bytes came back): its blocks are allocated."""
         sent = self._sent.get(replica_id, {}).get(ticket)
         if sent is not None:
             sent.started = True
+            if self.listener is not None and not from_peer:
+                self.listener.kv_started(replica_id, ticket)
 
-    def finished(self, replica_id: str, ticket: int) -> None:
+    def finished(self, replica_id: str, ticket: int, *, from_peer: bool = False) -> None:
         """Done, however it ended: its blocks go to the back of the engine's free queue, its
         last block first."""
         sent = self._sent.get(replica_id, {}).pop(ticket, None)
         if sent is None:
             return
+        if self.listener is not None and not from_peer:
+            self.listener.kv_finished(replica_id, ticket)
         counts = self._in_flight[replica_id]
         for block in sent.blocks:
             counts[block] -= 1
@@ -143,6 +170,16 @@ class KvPressure:
         for block in reversed(sent.blocks):
             freed.pop(block, None)
             freed[block] = None
+
+    def in_flight(self) -> list[tuple[str, int, tuple[int, ...], int, int, bool]]:
+        """This gateway's own requests in flight as (replica, ticket, blocks, unhashed, need,
+        started): a snapshot for another gateway (gateway/peers/)."""
+        return [
+            (replica_id, ticket, s.blocks, s.unhashed, s.need, s.started)
+            for replica_id, sent in self._sent.items()
+            for ticket, s in sent.items()
+            if not s.from_peer
+        ]
 
     def forget(self, replica_id: str) -> None:
         """Its engine's cache was reset: no block's age is known any more."""

@@ -18,6 +18,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from engines.metrics import kv_cache_blocks, kv_usage, load
 from workflows.contracts import Route
@@ -60,12 +61,21 @@ def sample_from_metrics(metrics_text: str, taken_at: float, own: int = 0) -> Loa
     )
 
 
+class PeerLoads(Protocol):
+    """The other gateways' requests in flight as they tell them (gateway/peers/picture.py)."""
+
+    def others(self, replica_id: str) -> int | None: ...
+
+
 class EngineLoadBoard:
     """The latest sample per replica."""
 
     def __init__(self, max_age_s: float = DEFAULT_MAX_AGE_S) -> None:
         self.max_age_s = max_age_s
         self._latest: dict[str, LoadSample] = {}
+        # Where the other gateways say what they have in flight (gateway/peers/): fresher than
+        # any engine sample (tens of milliseconds against up to a scrape period).
+        self.peers: PeerLoads | None = None
 
     def record(self, replica_id: str, sample: LoadSample) -> None:
         current = self._latest.get(replica_id)
@@ -91,10 +101,18 @@ class EngineLoadBoard:
         return sample
 
     def others(self, replica_id: str, now: float) -> int | None:
-        """The engine's requests in flight that this gateway did not send, by its latest sample
-        (`LoadSample.others`); None without a fresh sample."""
+        """The requests in flight at the replica that this gateway did not send, by the engine's
+        latest sample (`LoadSample.others`) and what the other gateways say they have there now
+        (gateway/peers/, while every one is heard): the larger. The engine's figure also counts
+        senders that are not on the bus (clients calling the engine, a gateway with the bus
+        off) but is up to a scrape old; the peers' is fresh, so a burst they sent since the
+        scrape counts at once. None with neither."""
         sample = self.latest(replica_id, now)
-        return None if sample is None else sample.others
+        measured = None if sample is None else sample.others
+        told = self.peers.others(replica_id) if self.peers is not None else None
+        if told is None:
+            return measured
+        return told if measured is None else max(told, measured)
 
     def age_s(self, replica_id: str, now: float) -> float | None:
         sample = self._latest.get(replica_id)

@@ -9,7 +9,10 @@ The order of preference, for the "prefix" policy:
    before then; blocks a request sent ahead will store count: kv_caches.py reads both and
    notes each request sent, kv_pressure.py orders the evictions), then the one
    holding the most now; unless it is overloaded (then the next that is not, else the least
-   loaded: "fallback_overloaded");
+   loaded: "fallback_overloaded"). Overloaded: under a TTFT target, its pending prefill tokens
+   and this request's pass what it prefills in that time, and the fallback is the least
+   predicted wait with this request's own prefill, a holder included (token_load.py,
+   docs/sticky-routing.md); with none, its count passes OverloadMargin;
 2. else the replica holding the longest prefix of the prompt by the gateway's own record of
    what it sent where (prefix_index.py), or for a replica whose cache is its slots (llama.cpp
    with `--cache-ram 0`, `Route.prompt_slots`) by what the slot its engine would give the
@@ -40,7 +43,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, Protocol, get_args
 
 from engines.kv_index import KvBlockIndex
 from gateway.routing import affinity
@@ -48,10 +51,18 @@ from gateway.routing.breaker import CircuitBreaker
 from gateway.routing.kv_blocks import BlockIds
 from gateway.routing.kv_caches import KvCaches, KvMatch
 from gateway.routing.loads import EngineLoadBoard
-from gateway.routing.prefix_index import PrefixIndex
+from gateway.routing.prefix_index import Claims, PrefixIndex
 from gateway.routing.request_key import RequestKey
 from gateway.routing.slot_cache import SlotBoard, SlotView
 from gateway.routing.snapshot import RoutingSnapshot
+from gateway.routing.token_load import (
+    DEFAULT_TOKENS_PER_S,
+    TOKENS_PER_INDEX_BLOCK,
+    Judged,
+    Pending,
+    TokenLoad,
+    prompt_tokens,
+)
 from gateway.routing.working_set import WorkingSets
 from workflows.contracts import ReplicaState, Route
 
@@ -90,6 +101,9 @@ class Decision:
     # The prompt's chained 256-byte block hashes (prefix_index.py), as the "prefix" policy
     # hashed them: handed to `sent` for the slot replay. Empty under the other policies.
     prompt_keys: Sequence[int] = ()
+    # Under a TTFT target: the prompt tokens the chosen replica should have to prefill, handed
+    # to `sent` for its pending load. None: not worked out (the whole prompt counts).
+    uncached_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +113,7 @@ class Sent:
     replica_id: str
     kv: int | None = None  # its ticket in kv_pressure.py, where the engine publishes KV events
     slot: int | None = None  # its ticket in slot_cache.py, where the cache is the slots
+    tokens: Pending | None = None  # its ticket in token_load.py, under a TTFT target
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +128,12 @@ class OverloadMargin:
 
     def exceeded(self, load: int, least: int) -> bool:
         return load > max(least + self.absolute, least * self.factor)
+
+
+class PrefixOutbox(Protocol):
+    """Where the router tells the prefixes it sends (gateway/peers/outbox.py)."""
+
+    def prefix_sent(self, replica_id: str, keys: Sequence[int]) -> None: ...
 
 
 class Router:
@@ -132,12 +153,17 @@ class Router:
         min_match_blocks: int = 2,
         clock: Callable[[], float] = time.monotonic,
         kv_index: KvBlockIndex | None = None,
+        ttft_target_s: float = 0.0,
+        prefill_tokens_per_s: float = DEFAULT_TOKENS_PER_S,
     ) -> None:
         """`min_match_blocks`: a shorter match is ignored, so a short boilerplate opening that
         many prompts share (one block is 256 bytes, ~64 tokens; an engine's block is its
         block_size tokens, 16 by vLLM's default) does not pull them all onto one replica.
         `kv_index`: what the engines report holding (gateway/kv_feeds.py fills it); without
-        one, every replica is routed by the prefix index."""
+        one, every replica is routed by the prefix index. `ttft_target_s`: under the "prefix"
+        policy, a replica holding the prompt's prefix keeps it while its pending prefill would
+        take at most this long at its measured rate (`prefill_tokens_per_s` until measured);
+        0: while its request count is within `margin` (token_load.py)."""
         # A plain str, checked here: the name comes from settings or a command line.
         if policy not in POLICIES:
             raise ValueError(f"unknown routing policy {policy!r}; one of {', '.join(POLICIES)}")
@@ -146,6 +172,9 @@ class Router:
         self.breaker = breaker if breaker is not None else CircuitBreaker()
         self.loads = loads if loads is not None else EngineLoadBoard()
         self.margin = margin if margin is not None else OverloadMargin()
+        # Pending prefill tokens and measured prefill rate per replica (sticky until saturated).
+        target = ttft_target_s if policy == "prefix" else 0.0
+        self.tokens = TokenLoad(target, prefill_tokens_per_s, self.loads)
         self.min_match_blocks = max(1, min_match_blocks)
         # What the engines publishing KV events hold, and will hold when a request reaches them.
         self.kv = KvCaches(kv_index, self.loads)
@@ -159,6 +188,8 @@ class Router:
         self._cursor: dict[str, int] = {}
         # Replicas with claims in the index, so `retain` scans the index only when one left.
         self._indexed: set[str] = set()
+        # Told each prefix this gateway sends, for the other gateways (gateway/peers/).
+        self.outbox: PrefixOutbox | None = None
 
     def choose(
         self,
@@ -186,13 +217,14 @@ class Router:
         found: KvMatch | None = None
         predicted: int | None = None
         keys: Sequence[int] = ()
+        uncached: int | None = None
         if self.policy == "round_robin":
             chosen, reason, matched = self._rotate(request.model, len(allowed)), "round_robin", 0
         elif self.policy == "least_load":
             chosen, reason, matched = self._least_loaded(request.model, loads), "least_load", 0
         else:
             keys = self.index.hashes(request.prompt)
-            chosen, reason, matched, found, predicted = self._by_prefix(
+            chosen, reason, matched, found, predicted, uncached = self._by_prefix(
                 request, keys, allowed, ids, loads, now
             )
         # A half-open replica lets one probe through: this request is it.
@@ -200,7 +232,7 @@ class Router:
         if predicted is None:
             predicted = 0 if found is None else self.kv.predicted(ids[chosen], found, now)
         kv_blocks = found.ids if found is not None else None
-        return Decision(allowed[chosen], reason, matched, predicted, kv_blocks, keys)
+        return Decision(allowed[chosen], reason, matched, predicted, kv_blocks, keys, uncached)
 
     def succeeded(self, replica_id: str, now: float | None = None) -> None:
         """The replica answered (its response started): closes its breaker."""
@@ -226,6 +258,7 @@ class Router:
         self.slots.retain(ready)
         self.working_sets.retain(ready)
         self.loads.retain(ready)
+        self.tokens.retain(ready)
 
     def needs_no_tokens(
         self, prompt: bytes, routes: Sequence[Route], now: float | None = None
@@ -271,10 +304,11 @@ class Router:
         ids: Sequence[str],
         loads: Sequence[int],
         now: float,
-    ) -> tuple[int, Reason, int, KvMatch | None, int | None]:
+    ) -> tuple[int, Reason, int, KvMatch | None, int | None, int | None]:
         """(index of the chosen replica, why, blocks it matched, what its engine reports
         holding of the prompt: None unless it publishes KV events, the cached tokens predicted
-        there if the choice already worked them out)."""
+        there if the choice already worked them out, and under a TTFT target the prompt tokens
+        it has to prefill)."""
         index = self.index
         least = min(loads)
         margin = self.margin
@@ -284,6 +318,10 @@ class Router:
         new = False
         floor = self.min_match_blocks
         slots: dict[int, SlotView] = {}
+        # Under a TTFT target, where a holder is to be judged: each candidate's pending tokens.
+        judged: Judged | None = None
+        sticky = self.tokens.enabled
+        prompt = prompt_tokens(request) if sticky else 0
 
         kv = self.kv.matches(request, routes)
         kv_usable = [i for i, replica_id in enumerate(ids) if _blocks(kv, replica_id) >= floor]
@@ -294,12 +332,11 @@ class Router:
             # may differ in block size); among equals the lighter.
             predicted = {i: self.kv.predicted(ids[i], kv[ids[i]], now) for i in kv_usable}
             kv_usable.sort(key=lambda i: (-predicted[i], -kv[ids[i]].tokens, loads[i]))
-            for i in kv_usable:
-                if not margin.exceeded(loads[i], least):
-                    chosen, reason = i, "kv_prefix"
-                    break
-            else:
-                chosen, reason = self._least_loaded(request.model, loads), "fallback_overloaded"
+            if sticky:
+                cached = [predicted.get(i, 0) for i in range(len(ids))]
+                judged = self.tokens.judged(ids, prompt, cached, now)
+            chosen = self._holder(request.model, kv_usable, loads, least, judged)
+            reason = "kv_prefix" if chosen in kv_usable else "fallback_overloaded"
             matched = _blocks(kv, ids[chosen])
         else:
             # No engine reports enough of the prompt (or none publishes KV events): the
@@ -315,13 +352,12 @@ class Router:
             if usable:
                 # Longest match first; among equal matches the lighter replica.
                 usable.sort(key=lambda i: (-matches[ids[i]], loads[i]))
-                for i in usable:
-                    if not margin.exceeded(loads[i], least):
-                        chosen, reason, matched = i, "prefix", matches[ids[i]]
-                        break
-                else:
-                    chosen = self._least_loaded(request.model, loads)
-                    reason, matched = "fallback_overloaded", matches.get(ids[chosen], 0)
+                if sticky:
+                    cached = [matches.get(r, 0) * TOKENS_PER_INDEX_BLOCK for r in ids]
+                    judged = self.tokens.judged(ids, prompt, cached, now)
+                chosen = self._holder(request.model, usable, loads, least, judged)
+                reason = "prefix" if chosen in usable else "fallback_overloaded"
+                matched = matches.get(ids[chosen], 0)
             elif request.session:
                 owner = affinity.owner(request.session, ids)
                 if owner is not None and not margin.exceeded(loads[owner], least):
@@ -338,10 +374,43 @@ class Router:
             # Whatever the reason, the chosen engine will now cache this prompt: a hot prefix
             # that overflowed onto a second replica is then matched on both. Kept for replicas
             # with KV events too: it routes them while their feed is down.
-            index.insert_hashes(ids[chosen], keys, now)
-            self._indexed.add(ids[chosen])
-            self.working_sets.sent(ids[chosen], keys, now)
-        return chosen, reason, matched, kv.get(ids[chosen]), predicted.get(chosen)
+            self.learn_prefix(ids[chosen], keys, now)
+            if self.outbox is not None:
+                self.outbox.prefix_sent(ids[chosen], keys)
+        uncached = judged.uncached(chosen) if judged is not None else prompt if sticky else None
+        return chosen, reason, matched, kv.get(ids[chosen]), predicted.get(chosen), uncached
+
+    def _holder(
+        self,
+        model: str,
+        order: Sequence[int],
+        loads: Sequence[int],
+        least: int,
+        judged: Judged | None,
+    ) -> int:
+        """The first holder in `order` not overloaded; else, by `judged`, the least predicted
+        wait (a holder, or not), by OverloadMargin the least loaded (never a holder)."""
+        if judged is None:
+            found = next((i for i in order if not self.margin.exceeded(loads[i], least)), None)
+            return self._least_loaded(model, loads) if found is None else found
+        found = judged.first_within(order)
+        if found is None:
+            found = judged.quickest(loads, self._cursor.get(model, 0))
+            self._cursor[model] = found + 1
+        return found
+
+    def learn_prefix(self, replica_id: str, keys: Sequence[int], now: float) -> None:
+        """`replica_id` was sent the prompt of these block keys (by this gateway, or by another
+        that said so: gateway/peers/)."""
+        self.index.insert_hashes(replica_id, keys, now)
+        self._indexed.add(replica_id)
+        self.working_sets.sent(replica_id, keys, now)
+
+    def learn_claims(self, claims: Claims, now: float) -> None:
+        """Another gateway's record of what was sent where (its prefix index's claims, or a
+        part of them: gateway/peers/), merged into this one's."""
+        self.index.learn(claims, now)
+        self._indexed.update(claims.replicas)
 
     def sent(
         self,
@@ -360,17 +429,20 @@ class Router:
         hashed again. `streamed`: whether its first bytes will come back before it is done
         (`started` is then told)."""
         blocks_hashed = chosen_by.kv_blocks if chosen_by is not None else None
+        now = self._clock()
         kv_ticket = self.kv.sent(
-            route, request, predicted_tokens, blocks_hashed, self._clock(), streamed=streamed
+            route, request, predicted_tokens, blocks_hashed, now, streamed=streamed
         )
+        uncached = chosen_by.uncached_tokens if chosen_by is not None else None
+        pending = self.tokens.sent(route.replica_id, request, uncached, now)
         slot_ticket = None
         if route.prompt_slots is not None:
             keys = chosen_by.prompt_keys if chosen_by is not None else ()
             keys = keys or self.index.hashes(request.prompt)
             slot_ticket = self.slots.sent(route.replica_id, route.prompt_slots, keys)
-        if kv_ticket is None and slot_ticket is None:
+        if kv_ticket is None and slot_ticket is None and pending is None:
             return None
-        return Sent(route.replica_id, kv_ticket, slot_ticket)
+        return Sent(route.replica_id, kv_ticket, slot_ticket, pending)
 
     def tokens_arrived(
         self, sent: Sent, route: Route, request: RequestKey, token_ids: Sequence[int]
@@ -381,9 +453,13 @@ class Router:
             self.kv.tokens_arrived(route, sent.kv, request, token_ids)
 
     def started(self, sent: Sent | None) -> None:
-        """Its first bytes came back: the engine has started it."""
-        if sent is not None and sent.kv is not None:
+        """Its first bytes came back: the engine has started it (and timed its prefill)."""
+        if sent is None:
+            return
+        if sent.kv is not None:
             self.kv.started(sent.replica_id, sent.kv)
+        if sent.tokens is not None:
+            self.tokens.started(sent.tokens, self._clock())
 
     def finished(self, sent: Sent | None) -> None:
         """It ended: answered, failed or cancelled."""
@@ -393,6 +469,8 @@ class Router:
             self.kv.finished(sent.replica_id, sent.kv)
         if sent.slot is not None:
             self.slots.finished(sent.replica_id, sent.slot)
+        if sent.tokens is not None:
+            self.tokens.finished(sent.tokens)
 
     def _all_ejected(self, candidates: Sequence[Route], now: float) -> Decision:
         """Every candidate's breaker is open. Refusing would turn a blip that tripped every

@@ -14,9 +14,12 @@ evicts that one, while on a replica with a slot to spare it evicts nothing.
 The gateway replays the engine's choice on what it sent each such replica (`Route.prompt_slots`
 says which: a replica's route takes it from its profile's flags, Profile.prompt_slots), each
 prompt as the prefix index's 256-byte block hashes (prefix_index.py), parts counted in blocks
-rather than tokens. Only this gateway's requests are seen: with several gateways, or clients
-sending to the engine directly, the replay drifts from the engine's real slots, and routing by
-it can then do worse than by the prefix index alone (not measured).
+rather than tokens. The other gateway processes on the store tell this one what they send
+such replicas, and their requests are replayed with this gateway's (gateway/peers/): behind two
+gateways, replaying only its own requests halved the cached share in `make bench-routing`'s
+small setting (docs/benchmarks.md). Clients sending to the engine directly are not seen, and
+requests of two gateways sent within the bus's flush (10 ms) may be replayed in another order
+than the engine took them.
 
 Pure and bounded: a replica's slots and the requests waiting for them (no more than the gateway
 has in flight there: max_inflight_per_replica), each a list of at most MAX_BLOCKS hashes.
@@ -28,6 +31,7 @@ import itertools
 from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gateway.prefix_tokens import common_start
 
@@ -122,6 +126,14 @@ class SlotReplay:
         return not any(common_start(other.keys, slot.keys) for other in others)
 
 
+class SlotListener(Protocol):
+    """Told what this gateway sends such replicas (gateway/peers/outbox.py)."""
+
+    def slot_sent(self, replica_id: str, ticket: int, slots: int, keys: Sequence[int]) -> None: ...
+
+    def slot_finished(self, replica_id: str, ticket: int) -> None: ...
+
+
 class SlotBoard:
     """The replays of every replica whose prompt cache is its slots, with the tickets of the
     requests sent there."""
@@ -129,19 +141,28 @@ class SlotBoard:
     def __init__(self) -> None:
         self._replicas: dict[str, SlotReplay] = {}
         self._tickets = itertools.count()
+        # Told of this gateway's own requests; another gateway's (`from_peer`) are replayed
+        # the same way and told to nobody.
+        self.listener: SlotListener | None = None
 
     def view(self, replica_id: str, slots: int, keys: Sequence[int]) -> SlotView:
         return self._replay(replica_id, slots).view(keys)
 
-    def sent(self, replica_id: str, slots: int, keys: Sequence[int]) -> int:
+    def sent(
+        self, replica_id: str, slots: int, keys: Sequence[int], *, from_peer: bool = False
+    ) -> int:
         ticket = next(self._tickets)
         self._replay(replica_id, slots).start(ticket, keys)
+        if self.listener is not None and not from_peer:
+            self.listener.slot_sent(replica_id, ticket, slots, keys)
         return ticket
 
-    def finished(self, replica_id: str, ticket: int) -> None:
+    def finished(self, replica_id: str, ticket: int, *, from_peer: bool = False) -> None:
         replay = self._replicas.get(replica_id)
         if replay is not None:
             replay.finish(ticket)
+        if self.listener is not None and not from_peer:
+            self.listener.slot_finished(replica_id, ticket)
 
     def retain(self, replica_ids: Collection[str]) -> None:
         """Forget replicas not in `replica_ids`: one that left or restarted lost its slots."""

@@ -83,6 +83,37 @@ class WorkingSets:
         self._expire(replica, now)
         return replica.blocks
 
+    def entries(self, now: float) -> list[tuple[str, int, float, int]]:
+        """Every prefix counted, as (replica, root key, seconds since last sent, blocks), the
+        least recently sent first: what `learn` takes, in another process (gateway/peers/)."""
+        return [
+            (replica_id, root, now - when, blocks)
+            for replica_id, replica in self._replicas.items()
+            for root, (when, blocks) in replica.prefixes.items()
+        ]
+
+    def learn(self, entries: Sequence[tuple[str, int, float, int]], now: float) -> None:
+        """Take what another process's `entries` gave: the later time and the longer prompt
+        where both count a prefix."""
+        for replica_id, root, age, blocks in entries:
+            replica = self._replicas.get(replica_id)
+            if replica is None:
+                replica = self._replicas[replica_id] = _Replica()
+            when = now - age
+            old = replica.prefixes.pop(root, None)
+            if old is not None:
+                when, longest = max(when, old[0]), max(blocks, old[1])
+                replica.blocks += longest - old[1]
+            else:
+                longest = blocks
+                replica.blocks += blocks
+            replica.prefixes[root] = (when, longest)
+        for replica in self._replicas.values():
+            self._expire(replica, now)
+            while len(replica.prefixes) > self.max_prefixes:
+                _, (_, dropped) = replica.prefixes.popitem(last=False)
+                replica.blocks -= dropped
+
     def retain(self, replica_ids: Collection[str]) -> None:
         """Forget replicas not in `replica_ids` (their caches left with them)."""
         for replica_id in self._replicas.keys() - set(replica_ids):

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.browser_kit import browser_missing, chromium, console_errors, screenshot, until
-from tests.system import System, wait_ready
+from tests.system import System, running_system, wait_ready
 from workers.demo import DEMO_MODEL
 
 pytestmark = [
@@ -24,16 +24,10 @@ pytestmark = [
     pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing())),
 ]
 
-FIRST_BUILD_ALLOWANCE_S = 40 * 60
-
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    system = System(tmp_path_factory.mktemp("state"), demo=True, engine_path=None)
-    system.start(timeout=FIRST_BUILD_ALLOWANCE_S)
-    yield system
-    if system.process is not None and system.process.poll() is None:
-        assert system.stop() == 0
+    yield from running_system(tmp_path_factory.mktemp("state"))
 
 
 def css(driver: Any, selector: str) -> Any:

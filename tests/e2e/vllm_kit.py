@@ -18,8 +18,8 @@ from openai.types import CompletionUsage
 
 from engines.kv_events import BlockStored, Event
 from engines.kv_index import KvBlockIndex
-from gateway.store import Store, open_store
-from gateway.store.records import MASTER_SECRET_NAME
+from store import Store, open_store
+from store.records import MASTER_SECRET_NAME
 from tests.gateway_kit import Gateway
 from workflows.contracts import (
     Allocation,

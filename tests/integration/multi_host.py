@@ -104,11 +104,11 @@ class Cluster:
         probe_log = self.root / "logs" / "ctl-probe.log"
         self._probe = self.network.popen(
             "ctl",
-            [sys.executable, "-m", "tests.integration.netns_probe", self.temporal],
+            [sys.executable, "-m", "tests.integration.netns_probe"],
             env=env, log=probe_log, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )  # fmt: skip
         self.processes.append(self._probe)
-        await self.until(self._ledger_answers, 120, "the ledger to answer on ctl")
+        await self.until(self._ledger_answers, 120, "the fleet tables to answer on ctl")
         await self.until(self._gateway_answers, 60, "the gateway to answer on ctl")
         await self.until(self._mirror_answers, 60, "the mirror to answer on ctl")
 

@@ -8,7 +8,7 @@ import signal
 import openai
 import pytest
 
-from gateway.store import open_store
+from store import open_store
 from tests.system import System, wait_for, wait_ready
 from workflows.engine_keys import engine_key_from_master
 from workflows.names import replica_workflow_id

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from activities.agent import procfs
-from gateway.store import Store, open_store
+from store import Store, open_store
 from tests.gateway_kit import (
     MODEL,
     GatewayProcess,
@@ -451,6 +451,13 @@ SMUGGLING = {
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth
         + b"Content-Type: application/json\r\nContent-Length: 4\r\n"
         b"Transfer-Encoding : chunked\r\n\r\n" + b"0\r\n\r\n" + smuggled_with(auth)
+    ),
+    # HTTP/1.0 has no transfer codings: served, the connection was then closed and the
+    # request pipelined behind it lost without an answer.
+    "http10_chunked": lambda auth: (
+        b"POST /v1/chat/completions HTTP/1.0\r\nHost: 127.0.0.1\r\n" + auth
+        + b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n" % (len(chat_body()), chat_body()) + smuggled_with(auth)
     ),
     "two_content_lengths": lambda auth: (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from activities.agent.supervisor import ShardSupervisor
-from gateway.store import Store, open_store
+from store import Store, open_store
+from store.fleet import FleetTables, open_fleet
 
 
 @pytest.fixture
@@ -16,6 +17,16 @@ async def store(tmp_path: Path) -> AsyncIterator[Store]:
     await store.init()
     yield store
     await store.close()
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[FleetTables]:
+    """The fleet tables of a fresh SQLite store in the test's own directory (the same database
+    as `store`'s, as in a cluster)."""
+    tables = open_fleet(None, tmp_path)
+    await tables.init()
+    yield tables
+    await tables.close()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from gateway.admin_guard import (
 from gateway.admin_models import require_same_site_json
 from gateway.admin_routes import require_local
 from gateway.errors import ApiError
-from gateway.store import Store, open_store
+from store import Store, open_store
 from tests.gateway_kit import CatalogSource, assert_openai_error, running_gateway
 from workflows.contracts import ModelSpec, Profile
 

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from gateway import admin_keys, admin_usage
 from gateway.auth import AuthFailed, KeyCache
 from gateway.errors import install_error_handlers
-from gateway.store import Store, UsageDelta
+from store import Store, UsageDelta
 
 JSON = {"Content-Type": "application/json"}
 DAY = date(2025, 5, 1)
@@ -78,6 +78,8 @@ async def test_a_created_key_is_shown_once_and_works(
         "max_prompt_tokens_per_request": None,
         "max_inflight_prompt_tokens": None,
         "isolate_cache": False,  # the engines' prefix cache is shared unless asked otherwise
+        "weight": 1.0,  # an equal share of a saturated model
+        "top_priority": "interactive",  # critical only where an operator grants it
     }
     assert "key_hash" not in key
 
@@ -181,6 +183,79 @@ async def test_cache_isolation_is_created_shown_and_replaced_with_the_limits(
     bad = await admin.put("/admin/v1/keys/tenant/limits", json={"isolate_cache": "maybe"})
     assert bad.status_code == 400
     assert "isolate_cache" in bad.json()["error"]["message"]
+
+
+async def test_weight_and_top_priority_are_created_shown_and_replaced_with_the_limits(
+    admin: httpx.AsyncClient, store: Store
+) -> None:
+    body = {"name": "ops", "limits": {"weight": 4, "top_priority": "critical"}}
+    created = await admin.post("/admin/v1/keys", json=body)
+    assert created.status_code == 201
+    limits = created.json()["key"]["limits"]
+    assert (limits["weight"], limits["top_priority"]) == (4.0, "critical")
+    (listed,) = (await admin.get("/admin/v1/keys")).json()["data"]
+    assert (listed["limits"]["weight"], listed["limits"]["top_priority"]) == (4.0, "critical")
+    (stored,) = await store.list_keys()
+    assert (stored.limits.weight, stored.limits.top_priority) == (4.0, "critical")
+
+    put = await admin.put(
+        "/admin/v1/keys/ops/limits", json={"weight": 0.5, "top_priority": "batch"}
+    )
+    assert put.status_code == 200
+    assert (put.json()["limits"]["weight"], put.json()["limits"]["top_priority"]) == (0.5, "batch")
+    # PUT replaces every limit: left out, they go back to a new key's.
+    put = await admin.put("/admin/v1/keys/ops/limits", json={"rpm": 5})
+    assert (put.json()["limits"]["weight"], put.json()["limits"]["top_priority"]) == (
+        1.0,
+        "interactive",
+    )
+
+
+@pytest.mark.parametrize(
+    ("limits", "field"),
+    [
+        ({"weight": 0}, "weight"),
+        ({"weight": -1}, "weight"),
+        ({"weight": 1001}, "weight"),
+        ({"weight": "2"}, "weight"),
+        ({"weight": True}, "weight"),
+        ({"weight": None}, "weight"),
+        ({"top_priority": "urgent"}, "top_priority"),
+        ({"top_priority": 0}, "top_priority"),
+        ({"top_priority": None}, "top_priority"),
+    ],
+)
+async def test_a_bad_weight_or_class_is_a_400_naming_it_and_changes_nothing(
+    admin: httpx.AsyncClient, store: Store, limits: dict[str, Any], field: str
+) -> None:
+    created = await admin.post("/admin/v1/keys", json={"name": "svc", "limits": {"weight": 3}})
+    assert created.status_code == 201
+    put = await admin.put("/admin/v1/keys/svc/limits", json=limits)
+    assert put.status_code == 400
+    assert _error_code(put) == "invalid_request"
+    assert f"{field}:" in put.json()["error"]["message"]
+    post = await admin.post("/admin/v1/keys", json={"name": "other", "limits": limits})
+    assert post.status_code == 400
+    assert f"limits.{field}:" in post.json()["error"]["message"]
+    (stored,) = await store.list_keys()
+    assert (stored.name, stored.limits.weight, stored.limits.top_priority) == (
+        "svc",
+        3.0,
+        "interactive",
+    )
+
+
+async def test_infinite_or_nan_weights_in_raw_json_are_refused(
+    admin: httpx.AsyncClient, store: Store
+) -> None:
+    # Not JSON, but Python's parser and pydantic's take them; httpx's json= cannot send them.
+    await admin.post("/admin/v1/keys", json={"name": "svc"})
+    for raw in (b'{"weight": NaN}', b'{"weight": Infinity}', b'{"weight": 1e999}'):
+        put = await admin.put("/admin/v1/keys/svc/limits", content=raw, headers=JSON)
+        assert put.status_code == 400, raw
+        assert "weight" in put.json()["error"]["message"]
+    (stored,) = await store.list_keys()
+    assert stored.limits.weight == 1.0
 
 
 @pytest.mark.parametrize(

@@ -17,14 +17,16 @@ from workflows.contracts import EngineExit
 
 
 class FakeHandle:
-    def __init__(self, answer: Any) -> None:
+    def __init__(self, workflow_id: str, answer: Any) -> None:
+        self.id = workflow_id
         self.answer = answer
         self.signals: list[object] = []
 
     async def describe(self, rpc_timeout: Any = None) -> Any:
         if isinstance(self.answer, BaseException):
             raise self.answer
-        return SimpleNamespace(status=self.answer)
+        # A replica started by hand, not as a model's child: its model is the one its ID names.
+        return SimpleNamespace(status=self.answer, id=self.id, parent_id=None)
 
     async def signal(self, handler: object, arg: Any, rpc_timeout: Any = None) -> None:
         if isinstance(self.answer, BaseException):
@@ -34,10 +36,11 @@ class FakeHandle:
 
 class FakeClient:
     def __init__(self, answers: dict[str, Any]) -> None:
-        self.handles = {wid: FakeHandle(answer) for wid, answer in answers.items()}
+        self.handles = {wid: FakeHandle(wid, answer) for wid, answer in answers.items()}
 
     def get_workflow_handle(self, workflow_id: str) -> FakeHandle:
-        return self.handles[workflow_id]
+        # A workflow the test names no answer for has never existed.
+        return self.handles.get(workflow_id) or FakeHandle(workflow_id, not_found())
 
 
 @dataclass
@@ -76,6 +79,7 @@ def not_found() -> RPCError:
     ("answer", "expected"),
     [
         (WorkflowExecutionStatus.RUNNING, Ownership.OWNED),
+        # Terminated, and its model (model:m) never existed: nothing will start it again.
         (WorkflowExecutionStatus.TERMINATED, Ownership.ORPHAN),
         (WorkflowExecutionStatus.COMPLETED, Ownership.ORPHAN),
         (not_found(), Ownership.ORPHAN),
@@ -86,6 +90,20 @@ def not_found() -> RPCError:
 )
 async def test_only_a_definite_answer_makes_an_engine_an_orphan(answer, expected):
     client = FakeClient({"replica:m:0": answer})
+    assert await ownership(client, "replica:m:0") == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        (WorkflowExecutionStatus.RUNNING, Ownership.OWNED),  # it starts the replica again
+        (WorkflowExecutionStatus.TERMINATED, Ownership.OWNED),  # applying it again adopts it
+        (WorkflowExecutionStatus.COMPLETED, Ownership.ORPHAN),  # the model was removed
+        (unavailable(), Ownership.UNKNOWN),
+    ],
+)
+async def test_a_terminated_replicas_engine_is_kept_while_its_model_may_want_it(model, expected):
+    client = FakeClient({"replica:m:0": WorkflowExecutionStatus.TERMINATED, "model:m": model})
     assert await ownership(client, "replica:m:0") == expected  # type: ignore[arg-type]
 
 

@@ -36,7 +36,7 @@ from bench.abuse_report import (
 )
 from bench.abuse_upstream import RequestSplitter, answer
 from bench.gateway.loadgen import ResponseReader
-from gateway.store.keyformat import parse_key_id
+from store.keyformat import parse_key_id
 
 # --- bodies ----------------------------------------------------------------------------------
 

@@ -4,10 +4,13 @@ if that pinning were wrong, the arm would not be an oracle and every ratio to it
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from bench.gateway.target import StaticRoutes
-from bench.routing import BenchConfig, describe, pinning_sessions, workload
+from bench.routing import BenchConfig, describe, gateway_routing, pinning_sessions, workload
+from bench.routing_gateway import gateway_settings
 from gateway.routing import RequestKey, Router, RoutingSnapshot
+from gateway.settings import GatewaySettings
 
 
 async def test_each_groups_session_lands_on_its_pinned_replica_through_the_router() -> None:
@@ -40,6 +43,31 @@ def test_the_workload_interleaves_groups_that_share_a_system_prompt() -> None:
     systems = {r.group: r.messages[0]["content"] for r in requests}
     assert all(r.messages[0]["content"] == systems[r.group] for r in requests)
     assert len(set(systems.values())) == 4
+
+
+def test_hot_groups_get_their_weight_of_every_turn() -> None:
+    cfg = BenchConfig(groups=3, per_group=2, system_words=20, hot_groups=1, hot_weight=3)
+    requests = workload(cfg)
+    assert len(requests) == 2 * 5
+    for turn in range(2):
+        assert Counter(r.group for r in requests[turn * 5 : turn * 5 + 5]) == {0: 3, 1: 1, 2: 1}
+
+
+def test_the_arms_gateways_route_with_their_ttft_targets() -> None:
+    cfg = BenchConfig(fair_queue=False, ttft_target_s=0.5)
+    assert gateway_routing(cfg, "sticky") == ("prefix", 0.5, False)
+    assert gateway_routing(cfg, "today") == ("prefix", 0.0, False)
+    assert gateway_routing(cfg, "least_load") == ("least_load", None, False)
+    assert gateway_routing(cfg, "oracle_direct") is None
+    # Without --ttft-target-s the sticky arm is sticky whatever the setting's default.
+    assert gateway_routing(BenchConfig(), "sticky") == ("prefix", 1.0, True)
+    # The gateway process serves with the target in its settings (the app hands it to its
+    # Router); none named, the setting's default.
+    for target in (0.0, 0.25):
+        settings = gateway_settings(1, "prefix", target, fair_queue=False)
+        assert (settings.routing_ttft_target_s, settings.fair_queue) == (target, False)
+    default = GatewaySettings().routing_ttft_target_s
+    assert gateway_settings(1, "prefix", None, True).routing_ttft_target_s == default
 
 
 def test_each_engines_line_shows_its_share_of_the_load_and_what_it_hit() -> None:

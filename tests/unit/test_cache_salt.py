@@ -16,7 +16,7 @@ from gateway.cache_salt import CacheSalts, isolates, salt_body, salted_prompt
 from gateway.errors import ApiError
 from gateway.request_body import CHAT, MAX_CACHE_SALT
 from gateway.routing import PrefixIndex
-from gateway.store import ApiKey, KeyLimits
+from store import ApiKey, KeyLimits
 from workflows.contracts import ReplicaState, Route
 from workflows.engine_keys import cache_salt_from_master
 

@@ -7,7 +7,18 @@ import pytest
 
 from bench.chaos.checks import AgentShard, EngineProcess
 from bench.chaos.inject import NoVictim, pick_engine
-from bench.chaos.plan import FREEZE, KILL, TARGETS, parse_targets, plan_rounds
+from bench.chaos.plan import (
+    CANCEL,
+    FREEZE,
+    KILL,
+    PROCESS_TARGETS,
+    RESET,
+    TARGETS,
+    TERMINATE,
+    WORKFLOW_TARGETS,
+    parse_targets,
+    plan_rounds,
+)
 
 
 def test_the_same_seed_gives_the_same_plan() -> None:
@@ -24,12 +35,33 @@ def test_every_target_is_hit_before_any_is_hit_twice() -> None:
 
 
 def test_freezes_last_within_the_range_and_kills_do_not_freeze() -> None:
-    faults = plan_rounds(200, seed=1, freeze_range=(5.0, 9.0))
+    faults = plan_rounds(200, seed=1, targets=PROCESS_TARGETS, freeze_range=(5.0, 9.0))
     assert {f.action for f in faults} == {KILL, FREEZE}
     assert all(5.0 <= f.freeze_s <= 9.0 for f in faults if f.action == FREEZE)
     assert all(f.freeze_s == 0.0 for f in faults if f.action == KILL)
     with pytest.raises(ValueError, match="want 0 < min <= max"):
         plan_rounds(1, seed=1, freeze_range=(9.0, 5.0))
+
+
+def test_workflows_are_terminated_cancelled_or_reset_and_processes_killed_or_frozen() -> None:
+    faults = plan_rounds(300, seed=3)
+    on_workflows = {f.action for f in faults if f.target in WORKFLOW_TARGETS}
+    on_processes = {f.action for f in faults if f.target in PROCESS_TARGETS}
+    assert on_workflows == {TERMINATE, CANCEL, RESET}
+    assert on_processes == {KILL, FREEZE}
+    assert {f.describe() for f in faults if f.target == "node-workflow"} == {
+        "terminate node-workflow",
+        "cancel node-workflow",
+        "reset node-workflow",
+    }
+
+
+def test_actions_leave_out_the_targets_they_do_not_apply_to() -> None:
+    faults = plan_rounds(20, seed=2, actions=(TERMINATE,))
+    assert {f.target for f in faults} == set(WORKFLOW_TARGETS)
+    assert {f.action for f in faults} == {TERMINATE}
+    with pytest.raises(ValueError, match="no target takes"):
+        plan_rounds(5, seed=2, targets=("agent",), actions=(RESET,))
 
 
 def test_only_limits_the_targets() -> None:

@@ -213,10 +213,10 @@ def test_node_commands_and_scale_from_the_page(gateway: ConsoleGateway, browser:
     until(lambda: "3 replica(s) wanted" in by_css(browser, "#said").text, "the scale answer")
     assert ("scale", "qwen", 3) in gateway.cluster.commands
     # A count the model workflow's own request model refuses is refused before it is sent.
-    fill(browser, "#scale-qwen", "5000\n", unbounded=True)
+    fill(browser, "#scale-qwen", "10001\n", unbounded=True)
     until(lambda: "failed" in by_css(browser, "#said").text, "the refusal")
-    assert "less than or equal to 1024" in by_css(browser, "#said").text
-    assert ("scale", "qwen", 5000) not in gateway.cluster.commands
+    assert "less than or equal to 10000" in by_css(browser, "#said").text
+    assert ("scale", "qwen", 10001) not in gateway.cluster.commands
     assert console_errors(browser, allowed=("status of 400",)) == []
 
 

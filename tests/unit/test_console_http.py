@@ -12,7 +12,7 @@ import pytest
 from gateway.console.routes import ASSETS, CONTENT_SECURITY_POLICY
 from gateway.console.source import ClusterCache
 from gateway.front_door import allowed_on
-from gateway.store import Store
+from store import Store
 from tests.console_kit import ConsoleGateway, console_gateway
 from tests.console_standin import RACK
 from tests.gateway_kit import FakeRouteSource, running_gateway
@@ -109,6 +109,7 @@ async def test_a_gateway_without_a_cluster_view_still_shows_its_own_figures(
         assert [k["name"] for k in data["gateway"]["keys"]] == [
             k.name for k in await store.list_keys()
         ]
+        assert data["gateway"]["peers"] == {}  # the peer bus is on, and no other gateway runs
         response = await gw.client.post("/admin/v1/nodes/n/cordon", json={})
         assert response.status_code == 404
         assert response.json()["error"]["code"] == "no_cluster"

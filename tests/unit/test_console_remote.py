@@ -18,7 +18,7 @@ from gateway.console.remote import COOKIE
 from gateway.console.sessions import LIFETIME_S
 from gateway.front_door import allowed_on
 from gateway.server import serve
-from gateway.store import Store
+from store import Store
 from tests.console_kit import ConsoleGateway, console_gateway
 from tests.console_standin import RACK
 from tests.gateway_kit import FakeRouteSource, fast_settings, running_gateway

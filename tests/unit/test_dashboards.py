@@ -21,6 +21,7 @@ from gateway.front_door import ADMIN_ONLY_PATHS
 from gateway.kv_feeds import FeedCounters
 from gateway.kv_publishers import PublisherCounters
 from gateway.metrics import GatewayMetrics
+from gateway.routing.states import Expected, Routed
 from gateway.settings import GatewaySettings
 from workers.up import UpOptions
 from workflows.contracts import EngineLoad
@@ -73,11 +74,15 @@ def _populated_gateway_metrics() -> GatewayMetrics:
     metrics.upstream_error("m", "timeout")
     metrics.retry("m")
     metrics.routed("m", "prefix")
+    metrics.routing_state("m", Routed("approximate", "sent_record"))
+    metrics.routing_checked("m", Expected("approximate", 128, 64), 0)
     metrics.quota_rejected("rpm")
     metrics.auth_failed("unknown_key")
     metrics.in_flight.inc()
     metrics.kv_tokenized("ok", 0.01)
     metrics.kv_cache_error("m", 10, 8)
+    metrics.queue_waited("m", "interactive", 0.5)
+    metrics.queue_refused("m", "queue_full")
     feeds = SimpleNamespace(
         counters=lambda: {("http://agent/kv", "node-a"): FeedCounters()},
         readers=lambda: [SimpleNamespace(node="node-a", live=True)],

@@ -18,7 +18,7 @@ from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.request_body import EMBEDDINGS, lone_surrogate_at, parse_json_object
 from gateway.routing import prompt_bytes
 from gateway.routing.affinity import owner
-from gateway.store import KeyLimits, Store
+from store import KeyLimits, Store
 from tests.gateway_kit import (
     MODEL,
     FakeRouteSource,

@@ -4,7 +4,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.store import Store, open_store
+from store import Store, open_store
 from tests.unit.test_gateway_http import FakeRouteSource, assert_openai_error, running_gateway
 from workflows.contracts import ModelSpec, ModelView, Profile
 

@@ -14,7 +14,7 @@ import pytest
 from gateway import auth
 from gateway.auth import UNAUTHORIZED_MESSAGE, AuthFailed, KeyCache, ensure_model_allowed
 from gateway.errors import ApiError
-from gateway.store import ApiKey, Store
+from store import ApiKey, Store
 from workflows.engine_keys import engine_key_from_master
 
 

@@ -29,7 +29,7 @@ from gateway.billing import (
 from gateway.quota import QuotaBook, Reservation
 from gateway.request_body import CHAT, COMPLETIONS
 from gateway.sse import StreamFilter, data_event
-from gateway.store import KeyLimits, Store
+from store import KeyLimits, Store
 from tests.gateway_kit import (
     MODEL,
     FakeRouteSource,

@@ -16,7 +16,7 @@ import httpx
 from aiohttp import web
 
 from engines.kv_hashes import block_ids
-from gateway.store import KeyLimits, Store
+from store import KeyLimits, Store
 from tests.gateway_kit import (
     NODE,
     FakeRouteSource,

@@ -18,7 +18,7 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway import front_door, proxy
 from gateway.errors import install_error_handlers
 from gateway.front_door import FrontDoor, allowed_on
-from gateway.store import Store
+from store import Store
 from tests.gateway_kit import (
     FakeRouteSource,
     assert_openai_error,

@@ -17,7 +17,7 @@ from aiohttp import web
 
 from engines.kv_hashes import block_ids
 from engines.local_port import free_port
-from gateway.store import Store
+from store import Store
 from tests.gateway_kit import (
     MODEL,
     FakeRouteSource,

@@ -23,7 +23,7 @@ from gateway.admin_routes import require_local
 from gateway.errors import ApiError
 from gateway.server import serve
 from gateway.settings import GatewaySettings
-from gateway.store import Store, open_store
+from store import Store, open_store
 from tests.gateway_kit import (
     MODEL,
     NODE,
@@ -122,7 +122,7 @@ async def test_every_bad_key_gets_the_same_401_and_is_counted_by_reason(
     past = datetime.now(UTC) - timedelta(seconds=1)
     _, expired = await store.create_key(f"expired-{uuid.uuid4().hex[:6]}", expires_at=past)
     await _until_refreshed(gateway, store)
-    secret_length = 43  # the key format's (gateway/store/keyformat.py)
+    secret_length = 43  # the key format's (store/keyformat.py)
     kinds = {
         "missing_key": {},
         "malformed_key": {"Authorization": "Bearer not-a-key"},
@@ -396,6 +396,32 @@ async def test_an_engine_dying_mid_stream_ends_the_stream_with_an_error(
             assert len(events) == 5, "three relayed chunks, the error, [DONE]"
             # What did get through is still accounted.
             assert (await gw.usage_totals(expect_requests=1))[1] >= 1
+    finally:
+        stop(proc)
+
+
+async def test_an_engine_killed_mid_stream_reaches_the_client_at_once(
+    store: Store, engine_keys: dict[str, str], tmp_path: Path
+) -> None:
+    # The engine's process dies: its connection closes at once, and so must the stream the
+    # client sees. A hostile client saw the error event 2.5 s after a kill on a live instance;
+    # through the stand-in (its exit closes the connection) it arrives within milliseconds.
+    url, proc = start_standin(
+        tmp_path, list(engine_keys.values()), {"STANDIN_DIE_AFTER_CHUNKS": "3"}
+    )
+    try:
+        async with running_gateway(store, FakeRouteSource(route("smol-0", url))) as gw:
+            body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "a"}]}
+            arrivals: list[tuple[float, str]] = []
+            async with gw.client.stream(
+                "POST", "/v1/chat/completions", json=body, headers=gw.auth
+            ) as response:
+                async for line in response.aiter_lines():
+                    if line:
+                        arrivals.append((time.perf_counter(), line))
+            assert "upstream_stream_error" in arrivals[-2][1]
+            last_chunk_at, error_at = arrivals[2][0], arrivals[-2][0]
+            assert error_at - last_chunk_at < 0.5, f"{error_at - last_chunk_at:.2f} s"
     finally:
         stop(proc)
 

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from engines.kv_hashes import block_ids
-from gateway.store import Store
+from store import Store
 from tests.gateway_kit import (
     MODEL,
     FakeRouteSource,

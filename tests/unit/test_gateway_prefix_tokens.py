@@ -19,7 +19,7 @@ from aiohttp import web
 from engines.kv_hashes import block_ids
 from gateway import prefix_tokens
 from gateway.prefix_tokens import MISMATCHES_OFF
-from gateway.store import Store
+from store import Store
 from tests.gateway_kit import (
     MODEL,
     FakeRouteSource,

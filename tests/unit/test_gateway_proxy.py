@@ -24,7 +24,7 @@ from engines.local_port import free_port
 from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.server import serve
 from gateway.settings import GatewaySettings
-from gateway.store import KeyLimits, Store
+from store import KeyLimits, Store
 from tests.gateway_kit import (
     MODEL,
     FakeRouteSource,

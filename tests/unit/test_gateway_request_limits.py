@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from gateway.store import KeyLimits, Store
+from store import KeyLimits, Store
 from tests.gateway_kit import (
     MODEL,
     FakeRouteSource,
@@ -93,8 +93,10 @@ async def test_a_keys_own_limit_replaces_the_gateway_default(store: Store) -> No
         assert upstream.seen == ["/v1/completions"]
 
 
-async def test_when_every_replica_is_full_the_next_request_gets_429(store: Store) -> None:
-    settings = fast_settings(max_inflight_per_replica=1)
+async def test_without_the_fair_queue_when_every_replica_is_full_the_next_request_gets_429(
+    store: Store,
+) -> None:
+    settings = fast_settings(max_inflight_per_replica=1, fair_queue=False)
     async with engine(delay_s=1.0) as first, engine(delay_s=1.0) as second:
         source = FakeRouteSource(route("smol-0", first.url), route("smol-1", second.url))
         async with running_gateway(store, source, settings) as gw:

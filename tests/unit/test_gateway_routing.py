@@ -5,16 +5,28 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from datetime import timedelta
-from typing import Any
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
-from gateway.route_source import RouteRefresher, TemporalRouteSource
+from gateway.route_source import RouteRefresher, StoreRouteSource
 from gateway.routing import RequestKey, Router, RoutingSnapshot
-from workflows.contracts import ReplicaState, Route, RoutingTable, RoutingTableRequest
-from workflows.ledger import ClusterLedgerWorkflow
-from workflows.names import LEDGER_WORKFLOW_ID
+from store.fleet import FleetTables
+from store.fleet import tables as fleet_tables
+from store.fleet.db import SqliteDb
+from store.fleet.schema import TABLES
+from workflows.contracts import (
+    NodeInventory,
+    NodeRecord,
+    NodeState,
+    ReplicaState,
+    Route,
+    RoutingTable,
+    RoutingTableRequest,
+)
+
+FLEET_TABLES = [t.split()[5] for t in TABLES if t.startswith("CREATE TABLE")]
 
 
 def route(replica_id: str, model: str = "m", state: ReplicaState = ReplicaState.READY) -> Route:
@@ -178,99 +190,118 @@ async def test_a_hanging_source_times_out_instead_of_stalling_the_loop() -> None
     assert "TimeoutError" in refresher.last_error
 
 
-class FakeHandle:
-    def __init__(self, answer: Any) -> None:
-        self.answer = answer
-        self.calls: list[tuple[Any, Any, Any]] = []
+class RecordedTables(FleetTables):
+    """Fleet tables on a SQLite file that keep every answer they gave a gateway."""
 
-    async def query(self, query: Any, *, args: Any, rpc_timeout: Any) -> Any:
-        self.calls.append((query, args, rpc_timeout))
-        return self.answer
+    def __init__(self, path: Path) -> None:
+        super().__init__(SqliteDb(path))
+        self.answers: list[RoutingTable] = []
 
-
-class FakeClient:
-    def __init__(self, handle: FakeHandle) -> None:
-        self.handle = handle
-        self.workflow_ids: list[str] = []
-
-    def get_workflow_handle(self, workflow_id: str) -> FakeHandle:
-        self.workflow_ids.append(workflow_id)
-        return self.handle
+    async def routing_table(self, held: RoutingTableRequest | None = None) -> RoutingTable:
+        answer = await super().routing_table(held)
+        self.answers.append(answer)
+        return answer
 
 
-async def test_temporal_source_queries_the_ledger_for_its_routing_table() -> None:
-    expected = table(route("m-0"), version=7)
-    client = FakeClient(FakeHandle(expected))
-    source = TemporalRouteSource(client, rpc_timeout=timedelta(seconds=1))  # type: ignore[arg-type]
-    assert await source.fetch() == expected
-    assert client.workflow_ids == [LEDGER_WORKFLOW_ID]
-    # The first ask holds nothing, and says it takes deltas and pages.
-    ask = RoutingTableRequest(deltas=True)
-    assert client.handle.calls == [
-        (ClusterLedgerWorkflow.routing_table, [ask], timedelta(seconds=1))
-    ]
-
-
-class ScriptedHandle:
-    """A ledger that answers each query with the next of its scripted answers."""
-
-    def __init__(self, *answers: RoutingTable) -> None:
-        self.answers = list(answers)
-        self.asked: list[RoutingTableRequest] = []
-
-    async def query(self, query: Any, *, args: Any, rpc_timeout: Any) -> Any:
-        self.asked.append(args[0])
-        return self.answers.pop(0)
-
-
-async def test_temporal_source_pages_applies_deltas_and_rereads_after_a_gap() -> None:
-    epoch = "ledger-1"
-    handle = ScriptedHandle(
-        # The whole table in two pages, then a delta for what changed while they were read.
-        RoutingTable(version=4, epoch=epoch, routes=[route("m-0")], next_after="m-0"),
-        RoutingTable(version=5, epoch=epoch, routes=[route("m-1")]),
-        RoutingTable(version=6, epoch=epoch, delta=True, since=4, routes=[route("m-2")]),
-        # A placement: nothing routed changed.
-        RoutingTable(version=7, epoch=epoch, unchanged=True),
-        # m-0 removed, m-1 draining.
-        RoutingTable(
-            version=8,
-            epoch=epoch,
-            delta=True,
-            since=7,
-            routes=[route("m-1", state=ReplicaState.STOPPING)],
-            removed=["m-0"],
-        ),
-        # A delta from a version this gateway never held: read the whole table again.
-        RoutingTable(version=12, epoch=epoch, delta=True, since=10, routes=[route("m-9")]),
-        RoutingTable(version=12, epoch=epoch, routes=[route("m-1"), route("m-3")]),
+@pytest.fixture
+async def tables(tmp_path: Path) -> AsyncIterator[RecordedTables]:
+    made = RecordedTables(tmp_path / "fleet.db")
+    await made.init()
+    await made.upsert_node(
+        NodeRecord(inventory=NodeInventory(name="node-a"), state=NodeState.READY)
     )
-    source = TemporalRouteSource(FakeClient(handle))  # type: ignore[arg-type]
+    yield made
+    await made.close()
 
-    def held(t: RoutingTable) -> dict[str, ReplicaState]:
-        return {r.replica_id: r.state for r in t.routes}
 
+def held(t: RoutingTable) -> dict[str, ReplicaState]:
+    return {r.replica_id: r.state for r in t.routes}
+
+
+async def test_store_source_keeps_the_same_table_while_no_route_changes(
+    tables: RecordedTables,
+) -> None:
+    await tables.set_route(route("m-0"))
+    await tables.set_route(route("m-1"))
+    source = StoreRouteSource(tables)
     first = await source.fetch()
-    assert held(first) == dict.fromkeys(["m-0", "m-1", "m-2"], ReplicaState.READY)
-    assert first.version == 6
-    assert handle.asked[1].after == "m-0"
-    assert (handle.asked[2].epoch, handle.asked[2].version) == (epoch, 4)
+    assert held(first) == dict.fromkeys(["m-0", "m-1"], ReplicaState.READY)
+    assert first.version == (await tables.snapshot()).version
+    # A replica saying again what it said changes nothing a gateway holds.
+    assert not await tables.set_route(route("m-0"))
+    again = await source.fetch()
+    assert again is first, "nothing routed changed: the same table, not rebuilt"
+    assert [a.unchanged for a in tables.answers] == [False, True]
 
-    unchanged = await source.fetch()
-    assert unchanged is first, "nothing routed changed: the same table, not rebuilt"
-    assert unchanged.version == 7
 
+async def test_store_source_applies_a_route_change_as_a_delta(tables: RecordedTables) -> None:
+    await tables.set_route(route("m-0"))
+    await tables.set_route(route("m-1"))
+    await tables.set_route(route("m-2"))
+    source = StoreRouteSource(tables)
+    first = await source.fetch()
+    await tables.set_route(route("m-1", state=ReplicaState.STOPPING))
+    assert await tables.release("m-0")
     changed = await source.fetch()
     assert held(changed) == {"m-1": ReplicaState.STOPPING, "m-2": ReplicaState.READY}
-    assert changed.version == 8
+    assert changed.version > first.version
+    delta = tables.answers[-1]
+    assert delta.delta
+    assert delta.since == first.version
+    # Only what changed was sent, not the whole table.
+    assert [r.replica_id for r in delta.routes] == ["m-1"]
+    assert delta.removed == ["m-0"]
+    assert held(first) == dict.fromkeys(["m-0", "m-1", "m-2"], ReplicaState.READY)
 
-    reread = await source.fetch()
-    assert held(reread) == {"m-1": ReplicaState.READY, "m-3": ReplicaState.READY}
-    assert handle.asked[-1] == RoutingTableRequest(deltas=True)
-    assert not handle.answers
+
+async def test_store_source_reads_the_whole_table_of_a_wiped_store(
+    tables: RecordedTables,
+) -> None:
+    """The store was wiped and made again (restored, or another database): its versions count
+    from 0 again, and its epoch tells the gateway that its copy matches nothing there."""
+    await tables.set_route(route("m-0"))
+    await tables.set_route(route("m-1"))
+    source = StoreRouteSource(tables)
+    before = await source.fetch()
+    async with tables.db.transaction() as tx:
+        for name in FLEET_TABLES:
+            await tx.execute(f"DROP TABLE {name}")
+    await tables.init()
+    await tables.upsert_node(
+        NodeRecord(inventory=NodeInventory(name="node-a"), state=NodeState.READY)
+    )
+    # The new store's version passes the one the gateway holds, so only the epoch tells.
+    while (await tables.snapshot()).version <= before.version:
+        await tables.set_route(route("m-8"))
+        await tables.release("m-8")
+    await tables.set_route(route("m-9"))
+    after = await source.fetch()
+    assert after.epoch != before.epoch
+    assert held(after) == {"m-9": ReplicaState.READY}
+    # The store's first answer to a gateway holding another epoch is the whole table.
+    assert not tables.answers[-1].delta
+    assert not tables.answers[-1].unchanged
 
 
-async def test_temporal_source_refuses_a_wrongly_typed_answer() -> None:
-    source = TemporalRouteSource(FakeClient(FakeHandle({"routes": []})))  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
-        await source.fetch()
+async def test_store_source_reads_the_whole_table_when_behind_the_pruned_tombstones(
+    tables: RecordedTables, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fleet_tables, "PRUNE_EVERY", 10)
+    monkeypatch.setattr(fleet_tables, "KEEP_VERSIONS", 20)
+    await tables.set_route(route("kept"))
+    source = StoreRouteSource(tables)
+    await source.fetch()
+    for i in range(30):
+        await tables.set_route(route(f"gone-{i}"))
+        await tables.release(f"gone-{i}")
+    after = await source.fetch()
+    assert held(after) == {"kept": ReplicaState.READY}
+    assert after.version == (await tables.snapshot()).version
+    assert not tables.answers[-1].delta
+
+
+async def test_store_source_without_a_temporal_client_cannot_wake_a_model(
+    tables: RecordedTables,
+) -> None:
+    with pytest.raises(RuntimeError, match="no Temporal client"):
+        await StoreRouteSource(tables).wake("m")

@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 from gateway.prompt_estimate import estimate_prompt_tokens
-from gateway.store import KeyLimits, Store, open_store
-from gateway.store.lease_rules import LeaseChange, LeaseState, PoolRef
+from store import KeyLimits, Store, open_store
+from store.lease_rules import LeaseChange, LeaseState, PoolRef
 from tests.gateway_kit import (
     MODEL,
     FakeRouteSource,
@@ -34,7 +34,12 @@ from tests.unit.test_gateway_proxy import completion, metric, scripted
 from tests.unit.test_store import BACKENDS, Backend, backend_named
 
 MESSAGES = [{"role": "user", "content": "tell me about otters"}]
-TODAY = time.strftime("%Y-%m-%d", time.gmtime())
+
+
+def today() -> str:
+    """The UTC day the budget pools are named by, read when used: a run crossing midnight
+    would otherwise look in yesterday's pool."""
+    return time.strftime("%Y-%m-%d", time.gmtime())
 
 
 @pytest.fixture(params=BACKENDS)
@@ -57,7 +62,7 @@ async def test_50_concurrent_leases_from_two_stores_never_pass_the_budget(
 ) -> None:
     one, two = await backend.open(), await backend.open()
     record, _ = await one.create_key("shared", limits=KeyLimits(token_budget=50))
-    pool = PoolRef(record.key_id, "budget", TODAY)
+    pool = PoolRef(record.key_id, "budget", today())
 
     async def lease(store: Store, holder: str) -> int:
         (state,) = await store.sync_leases(holder, 60, [LeaseChange(pool, need=10, want=10)])
@@ -72,7 +77,7 @@ async def test_50_concurrent_leases_from_two_stores_never_pass_the_budget(
 async def test_spend_is_counted_once_and_an_expired_lease_is_reclaimed(backend: Backend) -> None:
     store = await backend.open()
     record, _ = await store.create_key("reclaimed", limits=KeyLimits(token_budget=100))
-    pool = PoolRef(record.key_id, "budget", TODAY)
+    pool = PoolRef(record.key_id, "budget", today())
     await store.sync_leases("dead", 60, [LeaseChange(pool, need=60, want=60)])
     (live,) = await store.sync_leases("live", 60, [LeaseChange(pool, need=60, want=60)])
     assert live.refused, "the dead gateway's lease still stands"
@@ -167,7 +172,7 @@ async def test_two_gateways_admit_at_most_the_budget_between_them(backend: Backe
             for response in refused:
                 assert_openai_error(response, 429, "quota_budget")
             # Each upstream answer reports 6 tokens; both gateways report their spend.
-            state = await settled(one, PoolRef(record.key_id, "budget", TODAY), 6 * len(admitted))
+            state = await settled(one, PoolRef(record.key_id, "budget", today()), 6 * len(admitted))
     assert 1 <= len(admitted) <= 5
     assert upstream.calls == len(admitted)
     assert state.spent + state.leased <= budget

@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 
 from gateway.body_parse import with_member
-from gateway.store import Store
 from gateway.upstream_post import needs_own_timer
+from store import Store
 from tests.gateway_kit import MODEL, FakeRouteSource, route, running_gateway, serving, sse_events
 
 MESSAGES = [{"role": "user", "content": "tell me about otters ü"}]

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from gateway.store import Store
+from store import Store
 from tests.gateway_kit import (
     MODEL,
     FakeRouteSource,

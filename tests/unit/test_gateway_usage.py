@@ -6,8 +6,8 @@ from datetime import date
 
 import pytest
 
-from gateway.store import Store, UsageDelta
 from gateway.usage import UsageRecorder
+from store import Store, UsageDelta
 
 
 async def test_requests_accumulate_and_flush_as_one_row_per_key_model_day(store: Store) -> None:

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.store import Store, open_store
+from store import Store, open_store
 from tests.unit.test_gateway_http import (
     MODEL,
     FakeRouteSource,

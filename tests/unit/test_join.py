@@ -15,7 +15,8 @@ from workflows.contracts import (
     NodeRecord,
     NodeState,
 )
-from workflows.engine_keys import node_identity, node_secret
+from workflows.engine_keys import node_secret
+from workflows.node_proof import identity_key
 
 
 def test_a_token_round_trips_and_its_secret_is_the_nodes_own():
@@ -23,8 +24,8 @@ def test_a_token_round_trips_and_its_secret_is_the_nodes_own():
     token = JoinToken(node="gpu-7", temporal="10.0.0.1:7233", secret=secret)
     decoded = JoinToken.decode(token.encode())
     assert decoded == token
-    assert node_identity(decoded.secret) == node_identity(node_secret(b"m" * 32, "gpu-7"))
-    assert node_identity(decoded.secret) != node_identity(node_secret(b"m" * 32, "gpu-8"))
+    assert identity_key(decoded.secret) == identity_key(node_secret(b"m" * 32, "gpu-7"))
+    assert identity_key(decoded.secret) != identity_key(node_secret(b"m" * 32, "gpu-8"))
 
 
 @pytest.mark.parametrize(

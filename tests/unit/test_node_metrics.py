@@ -16,12 +16,12 @@ from activities.agent.node_metrics import (
     NodeReading,
     render,
 )
+from store.fleet import FleetTables
 from tests.machine_tools import MACHINES
 from workers.node_telemetry import gpu_headline, parse_agent_metrics, read_agents
 from workflows.contracts import (
     EngineLoad,
     GpuInfo,
-    LedgerState,
     NodeInventory,
     NodeRecord,
     NodeState,
@@ -142,28 +142,21 @@ def _record(name: str, url: str, gpus: int = 2) -> NodeRecord:
 
 async def test_llmgw_nodes_shows_each_nodes_gpus_now(
     agent_metrics: NodeMetricsService,
+    fleet: FleetTables,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     url = f"http://127.0.0.1:{agent_metrics.port}/metrics"
-    state = LedgerState(
-        nodes={
-            "gpu-a": _record("gpu-a", url),
-            # Its URL reaches gpu-a's agent: those are not its figures.
-            "gpu-b": _record("gpu-b", url),
-            "cpu-c": _record("cpu-c", "", gpus=0),
-        }
-    )
-
-    async def snapshot(_client: Any) -> LedgerState:
-        return state
+    await fleet.upsert_node(_record("gpu-a", url))
+    # Its URL reaches gpu-a's agent: those are not its figures.
+    await fleet.upsert_node(_record("gpu-b", url))
+    await fleet.upsert_node(_record("cpu-c", "", gpus=0))
 
     async def no_engines(_client: Any, _record: NodeRecord) -> list[str]:
         return []
 
-    monkeypatch.setattr(workers.node_commands, "ledger_snapshot", snapshot)
     monkeypatch.setattr(workers.node_commands, "engine_lines", no_engines)
-    await workers.node_commands.show_nodes(None)  # type: ignore[arg-type]
+    await workers.node_commands.show_nodes(None, fleet)  # type: ignore[arg-type]
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     assert "GPU NOW" in lines["NODE"]

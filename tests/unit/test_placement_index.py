@@ -1,6 +1,6 @@
-"""The ledger's PlacementIndex, kept across placements, releases and node changes, decides
-exactly what checking every node from scratch decides (placement is replayed: a different
-choice would be a different history), and its usage is what the allocations hold."""
+"""The placer's PlacementIndex (activities/control/placer.py), kept across placements,
+releases and node changes, decides exactly what checking every node from scratch decides, and
+its usage is what the allocations hold."""
 
 import random
 
@@ -22,8 +22,8 @@ from workflows.contracts import (
     NodeState,
     PlacementRequest,
 )
-from workflows.ledger_compact import compact_record
 from workflows.placement import PlacementIndex, node_usage, place
+from workflows.placement.compact import compact_record
 from workflows.placement.place import _try
 
 ARTIFACT = "sha256:" + "ab" * 32

@@ -1,4 +1,4 @@
-"""The lease arithmetic shared limits rest on (gateway/store/lease_rules.py), without a store
+"""The lease arithmetic shared limits rest on (store/lease_rules.py), without a store
 or a server: what a pool grants, how spend and give-backs move through a lease, and that
 several gateways leasing from one pool never admit past its limit."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from gateway.store.lease_rules import (
+from store.lease_rules import (
     LeaseChange,
     PoolRef,
     PoolRow,

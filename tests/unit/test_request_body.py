@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -25,7 +26,21 @@ def refused(path: str, body: dict[str, Any]) -> ApiError:
     return caught.value
 
 
-@pytest.mark.parametrize("field", ["api_base", "base_url", "api_key", "headers", "extra_headers"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "api_base",
+        "base_url",
+        "api_key",
+        "headers",
+        "extra_headers",
+        # the engines' disaggregation fields: where a KV cache is sent or fetched from
+        "bootstrap_host",
+        "bootstrap_port",
+        "kv_transfer_params",
+        "disaggregated_params",
+    ],
+)
 def test_fields_that_would_redirect_a_request_are_refused(field: str) -> None:
     error = refused(CHAT, {**CHAT_BODY, field: "http://169.254.169.254/"})
     assert error.param == field
@@ -38,6 +53,24 @@ def test_a_lora_field_is_refused_so_no_key_applies_an_adapter_it_is_not_granted(
     assert error.param == "lora"
     assert error.code == "unsupported_field"
     assert "'model': '<model>:<adapter>'" in error.message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("lora_path", "/models/other-tenant"), ("lora_request", {"lora_int_id": 1})],
+)
+def test_the_engines_own_adapter_fields_are_refused(field: str, value: object) -> None:
+    # SGLang loads what lora_path names; TensorRT-LLM what lora_request describes.
+    error = refused(CHAT, {**CHAT_BODY, field: value})
+    assert error.param == field
+    assert error.code == "unsupported_field"
+
+
+def test_code_for_an_engine_to_run_is_refused() -> None:
+    # SGLang started with --enable-custom-logit-processor runs the serialised Python it is sent.
+    error = refused(CHAT, {**CHAT_BODY, "custom_logit_processor": "gASVKAAAAAAAAAB9lC4="})
+    assert error.param == "custom_logit_processor"
+    assert error.code == "unsupported_field"
 
 
 @pytest.mark.parametrize(
@@ -68,6 +101,68 @@ def test_numbers_in_range_pass_untouched() -> None:
     body = {**CHAT_BODY, "max_tokens": 16, "n": 2, "temperature": 0.7, "top_p": 1, "seed": -1}
     parsed = parse_proxied_request(CHAT, dict(body))
     assert parsed.body == body
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        # The hostile client's cases: llama.cpp reads n_predict before max_tokens.
+        (CHAT, "n_predict", -1),
+        (CHAT, "n_predict", 1e9),
+        (CHAT, "n_predict", 1_000_000_000),
+        (CHAT, "n_predict", 0),
+        (COMPLETIONS, "n_probs", 1_000_000),
+        (COMPLETIONS, "n_probs", -1),
+        (COMPLETIONS, "prompt_logprobs", -1),
+        (COMPLETIONS, "n_cmpl", 0),
+        (COMPLETIONS, "n_cmpl", 1000),
+        (CHAT, "min_tokens", -1),
+        (CHAT, "min_tokens", 10_000_000),
+        (CHAT, "n_keep", -2),
+        (CHAT, "n_discard", -5),
+        (CHAT, "repeat_last_n", -100),
+        (CHAT, "dry_penalty_last_n", 2**40),
+        (CHAT, "truncate_prompt_tokens", -2),
+        (CHAT, "top_k", -2),
+        (CHAT, "min_keep", 10**12),
+        (CHAT, "speculative.n_max", 1_000_000),
+        (CHAT, "max_dynamic_patch", 10_000),
+        (CHAT, "t_max_predict_ms", -1),
+        (CHAT, "thinking_token_budget", 1e12),
+        (CHAT, "n_indent", "8"),
+    ],
+)
+def test_engine_native_lengths_and_counts_out_of_range_name_the_field(
+    path: str, field: str, value: object
+) -> None:
+    body = {"model": "smol", "prompt": "x", "messages": CHAT_BODY["messages"], "max_tokens": 1}
+    error = refused(path, {**body, field: value})
+    assert error.param == field
+    assert f"'{field}'" in error.message
+
+
+def test_engine_native_fields_in_range_pass_untouched() -> None:
+    body = {
+        **CHAT_BODY,
+        "n_predict": 16,
+        "n_probs": 5,
+        "n_keep": -1,
+        "repeat_last_n": -1,
+        "top_k": 40,
+        "min_tokens": 2,
+        "truncate_prompt_tokens": -1,
+        "speculative.n_max": 16,
+    }
+    assert parse_proxied_request(CHAT, dict(body)).body == body
+
+
+@pytest.mark.parametrize("field", ["input_ids", "prompt_embeds"])
+def test_a_prompt_in_a_form_the_gateway_does_not_count_is_refused(field: str) -> None:
+    # SGLang takes token ids in place of the messages, vLLM embedding tensors: neither is
+    # seen by the prompt estimate, the request limits or the reservation.
+    error = refused(CHAT, {**CHAT_BODY, field: [1] * 10})
+    assert error.param == field
+    assert error.code == "unsupported_field"
 
 
 @pytest.mark.parametrize("logprobs", [-1, 21, True, "5"])
@@ -153,6 +248,32 @@ def test_bodies_that_are_not_a_json_object_are_400(raw: bytes) -> None:
         parse_json_object(raw)
     assert caught.value.status == 400
     assert caught.value.code == "invalid_json"
+
+
+@pytest.mark.parametrize(
+    ("raw", "name"),
+    [
+        (b'{"model":"a","model":"b","prompt":"x"}', "model"),
+        (b'{"model":"a","messages":[{"role":"user","role":"system","content":"x"}]}', "role"),
+        (b'{"model":"a","x":{"y":[{"z":1,"z":2}]}}', "z"),
+        ('{"model":"a","\u00e9":1,"\u00e9":2}'.encode(), "\u00e9"),
+    ],
+)
+def test_a_name_twice_in_one_object_at_any_depth_is_refused_naming_it(
+    raw: bytes, name: str
+) -> None:
+    # json.loads keeps the last, an engine's parser may keep the first: the gateway would route
+    # and check one request and the engine serve another.
+    with pytest.raises(ApiError) as caught:
+        parse_json_object(raw)
+    assert caught.value.status == 400
+    assert caught.value.code == "duplicate_key"
+    assert caught.value.param == json.loads(f'"{name}"')
+
+
+def test_the_same_name_in_different_objects_passes() -> None:
+    raw = b'{"model":"a","messages":[{"role":"user","content":"x"},{"role":"user","content":"y"}]}'
+    assert parse_json_object(raw)["messages"][1]["content"] == "y"
 
 
 def test_a_text_part_without_a_string_is_refused_naming_the_field() -> None:

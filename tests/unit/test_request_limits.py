@@ -13,7 +13,7 @@ from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.request_limits import RequestLimits, check_request, prompt_count
 from gateway.routing.queue_bound import full_replicas
 from gateway.settings import GatewaySettings
-from gateway.store import KeyLimits
+from store import KeyLimits
 from tests.gateway_kit import route
 
 CHAT, COMPLETIONS, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/v1/embeddings"

@@ -16,9 +16,9 @@ from gateway.errors import ApiError
 from gateway.lockout import FailedAuthLimiter
 from gateway.quota import Denied, QuotaBook, Reservation
 from gateway.shared_limits import HeldLimits, Need, SharedLimits
-from gateway.store import KeyLimits, Store, open_store
-from gateway.store.lease_rules import LeaseChange, LeaseState, PoolRef
 from gateway.store_health import StoreHealth
+from store import KeyLimits, Store, open_store
+from store.lease_rules import LeaseChange, LeaseState, PoolRef
 
 
 class Counting:

@@ -25,9 +25,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from gateway.store import KeyNameTaken, Store, UsageDelta, open_store
-from gateway.store.factory import SQLITE_FILENAME
-from gateway.store.keyformat import parse_key_id
+from store import KeyNameTaken, Store, UsageDelta, open_store
+from store.factory import SQLITE_FILENAME
+from store.keyformat import parse_key_id
 
 PG_URL = os.environ.get("LLMGW_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", "postgres"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.store import KeyLimits, StoreDump, UsageDelta, open_store
+from store import KeyLimits, StoreDump, UsageDelta, open_store
 from tests.unit.test_store import PG_URL, _drop_schema, _postgres_schema
 from workers.cli import main
 
@@ -168,6 +168,63 @@ def test_cache_isolation_is_set_shown_and_switched_off(
     # Another limit's change leaves it as it is.
     llmgw(capsys, "key", "limit", "shared", *state, "--tpm", "500")
     assert _limits_of(state[1], "shared") == KeyLimits(tpm=500, isolate_cache=True)
+
+
+def test_weight_and_top_priority_are_set_shown_and_changed(
+    capsys: pytest.CaptureFixture[str], state: list[str]
+) -> None:
+    out = llmgw(
+        capsys, "key", "create", "ops", *state, "--weight", "2.5", "--top-priority", "critical"
+    )
+    assert "created" in out
+    llmgw(capsys, "key", "create", "plain", *state, "--rpm", "60")
+    assert _limits_of(state[1], "ops") == KeyLimits(weight=2.5, top_priority="critical")
+    assert _limits_of(state[1], "plain") == KeyLimits(rpm=60)
+    _, ops, plain = llmgw(capsys, "key", "list", *state).splitlines()
+    assert "weight 2.5, top-priority critical" in ops
+    # A new key's weight 1 and "interactive" are not spelled out, like limits not set.
+    assert "rpm 60 " in plain
+    assert "weight" not in plain
+    assert "top-priority" not in plain
+
+    out = llmgw(capsys, "key", "limit", "plain", *state, "--weight", "0.5")
+    assert "limits: rpm 60, weight 0.5\n" in out
+    out = llmgw(capsys, "key", "limit", "plain", *state, "--top-priority", "batch")
+    assert "limits: rpm 60, weight 0.5, top-priority batch\n" in out
+    assert _limits_of(state[1], "plain") == KeyLimits(rpm=60, weight=0.5, top_priority="batch")
+    # Another limit's change leaves them as they are; giving the defaults back hides them again.
+    llmgw(capsys, "key", "limit", "ops", *state, "--tpm", "500")
+    assert _limits_of(state[1], "ops") == KeyLimits(tpm=500, weight=2.5, top_priority="critical")
+    out = llmgw(
+        capsys, "key", "limit", "ops", *state, "--weight", "1", "--top-priority", "interactive"
+    )
+    assert "limits: tpm 500\n" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--weight", "0"], "argument --weight: '0' is not above 0 and at most 1000"),
+        (["--weight", "-2"], "argument --weight: '-2' is not above 0"),
+        (["--weight", "1000.5"], "argument --weight: '1000.5' is not above 0 and at most 1000"),
+        (["--weight", "nan"], "argument --weight: 'nan' is not above 0"),
+        (["--weight", "inf"], "argument --weight: 'inf' is not above 0"),
+        (["--weight", "heavy"], "argument --weight: 'heavy' is not a number"),
+        (["--top-priority", "urgent"], "argument --top-priority: invalid choice: 'urgent'"),
+        (["--top-priority", "Critical"], "argument --top-priority: invalid choice"),
+    ],
+)
+def test_a_bad_weight_or_class_names_its_flag_and_changes_nothing(
+    capsys: pytest.CaptureFixture[str], state: list[str], argv: list[str], message: str
+) -> None:
+    llmgw(capsys, "key", "create", "svc", *state, "--weight", "3", "--top-priority", "batch")
+    assert message in refused(capsys, "key", "limit", "svc", *state, *argv)
+    assert _limits_of(state[1], "svc") == KeyLimits(weight=3, top_priority="batch")
+    assert message in refused(capsys, "key", "create", "other", *state, *argv)
+    assert [line.split()[0] for line in llmgw(capsys, "key", "list", *state).splitlines()] == [
+        "NAME",
+        "svc",
+    ]
 
 
 @pytest.mark.parametrize(

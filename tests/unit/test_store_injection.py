@@ -11,7 +11,7 @@ from datetime import date
 
 import pytest
 
-from gateway.store import Store, UsageDelta
+from store import Store, UsageDelta
 from tests.unit.test_store import backend, open_test_store, store  # noqa: F401
 
 DAY = date(2025, 6, 1)

@@ -10,7 +10,8 @@ from datetime import date
 import pytest
 from pydantic import ValidationError
 
-from gateway.store import KeyLimits, Store, UsageDelta
+from store import KeyLimits, Store, UsageDelta
+from store.models import DEFAULT_PRIORITY, PRIORITY_CLASSES
 from tests.unit.test_store import StoreFactory, backend, open_test_store, store  # noqa: F401
 
 
@@ -122,6 +123,65 @@ async def test_cache_isolation_is_kept_with_the_key_and_changed_with_its_limits(
     # A dump carries it (what `llmgw store migrate` copies).
     dumped = {k.name: k.limits.isolate_cache for k in (await store.export_dump()).keys}
     assert dumped == {"tenant-a": False, "tenant-b": True}
+
+
+async def test_weight_and_top_priority_are_kept_with_the_key_and_changed_with_its_limits(
+    store: Store, open_test_store: StoreFactory
+) -> None:
+    limits = KeyLimits(rpm=5, weight=2.5, top_priority="critical")
+    favoured, _ = await store.create_key("favoured", limits=limits)
+    plain, _ = await store.create_key("plain")
+    other_process = await open_test_store()
+    reread = await other_process.get_key(favoured.key_id)
+    assert reread is not None
+    assert reread.limits == limits
+    default = await other_process.get_key(plain.key_id)
+    assert default is not None
+    assert (default.limits.weight, default.limits.top_priority) == (1.0, "interactive")
+
+    updated = await store.set_key_limits("plain", KeyLimits(weight=0.25, top_priority="batch"))
+    assert updated is not None
+    assert (updated.limits.weight, updated.limits.top_priority) == (0.25, "batch")
+    # Limits are replaced whole: left out, they go back to the defaults.
+    updated = await store.set_key_limits("favoured", KeyLimits(rpm=5))
+    assert updated is not None
+    assert (updated.limits.weight, updated.limits.top_priority) == (1.0, "interactive")
+    reread = await (await open_test_store()).get_key(plain.key_id)
+    assert reread is not None
+    assert (reread.limits.weight, reread.limits.top_priority) == (0.25, "batch")
+    # A dump carries them (what `llmgw store migrate` copies).
+    dumped = {
+        k.name: (k.limits.weight, k.limits.top_priority) for k in (await store.export_dump()).keys
+    }
+    assert dumped == {"favoured": (1.0, "interactive"), "plain": (0.25, "batch")}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"weight": 0},
+        {"weight": -1},
+        {"weight": 1000.5},
+        {"weight": float("nan")},
+        {"weight": float("inf")},
+        {"weight": True},
+        {"weight": "2"},
+        {"weight": None},
+        {"top_priority": "urgent"},
+        {"top_priority": "Critical"},
+    ],
+)
+def test_a_weight_out_of_range_or_an_unknown_class_is_refused(fields: dict[str, object]) -> None:
+    with pytest.raises(ValidationError) as caught:
+        KeyLimits.model_validate(fields)
+    assert next(iter(fields)) in str(caught.value)
+
+
+def test_the_priority_classes_highest_first() -> None:
+    assert PRIORITY_CLASSES == ("critical", "interactive", "standard", "batch")
+    assert DEFAULT_PRIORITY in PRIORITY_CLASSES
+    assert KeyLimits().top_priority == "interactive"
+    assert KeyLimits(weight=1000).weight == 1000.0
 
 
 async def test_upstream_keys_are_set_replaced_and_deleted(

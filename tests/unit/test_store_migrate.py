@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gateway.auth import KeyCache
-from gateway.store import KeyLimits, KeyNameTaken, Store, StoreDump, UsageDelta
-from gateway.store.migrate import TargetNotEmpty, dump_differences, migrate
+from store import KeyLimits, KeyNameTaken, Store, StoreDump, UsageDelta
+from store.migrate import TargetNotEmpty, dump_differences, migrate
 from tests.unit.test_store import Backend, backend, backend_named  # noqa: F401
 from workflows.engine_keys import engine_key_from_master
 

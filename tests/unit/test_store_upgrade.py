@@ -12,8 +12,8 @@ import sqlite3
 from datetime import UTC, date, datetime
 from pathlib import Path
 
-from gateway.store import KeyLimits, postgres_sql, sqlite_sql
-from gateway.store.sqlite import SqliteStore
+from store import KeyLimits, postgres_sql, sqlite_sql
+from store.sqlite import SqliteStore
 from tests.unit.test_store import Backend, backend  # noqa: F401
 
 # Exactly what the first schema created, per backend, plus one key and one usage row in it.
@@ -75,6 +75,7 @@ async def test_an_old_database_keeps_its_keys_usage_and_secret(backend: Backend)
     assert key.adapters is None
     assert key.limits == KeyLimits()
     assert key.limits.isolate_cache is False
+    assert (key.limits.weight, key.limits.top_priority) == (1.0, "interactive")
     # No key made before roles opens the remote console.
     assert key.admin is False
     (row,) = await store.usage()
@@ -142,6 +143,46 @@ async def test_a_database_from_before_cache_isolation_gains_it_switched_off(
     assert again is not None
     assert again.limits.isolate_cache is True
     assert again.limits.rpm == 60
+
+
+# The schema of the release before fair queuing: today's, less weight and top_priority.
+_FAIRNESS_COLUMNS = (
+    ",\n    weight DOUBLE PRECISION NOT NULL DEFAULT 1.0"
+    ",\n    top_priority TEXT NOT NULL DEFAULT 'interactive'"
+)
+_BEFORE_FAIRNESS_ROW = """
+INSERT INTO api_keys (key_id, name, key_hash, models, created_at, rpm, isolate_cache, admin)
+VALUES ('0a1b2c3d', 'tenant', '{hash}', NULL, '2025-01-02T03:04:05.000006+00:00', 60, TRUE,
+        TRUE);
+"""
+
+
+async def test_a_database_from_before_fair_queuing_gains_weight_1_and_interactive(
+    backend: Backend,
+) -> None:
+    schema = (sqlite_sql if backend.name == "sqlite" else postgres_sql).SCHEMA
+    assert _FAIRNESS_COLUMNS in schema
+    row = _BEFORE_FAIRNESS_ROW.replace("{hash}", "0" * 64)
+    await backend.execute_raw(schema.replace(_FAIRNESS_COLUMNS, "") + row)
+    store = await backend.open()  # init() adds the columns
+    (key,) = await store.list_keys()
+    assert key.limits == KeyLimits(rpm=60, isolate_cache=True)
+    assert (key.limits.weight, key.limits.top_priority) == (1.0, "interactive")
+    assert key.admin is True
+    updated = await store.set_key_limits(
+        "tenant", key.limits.model_copy(update={"weight": 3.0, "top_priority": "critical"})
+    )
+    assert updated is not None
+    reopened = await backend.open()
+    again = await reopened.get_key("0a1b2c3d")
+    assert again is not None
+    assert again.limits == KeyLimits(
+        rpm=60, isolate_cache=True, weight=3.0, top_priority="critical"
+    )
+    # A key made after the upgrade gets the same defaults from the model as the old one did
+    # from the columns.
+    fresh, _ = await reopened.create_key("fresh")
+    assert (fresh.limits.weight, fresh.limits.top_priority) == (1.0, "interactive")
 
 
 async def test_many_gateways_opening_one_file_in_rollback_mode_all_start(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from datetime import date, timedelta
 import pytest
 from pydantic import ValidationError
 
-from gateway.store import Store, UsageDelta
-from gateway.store.models import MAX_COUNT
+from store import Store, UsageDelta
+from store.models import MAX_COUNT
 from tests.unit.test_store import backend, open_test_store, store  # noqa: F401
 
 MARCH = [date(2025, 3, d) for d in range(1, 6)]

@@ -17,10 +17,12 @@ from workers.top_data import (
     NodeRow,
     ReplicaRow,
     TopData,
+    WaitingRow,
     cluster_rows,
     counters_from_samples,
     key_quotas,
     model_rates,
+    queue_from_samples,
 )
 from workers.top_render import HELP, QUIT, REFRESH, Screen, UiState, handle_key, render
 from workflows.contracts import (
@@ -205,13 +207,29 @@ def test_traffic_shows_rates_cache_hits_and_the_keys_nearest_their_budget_first(
     lines = render(screen, UiState(pane=2), 110, 24)
     assert "10.0 req/s" in lines[0]
     (model,) = rows(lines, "m")
-    assert model.split() == ["m", "10.0", "100", "0%", "75%"]
+    assert model.split() == ["m", "10.0", "100", "0%", "75%", "-", "-"]
     order = [
         line.split()[0] for line in lines if line.split()[:1] in (["big"], ["small"], ["free"])
     ]
     assert order == ["big", "small", "free"]
     (big,) = rows(lines, "big")
     assert "900/1000 90% per day" in big
+
+
+def test_traffic_shows_the_routing_state_and_the_misrouted_share_since_last() -> None:
+    first, second = sample_data(10.0, 100), sample_data(12.0, 120)
+    first.models[0].states = {"exact": 90.0, "degraded": 10.0}
+    first.models[0].predicted, first.models[0].incorrect = 50.0, 1.0
+    # Of the 20 choices since: 2 exact, 18 degraded (the feed went down); of the 10 requests
+    # predicted to find their prefix, 3 did not.
+    second.models[0].states = {"exact": 92.0, "degraded": 28.0}
+    second.models[0].predicted, second.models[0].incorrect = 60.0, 4.0
+    (rate,) = model_rates(second, first)
+    assert (rate.state, rate.state_share, rate.incorrect_share) == ("degraded", 0.9, 0.3)
+    lines = render(Screen(second, [rate], refreshed="12:00:03"), UiState(pane=2), 110, 24)
+    assert lines[3].split()[-2:] == ["ROUTING", "MISROUTED"]
+    (model,) = rows(lines, "m")
+    assert model.split()[-3:] == ["degraded", "90%", "30%"]
 
 
 def test_what_could_not_be_read_is_said_on_the_third_line() -> None:
@@ -231,13 +249,93 @@ def test_the_gateways_counters_per_model() -> None:
         ("llmgw_routing_decisions_total", {"model": "m", "reason": "kv_prefix"}, 3.0),
         ("llmgw_routing_decisions_total", {"model": "m", "reason": "prefix"}, 1.0),
         ("llmgw_routing_decisions_total", {"model": "m", "reason": "least_load"}, 4.0),
+        ("llmgw_routing_state_total", {"model": "m", "state": "exact", "why": "kv_events"}, 3.0),
+        ("llmgw_routing_state_total", {"model": "m", "state": "fallback", "why": "no_match"}, 4),
+        ("llmgw_routing_state_total", {"model": "m", "state": "fallback", "why": "policy"}, 1),
+        ("llmgw_routing_predicted_total", {"model": "m", "state": "exact"}, 3.0),
+        ("llmgw_routing_incorrect_total", {"model": "m", "state": "exact"}, 1.0),
         ("llmgw_requests_created", {"model": "m"}, 1e9),  # not a counter's value
         ("llmgw_requests_in_flight", {}, 5.0),
     ]
     (model,), in_flight = counters_from_samples(samples)
     assert (model.requests, model.errors, model.tokens) == (10, 2, 42)
     assert (model.routed, model.routed_to_cache) == (8, 4)
+    assert model.states == {"exact": 3, "fallback": 5}
+    assert (model.predicted, model.incorrect) == (3, 1)
     assert in_flight == 5
+
+
+def test_the_gateways_fair_queue_from_its_metrics() -> None:
+    samples = [
+        ("llmgw_queue_waiting", {"model": "m", "key": "flood", "priority": "batch"}, 12.0),
+        ("llmgw_queue_waiting", {"model": "m", "key": "chat", "priority": "interactive"}, 1.0),
+        ("llmgw_queue_waiting", {"model": "a", "key": "flood", "priority": "standard"}, 2.0),
+        (
+            "llmgw_queue_oldest_wait_seconds",
+            {"model": "m", "key": "flood", "priority": "batch"},
+            4.5,
+        ),
+        (
+            "llmgw_queue_oldest_wait_seconds",
+            {"model": "m", "key": "chat", "priority": "interactive"},
+            0.2,
+        ),
+        ("llmgw_queue_refusals_total", {"model": "m", "reason": "queue_full"}, 3.0),
+        ("llmgw_queue_refusals_total", {"model": "m", "reason": "queue_timeout"}, 1.0),
+        ("llmgw_replica_depth", {"replica": "m-0"}, 2.0),
+        ("llmgw_queue_admitted", {"model": "m"}, 2.0),
+    ]
+    waiting, depths = queue_from_samples(samples)
+    # By model, then the highest class first.
+    assert [(w.model, w.key, w.priority, w.waiting, w.oldest_s) for w in waiting] == [
+        ("a", "flood", "standard", 2, None),
+        ("m", "chat", "interactive", 1, 0.2),
+        ("m", "flood", "batch", 12, 4.5),
+    ]
+    assert depths == {"m-0": 2}
+    models, _ = counters_from_samples(samples)
+    a, m = sorted(models, key=lambda c: c.model)
+    assert m.queue_refused == {"queue_full": 3, "queue_timeout": 1}
+    assert a.queue_refused == {}
+
+
+def test_traffic_shows_who_waits_and_what_the_queue_refused_only_when_any() -> None:
+    quiet = lines_of(UiState(pane=2))
+    assert not any("fair queue" in line for line in quiet)
+    assert "waiting" not in quiet[0]
+
+    data = sample_data()
+    data.waiting = [
+        WaitingRow(model="m", key="chat", priority="interactive", waiting=1, oldest_s=0.25),
+        WaitingRow(model="m", key="flood", priority="batch", waiting=12, oldest_s=4.5),
+    ]
+    data.models[0].queue_refused = {"queue_full": 3}
+    lines = lines_of(UiState(pane=2), data, height=30)
+    assert "4 in flight  13 waiting" in lines[0]
+    title = lines.index(next(line for line in lines if "fair queue" in line))
+    assert lines[title + 1].split() == ["MODEL", "KEY", "CLASS", "WAITING", "OLDEST"]
+    assert lines[title + 2].split() == ["m", "chat", "interactive", "1", "0.2s"]
+    assert lines[title + 3].split() == ["m", "flood", "batch", "12", "4.5s"]
+    assert lines[title + 4].startswith("Refused since the gateway started: m: 3 queue full (429)")
+
+    # Nothing waits now, but the queue refused some: the section says both.
+    data.waiting = []
+    lines = lines_of(UiState(pane=2), data, height=30)
+    title = lines.index(next(line for line in lines if "fair queue" in line))
+    assert lines[title + 1].startswith("nothing waits")
+
+
+def test_replicas_show_the_depth_the_gateway_learnt() -> None:
+    data = sample_data()
+    data.replica_depths = {"m-0": 3}
+    lines = lines_of(UiState(pane=1), data)
+    header = next(line for line in lines if line.startswith("REPLICA"))
+    assert header.split()[5:8] == ["RUNNING", "WAITING", "DEPTH"]
+    (m0,) = rows(lines, "m-0")
+    (m1,) = rows(lines, "m-1")
+    # No engine named here: RUNNING, WAITING and DEPTH are the last three.
+    assert m0.split()[-3:] == ["9", "-", "3"]
+    assert m1.split()[-3:] == ["1", "-", "-"]
 
 
 def test_quota_use_counts_the_budgets_own_period() -> None:

@@ -1,18 +1,14 @@
 """`llmgw top`'s live source against real servers on loopback: the gateway (its admin API and
 counters, a real SQLite store, a stand-in engine upstream) and a node agent's metrics
-listener on a machine fixture. Only the ledger's snapshot is handed in, as Temporal would
-answer it."""
+listener on a machine fixture, and the fleet tables the nodes and routes are read from."""
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-import pytest
-
-import workers.top_source
 from activities.agent.gpu_telemetry import TelemetryReading, parse_telemetry_xml
 from activities.agent.node_metrics import EngineLoadSample, NodeMetricsService
-from gateway.store import KeyLimits, Store, UsageDelta
+from store import KeyLimits, Store, UsageDelta
+from store.fleet import FleetTables, open_fleet
 from tests.gateway_kit import (
     MODEL,
     NODE,
@@ -27,7 +23,6 @@ from workers.top_source import LiveSource
 from workflows.contracts import (
     EngineLoad,
     GpuInfo,
-    LedgerState,
     NodeInventory,
     NodeRecord,
     NodeState,
@@ -35,7 +30,7 @@ from workflows.contracts import (
 
 
 async def test_the_live_source_reads_nodes_gpus_replicas_traffic_and_quotas(
-    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: Store, fleet: FleetTables, tmp_path: Path
 ) -> None:
     xml = (MACHINES / "h200_x1" / "nvidia_smi_q_x.xml").read_text()
 
@@ -55,15 +50,8 @@ async def test_the_live_source_reads_nodes_gpus_replicas_traffic_and_quotas(
             metrics_url=f"http://127.0.0.1:{agent.port}/metrics",
             gpus=[GpuInfo(index=0, uuid="GPU-h", name="H200", gpu_class="h200-140g", memory_mb=1)],
         )
-        ledger = LedgerState(
-            nodes={NODE: NodeRecord(inventory=inventory, state=NodeState.READY)},
-            routes={replica.replica_id: replica},
-        )
-
-        async def snapshot(_client: Any) -> LedgerState:
-            return ledger
-
-        monkeypatch.setattr(workers.top_source, "ledger_snapshot", snapshot)
+        await fleet.upsert_node(NodeRecord(inventory=inventory, state=NodeState.READY))
+        await fleet.set_route(replica)
         async with running_gateway(store, FakeRouteSource(replica)) as gw:
             budgeted, _ = await store.create_key("team-a", limits=KeyLimits(token_budget=1000))
             today = datetime.now(UTC).date()
@@ -79,7 +67,7 @@ async def test_the_live_source_reads_nodes_gpus_replicas_traffic_and_quotas(
                     )
                 ]
             )
-            source = LiveSource(None, gw.url)  # type: ignore[arg-type]
+            source = LiveSource(None, fleet, gw.url)  # type: ignore[arg-type]
             first = await source.read()
             for _ in range(3):
                 assert (await gw.chat()).status_code == 200
@@ -101,14 +89,14 @@ async def test_the_live_source_reads_nodes_gpus_replicas_traffic_and_quotas(
     assert (team.requests_today, team.budget_spent, team.token_budget) == (4, 250, 1000)
 
 
-async def test_what_cannot_be_read_is_named_and_the_rest_still_shown(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    async def no_temporal(_client: Any) -> LedgerState:
-        raise RuntimeError("Connection refused")
-
-    monkeypatch.setattr(workers.top_source, "ledger_snapshot", no_temporal)
-    data = await LiveSource(None, "http://127.0.0.1:9").read()  # type: ignore[arg-type]
-    assert data.problems[0] == "Temporal: Connection refused"
+async def test_what_cannot_be_read_is_named_and_the_rest_still_shown(tmp_path: Path) -> None:
+    # A store nothing listens for: PostgreSQL on a closed port.
+    unreachable = open_fleet("postgresql://llmgw@127.0.0.1:9/llmgw", tmp_path)
+    try:
+        source = LiveSource(None, unreachable, "http://127.0.0.1:9")  # type: ignore[arg-type]
+        data = await source.read()
+    finally:
+        await unreachable.close()
+    assert data.problems[0].startswith("store: ")
     assert data.problems[1].startswith("gateway admin API at http://127.0.0.1:9: ")
     assert data.nodes == []

@@ -23,6 +23,7 @@ from workers.top_data import (
     NodeRow,
     ReplicaRow,
     TopData,
+    WaitingRow,
     gpu_rows,
 )
 
@@ -77,6 +78,7 @@ def data(taken_at: float, requests: float, gpu0_util: float, replica_state: str)
                 tokens=90 * requests,
                 routed=requests,
                 routed_to_cache=requests / 2,
+                queue_refused={"queue_full": 3},
             ),
             ModelCounters(
                 model="smollm2", requests=requests / 10, tokens=requests, routed=requests / 10
@@ -101,6 +103,12 @@ def data(taken_at: float, requests: float, gpu0_util: float, replica_state: str)
             ),
         ],
         in_flight=4,
+        # The batch key floods the chat model; team-a's interactive request waits less.
+        waiting=[
+            WaitingRow(model="chat", key="team-a", priority="interactive", waiting=1, oldest_s=0.4),
+            WaitingRow(model="chat", key="batch", priority="batch", waiting=12, oldest_s=8.2),
+        ],
+        replica_depths={"chat-0": 3, "smollm2-0": 4},
     )
 
 
@@ -150,6 +158,11 @@ def test_top_shows_the_cluster_refreshes_in_place_and_quits_on_q(
     time.sleep(1.5)  # three more readings of the same file: the rate stays
     assert "10.0" in term.screen()
     assert "team-a" in traffic
+    assert "13 waiting" in traffic.splitlines()[0]
+    assert "Waiting in the gateway's fair queue:" in traffic
+    assert ["chat", "batch", "batch", "12", "8.2s"] in [
+        line.split() for line in traffic.splitlines()
+    ]
     keep_screen("traffic", traffic)
 
     assert term.alive()

@@ -8,8 +8,8 @@ from datetime import date
 
 import pytest
 
-from gateway.store import UsageRow
 from gateway.usage_export import HEADER, usage_csv
+from store import UsageRow
 
 
 def _row(key_id: str = "0a1b2c3d", model: str = "llama", **counts: int) -> UsageRow:

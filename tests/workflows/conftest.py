@@ -1,4 +1,5 @@
-"""Workflow tests: the time-skipping test server, the real ledger, a stand-in node agent."""
+"""Workflow tests: the time-skipping test server, the real fleet tables (a SQLite file), a
+stand-in node agent."""
 
 import asyncio
 import contextlib
@@ -19,20 +20,24 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.control.ledger_cluster import upsert_node
+from activities.control.fleet_activities import FleetActivities
+from store.fleet import FleetTables, open_fleet
 from tests.workflows.fake_agent import FakeAgent
-from workers.control import control_activities, ensure_ledger
+from workers.control import control_activities
 from workers.progress import ledger_snapshot
 from workers.registry import CONTROL_WORKFLOWS
 from workers.search_attributes import ensure_search_attributes
 from workflows import history_budget
 from workflows.contracts import (
+    Allocation,
     EngineState,
     EngineStatus,
     LedgerState,
     NodeInventory,
     NodeRecord,
     NodeState,
+    PlacementRefusal,
+    PlacementRequest,
     Route,
 )
 from workflows.names import CONTROL_TASK_QUEUE, artifact_fetch_workflow_id, node_task_queue
@@ -81,36 +86,46 @@ def server_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-async def control_worker(env: WorkflowEnvironment, server_config: Path) -> AsyncIterator[Worker]:
-    """One control worker for the session: the ledger is one long-lived workflow, as in
-    production, and a worker per test would leave it waiting on a dead worker's sticky queue."""
+async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[FleetTables]:
+    """The fleet tables of the session (a SQLite file), shared by every test as one cluster's
+    store is shared by its control workers."""
+    tables = open_fleet(None, tmp_path_factory.mktemp("fleet"))
+    await tables.init()
+    yield tables
+    await tables.close()
+
+
+@pytest.fixture(scope="session")
+async def control_worker(
+    env: WorkflowEnvironment, fleet: FleetTables, server_config: Path
+) -> AsyncIterator[Worker]:
+    """One control worker for the session on the shared control queue."""
     worker = Worker(
         env.client,
         task_queue=CONTROL_TASK_QUEUE,
         workflows=CONTROL_WORKFLOWS,
-        activities=control_activities(control_client(env), server_config),
+        activities=control_activities(control_client(env), fleet, server_config),
     )
     async with worker:
-        # The ledger exists before any test looks at it, as it does once `llmgw up` has run.
         await ensure_search_attributes(env.client)
-        await ensure_ledger(env.client)
         yield worker
 
 
 @pytest.fixture
 async def cluster(
     env: WorkflowEnvironment,
-    control_worker: Worker,  # noqa: ARG001 - requested so the ledger runs first
+    control_worker: Worker,  # noqa: ARG001 - requested so the shared queue has a worker
+    fleet: FleetTables,
     server_config: Path,
 ) -> AsyncIterator["Cluster"]:
     """A control worker and a stand-in agent for a node, both on queues of this test's own.
 
-    Only the ledger is shared: it is one session-long workflow on the session's control queue,
-    as in production. Every workflow a test starts runs on the test's control queue (the
-    workflows send their activities and children to their own queue), and its node's
+    Only the fleet tables are shared, as one cluster's store is. Every workflow a test starts
+    runs on the test's control queue (the workflows send their activities and children to
+    their own queue), and its node's
     activities on `node:<unique name>`, so no other test's worker takes a task of this one
     and a test that leaves a worker busy slows only itself."""
-    async with cluster_on(env.client, control_client(env), server_config) as made:
+    async with cluster_on(env.client, control_client(env), fleet, server_config) as made:
         yield made
 
 
@@ -125,32 +140,29 @@ async def start_dev_server() -> WorkflowEnvironment:
 
 
 @pytest.fixture
-async def dev_cluster(server_config: Path) -> AsyncIterator["Cluster"]:
-    """A cluster as above on a real Temporal dev server of its own, with its own ledger: for
+async def dev_cluster(
+    server_config: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator["Cluster"]:
+    """A cluster as above on a real Temporal dev server of its own, with its own store: for
     a test whose run the time-skipping test server gets wrong. That server can leave a workflow
     task STARTED for good when a completion cancels a timer whose fire it already holds (its
     bug temporalio/sdk-java#3088): a replica told to stop at that moment never closes. Timers
     run in real time here, so such a test waits out every one."""
     env = await start_dev_server()
+    fleet = open_fleet(None, tmp_path_factory.mktemp("fleet"))
     try:
+        await fleet.init()
         await ensure_search_attributes(env.client)
-        ledger_worker = Worker(
-            env.client,
-            task_queue=CONTROL_TASK_QUEUE,
-            workflows=CONTROL_WORKFLOWS,
-            activities=control_activities(env.client, server_config),
-        )
-        async with ledger_worker:
-            await ensure_ledger(env.client)
-            async with cluster_on(env.client, env.client, server_config) as made:
-                yield made
+        async with cluster_on(env.client, env.client, fleet, server_config) as made:
+            yield made
     finally:
+        await fleet.close()
         await env.shutdown()
 
 
 @contextlib.asynccontextmanager
 async def cluster_on(
-    client: Client, activities_client: Client, server_config: Path
+    client: Client, activities_client: Client, fleet: FleetTables, server_config: Path
 ) -> AsyncIterator["Cluster"]:
     node = unique("n1")
     agent = FakeAgent(node)
@@ -159,18 +171,21 @@ async def cluster_on(
         client,
         task_queue=queue,
         workflows=CONTROL_WORKFLOWS,
-        activities=control_activities(activities_client, server_config),
+        activities=control_activities(activities_client, fleet, server_config),
     )
     on_node = Worker(client, task_queue=node_task_queue(node), activities=agent.all())
     async with control, on_node:
-        cluster = Cluster(client, node, agent, queue)
+        cluster = Cluster(client, fleet, node, agent, queue)
         yield cluster
         await cluster.close()
 
 
 class Cluster:
-    def __init__(self, client: Client, node: str, agent: FakeAgent, task_queue: str) -> None:
+    def __init__(
+        self, client: Client, fleet: FleetTables, node: str, agent: FakeAgent, task_queue: str
+    ) -> None:
         self.client = client
+        self.fleet = fleet
         self.node = node
         self.agent = agent
         self.task_queue = task_queue  # this test's control queue
@@ -195,13 +210,18 @@ class Cluster:
                 )
             },
         )
-        await upsert_node(self.client, record)
+        await self.fleet.upsert_node(record)
 
     async def ledger(self) -> LedgerState:
-        return await ledger_snapshot(self.client)
+        return await ledger_snapshot(self.fleet)
 
     async def route(self, replica: str) -> Route | None:
         return (await self.ledger()).routes.get(replica)
+
+    async def place(self, req: PlacementRequest) -> Allocation | PlacementRefusal:
+        """Place a replica as a control worker's placement activity does, on the tables as they
+        are now (a placer of its own, as another control worker's would be)."""
+        return await FleetActivities(self.fleet).place(req)
 
     async def start(self, workflow: Any, *args: Any, id: str) -> WorkflowHandle[Any, Any]:
         handle = await self.client.start_workflow(
@@ -216,7 +236,7 @@ class Cluster:
         return handle
 
     async def close(self) -> None:
-        # The ledger outlives each test: take this test's node out of placement, and end what
+        # The fleet tables outlive each test: take this test's node out of placement, and end what
         # the test left running, so the next test starts from a quiet cluster. Children too:
         # one left running on this test's queue, which no worker polls once the test is over,
         # would hold a workflow task open for good, and the time-skipping server skips no
@@ -240,7 +260,7 @@ class Cluster:
         if self.node in state.nodes:
             record = state.nodes[self.node]
             record.state = NodeState.LOST
-            await upsert_node(self.client, record)
+            await self.fleet.upsert_node(record)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:

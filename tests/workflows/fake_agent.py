@@ -116,6 +116,9 @@ class FakeAgent:
         self.watch_error: ApplicationError | None = None
         self.beats = 0
         self.watches = 0
+        # The latest watch asked for, and how many this agent holds now.
+        self.last_watch: NodeWatch | None = None
+        self.holding = 0
 
     def all(self) -> list:
         return [
@@ -135,8 +138,16 @@ class FakeAgent:
     @activity.defn(name=NodeActivity.WATCH_LIVENESS)
     async def watch(self, req: NodeWatch) -> NodeWatchReport:
         self.watches += 1
+        self.last_watch = req
         if self.watch_error is not None:
             raise self.watch_error
+        self.holding += 1
+        try:
+            return await self._hold(req)
+        finally:
+            self.holding -= 1
+
+    async def _hold(self, req: NodeWatch) -> NodeWatchReport:
         timeout = activity.info().heartbeat_timeout
         every = min(0.2, timeout.total_seconds() / 4) if timeout else 0.2
         deadline = time.monotonic() + req.report_after_s

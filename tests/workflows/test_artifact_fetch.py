@@ -5,9 +5,9 @@ fetch says how far it got, and a failed fetch says why in the Temporal UI as in 
 import asyncio
 from typing import Any
 
-from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 
 from tests.workflows.conftest import Cluster, eventually, finished, record_history
 from tests.workflows.test_replica_fetch import ARTIFACT, artifact_spec, state_and_detail
@@ -23,8 +23,6 @@ from workflows.contracts import (
     StopReplica,
 )
 from workflows.names import (
-    ControlActivity,
-    NodeActivity,
     artifact_fetch_workflow_id,
     replica_id,
     replica_workflow_id,
@@ -42,16 +40,15 @@ async def start_at(cluster: Cluster, model: ModelSpec, index: int):
     return rid, handle
 
 
-async def waiting_on_the_fetch(handle: WorkflowHandle[Any, Any]) -> bool:
-    """The replica waits on the node's fetch: its control activity has joined (or started) the
-    shared one (or, in the code before it, the replica's own fetch activity runs)."""
-    described = (await handle.describe()).raw_description
-    waits = {ControlActivity.AWAIT_ARTIFACT_FETCH, NodeActivity.FETCH_ARTIFACT}
-    return any(
-        a.activity_type.name in waits
-        and a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
-        for a in described.pending_activities
-    )
+async def waiting_on_the_fetch(cluster: Cluster, handle: WorkflowHandle[Any, Any]) -> bool:
+    """The replica waits on the node's fetch: it is registered with the shared fetch workflow,
+    which will signal it the outcome."""
+    fetch = cluster.client.get_workflow_handle(artifact_fetch_workflow_id(cluster.node, ARTIFACT))
+    try:
+        waiting = await fetch.query(ArtifactFetchWorkflow.waiting)
+    except RPCError:  # not started yet
+        return False
+    return handle.id in waiting
 
 
 async def ready(cluster: Cluster, rid: str) -> bool:
@@ -67,7 +64,7 @@ async def two_replicas_waiting(cluster: Cluster):
     first, first_handle = await start_at(cluster, model, 0)
     second, second_handle = await start_at(cluster, model, 1)
     for handle in (first_handle, second_handle):
-        await eventually(lambda h=handle: waiting_on_the_fetch(h))
+        await eventually(lambda h=handle: waiting_on_the_fetch(cluster, h))
     # Long enough for a second download to have begun, were there one.
     await asyncio.sleep(0.5)
     return (first, first_handle), (second, second_handle)

@@ -1,34 +1,31 @@
-"""A closed ledger is never replaced by an empty one: ledger calls fail loudly until `llmgw
-ledger rebuild` starts it again from the node and replica workflows.
+"""`llmgw ledger check` and `llmgw ledger rebuild` (workers/ledger_commands.py): the fleet
+tables, corrupted or wiped while node and replica workflows run, are found to differ from the
+workflows, line by line, and rebuilt from them until nothing differs.
 
-On a dev server of its own (the time-skipping test server cannot list workflows, which the
-rebuild does), so terminating the ledger here leaves the session's ledger alone."""
+On a dev server of its own: the time-skipping test server cannot list workflows, which the
+check and the rebuild do; and with fleet tables of its own, so wiping them here leaves the
+session's alone."""
 
+import argparse
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from temporalio.client import Client, WorkflowExecutionStatus
-from temporalio.exceptions import ApplicationError
+from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.control.ledger_calls import LEDGER_CLOSED
-from activities.control.ledger_cluster import allocate
+from activities.control.fleet_activities import FleetActivities
+from store.fleet import FleetTables, open_fleet
 from tests.workflows.conftest import eventually, start_dev_server, unique
 from tests.workflows.fake_agent import FakeAgent
 from workers.agent import register
-from workers.control import control_activities, ensure_ledger
-from workers.ledger_commands import (
-    LedgerRunning,
-    ledger_problem,
-    rebuild_ledger,
-    set_ledger_cells,
-)
-from workers.progress import ledger_snapshot
+from workers.control import control_activities
+from workers.ledger_commands import drift, ledger_command, rebuilt_state
 from workers.registry import CONTROL_WORKFLOWS
 from workers.search_attributes import ensure_search_attributes
 from workflows.contracts import (
-    AllocationLookup,
+    Allocation,
     EngineState,
     ModelSpec,
     ModelState,
@@ -38,60 +35,70 @@ from workflows.contracts import (
     PlacementRequest,
     Profile,
     ReplicaState,
+    Route,
 )
 from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
-from workflows.ledger import ClusterLedgerWorkflow
-from workflows.ledger_cells import cell_of_node
 from workflows.model import ModelWorkflow
-from workflows.names import (
-    CONTROL_TASK_QUEUE,
-    LEDGER_WORKFLOW_ID,
-    ledger_cell_workflow_id,
-    model_workflow_id,
-    node_task_queue,
-    replica_id,
-)
+from workflows.names import CONTROL_TASK_QUEUE, model_workflow_id, node_task_queue, replica_id
+
+
+@dataclass
+class ControlPlane:
+    client: Client
+    fleet: FleetTables
 
 
 @pytest.fixture
-async def client(tmp_path: Path) -> AsyncIterator[Client]:
+async def plane(tmp_path: Path) -> AsyncIterator[ControlPlane]:
     env = await start_dev_server()
     config = tmp_path / "llmgw.yaml"
     config.write_text("")
+    fleet = open_fleet(None, tmp_path / "fleet")
     try:
+        await fleet.init()
         await ensure_search_attributes(env.client)
         async with Worker(
             env.client,
             task_queue=CONTROL_TASK_QUEUE,
             workflows=CONTROL_WORKFLOWS,
-            activities=control_activities(env.client, config),
+            activities=control_activities(env.client, fleet, config),
         ):
-            await ensure_ledger(env.client)
-            yield env.client
+            yield ControlPlane(env.client, fleet)
     finally:
+        await fleet.close()
         await env.shutdown()
 
 
-async def ledger_status(client: Client, ledger: str) -> WorkflowExecutionStatus | None:
-    return (await client.get_workflow_handle(ledger).describe()).status
+async def check(plane: ControlPlane, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """`llmgw ledger check`: the lines it prints when the tables differ (it exits 1 then),
+    and none when they agree with the workflows."""
+    args = argparse.Namespace(ledger_command="check")
+    code: object = 0
+    try:
+        await ledger_command(args, plane.client, plane.fleet)
+    except SystemExit as exit_:
+        code = exit_.code
+    lines = capsys.readouterr().out.splitlines()
+    if code == 0:
+        assert lines == ["the fleet tables agree with the workflows"]
+        return []
+    assert code == 1
+    assert lines, "exit 1 with no difference printed"
+    return lines
 
 
-def cells_for(node: str, split: bool) -> int:
-    """One cell, or the fewest cells that put `node` in a cell of its own, not `cluster`."""
-    return next(k for k in range(2, 64) if cell_of_node(node, k) != 0) if split else 1
+async def rebuild(plane: ControlPlane, capsys: pytest.CaptureFixture[str]) -> None:
+    args = argparse.Namespace(ledger_command="rebuild")
+    await ledger_command(args, plane.client, plane.fleet)
+    assert capsys.readouterr().out.startswith("wrote the fleet tables from the workflows")
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["one ledger", "ledger in cells"])
-async def test_a_terminated_ledger_fails_loudly_and_is_rebuilt_from_nodes_and_replicas(
-    client, split
-):
+async def test_corrupted_or_wiped_tables_are_found_and_rebuilt_from_the_workflows(
+    plane: ControlPlane, capsys: pytest.CaptureFixture[str]
+) -> None:
+    client, fleet = plane.client, plane.fleet
     node = unique("n")
     agent = FakeAgent(node)
-    cells = cells_for(node, split)
-    if split:
-        await set_ledger_cells(client, cells)
-    # The ledger workflow that holds this node: `cluster`, or its cell's.
-    ledger = ledger_cell_workflow_id(cell_of_node(node, cells))
     async with Worker(client, task_queue=node_task_queue(node), activities=agent.all()):
         reg = NodeRegistration(
             inventory=NodeInventory(name=node, cpu_cores=8, memory_mb=16384), boot_id="b1"
@@ -99,7 +106,7 @@ async def test_a_terminated_ledger_fails_loudly_and_is_rebuilt_from_nodes_and_re
         await register(client, reg)
 
         async def node_ready() -> bool:
-            record = (await ledger_snapshot(client)).nodes.get(node)
+            record = (await fleet.snapshot()).nodes.get(node)
             return (
                 record is not None
                 and record.state == NodeState.READY
@@ -122,54 +129,72 @@ async def test_a_terminated_ledger_fails_loudly_and_is_rebuilt_from_nodes_and_re
         r0 = replica_id(model.name, 0)
 
         async def serving() -> bool:
-            route = (await ledger_snapshot(client)).routes.get(r0)
+            route = (await fleet.snapshot()).routes.get(r0)
             return route is not None and route.state == ReplicaState.READY
 
         await eventually(serving, timeout=30)
-        before = await ledger_snapshot(client)
-        assert await ledger_problem(client) is None
+        before = await fleet.snapshot()
+        assert drift(await rebuilt_state(client), before) == []
+        assert await check(plane, capsys) == []
 
-        if split:
-            # The node, its allocation and its route are in its cell, not in `cluster`.
-            assert ledger != LEDGER_WORKFLOW_ID
-            held = await client.get_workflow_handle(ledger).query(
-                ClusterLedgerWorkflow.holds, AllocationLookup(replica_id=r0)
-            )
-            assert (held.allocation, held.route) == (True, True)
-            assert await ledger_problem(client) is None
-
-        # An operator terminates the ledger in the Temporal UI.
-        await client.get_workflow_handle(ledger).terminate("operator")
-        request = PlacementRequest(
-            replica_id=unique("other"), model="other", profiles=[Profile(cpu_cores=1)]
+        # Corrupted: the replica's allocation lost (a restore from an older backup, say), a
+        # route no replica publishes, and a model marked idle that no workflow scaled to zero.
+        async with fleet.db.transaction() as tx:
+            await tx.execute("DELETE FROM fleet_claims WHERE replica_id = ?", r0)
+            await tx.execute("DELETE FROM fleet_allocations WHERE replica_id = ?", r0)
+        ghost = Route(
+            replica_id="ghost-0",
+            model="ghost",
+            node=node,
+            endpoint="http://10.9.9.9:1",
+            engine="llamacpp",
+            state=ReplicaState.READY,
         )
-        with pytest.raises(ApplicationError) as refused:
-            await allocate(client, request)
-        assert refused.value.type == LEDGER_CLOSED
-        assert "llmgw ledger rebuild" in refused.value.message
-        # Nor does a restarting control worker start an empty ledger in its place.
-        await ensure_ledger(client)
-        assert await ledger_status(client, ledger) == WorkflowExecutionStatus.TERMINATED
-        problem = await ledger_problem(client) or ""
-        assert "llmgw ledger rebuild" in problem
-        assert ledger in problem
+        assert await fleet.set_route(ghost)
+        assert await fleet.set_idle("ghost", True)
+        assert await check(plane, capsys) == [
+            f"allocation {r0}: its replica holds it, the tables do not",
+            "route ghost-0: in the tables only",
+            "idle models: [] in the workflows, ['ghost'] held",
+        ]
 
-        await rebuild_ledger(client)
-        assert await ledger_status(client, ledger) == WorkflowExecutionStatus.RUNNING
-        assert await ledger_problem(client) is None
-        rebuilt = await ledger_snapshot(client)
-        assert rebuilt.nodes[node].state == NodeState.READY
-        assert rebuilt.allocations[r0] == before.allocations[r0]
-        route = rebuilt.routes[r0]
-        assert (route.state, route.endpoint, route.node) == (
+        await rebuild(plane, capsys)
+        assert await check(plane, capsys) == []
+        rebuilt = await fleet.snapshot()
+        assert rebuilt.allocations == before.allocations
+        assert rebuilt.idle_models == []
+        # Gateways see the replica and no longer the ghost.
+        served = {r.replica_id: r for r in (await fleet.routing_table()).routes}
+        assert "ghost-0" not in served
+        route = served[r0]
+        assert (route.state, route.endpoint, route.node, route.engine) == (
             ReplicaState.READY,
             before.routes[r0].endpoint,
             node,
+            before.routes[r0].engine,
         )
-        assert route.engine == before.routes[r0].engine
         # Placement counts the rebuilt allocation: the replica's port is not handed out again.
-        placed = await allocate(client, request)
+        request = PlacementRequest(
+            replica_id=unique("other") + "-0", model="other", profiles=[Profile(cpu_cores=1)]
+        )
+        placed = await FleetActivities(fleet).place(request)
+        assert isinstance(placed, Allocation)
         assert placed.node == node
         assert placed.port != rebuilt.allocations[r0].port
-        with pytest.raises(LedgerRunning):
-            await rebuild_ledger(client)
+        assert await fleet.release(placed.replica_id)
+
+        # Wiped: every node, allocation and route gone.
+        async with fleet.db.transaction() as tx:
+            for table in ("fleet_claims", "fleet_allocations", "fleet_routes", "fleet_nodes"):
+                await tx.execute(f"DELETE FROM {table}")
+        assert await check(plane, capsys) == [
+            f"node {node}: its workflow runs, the tables do not list it",
+            f"allocation {r0}: its replica holds it, the tables do not",
+            f"route {r0}: in its workflow only",
+        ]
+        await rebuild(plane, capsys)
+        assert await check(plane, capsys) == []
+        restored = await fleet.snapshot()
+        assert restored.nodes[node].state == NodeState.READY
+        assert restored.allocations == before.allocations
+        assert restored.routes[r0].endpoint == before.routes[r0].endpoint

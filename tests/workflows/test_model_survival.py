@@ -1,6 +1,7 @@
 """The model workflow survives its own continue-as-new and its replicas' deaths: pending work is
-carried, a removal still waits for its stopping replicas, a replica an operator terminated is
-cleaned up and replaced, and a re-added model never collides with a stopping replica's ID."""
+carried, a removal still waits for its stopping replicas, a replica an operator terminated comes
+back and adopts its engine (one being stopped is cleaned up instead), and a re-added model never
+collides with a stopping replica's ID."""
 
 import asyncio
 from collections.abc import AsyncIterator
@@ -11,8 +12,6 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.control import ledger_cluster
-from activities.control.ledger_calls import update_ledger
 from tests.workflows.conftest import Cluster, ask, eventually, finished, record_history, unique
 from tests.workflows.fake_agent import FakeAgent
 from tests.workflows.test_model import held_by, serving, spec, track_replicas
@@ -36,7 +35,6 @@ from workflows.contracts import (
     StopReplica,
     StopResult,
 )
-from workflows.ledger import ClusterLedgerWorkflow
 from workflows.model import ModelWorkflow
 from workflows.names import (
     NodeActivity,
@@ -99,13 +97,13 @@ async def node_with(cluster: Cluster, agent: FakeAgent) -> AsyncIterator[None]:
     async with Worker(
         cluster.client, task_queue=node_task_queue(agent.node), activities=agent.all()
     ):
-        await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
+        await cluster.fleet.upsert_node(record)
         try:
             yield
         finally:
             agent.let_stop.set() if isinstance(agent, SlowStopAgent) else None
             record.state = NodeState.LOST
-            await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
+            await cluster.fleet.upsert_node(record)
 
 
 async def run_id(cluster: Cluster, model: ModelSpec) -> str:
@@ -224,7 +222,7 @@ async def test_a_run_started_from_carried_state_waits_for_its_stopping_replicas(
         assert await held_by(cluster, model) == ([], [])
 
 
-async def test_a_terminated_replica_is_cleaned_up_and_replaced_after_continue_as_new(
+async def test_a_terminated_replica_comes_back_after_the_model_continued_as_new(
     cluster, monkeypatch
 ):
     await cluster.add_node(cores=8)
@@ -233,7 +231,7 @@ async def test_a_terminated_replica_is_cleaned_up_and_replaced_after_continue_as
     monkeypatch.setenv(CONTINUE_AS_NEW_EVERY, "12")
     monkeypatch.setenv(CHECK_EVERY, "1")
     handle = await start_model(cluster, ModelState(spec=model))
-    r0, r1 = replica_id(model.name, 0), replica_id(model.name, 1)
+    r0 = replica_id(model.name, 0)
 
     async def r0_ready() -> bool:
         return await serving(cluster, model) == [r0]
@@ -245,24 +243,27 @@ async def test_a_terminated_replica_is_cleaned_up_and_replaced_after_continue_as
         return await run_id(cluster, model) != first_run
 
     await eventually(continued)  # no child handle from here on
+    replica = cluster.client.get_workflow_handle(replica_workflow_id(model.name, 0))
+    terminated_run = (await replica.describe()).run_id
 
     # An operator terminates the replica in the Temporal UI: its engine, allocation and route
-    # are left behind.
-    await cluster.client.get_workflow_handle(replica_workflow_id(model.name, 0)).terminate(
-        "operator"
-    )
+    # are left behind, and the model starts it again under its ID, adopting all three.
+    await replica.terminate("operator")
 
-    async def replaced() -> bool:
-        return await held_by(cluster, model) == ([r1], [r1]) and await serving(cluster, model) == [
-            r1
-        ]
+    async def back() -> bool:
+        described = await replica.describe()
+        running = described.status == WorkflowExecutionStatus.RUNNING
+        return running and described.run_id != terminated_run
 
-    await eventually(replaced)
-    assert cluster.agent.stops == [r0]
-    assert cluster.agent.running() == [r1]
+    await eventually(back)
+    await eventually(r0_ready)
+    assert cluster.agent.stops == []
+    assert cluster.agent.launches == [r0]
+    assert cluster.agent.running() == [r0]
+    assert await held_by(cluster, model) == ([r0], [r0])
     view = await ask(handle, ModelWorkflow.describe)
-    assert view.replica_ids == [r1]
-    await record_history(handle, "ModelDeadReplicaContinued")
+    assert view.replica_ids == [r0]
+    await record_history(handle, "ModelTerminatedReplicaContinued")
 
 
 async def test_scaling_down_onto_a_terminated_replica_cleans_it_up(cluster):
@@ -315,77 +316,81 @@ async def test_a_re_added_model_skips_the_id_of_a_replica_still_stopping(cluster
 
 
 async def terminated_on_a_mute_node(cluster: Cluster, agent: MuteStopAgent, model: ModelSpec):
-    """Replica 0 serves on the agent's node, its workflow is terminated, and replica 1 takes
-    over while the agent does not answer stops. Returns the model's handle."""
+    """Replicas 0 and 1 serve on the agent's node; a scale-down tells replica 1 to stop while
+    the agent does not answer stops, and its workflow is terminated mid-stop. Returns the
+    model's handle."""
     track_replicas(cluster, model)
     handle = await start_model(cluster, ModelState(spec=model))
     r0, r1 = replica_id(model.name, 0), replica_id(model.name, 1)
 
-    async def r0_ready() -> bool:
-        return await serving(cluster, model) == [r0]
+    async def both_ready() -> bool:
+        return await serving(cluster, model) == [r0, r1]
 
-    await eventually(r0_ready)
-    await cluster.client.get_workflow_handle(replica_workflow_id(model.name, 0)).terminate(
+    await eventually(both_ready)
+    await handle.execute_update(ModelWorkflow.scale, ScaleRequest(replicas=1))
+
+    async def stop_tried() -> bool:
+        return agent.unanswered >= 1
+
+    await eventually(stop_tried)
+    await cluster.client.get_workflow_handle(replica_workflow_id(model.name, 1)).terminate(
         "operator"
     )
-
-    async def r1_ready() -> bool:
-        return await serving(cluster, model) == [r1]
-
-    await eventually(r1_ready)
-    # Several checks later the engine of replica 0 may still run: its allocation stays, so
+    tried = agent.unanswered
+    # Several checks later the engine of replica 1 may still run: its allocation stays, so
     # nothing else is placed on what it holds.
 
     async def tried_to_stop_it_three_times() -> bool:
-        return agent.unanswered >= 3
+        return agent.unanswered >= tried + 3
 
     await eventually(tried_to_stop_it_three_times)
     allocations, _ = await held_by(cluster, model)
     assert allocations == [r0, r1]
-    assert agent.running() == [r0, r1]
+    # In any order: the two replicas are placed and started concurrently.
+    assert sorted(agent.running()) == [r0, r1]
     return handle
 
 
 async def test_a_dead_replicas_allocation_is_kept_until_its_engine_stops(cluster, monkeypatch):
     agent = MuteStopAgent(unique("mute"))
     async with node_with(cluster, agent):
-        model = spec(replicas=1)
+        model = spec(replicas=2)
         monkeypatch.setenv(CHECK_EVERY, "1")
         handle = await terminated_on_a_mute_node(cluster, agent, model)
         r0, r1 = replica_id(model.name, 0), replica_id(model.name, 1)
         agent.answers = True
 
         async def freed() -> bool:
-            return await held_by(cluster, model) == ([r1], [r1])
+            return await held_by(cluster, model) == ([r0], [r0])
 
         await eventually(freed)
-        assert agent.running() == [r1]
-        assert r0 in agent.stops
-        await record_history(handle, "ModelDeadReplicaHeldUntilStopped")
+        assert agent.running() == [r0]
+        assert r1 in agent.stops
+        await record_history(handle, "ModelStoppingReplicaTerminatedHeldUntilStopped")
 
 
 async def test_a_dead_replicas_allocation_is_freed_once_its_node_is_gone(cluster, monkeypatch):
     agent = MuteStopAgent(unique("mute"))
     async with node_with(cluster, agent):
-        model = spec(replicas=1)
+        model = spec(replicas=2)
         monkeypatch.setenv(CHECK_EVERY, "1")
         await terminated_on_a_mute_node(cluster, agent, model)
-        r0, r1 = replica_id(model.name, 0), replica_id(model.name, 1)
+        r1 = replica_id(model.name, 1)
         described = await cluster.ledger()
         record = described.nodes[agent.node].model_copy(update={"state": NodeState.LOST})
-        await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
+        await cluster.fleet.upsert_node(record)
 
         async def freed() -> bool:
             allocations, _ = await held_by(cluster, model)
-            return allocations == [r1]
+            return r1 not in allocations
 
         await eventually(freed)
-        assert r0 not in agent.stops  # never reached: freed because its node is gone
+        assert r1 not in agent.stops  # never reached: freed because its node is gone
 
 
 async def test_a_removal_that_arrives_mid_pass_still_stops_every_replica(dev_cluster, monkeypatch):
-    # The model's first pass starts replica 0, then tells the ledger the model is not idle (an
-    # activity). A removal accepted while that activity runs came after the pass had stopped
+    # The model's first pass starts replica 0, then tells the fleet tables the model is not idle
+    # (an activity). A removal accepted while that activity runs came after the pass had stopped
     # what it would stop: the model used to end there, its replica left running (seen in
     # `make test` after a control worker restart). Held here so the timing is certain. On a
     # dev server: on the time-skipping one its replica, told to stop, now and then never
@@ -396,15 +401,15 @@ async def test_a_removal_that_arrives_mid_pass_still_stops_every_replica(dev_clu
     track_replicas(cluster, model)
     r0 = replica_id(model.name, 0)
     gate, reached = asyncio.Event(), asyncio.Event()
-    original = ledger_cluster.update_ledger
+    original = cluster.fleet.set_idle
 
-    async def held_set_idle(client, update, arg, cell=0):
-        if update is ClusterLedgerWorkflow.set_idle and arg.model == model.name:
+    async def held_set_idle(name: str, idle: bool) -> bool:
+        if name == model.name:
             reached.set()
             await gate.wait()
-        return await original(client, update, arg, cell)
+        return await original(name, idle)
 
-    monkeypatch.setattr(ledger_cluster, "update_ledger", held_set_idle)
+    monkeypatch.setattr(cluster.fleet, "set_idle", held_set_idle)
     handle = await start_model(cluster, ModelState(spec=model))
     await asyncio.wait_for(reached.wait(), 30)
     await handle.execute_update(ModelWorkflow.remove, RemoveModel())

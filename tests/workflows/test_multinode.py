@@ -6,7 +6,6 @@ from collections.abc import AsyncIterator
 
 from temporalio.worker import Worker
 
-from activities.control.ledger_calls import update_ledger
 from tests.workflows.conftest import Cluster, eventually, finished, record_history, unique
 from tests.workflows.fake_agent import FakeAgent
 from workflows.contracts import (
@@ -23,7 +22,6 @@ from workflows.contracts import (
     ReplicaState,
     StopReplica,
 )
-from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import node_task_queue, replica_id, replica_workflow_id
 from workflows.replica import ReplicaWorkflow
 
@@ -55,9 +53,7 @@ async def gpu_nodes(cluster: Cluster, count: int) -> AsyncIterator[list[FakeAgen
                 Worker(cluster.client, task_queue=node_task_queue(agent.node),
                        activities=agent.all())
             )  # fmt: skip
-            await update_ledger(
-                cluster.client, ClusterLedgerWorkflow.upsert_node, gpu_node(agent.node)
-            )
+            await cluster.fleet.upsert_node(gpu_node(agent.node))
         try:
             yield agents
         finally:
@@ -65,7 +61,7 @@ async def gpu_nodes(cluster: Cluster, count: int) -> AsyncIterator[list[FakeAgen
             for agent in agents:
                 record = state.nodes[agent.node]
                 record.state = NodeState.LOST
-                await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
+                await cluster.fleet.upsert_node(record)
 
 
 async def test_a_two_node_replica_starts_leader_first_and_restarts_whole(cluster):

@@ -6,9 +6,7 @@ import asyncio
 
 import pytest
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.exceptions import ApplicationError
 
-from activities.control.ledger_cluster import allocate
 from tests.workflows.conftest import (
     Cluster,
     ask,
@@ -26,12 +24,12 @@ from workflows.contracts import (
     NodeRegistration,
     NodeState,
     NodeView,
+    PlacementRefusal,
     PlacementRequest,
     Profile,
 )
 from workflows.engine_install import EngineInstallWorkflow
 from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
-from workflows.ledger import NO_PLACEMENT
 from workflows.names import (
     engine_install_workflow_id,
     node_workflow_id,
@@ -187,7 +185,6 @@ async def test_a_failed_install_is_reported_and_placement_refuses_the_node(clust
         model="m",
         profiles=[Profile(engine_version=V, cpu_cores=1, memory_mb=64)],
     )
-    with pytest.raises(ApplicationError) as refused:
-        await allocate(cluster.client, request)
-    assert refused.value.type == NO_PLACEMENT
-    assert f"{cluster.node}: llamacpp failed: cmake: no C++ compiler found" in refused.value.message
+    refused = await cluster.place(request)
+    assert isinstance(refused, PlacementRefusal)
+    assert f"{cluster.node}: llamacpp failed: cmake: no C++ compiler found" in refused.summary

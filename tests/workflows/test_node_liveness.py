@@ -11,13 +11,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities.control.ledger_calls import update_ledger
 from tests.history_reading import node_states_published
 from tests.workflows.conftest import Cluster, eventually, record_history, signals_handled, unique
 from tests.workflows.fake_agent import FakeAgent
 from tests.workflows.test_node import ask, ledger_record, node_handle, register, registration
 from workflows.contracts import EngineState, NodeHeartbeat, NodeState
-from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import NodeActivity, node_task_queue, node_workflow_id
 from workflows.node import NodeWorkflow
 
@@ -67,7 +65,7 @@ async def own_node(cluster: Cluster, prefix: str) -> AsyncIterator[str]:
         record = (await cluster.ledger()).nodes.get(node)
         if record is not None:
             record.state = NodeState.LOST
-            await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
+            await cluster.fleet.upsert_node(record)
 
 
 async def state_is(cluster: Cluster, node: str, state: NodeState) -> None:
@@ -93,6 +91,11 @@ async def test_heartbeats_write_no_history(cluster):
     await installed(cluster)
 
     async def watched() -> bool:
+        # The watch asked for with the installed engine (the one asked for during the install
+        # is replaced), its predecessor's cancellation answered.
+        asked = cluster.agent.last_watch
+        if asked is None or not asked.engines or cluster.agent.holding != 1:
+            return False
         return (await held_watch(cluster.client, cluster.node))[1] > 0
 
     watched.__doc__ = "the agent holds the watch and Temporal has its heartbeats"

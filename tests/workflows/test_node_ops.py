@@ -6,12 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
-from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
-from activities.control.ledger_calls import update_ledger
-from activities.control.ledger_cluster import allocate
 from activities.control.node_admin import add_node
 from tests.workflows.conftest import Cluster, eventually, finished, record_history, unique
 from tests.workflows.fake_agent import FakeAgent
@@ -25,6 +22,7 @@ from tests.workflows.test_node import (
 from tests.workflows.test_replica import run_histories
 from workflows import history_budget
 from workflows.contracts import (
+    Allocation,
     EngineState,
     EngineStatus,
     ModelSpec,
@@ -37,22 +35,20 @@ from workflows.contracts import (
     NodeRefresh,
     NodeState,
     NodeView,
+    PlacementRefusal,
     PlacementRequest,
     Profile,
-    ReleaseRequest,
     ReplicaState,
     Route,
-    RoutingTableRequest,
 )
 from workflows.fleet import SIGNAL_BATCH, FleetRefreshWorkflow, ScheduledOnboardingWorkflow
-from workflows.ledger import ClusterLedgerWorkflow
 from workflows.model import ModelWorkflow
-from workflows.names import LEDGER_WORKFLOW_ID, model_workflow_id, node_task_queue, replica_id
+from workflows.names import model_workflow_id, node_task_queue, replica_id
 from workflows.node import NodeWorkflow
 
 
 async def upsert_ready_node(cluster: Cluster, name: str) -> None:
-    """A node known to the ledger only (no node workflow): it never goes lost on its own."""
+    """A node in the fleet tables only (no node workflow): it never goes lost on its own."""
     record = NodeRecord(
         inventory=NodeInventory(name=name, cpu_cores=8, memory_mb=16384),
         state=NodeState.READY,
@@ -62,7 +58,7 @@ async def upsert_ready_node(cluster: Cluster, name: str) -> None:
             )
         },
     )
-    await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
+    await cluster.fleet.upsert_node(record)
 
 
 @contextlib.asynccontextmanager
@@ -79,7 +75,7 @@ async def second_node(cluster: Cluster) -> AsyncIterator[FakeAgent]:
             state = await cluster.ledger()
             record = state.nodes[agent.node]
             record.state = NodeState.LOST
-            await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
+            await cluster.fleet.upsert_node(record)
 
 
 async def serving_model(cluster: Cluster) -> str:
@@ -165,9 +161,9 @@ async def test_an_expected_node_waits_with_its_labels_until_its_agent_registers(
         return record is not None and record.state == NodeState.AWAITING
 
     await eventually(awaiting)
-    with pytest.raises(ApplicationError) as refused:
-        await allocate(cluster.client, placement())
-    assert f"{cluster.node}: node is awaiting" in refused.value.message
+    refused = await cluster.place(placement())
+    assert isinstance(refused, PlacementRefusal)
+    assert f"{cluster.node}: node is awaiting" in refused.summary
 
     await register(
         cluster, cluster.node, registration(cluster.node, labels={"tier": "b", "gpu": "none"})
@@ -189,9 +185,9 @@ async def test_cordon_keeps_new_replicas_away_until_uncordon(cluster):
         return record is not None and record.cordoned
 
     await eventually(cordoned)
-    with pytest.raises(ApplicationError) as refused:
-        await allocate(cluster.client, placement())
-    assert f"{cluster.node}: node is cordoned (disk swap)" in refused.value.message
+    refused = await cluster.place(placement())
+    assert isinstance(refused, PlacementRefusal)
+    assert f"{cluster.node}: node is cordoned (disk swap)" in refused.summary
 
     await handle.signal(NodeWorkflow.uncordon, NodeCommand())
 
@@ -199,10 +195,10 @@ async def test_cordon_keeps_new_replicas_away_until_uncordon(cluster):
         return not await cordoned()
 
     await eventually(uncordoned)
-    allocation = await allocate(cluster.client, placement())
+    allocation = await cluster.place(placement())
+    assert isinstance(allocation, Allocation)
     assert allocation.node == cluster.node
-    release = ReleaseRequest(replica_id=allocation.replica_id)
-    await update_ledger(cluster.client, ClusterLedgerWorkflow.release, release)
+    assert await cluster.fleet.release(allocation.replica_id)
 
 
 async def test_drain_moves_each_replica_after_its_successor_serves(cluster):
@@ -230,10 +226,8 @@ async def test_drain_moves_each_replica_after_its_successor_serves(cluster):
 
 
 async def served_route(cluster: Cluster, rid: str) -> Route | None:
-    """The replica's route as gateways read it (the routing-table query), not as stored."""
-    table = await cluster.client.get_workflow_handle(LEDGER_WORKFLOW_ID).query(
-        ClusterLedgerWorkflow.routing_table, RoutingTableRequest()
-    )
+    """The replica's route as gateways read it (the tables' routing table), not as stored."""
+    table = await cluster.fleet.routing_table()
     return next((r for r in table.routes if r.replica_id == rid), None)
 
 
@@ -320,16 +314,16 @@ async def test_the_refresh_schedule_publishes_a_changed_machine_and_a_broken_eng
     )
     told = await run.result()
     await record_history(run, "FleetRefresh")
-    # Nodes known to the ledger without a workflow are skipped, not fatal.
+    # Nodes in the tables without a workflow are skipped, not fatal.
     assert cluster.node in told.names
 
     record = await wait_for_node(cluster, NodeState.READY, EngineState.FAILED)
     assert record.inventory.memory_mb == 32768
     assert record.engines["llamacpp"].detail == "ldd: libgomp.so.1 => not found"
     assert (cluster.agent.discoveries, cluster.agent.verifications) == (1, 1)
-    with pytest.raises(ApplicationError) as refused:
-        await allocate(cluster.client, placement())
-    assert f"{cluster.node}: llamacpp failed: ldd: libgomp.so.1" in refused.value.message
+    refused = await cluster.place(placement())
+    assert isinstance(refused, PlacementRefusal)
+    assert f"{cluster.node}: llamacpp failed: ldd: libgomp.so.1" in refused.summary
 
 
 async def test_scheduled_onboarding_expects_every_node_in_the_file(cluster, server_config):
@@ -374,7 +368,7 @@ async def test_onboarding_a_long_list_continues_as_new_and_adds_every_node(
         await record_history(run, "ScheduledOnboardingContinued")
 
         async def all_awaiting() -> bool:
-            # Each node's workflow enters itself in the ledger after it starts: a moment after
+            # Each node's workflow enters itself in the tables after it starts: a moment after
             # the onboarding run returns.
             nodes = (await cluster.ledger()).nodes
             return all(n in nodes and nodes[n].state == NodeState.AWAITING for n in names)

@@ -19,6 +19,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
+from store.fleet import FleetTables, open_fleet
 from tests.history_reading import node_states_published
 from tests.workflows.conftest import (
     binary,
@@ -28,8 +29,7 @@ from tests.workflows.conftest import (
 )
 from tests.workflows.fake_agent import FakeAgent
 from workers.agent import register
-from workers.control import control_activities, ensure_ledger
-from workers.progress import ledger_snapshot
+from workers.control import control_activities
 from workers.registry import CONTROL_WORKFLOWS
 from workers.search_attributes import ensure_search_attributes
 from workflows.contracts import NodeInventory, NodeRegistration, NodeState
@@ -86,12 +86,19 @@ async def watch_heartbeats(client: Client, node: str) -> int:
     return 0
 
 
-async def node_state(client: Client, node: str) -> NodeState | None:
-    record = (await ledger_snapshot(client)).nodes.get(node)
-    return record.state if record is not None else None
+@pytest.fixture
+async def own_fleet(tmp_path: Path) -> AsyncIterator[FleetTables]:
+    """The fleet tables of this test's own control plane."""
+    tables = open_fleet(None, tmp_path / "fleet")
+    await tables.init()
+    yield tables
+    await tables.close()
 
 
-async def test_a_frozen_control_plane_costs_no_node_its_routes_or_replicas(dev_server, tmp_path):
+async def test_a_frozen_control_plane_costs_no_node_its_routes_or_replicas(
+    dev_server, own_fleet, tmp_path
+):
+    fleet = own_fleet
     server, client = dev_server
     config = tmp_path / "llmgw.yaml"
     config.write_text("")
@@ -101,12 +108,11 @@ async def test_a_frozen_control_plane_costs_no_node_its_routes_or_replicas(dev_s
         client,
         task_queue=CONTROL_TASK_QUEUE,
         workflows=CONTROL_WORKFLOWS,
-        activities=control_activities(client, config),
+        activities=control_activities(client, fleet, config),
     )
     on_node = Worker(client, task_queue=node_task_queue(node), activities=agent.all())
     async with control, on_node:
         await ensure_search_attributes(client)
-        await ensure_ledger(client)
         reg = NodeRegistration(
             inventory=NodeInventory(name=node, cpu_cores=8, memory_mb=16384),
             boot_id="boot-1",
@@ -116,7 +122,7 @@ async def test_a_frozen_control_plane_costs_no_node_its_routes_or_replicas(dev_s
         await register(client, reg)
 
         async def ready() -> bool:
-            return await node_state(client, node) == NodeState.READY
+            return await fleet.node_state(node) == NodeState.READY
 
         await eventually(ready, timeout=30)
 
@@ -132,9 +138,9 @@ async def test_a_frozen_control_plane_costs_no_node_its_routes_or_replicas(dev_s
         os.kill(server.pid, signal.SIGCONT)
         # Long enough for every overdue timeout to fire and a grace to pass again.
         await asyncio.sleep(GONE_S + 2)
-        assert await node_state(client, node) == NodeState.READY
+        assert await fleet.node_state(node) == NodeState.READY
 
-        # Not even for a moment: every state the node workflow ever published to the ledger.
+        # Not even for a moment: every state the node workflow ever published to the tables.
         published = await node_states_published(client, node)
         assert published, "the node published no state"
         assert set(published) == {NodeState.READY.value}, published
@@ -147,7 +153,7 @@ async def test_a_frozen_control_plane_costs_no_node_its_routes_or_replicas(dev_s
         agent.silent = True
 
         async def lost() -> bool:
-            return await node_state(client, node) == NodeState.LOST
+            return await fleet.node_state(node) == NodeState.LOST
 
         await eventually(lost, timeout=GONE_S + 10)
         await record_history(client.get_workflow_handle(node_workflow_id(node)), "NodeWatchOutage")

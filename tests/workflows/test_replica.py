@@ -11,7 +11,7 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from activities.control.ledger_calls import update_ledger
+from store.fleet import FleetTables
 from tests.workflows.conftest import Cluster, ask, eventually, finished, unique
 from workflows.contracts import (
     EngineExit,
@@ -27,7 +27,6 @@ from workflows.contracts import (
     ReplicaView,
     StopReplica,
 )
-from workflows.ledger import ClusterLedgerWorkflow
 from workflows.names import replica_id, replica_workflow_id
 from workflows.replica import ReplicaWorkflow
 
@@ -109,9 +108,10 @@ def decoded(document: Any) -> str:
 
 
 async def put_node(
-    client: Client, name: str, cores: int = 8, state: NodeState = NodeState.READY
+    fleet: FleetTables, name: str, cores: int = 8, state: NodeState = NodeState.READY
 ) -> None:
-    """A node as the ledger sees it, whether or not any agent serves its queue."""
+    """A node as placement sees it in the fleet tables, whether or not any agent serves its
+    queue."""
     record = NodeRecord(
         inventory=NodeInventory(name=name, cpu_cores=cores, memory_mb=16384),
         state=state,
@@ -121,7 +121,7 @@ async def put_node(
             )
         },
     )
-    await update_ledger(client, ClusterLedgerWorkflow.upsert_node, record)
+    await fleet.upsert_node(record)
 
 
 async def test_replica_becomes_routable_restarts_after_exit_and_releases_on_stop(cluster):

@@ -23,7 +23,7 @@ async def test_a_replica_whose_agent_is_gone_stops_when_told_and_frees_only_once
     cluster,
 ):
     ghost = unique("ghost")  # in the ledger, but no agent serves its queue
-    await put_node(cluster.client, ghost)
+    await put_node(cluster.fleet, ghost)
     try:
         rid, handle = await start_replica(cluster, spec())
 
@@ -46,7 +46,7 @@ async def test_a_replica_whose_agent_is_gone_stops_when_told_and_frees_only_once
         assert state.routes[rid].state == ReplicaState.STOPPING
 
         # The node is declared gone (what its model then sends): the stop waits no longer.
-        await put_node(cluster.client, ghost, state=NodeState.LOST)
+        await put_node(cluster.fleet, ghost, state=NodeState.LOST)
         await handle.signal(ReplicaWorkflow.stop, StopReplica(reason="node lost", engine_gone=True))
         async with skipping_time(handle):
             view = await finished(cluster.client, handle.id, ReplicaView, timeout=20)
@@ -56,7 +56,7 @@ async def test_a_replica_whose_agent_is_gone_stops_when_told_and_frees_only_once
         assert rid not in state.allocations
         assert rid not in state.routes
     finally:
-        await put_node(cluster.client, ghost, state=NodeState.REMOVED)
+        await put_node(cluster.fleet, ghost, state=NodeState.REMOVED)
 
 
 async def test_a_stop_for_a_node_declared_gone_still_reaches_an_agent_that_answers(cluster):
@@ -84,7 +84,7 @@ async def test_a_replica_failing_on_one_node_moves_to_another_and_says_why(clust
     healthy = FakeAgent(other)
     async with Worker(env.client, task_queue=node_task_queue(other), activities=healthy.all()):
         await cluster.add_node(cores=16)  # preferred: the most free cores
-        await put_node(cluster.client, other, cores=8)
+        await put_node(cluster.fleet, other, cores=8)
         try:
             cluster.agent.crash_on_start = True
             cluster.agent.crash_reason = "CUDA error: uncorrectable ECC error encountered"
@@ -114,7 +114,7 @@ async def test_a_replica_failing_on_one_node_moves_to_another_and_says_why(clust
             assert rid not in state.allocations
             assert rid not in state.routes
         finally:
-            await put_node(cluster.client, other, state=NodeState.REMOVED)
+            await put_node(cluster.fleet, other, state=NodeState.REMOVED)
 
 
 async def test_a_port_another_program_holds_is_skipped_not_crash_looped(cluster):

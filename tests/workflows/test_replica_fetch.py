@@ -7,11 +7,9 @@ import asyncio
 
 from temporalio.exceptions import ApplicationError
 
-from activities.control.ledger_calls import update_ledger
 from tests.workflows.conftest import Cluster, eventually, finished
 from tests.workflows.test_replica import spec, start_replica
 from workflows.contracts import LoraAdapter, ModelSpec, ReplicaState, ReplicaView, StopReplica
-from workflows.ledger import ClusterLedgerWorkflow
 from workflows.replica import ReplicaWorkflow
 
 ARTIFACT = "sha256:" + "ab" * 32
@@ -121,7 +119,7 @@ async def test_a_replica_waits_for_a_node_with_the_disk_for_its_weights(cluster)
     async def node_with_free_disk(mb: int) -> None:
         inventory = node.inventory.model_copy(update={"artifact_disk_free_mb": mb})
         record = node.model_copy(update={"inventory": inventory})
-        await update_ledger(cluster.client, ClusterLedgerWorkflow.upsert_node, record)
+        await cluster.fleet.upsert_node(record)
 
     await node_with_free_disk(900)
     model = artifact_spec().model_copy(update={"artifact_size": 2 * 10**9})

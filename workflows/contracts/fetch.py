@@ -73,3 +73,28 @@ class ArtifactFetchView(BaseModel):
     path: str = ""
     bytes_fetched: int = Field(default=0, ge=0)
     reused: bool = False
+
+
+class FetchWaiter(BaseModel):
+    """A workflow waiting on a fetch (the ArtifactFetch workflow's `wait` signal): the fetch
+    signals it `artifact_fetched` with the outcome, once, and at once if it is over."""
+
+    workflow_id: str = Field(min_length=1)
+    # Echoed in the outcome, so the waiter tells this wait's answer from a late one to an
+    # earlier wait of its own.
+    ticket: str = Field(min_length=1)
+
+
+class JoinArtifactFetch(BaseModel):
+    """The control activity `control_join_artifact_fetch`: start the node's fetch of the
+    artifact, or join the one running, and register the waiter with it."""
+
+    request: ArtifactFetchRequest
+    waiter: FetchWaiter
+
+
+class FetchOutcome(BaseModel):
+    """A fetch's end, signalled to each waiter (`artifact_fetched`)."""
+
+    ticket: str
+    view: ArtifactFetchView

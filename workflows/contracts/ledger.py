@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    Tag,
+    model_serializer,
+)
 
 from workflows.contracts.models import Profile
 from workflows.contracts.nodes import NodeRecord, NodeState
@@ -72,6 +81,9 @@ class Allocation(BaseModel):
     # "infiniband" or "roce"; empty for a single node.
     fabric: str = ""
     nvlink_domain: str = ""
+    # PlacementAnswer's tag (below). Absent from payloads of before it; a default, not a
+    # required field, so those still decode.
+    kind: Literal["allocation"] = "allocation"
 
     def shards_or_leader(self) -> list[ShardAllocation]:
         """Every shard; an allocation from before shards existed is its leader alone."""
@@ -100,6 +112,26 @@ class PlacementRefusal(BaseModel):
 
     replica_id: str
     summary: str  # required: an Allocation never parses as a refusal, nor the reverse
+    kind: Literal["refusal"] = "refusal"  # PlacementAnswer's tag, as Allocation.kind
+
+
+def placement_kind(value: object) -> str:
+    """Which of PlacementAnswer's members `value` is: its `kind`, or for a payload from before
+    the tag its shape (only a refusal has a summary). Chosen here rather than by pydantic's
+    union heuristics, which have changed between the versions the project allows."""
+    if isinstance(value, dict):
+        kind = value.get("kind")
+        if isinstance(kind, str):
+            return kind
+        return "refusal" if "summary" in value else "allocation"
+    return str(getattr(value, "kind", "allocation"))
+
+
+# What placement answers: where the replica runs, or why nowhere.
+PlacementAnswer = Annotated[
+    Annotated[Allocation, Tag("allocation")] | Annotated[PlacementRefusal, Tag("refusal")],
+    Discriminator(placement_kind),
+]
 
 
 class NodeStatus(BaseModel):
@@ -132,6 +164,20 @@ class WorkflowStatuses(BaseModel):
     (any way) or never started is False; no answer fails the activity instead."""
 
     running: dict[str, bool] = Field(default_factory=dict)
+    # How each closed one ended: "completed" (it returned: a replica only does once it has
+    # stopped its engine and released), "terminated", "canceled", "failed", "timed_out", or
+    # "not_found". Empty in answers from before it existed.
+    closed: dict[str, str] = Field(default_factory=dict)
+
+    def ended_unbidden(self, workflow_id: str) -> bool:
+        """Closed without returning: an operator terminated or cancelled it, or it failed.
+        What it held (an engine, an allocation) was left as it was."""
+        return self.closed.get(workflow_id, COMPLETED) not in (COMPLETED, NOT_FOUND)
+
+
+# WorkflowStatuses.closed's words for a run that returned, and for no run at all.
+COMPLETED = "completed"
+NOT_FOUND = "not_found"
 
 
 class NodeName(BaseModel):
@@ -197,58 +243,55 @@ class Route(BaseModel):
     # llama-server's --lora flags, whose index a request's `lora` field names the adapter by
     # (gateway/lora.py). Also listed by /v1/models. Empty on a route published before this field.
     adapters: list[str] = Field(default_factory=list)
+    # vLLM started with `--scheduling-policy priority`: the gateway sends each request's class
+    # as its `priority` field (gateway/admission/priority.py). False on routes from before.
+    takes_priority: bool = False
+    # llama.cpp: the requests it runs at once (its -np); the gateway sends it no more than that
+    # (gateway/admission/). None: any other engine, or a route from before this field.
+    slots: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset_admission_fields(self, handler: SerializerFunctionWrapHandler) -> object:
+        """takes_priority and slots only where they say something: a model's routes reach its
+        workflow's history (adoption), 5,000 of them under Temporal's 2 MB payload limit, and
+        the two at their defaults were 30 bytes a route."""
+        data = handler(self)
+        if isinstance(data, dict):
+            if data.get("takes_priority") is False:
+                del data["takes_priority"]
+            if data.get("slots") is None:
+                data.pop("slots", None)
+        return data
 
 
 class RoutingTable(BaseModel):
-    """The ledger's answer to a gateway: the whole table (a legacy asker), one page of it, the
-    routes that changed since the asker's version (a delta), or that nothing did."""
+    """The fleet tables' answer to a gateway (store/fleet/tables.py routing_table): the whole
+    table, the routes that changed since the asker's version (a delta), or that nothing did."""
 
-    # Bumped on every change to the ledger, so a gateway can tell whether anything moved.
+    # Bumped on every change to what gateways read (a route, a node's state, the idle models).
     version: int = 0
     routes: list[Route] = Field(default_factory=list)
     # Models scaled to zero that a request wakes: the gateway holds the request meanwhile.
     idle_models: list[str] = Field(default_factory=list)
-    # The ledger's first run id: versions count within one ledger, and a ledger started afresh
-    # begins again at 0, so a version alone could match a table it never had.
+    # Made once with the tables: versions count within one store, and another store (a new
+    # one, or a restore) begins again, so a version alone could match a table it never had.
     epoch: str = ""
-    # No route changed since the asker's version: no routes are sent. To an asker that takes
-    # deltas, `version` may be newer than its own (a placement moved the ledger, no route).
+    # No route changed since the asker's version: no routes are sent.
     unchanged: bool = False
     # The routes that changed since `since` (the asker's version): `routes` replace the
-    # asker's by replica id, `removed` are gone. False: `routes` are (a page of) the table.
+    # asker's by replica id, `removed` are gone. False: `routes` are the whole table.
     delta: bool = False
     since: int = -1
     removed: list[str] = Field(default_factory=list)
-    # A page of the whole table, by replica id: "" on the last page, else the id to ask for
-    # the next page after (RoutingTableRequest.after). A whole table at 40,000 routes is about
-    # 9 MB, past Temporal's 4 MB query answer; a page stays near 200 KB.
-    next_after: str = ""
-    # How many ledger cells the cluster has (workflows/ledger_cells.py), as the first cell
-    # answers: a gateway reads the routes of every cell and merges them.
-    cells: int = 1
 
 
 class RoutingTableRequest(BaseModel):
-    """What the asking gateway already holds; the defaults hold nothing. An asker that leaves
-    `deltas` False (a gateway from before them) is sent the whole table in one answer."""
+    """What the asking gateway already holds; the defaults hold nothing."""
 
     epoch: str = ""
     version: int = -1
-    # The asker applies deltas and pages (gateway/route_book.py).
+    # The asker applies deltas (gateway/route_book.py).
     deltas: bool = False
-    # Asking for the page of the whole table after this replica id (the last answer's
-    # next_after); "" for a first page or a delta.
-    after: str = ""
-
-
-class RouteChange(BaseModel):
-    """One entry of the ledger's route log: at `version`, this replica's route changed, or
-    every route on this node (its state, which gateways see routes through, changed), or with
-    neither the idle models changed."""
-
-    version: int
-    replica_id: str = ""
-    node: str = ""
 
 
 class ModelIdle(BaseModel):
@@ -279,53 +322,73 @@ class EngineLoadReport(BaseModel):
     engines: list[EngineLoad] = Field(default_factory=list)
 
 
+class LoadTotals(BaseModel):
+    """A model's engines' load summed over those read (`seen`), with the count of those that
+    could not be read (`unseen`): what the autoscaler decides from (workflows/autoscale.py).
+    Its size does not grow with the fleet."""
+
+    seen: int = 0
+    unseen: int = 0
+    running: int = 0
+    waiting: int = 0
+    # The engines' token counters summed (EngineLoad.work).
+    work: float = 0.0
+
+    @classmethod
+    def of(cls, engines: list[EngineLoad]) -> LoadTotals:
+        seen = [e for e in engines if e.seen]
+        return cls(
+            seen=len(seen),
+            unseen=len(engines) - len(seen),
+            running=sum(e.running for e in seen),
+            waiting=sum(e.waiting for e in seen),
+            work=sum(e.work for e in seen),
+        )
+
+    def plus(self, other: LoadTotals) -> LoadTotals:
+        return LoadTotals(
+            seen=self.seen + other.seen,
+            unseen=self.unseen + other.unseen,
+            running=self.running + other.running,
+            waiting=self.waiting + other.waiting,
+            work=self.work + other.work,
+        )
+
+
+class NodeReplicas(BaseModel):
+    node: str
+    replica_ids: list[str] = Field(default_factory=list)
+
+
+class ModelLoadRequest(BaseModel):
+    """One look at a model's load (activities/control/model_load.py)."""
+
+    model: str
+    # Of the nodes whose metrics could not be read, hand back at most this many (chosen at
+    # random) for the workflow to ask their agents; the rest count as unseen.
+    agents_to_ask: int = Field(default=0, ge=0)
+
+
+class ModelLoadReport(BaseModel):
+    """The load of a model's routable replicas, summed: bounded whatever the replica count."""
+
+    totals: LoadTotals = Field(default_factory=LoadTotals)
+    nodes: int = 0  # nodes hosting a routable replica of the model
+    nodes_read: int = 0  # of those, whose metrics endpoint answered with a fresh reading
+    # Nodes not read whose agents the workflow asks itself (node_engine_load); their replicas
+    # are in neither count of `totals`. At most ModelLoadRequest.agents_to_ask.
+    ask_agents: list[NodeReplicas] = Field(default_factory=list)
+
+
 class LedgerState(BaseModel):
-    """The cluster ledger's whole state: carried through continue-as-new, so kept compact."""
+    """What the fleet tables hold, read in one snapshot (store/fleet/tables.py snapshot): what
+    placement decides on and `llmgw nodes`, `status`, the console and `top` show."""
 
     nodes: dict[str, NodeRecord] = Field(default_factory=dict)
     allocations: dict[str, Allocation] = Field(default_factory=dict)
     routes: dict[str, Route] = Field(default_factory=dict)
     idle_models: list[str] = Field(default_factory=list)
     version: int = 0
-    # What changed gateways' routes lately, oldest first, bounded (workflows/route_log.py); and
-    # the version from which it is complete (an asker at an older one gets the whole table).
-    # None in a state from before the log: then the version it was carried at.
-    route_log: list[RouteChange] = Field(default_factory=list)
-    route_log_floor: int | None = None
-    # The ledger is split into `cells` workflows by node (workflows/ledger_cells.py); this
-    # state is cell `cell`'s. Cell 0 (the `cluster` workflow) also holds the idle models and
-    # the routes of replicas with no node yet and of external endpoints.
-    cells: int = Field(default=1, ge=1)
-    cell: int = Field(default=0, ge=0)
-
-
-class LedgerCells(BaseModel):
-    """How many cells the cluster's ledger has. `fixed`: it can no longer change (nodes have
-    registered, or it was set above 1), so a process may remember it."""
-
-    cells: int = Field(ge=1)
-    fixed: bool = False
-
-
-class PlacementOffer(BaseModel):
-    """A cell's answer to "could you place this replica now?", placing nothing: whether it
-    fits, with which profile, and whether the node it would choose must fetch the weights;
-    else why not, summarised."""
-
-    replica_id: str
-    fits: bool
-    # The cell placed this replica already (a retried placement): it goes nowhere else.
-    held: bool = False
-    profile_index: int = 0
-    fetches: bool = False
-    summary: str = ""
-
-
-class ReplicaHeld(BaseModel):
-    """Whether a cell holds a replica's allocation or route (so a release goes there)."""
-
-    allocation: bool = False
-    route: bool = False
 
 
 class LedgerAck(BaseModel):

@@ -13,6 +13,8 @@ from pydantic import BaseModel, Field, model_validator
 # without a restart. Each one's adapter in engines/ says how (Engine.runtime_adapters);
 # tests/unit/test_engine_registry.py keeps the two in step.
 RUNTIME_LORA_ENGINES = frozenset({"vllm"})
+# The most replicas one model may have.
+MAX_REPLICAS = 10_000
 
 
 class LoraAdapter(BaseModel):
@@ -115,6 +117,26 @@ class Profile(BaseModel):
         slots = _last_flag_value(self.args, ("-np", "--parallel")) or str(self.parallel)
         return int(slots) if slots.isdigit() and int(slots) > 0 else None
 
+    @property
+    def slots(self) -> int | None:
+        """llama.cpp: how many requests it runs at once (`-np`, the last one given, llmgw's own
+        from `parallel` first); the rest wait in its queue. None for any other engine, whose
+        concurrency the gateway learns from its gauges (gateway/admission/depths.py)."""
+        if self.engine != "llamacpp":
+            return None
+        slots = _last_flag_value(self.args, ("-np", "--parallel")) or str(self.parallel)
+        return int(slots) if slots.isdigit() and int(slots) > 0 else None
+
+    @property
+    def takes_priority(self) -> bool:
+        """vLLM started with `--scheduling-policy priority` (in `args`): it orders its queue by
+        a request's `priority` (lower first) and preempts for it, and refuses a request that
+        carries one otherwise. No other engine llmgw runs is sent one (llama.cpp has no such
+        field; SGLang's and TensorRT-LLM's are not wired)."""
+        if self.engine != "vllm":
+            return False
+        return _last_flag_value(self.args, ("--scheduling-policy",)) == "priority"
+
     def fingerprint_fields(self, *, without_adapters: bool = False) -> dict[str, object]:
         """The profile as its fingerprint sees it. Fields added since fingerprints were first
         recorded count only when set, so a running replica's fingerprint, and with it the
@@ -165,10 +187,12 @@ class ModelSpec(BaseModel):
     # this much free disk (workflows/placement/disk.py). 0: not known, and no node is refused
     # for space. Not in fingerprints: the digest already names every file's size.
     artifact_size: int = Field(default=0, ge=0)
-    # For engine external: always the number of URLs, whatever was given (see below).
-    replicas: int = Field(default=1, ge=0, le=1024)
-    min_replicas: int = Field(default=0, ge=0, le=1024)
-    max_replicas: int = Field(default=64, ge=0, le=1024)
+    # For engine external: always the number of URLs, whatever was given (see below). Up to
+    # MAX_REPLICAS: a fleet of 10,000 nodes (the model workflow starts them a bounded number
+    # per run, workflows/options.py REPLICAS_STARTED_PER_RUN).
+    replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
+    min_replicas: int = Field(default=0, ge=0, le=MAX_REPLICAS)
+    max_replicas: int = Field(default=64, ge=0, le=MAX_REPLICAS)
     autoscale: Autoscale | None = None
     profiles: list[Profile] = Field(default_factory=lambda: [Profile()], min_length=1, max_length=8)
 
@@ -234,7 +258,7 @@ class ModelSpec(BaseModel):
 
 
 class ScaleRequest(BaseModel):
-    replicas: int = Field(ge=0, le=1024)
+    replicas: int = Field(ge=0, le=MAX_REPLICAS)
 
 
 class RemoveModel(BaseModel):
@@ -328,6 +352,10 @@ class ModelState(BaseModel):
     # due would otherwise start the wait again, and could do so forever).
     look_at: datetime | None = None
     check_at: datetime | None = None
+    # Set once a run has taken over the replicas an earlier run left (workflows/model_adoption.py):
+    # a model applied again after its workflow was terminated adopts them instead of starting
+    # second copies.
+    adopted: bool = False
 
 
 def _last_flag_value(args: list[str], names: tuple[str, ...]) -> str | None:

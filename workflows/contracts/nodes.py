@@ -288,9 +288,15 @@ class NodeRegistration(BaseModel):
 
     inventory: NodeInventory
     boot_id: str
-    # sha256 of the node's secret: proves which join token the agent was given without putting
-    # the secret in history. A node workflow pins the first identity it sees.
+    # Which join token the agent was given, without the secret: "ed25519:" + the public key
+    # derived from the node secret (workflows/node_proof.py), or, from agents of before it,
+    # sha256 of the secret. A node workflow pins the first identity it sees.
     identity: str = ""
+    # With a key identity: when the agent signed this registration (its clock, ms since the
+    # epoch) and the signature (hex) over the node, boot id, machine id and that time. The
+    # workflow takes each signature once, so a copy from history registers nobody.
+    signed_at_ms: int = 0
+    proof: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     # engine -> an operator-named binary or environment to verify instead of installing.
     engine_paths: dict[str, str] = Field(default_factory=dict)
@@ -323,6 +329,11 @@ class NodeWatch(BaseModel):
     # The digest (NodeInventory.digest) of the machine as the workflow last heard it: the agent
     # reports as soon as its own differs.
     inventory_digest: str = ""
+    # The installed engines as the workflow last recorded them, for the agent to re-verify
+    # every `verify_every_s` (0: never) while it holds the watches; only a result that differs
+    # (NodeWatchReport.engines) returns the watch early.
+    engines: list[EngineStatus] = Field(default_factory=list)
+    verify_every_s: float = Field(default=0, ge=0)
 
 
 class NodeWatchReport(BaseModel):
@@ -331,6 +342,9 @@ class NodeWatchReport(BaseModel):
     inventory: NodeInventory | None = None
     # The agent is stopping (a restart, most often): the next watch waits for its successor.
     stopping: bool = False
+    # Re-verification found an engine other than the watch was given (state or detail): every
+    # engine's new status.
+    engines: list[EngineStatus] | None = None
 
 
 class NodeCommand(BaseModel):
@@ -360,6 +374,8 @@ class NodeView(BaseModel):
     record: NodeRecord
     boot_id: str = ""
     identity: str = ""
+    # The signing time of the last signed registration taken: an older or equal one is a copy.
+    last_signed_at_ms: int = 0
     engine_paths: dict[str, str] = Field(default_factory=dict)
     # Labels an operator gave (`llmgw node add --label`); they win over the agent's own.
     operator_labels: dict[str, str] = Field(default_factory=dict)

@@ -34,19 +34,24 @@ class PlacementIndex:
     """Reads `state` (the ledger's own, kept for its run): nodes and allocations change only
     through the ledger, which tells the index each time (add, remove, node_changed)."""
 
-    def __init__(self, state: LedgerState) -> None:
+    def __init__(self, state: LedgerState, tiebreak: Callable[[str], str] | None = None) -> None:
         self._state = state
+        # What orders nodes placement likes equally, before their names: the name itself by
+        # default; a placer racing others gives its own order (activities/control/placer.py),
+        # so racing placers fill different nodes of the same fleet.
+        self.tiebreak: Callable[[str], str] = tiebreak or _same
         self.usage: dict[str, NodeUsage] = {}
         self._replicas_on: dict[str, set[str]] = {}
         # name -> GPU class -> usable GPU indices (checks.free_gpus without `used`)
         self._usable: dict[str, dict[str, tuple[int, ...]]] = {}
         self._fabrics: dict[str, NodeFabrics] = {}
-        # name -> GPU class -> free usable GPUs; and per class, (free, name) sorted, free > 0
+        # name -> GPU class -> free usable GPUs; and per class, (free, tiebreak, name) sorted,
+        # free > 0
         self._free: dict[str, dict[str, int]] = {}
-        self._by_free: dict[str, list[tuple[int, str]]] = {}
-        # name -> (engine processes, -free cores, name); and all of them sorted
-        self._cpu_key: dict[str, tuple[int, int, str]] = {}
-        self._by_cpu: list[tuple[int, int, str]] = []
+        self._by_free: dict[str, list[tuple[int, str, str]]] = {}
+        # name -> (engine processes, -free cores, tiebreak, name); and all of them sorted
+        self._cpu_key: dict[str, tuple[int, int, str, str]] = {}
+        self._by_cpu: list[tuple[int, int, str, str]] = []
         # What why_not said of a node nothing is placed on, by what it was asked (see
         # idle_verdict); the most recent few questions only.
         self._idle_verdicts: dict[Hashable, dict[str, bool]] = {}
@@ -105,6 +110,10 @@ class PlacementIndex:
     def used(self, node: str) -> NodeUsage:
         return self.usage.get(node, EMPTY)
 
+    def replicas_on(self, node: str) -> frozenset[str]:
+        """The replicas with a shard on the node."""
+        return frozenset(self._replicas_on.get(node, ()))
+
     def free_gpu_count(self, name: str, gpu_class: str) -> int:
         """len(checks.free_gpus(node, gpu_class, used)) for a node in the state."""
         return self._free.get(name, {}).get(gpu_class, 0)
@@ -118,14 +127,15 @@ class PlacementIndex:
 
     def gpu_nodes(self, gpu_class: str, at_least: int) -> Iterator[tuple[int, str]]:
         """(free, name) of the nodes with at least `at_least` free usable GPUs of the class
-        (and at least one), the fewest free first, then by name."""
+        (and at least one), the fewest free first, then by tiebreak and name."""
         entries = self._by_free.get(gpu_class, [])
-        start = bisect_left(entries, (max(at_least, 1), ""))
+        start = bisect_left(entries, (max(at_least, 1), "", ""))
         for at in range(start, len(entries)):
-            yield entries[at]
+            free, _, name = entries[at]
+            yield free, name
 
-    def cpu_nodes(self) -> list[tuple[int, int, str]]:
-        """(engine processes, -free cores, name) of every node, in that order."""
+    def cpu_nodes(self) -> list[tuple[int, int, str, str]]:
+        """(engine processes, -free cores, tiebreak, name) of every node, in that order."""
         return self._by_cpu
 
     def idle_verdict(self, name: str, question: Hashable, check: Callable[[], bool]) -> bool:
@@ -147,7 +157,7 @@ class PlacementIndex:
 
     def _reorder(self, name: str) -> None:
         for cls, was in self._free.pop(name, {}).items():
-            _discard(self._by_free.get(cls, []), (was, name))
+            _discard(self._by_free.get(cls, []), (was, self.tiebreak(name), name))
         old = self._cpu_key.pop(name, None)
         if old is not None:
             _discard(self._by_cpu, old)
@@ -165,8 +175,8 @@ class PlacementIndex:
         self._free[name] = counts
         for cls, count in counts.items():
             if count > 0:
-                insort(self._by_free.setdefault(cls, []), (count, name))
-        key = (used.shards, used.cpu_cores - node.inventory.cpu_cores, name)
+                insort(self._by_free.setdefault(cls, []), (count, self.tiebreak(name), name))
+        key = (used.shards, used.cpu_cores - node.inventory.cpu_cores, self.tiebreak(name), name)
         self._cpu_key[name] = key
         insort(self._by_cpu, key)
 
@@ -175,3 +185,7 @@ def _discard(entries: list[T], entry: T) -> None:
     at = bisect_left(entries, entry)
     if at < len(entries) and entries[at] == entry:
         del entries[at]
+
+
+def _same(name: str) -> str:
+    return name

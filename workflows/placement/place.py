@@ -140,10 +140,15 @@ def _order(
         if profile.gpu_class is not None:
             # GPU replicas bin-pack: the tightest node that fits, keeping whole nodes free for
             # replicas that need all of one.
-            return (fetch, index.free_gpu_count(name, profile.gpu_class), name)
+            return (
+                fetch,
+                index.free_gpu_count(name, profile.gpu_class),
+                index.tiebreak(name),
+                name,
+            )
         # CPU replicas spread: nothing stops two sharing cores, so fewer neighbours is faster.
         free_cores = state.nodes[name].inventory.cpu_cores - used.cpu_cores
-        return (fetch, used.shards, -free_cores, name)
+        return (fetch, used.shards, -free_cores, index.tiebreak(name), name)
 
     return order
 

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 
 from workflows.placement.place import CLUSTER
 
+# The error type of a refusal raised rather than answered, by the ledger workflow of before
+# December 2026: a replica's history from then may still hold one.
+NO_PLACEMENT = "NoPlacement"
 # A route detail and an update result, not a document: small next to the 2 MB a gateway's
 # whole table must fit in, and enough for the three or four reasons that matter.
 MAX_SUMMARY = 512

@@ -63,7 +63,7 @@ export function models(data, act) {
           },
         },
         h("label", { for: inputId }, `Replicas of ${model.name}`),
-        h("input", { id: inputId, name: "replicas", type: "number", min: 0, max: 1024, value: model.wanted, required: true, "data-key": inputId }),
+        h("input", { id: inputId, name: "replicas", type: "number", min: 0, max: 10000, value: model.wanted, required: true, "data-key": inputId }),
         h("button", { type: "submit", "data-key": `scale:${model.name}` }, "Scale"),
       ),
     );

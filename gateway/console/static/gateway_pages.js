@@ -1,5 +1,7 @@
 // The gateway's pages: keys (limits, revoke) with usage per key, model and day, and routing
-// (decisions by reason, cache hits, requests by status).
+// (the fair queue: who waits for what, refusals, replica depths; each model's routing state
+// over the last minute and its incorrect routes; decisions by reason, cache hits, requests by
+// status).
 
 import { actionButton, h, num, svg, table } from "./dom.js";
 
@@ -20,6 +22,9 @@ function limitsText(limits) {
   if (limits?.rpm) parts.push(`${num(limits.rpm)} req/min`);
   if (limits?.tpm) parts.push(`${num(limits.tpm)} tok/min`);
   if (limits?.token_budget) parts.push(`${num(limits.token_budget)} tokens a ${limits.budget_period || "day"}`);
+  // Fair queuing: shown where they differ from a new key's (weight 1, interactive).
+  if (limits?.weight != null && limits.weight !== 1) parts.push(`weight ${limits.weight}`);
+  if (limits?.top_priority && limits.top_priority !== "interactive") parts.push(`priority up to ${limits.top_priority}`);
   return parts.join(", ") || "none";
 }
 
@@ -96,6 +101,95 @@ function usageChart(usage) {
   return h("div", { class: "chart-box" }, chart, legend);
 }
 
+const REFUSALS = {
+  queue_full: "queue_full (429: the key's queue for its class was full)",
+  queue_timeout: "queue_timeout (503: no replica had room in time)",
+};
+
+function seconds(value) {
+  return value === null || value === undefined ? "–" : `${num(value, 1)} s`;
+}
+
+// The fair queue now: who waits for what (highest class first, as the gateway sends them),
+// what it refused, and how many requests each replica is sent at once.
+function queue(q) {
+  if (!q) return [];
+  if (!q.enabled) return [h("p", { "data-table": "queue" }, "The fair queue is off: requests go to the engines as they arrive.")];
+  const waiting = q.waiting.reduce((n, w) => n + w.waiting, 0);
+  const admitted = q.admitted.reduce((n, a) => n + a.requests, 0);
+  return [
+    h("p", {}, `${num(waiting)} request(s) waiting in the fair queue; ${num(admitted)} let through and not ended.`),
+    table(
+      "Waiting for a replica",
+      ["Model", "Key", "Class", "Waiting", "Oldest has waited"],
+      q.waiting.map((w) => [w.model, w.key, w.priority, num(w.waiting), seconds(w.oldest_s)]),
+      "nothing waits",
+      "queue",
+    ),
+    table(
+      "Refused by the queue (since this gateway started)",
+      ["Model", "Reason", "Requests"],
+      q.refusals.map((r) => [r.model, REFUSALS[r.reason] ?? r.reason, num(r.count)]),
+      "none",
+      "refusals",
+    ),
+    table(
+      "Replica depths (requests sent at once, learnt from the engine's gauges)",
+      ["Replica", "Model", "Depth"],
+      q.depths.map((d) => [d.replica, d.model || "–", num(d.depth)]),
+      "none learnt yet",
+      "depths",
+    ),
+  ];
+}
+
+const STATES = ["exact", "approximate", "degraded", "fallback"];
+
+function share(part, whole) {
+  return whole ? `${num((100 * part) / whole, 1)}%` : "–";
+}
+
+function rate(value) {
+  return value === null || value === undefined ? "–" : `${num(100 * value, 1)}%`;
+}
+
+// Per model: the state its routing is in (docs/routing-states.md), the share of its decisions
+// in each state over the gateway's window, and how often a replica predicted to hold the
+// prompt's prefix did not (over the window, and since the gateway started).
+// The peer bus (docs/peer-bus.md): whether this gateway routes by every gateway's record.
+function peersLine(peers) {
+  if (peers == null) return "The peer bus is off: this gateway routes by its own record alone.";
+  const names = Object.keys(peers);
+  if (names.length === 0) return "No other gateway process on the store: this one's record is the whole picture.";
+  const missing = names.filter((name) => !peers[name]);
+  const heard = `${names.length - missing.length} of ${names.length} other gateway process(es) heard`;
+  return missing.length ? `${heard}; waiting on ${missing.join(", ")}: routing is degraded until they are.` : `${heard}: every gateway's record is in this one's picture.`;
+}
+
+function routingStates(rows) {
+  if (!rows) return [];
+  const window = rows.length ? rows[0].window_s : 60;
+  return table(
+    `Routing state by model (shares over the last ${num(window)} s)`,
+    ["Model", "State", "Why", ...STATES.map((s) => s[0].toUpperCase() + s.slice(1)), "Incorrect routes", "Since start"],
+    rows.map((r) => {
+      const total = STATES.reduce((n, s) => n + r.decisions[s], 0);
+      const checked = STATES.reduce((n, s) => n + r.predicted[s], 0);
+      const checkedAll = STATES.reduce((n, s) => n + r.predicted_since_start[s], 0);
+      return [
+        r.model,
+        r.state ?? "–",
+        r.why ?? "–",
+        ...STATES.map((s) => share(r.decisions[s], total)),
+        checked ? `${rate(r.incorrect_rate)} of ${num(checked)}` : "–",
+        checkedAll ? `${rate(r.incorrect_rate_since_start)} of ${num(checkedAll)}` : "–",
+      ];
+    }),
+    "no request routed yet",
+    "routing-states",
+  );
+}
+
 export function routing(data) {
   const gw = data.gateway;
   const byModel = new Map();
@@ -113,6 +207,11 @@ export function routing(data) {
       gw.routes_error ? ` (last error: ${gw.routes_error})` : "",
       `; ${num(gw.in_flight)} request(s) in flight. Counted since this gateway started.`,
     ),
+    h("h3", {}, "Fair queue"),
+    queue(gw.queue),
+    h("h3", {}, "Replica choices"),
+    h("p", {}, peersLine(gw.peers)),
+    routingStates(gw.routing_states),
     table(
       "Cache hits by model",
       ["Model", "Replica choices", "To a replica holding the prefix", "Share"],
