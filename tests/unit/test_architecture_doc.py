@@ -6,6 +6,11 @@ Workflow classes are found by importing every module of the package, so moving a
 another module changes nothing here. The handler names come from the definition the SDK's
 `@workflow.defn` attaches to the class: the Python SDK has no public way to list them outside a
 running workflow, and `_Definition.from_class` is what its own worker uses.
+
+The rest of the page is held too: it stays a map of at most MAX_LINES lines, every path it
+names exists, its folder table lists every top-level package (and no folder that is gone), and
+its links, and every link into it from the other docs and the README, reach a file and heading
+that exist.
 """
 
 from __future__ import annotations
@@ -288,3 +293,159 @@ def test_a_missing_or_extra_message_is_caught() -> None:
     (problem,) = differences(doc, code)
     assert f"missing from the table: {name}" in problem
     assert "not in the code: made_up" in problem
+
+
+# --- the rest of the map: its length, the code it names, its links ---------------------------
+
+ROOT = DOC.parents[1]
+# A map, not a manual: detail belongs in the doc of its part (issue 32).
+MAX_LINES = 150
+FOLDER_COLUMNS = ("folder", "what is there")
+# The folders the folder table must list: every top-level package, and deploy/.
+_PACKAGES = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+_LISTED_FOLDERS = [*_PACKAGES, "deploy"]
+# A backticked name that is a path in the repository: it starts with one of its top folders.
+_PATH = re.compile(
+    r"`((?:" + "|".join(map(re.escape, [*_LISTED_FOLDERS, "docs"])) + r")/[^`\s<>*]*)`"
+)
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _prose(text: str) -> list[str]:
+    """The lines outside fenced code blocks (a `#` in a block is no heading)."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(line)
+    return lines
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub makes for a Markdown text's headings: lower case, punctuation other
+    than hyphens and underscores dropped, spaces as hyphens, `-1`, `-2` on repeats."""
+    made: set[str] = set()
+    for line in _prose(text):
+        heading = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not heading:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", heading[1].lower()).replace(" ", "-")
+        unique, n = slug, 0
+        while unique in made:
+            n += 1
+            unique = f"{slug}-{n}"
+        made.add(unique)
+    return made
+
+
+def missing_paths(text: str) -> list[str]:
+    """Paths the text names that are not in the repository."""
+    return sorted({p for p in _PATH.findall(text) if not (ROOT / p.rstrip("/")).exists()})
+
+
+def folder_table(text: str) -> dict[str, str]:
+    """The folder table's rows: folder -> what the row says is there."""
+    lines = text.splitlines()
+    (start,) = [
+        i
+        for i, line in enumerate(lines)
+        if line.lstrip().startswith("|")
+        and tuple(cell.lower() for cell in _cells(line)) == FOLDER_COLUMNS
+    ]
+    rows: dict[str, str] = {}
+    for line in lines[start + 2 :]:
+        if not line.lstrip().startswith("|"):
+            break
+        folder_cell, what = _cells(line)
+        (folder,) = _names(folder_cell, "the folder table")
+        rows[folder] = what
+    return rows
+
+
+def folder_problems(rows: Mapping[str, str]) -> list[str]:
+    """Folders in the table that do not exist, top-level packages it leaves out, and bare file
+    names in a row that are nowhere under the row's folder."""
+    problems = [f"{folder} does not exist" for folder in rows if not (ROOT / folder).is_dir()]
+    listed = {folder.split("/")[0] for folder in rows}
+    for folder in _LISTED_FOLDERS:
+        if folder not in listed:
+            problems.append(f"{folder}/ is in the repository but not in the folder table")
+    for folder, what in rows.items():
+        for name in re.findall(r"`([\w.]+\.(?:py|yaml))`", what):
+            if (ROOT / folder).is_dir() and not any((ROOT / folder).rglob(name)):
+                problems.append(f"{folder} row names {name}, which is not under {folder}")
+    return problems
+
+
+def link_problems(text: str, source: Path) -> list[str]:
+    """Relative links in `text` (a file in `source`'s folder) to a file that does not exist or
+    to an anchor its target does not have."""
+    problems: list[str] = []
+    for link in _LINK.findall(text):
+        if re.match(r"[a-z]+:", link):  # http:, mailto:
+            continue
+        target, _, anchor = link.partition("#")
+        path = (source.parent / target) if target else source
+        if not path.exists():
+            problems.append(f"{source.name}: link {link}: no file {target}")
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path.read_text()):
+            problems.append(f"{source.name}: link {link}: {target or source.name} has no #{anchor}")
+    return problems
+
+
+def _links_into_the_map() -> list[str]:
+    """Links from the other docs and the README to an anchor of docs/architecture.md."""
+    problems: list[str] = []
+    for source in [ROOT / "README.md", *sorted(DOC.parent.glob("*.md"))]:
+        if source == DOC:
+            continue
+        into = "\n".join(
+            f"]({link})"
+            for link in _LINK.findall(source.read_text())
+            if link.split("#")[0].endswith("architecture.md")
+        )
+        problems += link_problems(into, source)
+    return problems
+
+
+def test_the_map_fits_on_a_page() -> None:
+    count = len(DOC.read_text().splitlines())
+    assert count <= MAX_LINES, (
+        f"docs/architecture.md is {count} lines, over {MAX_LINES}: move detail to the doc of its "
+        "part and link to it"
+    )
+
+
+def test_every_path_the_map_names_exists() -> None:
+    missing = missing_paths(DOC.read_text())
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_the_folder_table_lists_every_package_and_only_what_exists() -> None:
+    problems = folder_problems(folder_table(DOC.read_text()))
+    assert not problems, "docs/architecture.md's folder table:\n" + "\n".join(problems)
+
+
+def test_every_link_in_and_into_the_map_resolves() -> None:
+    problems = link_problems(DOC.read_text(), DOC) + _links_into_the_map()
+    assert not problems, "\n".join(problems)
+
+
+def test_a_drifted_map_is_caught() -> None:
+    assert missing_paths("see `gateway/no_such_module.py`") == ["gateway/no_such_module.py"]
+    rows = {**folder_table(DOC.read_text()), "ghosts/": "nothing"}
+    rows["engines/"] = "the adapters (`no_such_adapter.py`)"
+    del rows["store/"]
+    problems = folder_problems(rows)
+    assert any("ghosts/ does not exist" in p for p in problems), problems
+    assert any("store/ is in the repository" in p for p in problems), problems
+    assert any("no_such_adapter.py" in p for p in problems), problems
+    broken = link_problems("[a](nodes.md#no-such-heading) [b](no-such.md)", DOC)
+    assert len(broken) == 2, broken
+    headings = "## The retired `cluster` workflow\n## A replica's life\n## A replica's life"
+    assert anchors(headings) == {
+        "the-retired-cluster-workflow",
+        "a-replicas-life",
+        "a-replicas-life-1",
+    }
