@@ -1,12 +1,13 @@
 """How far a ratio of two arms' figures could move by chance alone (pure).
 
 On a 2-core machine an arm's mean over 144 requests moved by 10-20% between runs whose routing
-decisions were the same (docs/benchmarks.md): queueing behind a slow request makes TTFT
-heavy-tailed. A goal such as "within 5% of the oracle" is then decided by the run, not the
-router, unless the report says how wide the ratio's uncertainty is. This gives a percentile
-bootstrap interval: each arm's requests resampled with replacement, on its own, and the ratio
-of the resampled means taken, many times over. It counts the spread among one run's requests;
-a slower or busier machine between arms adds to that and is not in it.
+decisions were the same (docs/benchmarks-history.md, KV routing, 2026-12-04, earlier):
+queueing behind a slow request makes TTFT heavy-tailed. A goal such as "within 5% of the
+oracle" is then decided by the run, not the router, unless the report says how wide the ratio's
+uncertainty is. This gives a percentile bootstrap interval: each arm's requests resampled with
+replacement, on its own, and the ratio of the resampled means taken, many times over. It
+counts the spread among one run's requests; a slower or busier machine between arms adds to
+that and is not in it.
 
 `paired_ratio_interval` resamples whole workloads instead, each arm's figures on one workload
 kept together with the oracle's on the same one. It covers what the first does not: which

@@ -1,7 +1,8 @@
 """Raw ASGI plumbing for the hot path: reading a bounded body, sending JSON and errors.
 
 The proxied routes skip FastAPI's routing, dependency injection and response classes: measured,
-they cost more per request than the upstream hop itself (docs/benchmarks.md).
+they cost more per request than the upstream hop itself (docs/benchmarks-history.md, Gateway,
+2026-11-30).
 """
 
 from __future__ import annotations

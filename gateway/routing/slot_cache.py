@@ -17,9 +17,9 @@ prompt as the prefix index's 256-byte block hashes (prefix_index.py), parts coun
 rather than tokens. The other gateway processes on the store tell this one what they send
 such replicas, and their requests are replayed with this gateway's (gateway/peers/): behind two
 gateways, replaying only its own requests halved the cached share in `make bench-routing`'s
-small setting (docs/benchmarks.md). Clients sending to the engine directly are not seen, and
-requests of two gateways sent within the bus's flush (10 ms) may be replayed in another order
-than the engine took them.
+small setting (docs/benchmarks-history.md, Routing quality, 2026-12-06: behind two gateways).
+Clients sending to the engine directly are not seen, and requests of two gateways sent within
+the bus's flush (10 ms) may be replayed in another order than the engine took them.
 
 Pure and bounded: a replica's slots and the requests waiting for them (no more than the gateway
 has in flight there: max_inflight_per_replica), each a list of at most MAX_BLOCKS hashes.
