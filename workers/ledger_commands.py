@@ -28,8 +28,8 @@ from workflows.contracts import (
     ReplicaView,
     Route,
 )
-from workflows.model import external_route
 from workflows.model_client import list_models
+from workflows.model_rules import external_route
 from workflows.node import NodeWorkflow
 from workflows.placement.compact import compact_record
 from workflows.replica import ReplicaWorkflow

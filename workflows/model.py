@@ -32,63 +32,44 @@ also covers a replica that never gets to signal (terminated, failed), and needs 
 replica workflow.
 """
 
-import asyncio
 import contextlib
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError, WorkflowAlreadyStartedError
-from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
+from temporalio.exceptions import ApplicationError
+from temporalio.workflow import ChildWorkflowHandle
 
 with workflow.unsafe.imports_passed_through():
     from workflows import history_budget, options
-    from workflows.autoscale import decide
     from workflows.cancel_refusal import refusing_cancel
-    from workflows.catalog import CatalogError, endpoint_base, validate_model
+    from workflows.catalog import CatalogError, validate_model
     from workflows.contracts import (
-        EngineLoad,
-        LoadTotals,
         ModelSpec,
         ModelState,
         ModelView,
         ModelWake,
         RemoveModel,
         ReplaceReplicas,
-        ReplicaInput,
         ReplicaReady,
-        ReplicaState,
         ReplicaView,
         ScaleRequest,
-        StopReplica,
-        UpdateAdapters,
-        WorkflowStatuses,
     )
-    from workflows.dead_replicas import free_dead_replicas, retry_unstopped
-    from workflows.ledger_activity import call_ledger
+    from workflows.dead_replicas import retry_unstopped
     from workflows.messages import MODEL_REPLICA_READY
     from workflows.model_adoption import adopt_left_replicas
-    from workflows.model_calls import (
-        engine_load_totals,
-        engine_loads,
-        set_idle,
-        workflow_statuses,
-        workflow_statuses_batched,
-    )
+    from workflows.model_autoscaling import autoscale, next_look, publish_idle
+    from workflows.model_children import children_full, reconcile_count
+    from workflows.model_external import publish_external
+    from workflows.model_moves import make_replacements, retire_replaced, roll_stale, tell_adapters
+    from workflows.model_replica_checks import check_replicas
     from workflows.model_rules import (
-        adapters_to_tell,
         check_removal,
         check_scale,
+        index_of,
         model_view,
-        stale_indices,
         watched_indices,
     )
-    from workflows.model_rules import external_route as external_route  # re-exported
-    from workflows.names import (
-        ControlActivity,
-        external_replica_id,
-        replica_id,
-        replica_workflow_id,
-    )
+    from workflows.names import replica_id
     from workflows.replica import ReplicaWorkflow
 
 # Runs that started before this kept pending work in memory and waited on child handles; their
@@ -98,27 +79,10 @@ CARRIED_STATE_PATCH = "model-carries-state-watches-replicas-by-id"
 # activities) used to end the model with a replica still running: now the loop goes round once
 # more to stop it. Runs from before keep their ending.
 REMOVAL_STOPS_LATE_REPLICAS_PATCH = "model-removal-stops-replicas-of-a-late-remove"
-# The autoscaler used to decide from the replica count read before it asked for the engines'
-# load, and so undid a removal or a scale that arrived while it asked: a removed model kept a
-# replica and never closed. Now a change made meanwhile wins, and it looks again next time.
-AUTOSCALE_YIELDS_TO_CHANGES_PATCH = "model-autoscale-yields-to-changes-made-while-it-looked"
-# A changed LoRA adapter list rolled every replica. Now a replica whose engine loads adapters at
-# runtime (vLLM) and whose profile changed only in its adapters is told the new definition
-# (the replica's `update_adapters` signal) and keeps serving; runs from before keep rolling.
-ADAPTERS_AT_RUNTIME_PATCH = "model-tells-replicas-new-adapters-instead-of-rolling"
 # A removal that arrived while a pass was publishing an external model's routes ended the model
 # with those routes still in the ledger: gateways kept sending a removed model's requests to its
 # URLs. Now the model closes only once every route it published is withdrawn.
 REMOVAL_WITHDRAWS_EXTERNAL_ROUTES_PATCH = "model-removal-waits-for-external-routes-withdrawn"
-# A run started replica workflows until its count was met: past 2,000 started in one run (each a
-# pending child until it closes) Temporal refused the next start and the model failed its task
-# for good. Now a run starts at most REPLICAS_STARTED_PER_RUN and the next run goes on.
-BOUNDED_CHILDREN_PATCH = "model-starts-a-bounded-number-of-replicas-per-run"
-# A replica workflow that closed without being told to stop (an operator terminated or cancelled
-# it, or it failed) was cleaned up and replaced: its healthy engine stopped and a second copy
-# loaded. Now it is started again under its own ID and adopts its allocation and engine
-# (workflows/replica.py); one told to stop that closed before it could is cleaned up as before.
-RESTART_UNBIDDEN_PATCH = "model-restarts-a-replica-that-closed-unbidden"
 # A model applied again after its workflow was terminated started its replicas from index 0 (a
 # second copy of each). Now a run that knows of no replica first takes over those the ledger
 # lists for it (workflows/model_adoption.py).
@@ -126,15 +90,6 @@ ADOPT_LEFT_REPLICAS_PATCH = "model-adopts-replicas-an-earlier-run-left"
 # A cancel request ended the model as cancelled, its replicas orphaned. Now it is refused
 # (workflows/cancel_refusal.py).
 REFUSES_CANCEL_PATCH = "model-refuses-cancel"
-# A look at the engines' load ran one activity per hosting node, one after another: about
-# 8,500 nodes filled a history in one look, and the whole routing table of the model (every
-# replica's route) came back through history first. Now one control activity reads every
-# node's agent metrics and answers with sums (workflows/model_calls.py engine_load_totals).
-LOAD_IN_ONE_LOOK_PATCH = "model-looks-at-its-load-in-one-bounded-activity"
-# The check sent every replica's workflow ID to one activity, described one after another:
-# 5,000 replicas did not finish in its 30 s. Now batches of options.REPLICA_CHECK_BATCH go
-# out at once, each described concurrently.
-CHECK_IN_BATCHES_PATCH = "model-checks-its-replicas-in-bounded-batches"
 
 
 @workflow.defn(name="Model")
@@ -179,7 +134,7 @@ class ModelWorkflow:
                 # Every replica told to stop has closed and every engine is stopped: what they
                 # held is released, so the name can be reused.
                 return self._view()
-            if history_budget.time_to_continue() or self._children_full():
+            if history_budget.time_to_continue() or children_full(self):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 self.state.look_at, self.state.check_at = self.look_at, self.check_at
                 workflow.continue_as_new(self.state)
@@ -197,21 +152,21 @@ class ModelWorkflow:
         """One pass over what the model must do: the same steps, in the same order, in both
         loops (histories depend on the order)."""
         self.dirty = False
-        await self._replace()
-        await self._retire_replaced()
-        await self._reconcile()
-        await self._tell_adapters()
-        await self._roll()
-        await self._publish_idle()
-        await self._publish_external()
+        await make_replacements(self)
+        await retire_replaced(self)
+        await reconcile_count(self)
+        await tell_adapters(self)
+        await roll_stale(self)
+        await publish_idle(self.state)
+        await publish_external(self.state)
 
     async def _run_before_carried_state(self) -> ModelView:
         """The loop as it was before CARRIED_STATE_PATCH, for runs (and histories) from then."""
         while True:
             try:
-                await workflow.wait_condition(lambda: self.dirty, timeout=self._next_look())
+                await workflow.wait_condition(lambda: self.dirty, timeout=next_look(self.state))
             except TimeoutError:
-                await self._autoscale()
+                await autoscale(self)
             await self._act()
             if self.state.removing:
                 # Wait for the replicas to release what they hold, so the name can be reused.
@@ -228,11 +183,11 @@ class ModelWorkflow:
         for its stopping replicas. None: until something happens."""
         now = workflow.now()
         wakes: list[datetime] = []
-        if self._next_look() is not None:
+        if next_look(self.state) is not None:
             if self.look_at is None:
-                self.look_at = now + (self._next_look() or timedelta(0))
+                self.look_at = now + (next_look(self.state) or timedelta(0))
             wakes.append(self.look_at)
-        if (self._watched() or self.state.unstopped) and self.check_at is not None:
+        if (watched_indices(self.state) or self.state.unstopped) and self.check_at is not None:
             wakes.append(self.check_at)
         if self.state.removing and (self.state.stopping or self.state.unstopped):
             wakes.append(now + options.STOPPING_POLL)
@@ -244,12 +199,12 @@ class ModelWorkflow:
         now = workflow.now()
         if self.look_at is not None and now >= self.look_at:
             self.look_at = None
-            await self._autoscale()
+            await autoscale(self)
         removal_waits = self.state.removing and bool(self.state.stopping)
         if removal_waits or (self.check_at is not None and now >= self.check_at):
             self.check_at = now + options.REPLICA_CHECK_EVERY
             await retry_unstopped(self.state)
-            await self._check_replicas()
+            await check_replicas(self)
 
     @workflow.update(name="apply")
     def apply(self, spec: ModelSpec) -> ModelView:
@@ -308,7 +263,7 @@ class ModelWorkflow:
     @workflow.signal(name=MODEL_REPLICA_READY)
     def replica_ready(self, ready: ReplicaReady) -> None:
         name = self.state.spec.name
-        index = self._index_of(ready.replica_id)
+        index = index_of(self.state, ready.replica_id)
         if index is not None and ready.fingerprint:
             self.state.fingerprints[index] = ready.fingerprint
             self.state.restart_fingerprints[index] = ready.restart_fingerprint
@@ -328,316 +283,3 @@ class ModelWorkflow:
 
     def _view(self) -> ModelView:
         return model_view(self.state)
-
-    def _next_look(self) -> timedelta | None:
-        policy = self.state.spec.autoscale
-        if policy is None or self.state.removing or self.state.spec.external:
-            return None
-        return timedelta(seconds=policy.look_every_s)
-
-    async def _autoscale(self) -> None:
-        spec = self.state.spec
-        if spec.autoscale is None or spec.external:
-            return
-        replicas = spec.replicas
-        loads: list[EngineLoad] | LoadTotals | None
-        if workflow.patched(LOAD_IN_ONE_LOOK_PATCH):
-            loads = await engine_load_totals(spec.name)
-        else:
-            loads = await engine_loads(spec.name)
-        changed = self.state.removing or self.state.spec is not spec or spec.replicas != replicas
-        if changed and workflow.patched(AUTOSCALE_YIELDS_TO_CHANGES_PATCH):
-            return
-        if loads is None:
-            return  # the look failed: a blind look changes nothing
-        decision = decide(
-            spec.autoscale,
-            replicas,
-            spec.min_replicas,
-            spec.max_replicas,
-            self.state.autoscale,
-            loads,
-            workflow.now(),
-        )
-        self.state.autoscale = decision.state
-        if decision.replicas != spec.replicas:
-            workflow.logger.info(
-                "%s: %d -> %d replicas (%s)", spec.name, spec.replicas, decision.replicas,
-                decision.reason,
-            )  # fmt: skip
-            spec.replicas = decision.replicas
-            self.dirty = True
-
-    async def _publish_idle(self) -> None:
-        """Tell the ledger (and so every gateway) whether a request should wake this model."""
-        spec = self.state.spec
-        idle = spec.autoscale is not None and spec.replicas == 0 and not self.state.removing
-        if idle == self.state.published_idle:
-            return
-        await set_idle(spec.name, idle)
-        self.state.published_idle = idle
-
-    def _children_full(self) -> bool:
-        """This run has started as many replicas as it may: the rest are started by the next
-        run, after a continue-as-new (the count, and the replacements still to make, are in the
-        carried state). Replicas a run started stay its pending children while they run, and
-        Temporal refuses a run's 2,001st."""
-        with workflow.unsafe.sandbox_unrestricted():  # a test knob read from the environment
-            full = self.children_started >= options.replicas_started_per_run()
-        return full and workflow.patched(BOUNDED_CHILDREN_PATCH)
-
-    def _index_of(self, rid: str) -> int | None:
-        name = self.state.spec.name
-        return next((i for i in self.state.indices if replica_id(name, i) == rid), None)
-
-    def _stale(self) -> list[int]:
-        return stale_indices(self.state)
-
-    async def _tell_adapters(self) -> None:
-        """Tell each replica that takes adapter changes at runtime, once per definition, to
-        serve this one's adapters (it answers with replica_ready, or is replaced if it cannot:
-        model_rules.adapter_updates)."""
-        if self.state.removing or self.state.spec.external:
-            return
-        told = adapters_to_tell(self.state)
-        if not told or not workflow.patched(ADAPTERS_AT_RUNTIME_PATCH):
-            return
-        self.state.adapters_at_runtime = True
-        spec = self.state.spec
-        version = spec.adapters_version()
-        for index in told:
-            self.state.adapters_told[index] = version
-            handle = workflow.get_external_workflow_handle(replica_workflow_id(spec.name, index))
-            try:
-                await handle.signal(ReplicaWorkflow.update_adapters, UpdateAdapters(model=spec))
-            except ApplicationError as err:
-                # Its workflow is closed: the next check of the replicas finds it dead.
-                workflow.logger.warning("%s: cannot tell it new adapters (%s)", handle.id, err)
-
-    async def _roll(self) -> None:
-        """One stale replica at a time: wait until the last move is over before the next."""
-        if self.state.retiring or self.state.removing or self.state.spec.external:
-            return
-        stale = self._stale()
-        if stale:
-            name = self.state.spec.name
-            req = ReplaceReplicas(replica_ids=[replica_id(name, stale[0])], reason="rolling update")
-            self.state.replacements.append(req)
-            await self._replace()
-
-    async def _start_replica(self) -> int:
-        spec = self.state.spec
-        while True:
-            index = self.state.next_index
-            self.state.next_index += 1
-            try:
-                handle = await workflow.start_child_workflow(
-                    ReplicaWorkflow.run,
-                    ReplicaInput(replica_id=replica_id(spec.name, index), model=spec),
-                    id=replica_workflow_id(spec.name, index),
-                    parent_close_policy=ParentClosePolicy.ABANDON,
-                )
-            except WorkflowAlreadyStartedError:
-                # A replica of an earlier model of this name still runs under this ID (it was
-                # removed and added again while that replica stopped): never share its ID, its
-                # engine key or its allocation; take the next index.
-                workflow.logger.info("%s: index %d is taken, skipping it", spec.name, index)
-                continue
-            self.children[index] = handle
-            self.children_started += 1
-            self.state.indices.append(index)
-            return index
-
-    async def _stop_replica(self, index: int, request: StopReplica) -> None:
-        handle = workflow.get_external_workflow_handle(
-            replica_workflow_id(self.state.spec.name, index)
-        )
-        try:
-            await handle.signal(ReplicaWorkflow.stop, request)
-        except ApplicationError as err:
-            # The replica workflow is closed (an operator terminated it): nobody is left to
-            # release what it held, so do it here rather than fail the model.
-            workflow.logger.warning("%s: cannot tell it to stop (%s)", handle.id, err)
-            await free_dead_replicas(self.state, [index])
-            return
-        self.state.stopping.append(index)
-        if index in self.children:
-            self.stopping_children.append(self.children.pop(index))
-
-    def _watched(self) -> list[int]:
-        return watched_indices(self.state)
-
-    async def _check_replicas(self) -> None:
-        """Ask Temporal which of this model's replica workflows still run. A stopping one that
-        closed has released what it held; one that closed without being told to stop is dead."""
-        watched = self._watched()
-        if not watched:
-            return
-        name = self.state.spec.name
-        ids = [replica_workflow_id(name, i) for i in watched]
-        batched = workflow.patched(CHECK_IN_BATCHES_PATCH)
-        try:
-            statuses: WorkflowStatuses = await (
-                workflow_statuses_batched(ids) if batched else workflow_statuses(ids)
-            )
-        except ActivityError as err:
-            # No answer proves nothing: look again next time.
-            workflow.logger.warning("%s: could not check its replicas: %s", name, err.cause)
-            return
-        closed = [
-            i for i in watched if not statuses.running.get(replica_workflow_id(name, i), True)
-        ]
-        self.state.stopping = [i for i in self.state.stopping if i not in closed]
-        dead = [i for i in closed if i in self.state.indices or i in self.state.retiring]
-        if workflow.patched(RESTART_UNBIDDEN_PATCH):
-            unbidden = [i for i in closed if statuses.ended_unbidden(replica_workflow_id(name, i))]
-            await self._restart_replicas([i for i in unbidden if i in dead])
-            # Told to stop, it ended before it had: stop its engine and free what it held here.
-            await free_dead_replicas(self.state, [i for i in unbidden if i not in dead])
-            dead = [i for i in dead if i not in unbidden]
-        if dead:
-            await free_dead_replicas(self.state, dead)
-            self._forget(dead)
-
-    async def _restart_replicas(self, indices: list[int]) -> None:
-        """Start each replica again under its own ID: the new run finds the allocation its
-        predecessor held and adopts the engine still serving on it (workflows/replica.py). Its
-        route stays as it was meanwhile, and it keeps its place in the count."""
-        spec = self.state.spec
-        for index in indices:
-            workflow_id = replica_workflow_id(spec.name, index)
-            workflow.logger.warning(
-                "%s: its workflow closed unbidden; starting it again", workflow_id
-            )
-            with contextlib.suppress(WorkflowAlreadyStartedError):  # someone else already did
-                await workflow.start_child_workflow(
-                    ReplicaWorkflow.run,
-                    ReplicaInput(replica_id=replica_id(spec.name, index), model=spec),
-                    id=workflow_id,
-                    parent_close_policy=ParentClosePolicy.ABANDON,
-                )
-
-    def _forget(self, dead: list[int]) -> None:
-        """Drop dead replicas from the state; _reconcile starts replacements for the count, and
-        a retiring replica whose successor died gets a new successor (it keeps serving)."""
-        for index in dead:
-            self.state.retiring.pop(index, None)
-            if index in self.state.indices:
-                self.state.indices.remove(index)
-            self._forget_fingerprints(index)
-            for old, successor in list(self.state.retiring.items()):
-                if successor == index and not self.state.removing:
-                    del self.state.retiring[old]
-                    self.state.replacements.append(
-                        ReplaceReplicas(
-                            replica_ids=[replica_id(self.state.spec.name, old)],
-                            reason="its successor's workflow closed",
-                        )
-                    )
-                    # Back in the count until its new successor serves.
-                    self.state.indices.append(old)
-        self.dirty = True
-
-    async def _replace(self) -> None:
-        """Start a successor for each replica asked to move; the old one stops now or later."""
-        name = self.state.spec.name
-        while self.state.replacements and not self._children_full():
-            req = self.state.replacements.pop(0)
-            for rid in req.replica_ids:
-                old = self._index_of(rid)
-                if old is None:
-                    # Already moved, or retiring: a lost node overrides a drain's patience.
-                    retiring = [i for i in self.state.retiring if replica_id(name, i) == rid]
-                    for index in retiring if not req.wait_for_successor else []:
-                        del self.state.retiring[index]
-                        await self._stop_replica(index, self._moved(req))
-                    continue
-                self.state.indices.remove(old)
-                self._forget_fingerprints(old)
-                successor = await self._start_replica()
-                if req.wait_for_successor and not self.state.removing:
-                    self.state.retiring[old] = successor
-                else:
-                    await self._stop_replica(old, self._moved(req))
-
-    def _forget_fingerprints(self, index: int) -> None:
-        for known in (
-            self.state.fingerprints,
-            self.state.restart_fingerprints,
-            self.state.adapters_told,
-        ):
-            known.pop(index, None)
-
-    @staticmethod
-    def _moved(req: ReplaceReplicas) -> StopReplica:
-        return StopReplica(reason=req.reason, engine_gone=not req.wait_for_successor)
-
-    async def _retire_replaced(self) -> None:
-        """Stop each replaced replica whose successor serves, or is itself gone."""
-        name = self.state.spec.name
-        for old, successor in list(self.state.retiring.items()):
-            successor_id = replica_id(name, successor)
-            gone = successor not in self.state.indices
-            if successor_id in self.state.ready_replicas or gone or self.state.removing:
-                del self.state.retiring[old]
-                if successor_id in self.state.ready_replicas:
-                    self.state.ready_replicas.remove(successor_id)
-                reason = f"moved to {successor_id}" if not gone else "replaced"
-                await self._stop_replica(old, StopReplica(reason=reason))
-
-    async def _reconcile(self) -> None:
-        """Start or stop replicas until their count matches the spec."""
-        spec = self.state.spec
-        # An external model's replicas are its URLs: it runs none of its own (and stops any it
-        # ran before its definition turned external).
-        wanted = 0 if spec.external else spec.replicas
-        while len(self.state.indices) < wanted and not self._children_full():
-            await self._start_replica()
-        while len(self.state.indices) > wanted:
-            index = self.state.indices.pop()  # newest first
-            reason = "model removed" if self.state.removing else "scaled down"
-            await self._stop_replica(index, StopReplica(reason=reason))
-
-    async def _publish_external(self) -> None:
-        """One ready route per URL of an external model, through the ledger update replicas
-        use; a URL no longer listed (or every URL, once removed or no longer external) has its
-        route withdrawn. A URL keeps its replica id while it stays listed, and every route is
-        published again on each pass, so a changed definition reaches its fingerprint."""
-        spec = self.state.spec
-        published = self.state.external_routes
-        wanted: list[str] = []
-        if spec.external and not self.state.removing:
-            wanted = [endpoint_base(url) for url in spec.profiles[0].urls]
-        if not wanted and not published:
-            return
-        ids = {endpoint: rid for rid, endpoint in published.items()}
-        routes: dict[str, str] = {}
-        for endpoint in wanted:
-            rid = ids.get(endpoint)
-            if rid is None:
-                rid = external_replica_id(spec.name, self.state.next_index)
-                self.state.next_index += 1
-            routes[rid] = endpoint
-        fingerprint = spec.profile_fingerprint(0) if spec.external else ""
-        # Add before withdrawing, so a gateway never sees the model with no route mid-change.
-        await asyncio.gather(
-            *(
-                self._set_route(rid, endpoint, ReplicaState.READY, fingerprint)
-                for rid, endpoint in routes.items()
-            )
-        )
-        self.state.external_routes = routes
-        await asyncio.gather(
-            *(
-                self._set_route(rid, endpoint, ReplicaState.STOPPED, fingerprint)
-                for rid, endpoint in published.items()
-                if rid not in routes
-            )
-        )
-
-    async def _set_route(
-        self, rid: str, endpoint: str, state: ReplicaState, fingerprint: str
-    ) -> None:
-        route = external_route(self.state.spec, rid, endpoint, state)
-        route.fingerprint = fingerprint
-        await call_ledger(ControlActivity.LEDGER_SET_ROUTE, route)

@@ -123,6 +123,12 @@ def adapters_to_tell(state: ModelState) -> list[int]:
     return [i for i in adapter_updates(state) if state.adapters_told.get(i) != version]
 
 
+def index_of(state: ModelState, rid: str) -> int | None:
+    """The index of replica id `rid` among the replicas in the model's count, or None."""
+    name = state.spec.name
+    return next((i for i in state.indices if replica_id(name, i) == rid), None)
+
+
 def watched_indices(state: ModelState) -> list[int]:
     """Every replica whose workflow should be running: serving or starting, retiring, or
     told to stop and not yet closed."""
