@@ -13,8 +13,8 @@ from typing import Any, cast
 import asyncpg
 
 from store import postgres_leases as leases
-from store import postgres_sql as sql
 from store.base import KEY_ID_ATTEMPTS, KeyNameTaken, Store
+from store.dialect import POSTGRES
 from store.dump_rules import check_dump, name_conflicts, write_order
 from store.lease_rules import LeaseChange, LeaseState
 from store.models import ApiKey, KeyLimits, StoreDump, UsageDelta, UsageRow
@@ -30,12 +30,20 @@ from store.records import (
     upstream_secret_name,
     usage_values,
 )
+from store.schema import schema
+from store.statements import POSTGRES_STATEMENTS as sql
 from store.validate import check_text, check_upstream_key, storable
 from workflows.engine_keys import new_master_secret
 
 # Two processes running CREATE TABLE IF NOT EXISTS at once can still collide in the catalog;
 # an advisory lock around init makes concurrent starts safe.
 _INIT_LOCK_ID = 0x6C6C6D6777
+# Columns an existing api_keys table has, to add the missing ones (ADD COLUMN IF NOT EXISTS
+# would do, but reading first keeps init from taking an exclusive lock when nothing changes).
+KEY_COLUMNS_PRESENT = """
+SELECT column_name FROM information_schema.columns
+WHERE table_name = 'api_keys' AND table_schema = current_schema()
+"""
 
 
 def _same(value: Any) -> Any:
@@ -60,7 +68,7 @@ async def _active_key_id(conn: Any, name_or_id: str) -> str | None:
 
 
 async def _upgrade(conn: Any) -> None:
-    present = {row["column_name"] for row in await conn.fetch(sql.KEY_COLUMNS_PRESENT)}
+    present = {row["column_name"] for row in await conn.fetch(KEY_COLUMNS_PRESENT)}
     for column, sql_type in ADDED_KEY_COLUMNS:
         if column not in present:
             # Both names are constants from records.py, never input.
@@ -82,10 +90,7 @@ class PostgresStore(Store):
         pool = await self._get_pool()
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _INIT_LOCK_ID)
-            await conn.execute(sql.SCHEMA)
-            await conn.execute(sql.LEASE_SCHEMA)
-            await conn.execute(sql.QUEUE_SCHEMA)
-            await conn.execute(sql.PEERS_SCHEMA)
+            await conn.execute(schema(POSTGRES))
             await _upgrade(conn)
 
     async def close(self) -> None:

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from datetime import date
 from typing import Any
 
-from store import postgres_sql as sql
 from store.lease_rules import LeaseChange, LeaseState, PoolRef, PoolRow, apply_change
+from store.records import LEASED_LIMIT_COLUMNS
+from store.statements import POSTGRES_STATEMENTS as sql
 
-_LIMIT_COLUMN = {"rpm": "rpm", "tpm": "tpm", "budget": "token_budget"}
 LOCKOUT_KEEP_S = 3600.0
 
 
@@ -20,7 +20,7 @@ async def key_limit(conn: Any, pool: PoolRef) -> int | None:
     row = await conn.fetchrow(sql.KEY_LIMITS, pool.key_id)
     if row is None or row["revoked_at"] is not None:
         return 0
-    value = row[_LIMIT_COLUMN[pool.kind]]
+    value = row[LEASED_LIMIT_COLUMNS[pool.kind]]
     return None if value is None else int(value)
 
 
@@ -47,7 +47,8 @@ async def sync_leases(
             await conn.execute(sql.POOL_CREATE, *ident, seed)
             found = await conn.fetchrow(sql.POOL_GET, *ident)
         row = PoolRow(int(found["spent"]), int(found["leased"]))
-        row.leased -= sum(int(r["held"]) for r in await conn.fetch(sql.POOL_REAP, *ident, now))
+        reaped = await conn.fetch(sql.POOL_REAP_RETURNING, *ident, now)
+        row.leased -= sum(int(r["held"]) for r in reaped)
         lease = await conn.fetchval(sql.LEASE_GET, *ident, holder)
         held, state = apply_change(row, 0 if lease is None else int(lease), limit, change)
         await conn.execute(sql.POOL_PUT, row.spent, row.leased, *ident)

@@ -40,10 +40,14 @@ KEY_COLUMNS = (
     "revoked_at",
     "admin",
 )
+# The limits gateways share through leases (store/lease_rules.py): the lease kind -> its column.
+LEASED_LIMIT_COLUMNS = {"rpm": "rpm", "tpm": "tpm", "budget": "token_budget"}
 USAGE_COLUMNS = ("key_id", "model", "day", "requests", "prompt_tokens", "completion_tokens")
 
 # Columns api_keys gained after the first released schema, with their SQL type (valid in both
-# backends). `init()` adds whichever an existing table lacks; new ones go at the end.
+# backends). `init()` adds whichever an existing table lacks, and a fresh table is made with
+# them (store/schema.py); new ones go at the end. A new per-key limit is a KeyLimits field
+# (store/models.py) and a line here: every statement names the columns from KEY_COLUMNS.
 ADDED_KEY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("adapters", "TEXT"),
     ("rpm", "BIGINT"),

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from store import sqlite_leases as leases
-from store import sqlite_sql as sql
 from store.base import KEY_ID_ATTEMPTS, KeyNameTaken, Store
+from store.dialect import SQLITE
 from store.dump_rules import check_dump, name_conflicts, write_order
 from store.lease_rules import LeaseChange, LeaseState
 from store.models import ApiKey, KeyLimits, StoreDump, UsageDelta, UsageRow
@@ -35,6 +35,8 @@ from store.records import (
     upstream_secret_name,
     usage_values,
 )
+from store.schema import schema
+from store.statements import SQLITE_STATEMENTS as sql
 from store.validate import check_text, check_upstream_key, storable
 from workflows.engine_keys import new_master_secret
 
@@ -146,11 +148,7 @@ class SqliteStore(Store):
         await self._transaction(call)
 
     async def init(self) -> None:
-        await self._run(
-            lambda conn: conn.executescript(
-                sql.SCHEMA + sql.LEASE_SCHEMA + sql.QUEUE_SCHEMA + sql.PEERS_SCHEMA
-            ).close()
-        )
+        await self._run(lambda conn: conn.executescript(schema(SQLITE)).close())
         # In a transaction, so two processes starting at once add each column once.
         await self._transaction(_upgrade)
 

@@ -8,10 +8,10 @@ import sqlite3
 from collections.abc import Sequence
 from datetime import date
 
-from store import sqlite_sql as sql
 from store.lease_rules import LeaseChange, LeaseState, PoolRef, PoolRow, apply_change
+from store.records import LEASED_LIMIT_COLUMNS
+from store.statements import SQLITE_STATEMENTS as sql
 
-_LIMIT_COLUMN = {"rpm": "rpm", "tpm": "tpm", "budget": "token_budget"}
 # Lockouts that ended this long ago are deleted when a new one is written.
 LOCKOUT_KEEP_S = 3600.0
 
@@ -22,7 +22,7 @@ def key_limit(conn: sqlite3.Connection, pool: PoolRef) -> int | None:
     row = conn.execute(sql.KEY_LIMITS, (pool.key_id,)).fetchone()
     if row is None or row["revoked_at"] is not None:
         return 0
-    value = row[_LIMIT_COLUMN[pool.kind]]
+    value = row[LEASED_LIMIT_COLUMNS[pool.kind]]
     return None if value is None else int(value)
 
 

@@ -2,21 +2,22 @@
 
 The fleet's statements are written once, with `?` placeholders, and run on SQLite (a thread of
 its own holding one connection: sqlite3 blocks) or on PostgreSQL (asyncpg, placeholders turned
-into `$1, $2, ...`). A transaction is a block of awaits on a `Tx`; a broken unique or key
-constraint is `Conflict` on both, so callers never see a driver's exceptions.
+into `$1, $2, ...` as store/dialect.py does for the key store's). A transaction is a block of
+awaits on a `Tx`; a broken unique or key constraint is `Conflict` on both, so callers never
+see a driver's exceptions.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
+
+from store.dialect import numbered
 
 Row = Sequence[Any]
 
@@ -121,14 +122,6 @@ class _SqliteTx:
     async def fetchone(self, sql: str, *args: object) -> Row | None:
         rows = await self.fetch(sql, *args)
         return rows[0] if rows else None
-
-
-@lru_cache(maxsize=256)
-def numbered(sql: str) -> str:
-    """`?` placeholders as PostgreSQL's `$1, $2, ...` (no statement here has a `?` in a
-    string literal)."""
-    count = iter(range(1, 1_000))
-    return re.sub(r"\?", lambda _: f"${next(count)}", sql)
 
 
 class PostgresDb:

@@ -12,7 +12,9 @@ import sqlite3
 from datetime import UTC, date, datetime
 from pathlib import Path
 
-from store import KeyLimits, postgres_sql, sqlite_sql
+from store import KeyLimits
+from store.dialect import POSTGRES, SQLITE
+from store.schema import schema as schema_for
 from store.sqlite import SqliteStore
 from tests.unit.test_store import Backend, backend  # noqa: F401
 
@@ -126,7 +128,7 @@ VALUES ('0a1b2c3d', 'tenant', '{hash}', NULL, '2025-01-02T03:04:05.000006+00:00'
 async def test_a_database_from_before_cache_isolation_gains_it_switched_off(
     backend: Backend,
 ) -> None:
-    schema = (sqlite_sql if backend.name == "sqlite" else postgres_sql).SCHEMA
+    schema = schema_for(SQLITE if backend.name == "sqlite" else POSTGRES)
     assert _ISOLATE_COLUMN in schema
     row = _BEFORE_ISOLATION_ROW.replace("{hash}", "0" * 64)
     await backend.execute_raw(schema.replace(_ISOLATE_COLUMN, "") + row)
@@ -160,7 +162,7 @@ VALUES ('0a1b2c3d', 'tenant', '{hash}', NULL, '2025-01-02T03:04:05.000006+00:00'
 async def test_a_database_from_before_fair_queuing_gains_weight_1_and_interactive(
     backend: Backend,
 ) -> None:
-    schema = (sqlite_sql if backend.name == "sqlite" else postgres_sql).SCHEMA
+    schema = schema_for(SQLITE if backend.name == "sqlite" else POSTGRES)
     assert _FAIRNESS_COLUMNS in schema
     row = _BEFORE_FAIRNESS_ROW.replace("{hash}", "0" * 64)
     await backend.execute_raw(schema.replace(_FAIRNESS_COLUMNS, "") + row)
