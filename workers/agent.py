@@ -4,7 +4,8 @@ node's activities (installs, engine processes) on its own task queue. With a KV 
 serves its engines' KV-cache events to gateways (activities/agent/kv_service.py).
 
 Engines outlive the agent: a restarted agent adopts what is still running, tells replica
-workflows about engines that died while it was away, and stops engines no workflow owns.
+workflows about engines that died while it was away, and stops engines no workflow owns (the
+policy: activities/agent/engine_ownership.py).
 """
 
 import asyncio
@@ -17,31 +18,33 @@ from datetime import timedelta
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
-    WorkflowHandle,
     WorkflowUpdateFailedError,
 )
 from temporalio.common import WorkflowIDConflictPolicy
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.agent.artifact_activity import ArtifactActivities
+from activities.agent.engine_ownership import (
+    NodeEnd,
+    node_end,
+    reconcile_shards,
+    stop_engines_and_tell,
+)
 from activities.agent.kv_service import KvService
 from activities.agent.liveness import NodePulse
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
 from activities.agent.node_metrics import EngineLoadSample, NodeMetricsService
-from workers.agent_owners import NodeEnd, Ownership, node_end, ownership
 from workers.connect import connect_with_retry
 from workers.paths import Locations
 from workers.signals import stop_event, wait_or_stop
 from workflows import options
 from workflows.addresses import http_base
 from workflows.contracts import (
-    EngineExit,
     EngineLoadRequest,
     NodeInventory,
     NodeRegistration,
     NodeView,
-    ReplicaView,
 )
 from workflows.names import (
     CONTROL_TASK_QUEUE,
@@ -51,7 +54,6 @@ from workflows.names import (
 )
 from workflows.node import NodeWorkflow
 from workflows.node_proof import signed_registration
-from workflows.replica import ReplicaWorkflow
 
 log = logging.getLogger("llmgw.agent")
 # On stopping, how long the agent waits for its liveness watch to tell the node workflow (the
@@ -102,40 +104,6 @@ async def register(
     return await client.execute_update_with_start_workflow(
         NodeWorkflow.register, reg, start_workflow_operation=start
     )
-
-
-def replica_handle(
-    client: Client, workflow_id: str
-) -> WorkflowHandle[ReplicaWorkflow, ReplicaView]:
-    """The replica workflow that owns an engine (the engine's spec names its workflow ID)."""
-    handle: WorkflowHandle[ReplicaWorkflow, ReplicaView] = client.get_workflow_handle(workflow_id)
-    return handle
-
-
-async def reconcile_shards(client: Client, agent: NodeAgentActivities) -> None:
-    """Tell replica workflows about engines that died unwatched; stop engines nothing will own
-    again (workers/agent_owners.py: they hold a port and cores). An engine whose owner cannot be
-    asked right now is left alone until it can, and so is one whose replica workflow an
-    operator closed while its model still wants it: the model starts the replica again, which
-    adopts it."""
-    for dead in agent.dead_shards():
-        try:
-            await replica_handle(client, dead.workflow_id).signal(
-                ReplicaWorkflow.engine_exited, dead.exit
-            )
-            log.info("told %s its engine had ended", dead.workflow_id)
-        except RPCError as err:
-            if err.status != RPCStatusCode.NOT_FOUND:
-                log.warning("could not tell %s its engine ended: %s", dead.workflow_id, err)
-                continue  # told at the next look
-            log.info("no workflow %s for a dead engine; forgetting it", dead.workflow_id)
-            await asyncio.to_thread(agent.supervisor.stop, dead.exit.replica_id, 0)
-    for spec in agent.supervisor.shards():
-        if not agent.supervisor.is_alive(spec.replica_id):
-            continue
-        if await ownership(client, spec.workflow_id) == Ownership.ORPHAN:
-            log.warning("stopping engine %s: no running workflow owns it", spec.replica_id)
-            await asyncio.to_thread(agent.supervisor.stop, spec.replica_id, 10.0)
 
 
 async def run_agent(where: Locations, opts: AgentOptions) -> None:
@@ -345,24 +313,6 @@ async def come_back(client: Client, node: str, reg: NodeRegistration) -> None:
         log.warning("node %s: registration refused: %s", node, err.cause)
     except RPCError as err:
         log.warning("node %s: could not register again (tried at the next look): %s", node, err)
-
-
-async def stop_engines_and_tell(client: Client, agent: NodeAgentActivities) -> None:
-    """Stop every engine and tell each replica workflow, so that its route stops reading ready
-    and it starts the engine again when this node's agent is back. Signals are recorded by the
-    server even while no control worker runs."""
-    owners = {spec.replica_id: spec.workflow_id for spec in agent.supervisor.shards()}
-    stopped = await asyncio.to_thread(agent.stop_all_engines)
-    for result in stopped:
-        workflow_id = owners.get(result.replica_id)
-        if not result.was_running or workflow_id is None:
-            continue
-        report = EngineExit(replica_id=result.replica_id, reason="stopped with its agent")
-        try:
-            await replica_handle(client, workflow_id).signal(ReplicaWorkflow.engine_exited, report)
-        except RPCError as err:
-            log.warning("could not tell %s its engine stopped: %s", workflow_id, err)
-    log.info("stopped %d engine(s)", len(stopped))
 
 
 def main(where: Locations, opts: AgentOptions) -> None:

@@ -12,7 +12,7 @@ import pytest
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from workers.agent import Ownership, ownership, reconcile_shards
+from activities.agent.engine_ownership import Ownership, ownership, reconcile_shards
 from workflows.contracts import EngineExit
 
 
