@@ -33,6 +33,8 @@ class Dialect:
     # The marker -> the text it stands for.
     spellings: dict[str, str] = field(default_factory=dict)
     numbered_placeholders: bool = False
+    # DELETE ... RETURNING: SQLite has it only from 3.35, and Python may bring an older one.
+    delete_returning: bool = False
 
     def render(self, sql: str) -> str:
         text = sql.format_map(self.spellings)
@@ -66,4 +68,5 @@ POSTGRES = Dialect(
         "skip_locked": " FOR UPDATE SKIP LOCKED",
     },
     numbered_placeholders=True,
+    delete_returning=True,
 )

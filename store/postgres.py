@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import asyncpg
 
-from store import postgres_leases as leases
+from store import lease_round
 from store.base import KEY_ID_ATTEMPTS, KeyNameTaken, Store
 from store.dialect import POSTGRES
 from store.dump_rules import check_dump, name_conflicts, write_order
@@ -256,17 +256,21 @@ class PostgresStore(Store):
     ) -> list[LeaseState]:
         pool = await self._get_pool()
         async with pool.acquire() as conn, conn.transaction():
-            return await leases.sync_leases(conn, holder, ttl_s, changes)
+            now = float(await conn.fetchval(sql.NOW))
+            steps = lease_round.sync_round(sql, holder, ttl_s, changes, now, _same)
+            return await lease_round.run_async(conn, steps)
 
     async def lock_out(self, client: str, seconds: float) -> None:
         pool = await self._get_pool()
         async with pool.acquire() as conn, conn.transaction():
-            await leases.lock_out(conn, client, seconds)
+            now = float(await conn.fetchval(sql.NOW))
+            await lease_round.run_async(conn, lease_round.lock_out(sql, client, seconds, now))
 
     async def lockouts(self) -> dict[str, float]:
         pool = await self._get_pool()
         async with pool.acquire() as conn:
-            return await leases.lockouts(conn)
+            now = float(await conn.fetchval(sql.NOW))
+            return await lease_round.run_async(conn, lease_round.lockouts(sql, now))
 
     async def publish_queue_demand(self, gateway: str, demand: Demand, keep_s: float) -> None:
         rows = demand_rows(gateway, demand)

@@ -17,7 +17,7 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from store import sqlite_leases as leases
+from store import lease_round
 from store.base import KEY_ID_ATTEMPTS, KeyNameTaken, Store
 from store.dialect import SQLITE
 from store.dump_rules import check_dump, name_conflicts, write_order
@@ -341,14 +341,23 @@ class SqliteStore(Store):
     ) -> list[LeaseState]:
         # One host's clock: every process sharing a SQLite file reads the same one.
         return await self._transaction(
-            lambda conn: leases.sync_leases(conn, holder, ttl_s, changes, time.time())
+            lambda conn: lease_round.run_sync(
+                conn,
+                lease_round.sync_round(sql, holder, ttl_s, changes, time.time(), date.isoformat),
+            )
         )
 
     async def lock_out(self, client: str, seconds: float) -> None:
-        await self._transaction(lambda conn: leases.lock_out(conn, client, seconds, time.time()))
+        await self._transaction(
+            lambda conn: lease_round.run_sync(
+                conn, lease_round.lock_out(sql, client, seconds, time.time())
+            )
+        )
 
     async def lockouts(self) -> dict[str, float]:
-        return await self._run(lambda conn: leases.lockouts(conn, time.time()))
+        return await self._run(
+            lambda conn: lease_round.run_sync(conn, lease_round.lockouts(sql, time.time()))
+        )
 
     async def publish_queue_demand(self, gateway: str, demand: Demand, keep_s: float) -> None:
         rows = demand_rows(gateway, demand)

@@ -20,6 +20,8 @@ _KEY_MARKS = ", ".join("?" * len(KEY_COLUMNS))
 class Statements:
     """The statements as written; an instance holds them rendered for one dialect."""
 
+    dialect: Dialect
+
     # PostgreSQL only: the database's clock in Unix seconds, so gateways on several hosts agree
     # on when a lease or a row expires. SQLite's is the host's (time.time()): every process
     # sharing the file runs on it.
@@ -113,8 +115,8 @@ UPDATE quota_pools SET spent = ?, leased = ? WHERE key_id = ? AND kind = ? AND p
     POOL_REAP = """
 DELETE FROM quota_leases WHERE key_id = ? AND kind = ? AND period = ? AND expires_at < ?
 """
-    # PostgreSQL reaps and counts in one statement; SQLite counts first (POOL_EXPIRED), as
-    # RETURNING needs SQLite 3.35 and Python may bring an older one.
+    # Where the dialect has DELETE ... RETURNING, reaping counts what it frees; else the count
+    # is read first (POOL_EXPIRED).
     POOL_REAP_RETURNING = POOL_REAP.rstrip() + " RETURNING held"
     POOL_EXPIRED = """
 SELECT COALESCE(SUM(held), 0) FROM quota_leases
@@ -168,6 +170,7 @@ DELETE FROM gateway_peers WHERE peer IN (
     PEERS_FRESH = "SELECT peer, address FROM gateway_peers WHERE seen_at >= ? ORDER BY peer"
 
     def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
         for name, written in vars(Statements).items():
             if not name.isupper():
                 continue
