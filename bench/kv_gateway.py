@@ -20,7 +20,7 @@ from pathlib import Path
 import uvicorn
 
 from bench.gateway.target import KEY_FILENAME, serve
-from gateway.routing.policy import POLICIES
+from gateway.routing.decisions import POLICIES
 from gateway.server import uvicorn_config
 from gateway.settings import GatewaySettings
 from store import open_store

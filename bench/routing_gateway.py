@@ -31,7 +31,7 @@ from bench.gateway.target import KEY_FILENAME, StaticRoutes, serve
 from bench.routing_engines import HEALTH_TIMEOUT_S, Engine
 from engines.local_port import free_port
 from gateway.routing import PrefixIndex, RequestKey, Router, RoutingSnapshot
-from gateway.routing.policy import POLICIES
+from gateway.routing.decisions import POLICIES
 from gateway.server import uvicorn_config
 from gateway.settings import GatewaySettings
 from store import open_store

@@ -1,5 +1,6 @@
 """Reading the node agents' KV feeds into the gateway's KvBlockIndex: which prefix-cache blocks
-each vLLM replica's engine holds, for the router's "kv_prefix" choice (gateway/routing/policy.py).
+each vLLM replica's engine holds, for the router's "kv_prefix" choice
+(gateway/routing/prefix_choice.py).
 
 One `KvFeedReader` per agent feed (engines/kv_feed.py): it reads the feed's newline-delimited
 JSON, a snapshot then deltas, into the index shared by the whole gateway. Anything it cannot

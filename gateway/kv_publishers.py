@@ -1,5 +1,5 @@
 """The gateway's own subscriptions to external engines' KV-cache events, for the router's
-"kv_prefix" choice (gateway/routing/policy.py).
+"kv_prefix" choice (gateway/routing/prefix_choice.py).
 
 An external model whose URLs are vLLM servers may name each one's KV-event publisher
 (Profile.external_kv; docs/external-models.md). No node agent runs beside those engines to serve

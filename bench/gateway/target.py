@@ -26,7 +26,7 @@ from pathlib import Path
 
 import uvicorn
 
-from gateway.routing.policy import POLICIES
+from gateway.routing.decisions import POLICIES
 from gateway.server import listen, uvicorn_config
 from gateway.settings import GatewaySettings
 from store import KeyLimits, KeyNameTaken, Store, open_store

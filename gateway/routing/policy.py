@@ -1,29 +1,8 @@
 """Choosing a replica for one request: a pure policy over the routing snapshot and what the
-gateway holds in memory (its prefix index, breakers and the engines' last load samples).
+gateway holds in memory (its prefix index, breakers and the engines' last load samples). The
+"prefix" policy's order of preference is gateway/routing/prefix_choice.py's; what a decision
+holds, gateway/routing/decisions.py.
 
-The order of preference, for the "prefix" policy:
-1. for replicas whose engines publish KV events (`Route.kv`), when the request carries its
-   token ids: among those whose engines report holding at least two leading blocks of the
-   prompt (KvBlockIndex, filled from the node agents' feeds by gateway/kv_feeds.py), the one
-   whose engine will still hold the most when it starts the request (a full cache evicts
-   before then; blocks a request sent ahead will store count: kv_caches.py reads both and
-   notes each request sent, kv_pressure.py orders the evictions), then the one
-   holding the most now; unless it is overloaded (then the next that is not, else the least
-   loaded: "fallback_overloaded"). Overloaded: under a TTFT target, its pending prefill tokens
-   and this request's pass what it prefills in that time, and the fallback is the least
-   predicted wait with this request's own prefill, a holder included (token_load.py,
-   docs/sticky-routing.md); with none, its count passes OverloadMargin;
-2. else the replica holding the longest prefix of the prompt by the gateway's own record of
-   what it sent where (prefix_index.py), or for a replica whose cache is its slots (llama.cpp
-   with `--cache-ram 0`, `Route.prompt_slots`) by what the slot its engine would give the
-   request holds (slot_cache.py), with the same overload rule;
-3. with no match, the session's replica by rendezvous hashing, if the client named a session;
-4. else, for a prompt of at least `min_match_blocks` blocks whose prefix this gateway never
-   sent (it starts one that the requests sharing it will follow), the replica recently sent
-   the least distinct prompt (working_set.py) among those not overloaded ("new_prefix"), ties
-   to the least loaded; any other prompt to the least loaded, ties taken in turn. Either way,
-   where some replicas' slot for the request holds the only copy of a prompt there, only the
-   others not overloaded are considered.
 Replicas whose breaker is open are skipped unless every candidate's is. "least_load" and
 "round_robin" are the baselines the routing benchmark compares against.
 
@@ -42,101 +21,31 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal, Protocol, get_args
 
 from engines.kv_index import KvBlockIndex
-from gateway.routing import affinity
 from gateway.routing.breaker import CircuitBreaker
-from gateway.routing.kv_blocks import BlockIds
+from gateway.routing.decisions import (
+    POLICIES,
+    Decision,
+    OverloadMargin,
+    Policy,
+    PrefixOutbox,
+    Reason,
+    Sent,
+)
 from gateway.routing.kv_caches import KvCaches, KvMatch
 from gateway.routing.loads import EngineLoadBoard
+from gateway.routing.prefix_choice import PrefixChoice
 from gateway.routing.prefix_index import Claims, PrefixIndex
 from gateway.routing.request_key import RequestKey
-from gateway.routing.slot_cache import SlotBoard, SlotView
+from gateway.routing.slot_cache import SlotBoard
 from gateway.routing.snapshot import RoutingSnapshot
-from gateway.routing.token_load import (
-    DEFAULT_TOKENS_PER_S,
-    TOKENS_PER_INDEX_BLOCK,
-    Judged,
-    Pending,
-    TokenLoad,
-    prompt_tokens,
-)
+from gateway.routing.token_load import DEFAULT_TOKENS_PER_S, TokenLoad
 from gateway.routing.working_set import WorkingSets
 from workflows.contracts import ReplicaState, Route
 
-# Why a replica was chosen: a small fixed set, so each can be a Prometheus label value.
-Reason = Literal[
-    "kv_prefix",  # its engine reports holding the most leading blocks of the prompt
-    "prefix",  # it holds the longest cached prefix of the prompt (the gateway's own record)
-    "session",  # the client's session lives there (no prefix matched)
-    "new_prefix",  # a prefix never sent: where the least distinct prompt was sent lately
-    "least_load",  # nothing to prefer: the least loaded replica, ties in turn
-    "round_robin",  # the round-robin baseline policy
-    "fallback_overloaded",  # the preferred replica was overloaded: the least loaded instead
-    "fallback_ejected",  # every candidate's breaker was open: the one ejected longest ago
-    "none",  # no candidate: the model has no ready replica (or all were tried)
-]
-REASONS: tuple[Reason, ...] = get_args(Reason)
 
-Policy = Literal["prefix", "least_load", "round_robin"]
-POLICIES: tuple[Policy, ...] = get_args(Policy)
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    route: Route | None
-    reason: Reason
-    # Leading prompt blocks the chosen replica was last known to hold: its engine's blocks
-    # (block_size tokens each) when it reported any match ("kv_prefix", or a fallback from it),
-    # else the prefix index's 256-byte blocks.
-    matched_blocks: int = 0
-    # Prompt tokens the chosen engine should find in its cache, from its reported blocks: what
-    # its `usage.prompt_tokens_details.cached_tokens` is compared with. 0 without token ids.
-    predicted_cached_tokens: int = 0
-    # The prompt's block ids as the chosen engine hashes them, as far as the decision hashed
-    # them: handed to `sent`, which reads on from there. None unless it publishes KV events.
-    kv_blocks: BlockIds | None = None
-    # The prompt's chained 256-byte block hashes (prefix_index.py), as the "prefix" policy
-    # hashed them: handed to `sent` for the slot replay. Empty under the other policies.
-    prompt_keys: Sequence[int] = ()
-    # Under a TTFT target: the prompt tokens the chosen replica should have to prefill, handed
-    # to `sent` for its pending load. None: not worked out (the whole prompt counts).
-    uncached_tokens: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Sent:
-    """A request as the router noted it sent (`Router.sent`), for `started` and `finished`."""
-
-    replica_id: str
-    kv: int | None = None  # its ticket in kv_pressure.py, where the engine publishes KV events
-    slot: int | None = None  # its ticket in slot_cache.py, where the cache is the slots
-    tokens: Pending | None = None  # its ticket in token_load.py, under a TTFT target
-
-
-@dataclass(frozen=True, slots=True)
-class OverloadMargin:
-    """A replica is overloaded when its load exceeds the least loaded candidate's by more than
-    `absolute` requests and by more than `factor` times: with the defaults, 5 against 0 or 1, 9
-    against 4, 21 against 10. A cache hit saves one prefill; a queue of several requests costs
-    several, so past this margin the cache is not worth the wait."""
-
-    absolute: int = 4
-    factor: float = 2.0
-
-    def exceeded(self, load: int, least: int) -> bool:
-        return load > max(least + self.absolute, least * self.factor)
-
-
-class PrefixOutbox(Protocol):
-    """Where the router tells the prefixes it sends (gateway/peers/outbox.py)."""
-
-    def prefix_sent(self, replica_id: str, keys: Sequence[int]) -> None: ...
-
-
-class Router:
+class Router(PrefixChoice):
     """Owns the state a policy keeps between requests: the prefix index, the breakers and
     round-robin positions. The integrator feeds the breaker (`breaker.failed/succeeded`) and
     the load board (`loads.update(scrape_all(...))`), and calls `retain` when the routing table
@@ -289,116 +198,6 @@ class Router:
             replica_id, sent_lately, now, self.working_sets.window_s
         )
 
-    def _starts_prefix(self, keys: Sequence[int], matches: Mapping[str, int]) -> bool:
-        """Whether the prompt of these block keys starts a prefix: long enough, and no replica
-        was sent min_match_blocks of it (`matches`: longest_match_hashes)."""
-        return self.working_sets.starts_prefix(keys) and all(
-            n < self.min_match_blocks for n in matches.values()
-        )
-
-    def _by_prefix(
-        self,
-        request: RequestKey,
-        keys: Sequence[int],
-        routes: Sequence[Route],
-        ids: Sequence[str],
-        loads: Sequence[int],
-        now: float,
-    ) -> tuple[int, Reason, int, KvMatch | None, int | None, int | None]:
-        """(index of the chosen replica, why, blocks it matched, what its engine reports
-        holding of the prompt: None unless it publishes KV events, the cached tokens predicted
-        there if the choice already worked them out, and under a TTFT target the prompt tokens
-        it has to prefill)."""
-        index = self.index
-        least = min(loads)
-        margin = self.margin
-        chosen: int | None = None
-        reason: Reason = "least_load"
-        matched = 0
-        new = False
-        floor = self.min_match_blocks
-        slots: dict[int, SlotView] = {}
-        # Under a TTFT target, where a holder is to be judged: each candidate's pending tokens.
-        judged: Judged | None = None
-        sticky = self.tokens.enabled
-        prompt = prompt_tokens(request) if sticky else 0
-
-        kv = self.kv.matches(request, routes)
-        kv_usable = [i for i, replica_id in enumerate(ids) if _blocks(kv, replica_id) >= floor]
-        predicted: dict[int, int] = {}
-        if kv_usable:
-            # The most tokens the engine will still hold when it starts this request (a full
-            # cache evicts before then, kv_pressure.py), then the most it holds now (replicas
-            # may differ in block size); among equals the lighter.
-            predicted = {i: self.kv.predicted(ids[i], kv[ids[i]], now) for i in kv_usable}
-            kv_usable.sort(key=lambda i: (-predicted[i], -kv[ids[i]].tokens, loads[i]))
-            if sticky:
-                cached = [predicted.get(i, 0) for i in range(len(ids))]
-                judged = self.tokens.judged(ids, prompt, cached, now)
-            chosen = self._holder(request.model, kv_usable, loads, least, judged)
-            reason = "kv_prefix" if chosen in kv_usable else "fallback_overloaded"
-            matched = _blocks(kv, ids[chosen])
-        else:
-            # No engine reports enough of the prompt (or none publishes KV events): the
-            # gateway's own record of what it sent where, then the session.
-            matches = index.longest_match_hashes(keys, ids) if keys else {}
-            new = self._starts_prefix(keys, matches)
-            # Where the cache is the slots, what the slot the engine would give this request
-            # holds of it, rather than what was sent there (slot_cache.py).
-            slots = self._slot_views(routes, keys)
-            for i, view in slots.items():
-                matches[ids[i]] = view.found
-            usable = [i for i, replica_id in enumerate(ids) if matches.get(replica_id, 0) >= floor]
-            if usable:
-                # Longest match first; among equal matches the lighter replica.
-                usable.sort(key=lambda i: (-matches[ids[i]], loads[i]))
-                if sticky:
-                    cached = [matches.get(r, 0) * TOKENS_PER_INDEX_BLOCK for r in ids]
-                    judged = self.tokens.judged(ids, prompt, cached, now)
-                chosen = self._holder(request.model, usable, loads, least, judged)
-                reason = "prefix" if chosen in usable else "fallback_overloaded"
-                matched = matches.get(ids[chosen], 0)
-            elif request.session:
-                owner = affinity.owner(request.session, ids)
-                if owner is not None and not margin.exceeded(loads[owner], least):
-                    chosen, reason = owner, "session"
-                else:
-                    chosen = self._least_loaded(request.model, loads)
-                    reason = "fallback_overloaded"
-        if chosen is None and new:
-            chosen, reason = self._place(request.model, ids, loads, least, slots, now), "new_prefix"
-        elif chosen is None:
-            chosen = self._least_loaded(request.model, loads, self._spares(slots, loads, least))
-
-        if keys:
-            # Whatever the reason, the chosen engine will now cache this prompt: a hot prefix
-            # that overflowed onto a second replica is then matched on both. Kept for replicas
-            # with KV events too: it routes them while their feed is down.
-            self.learn_prefix(ids[chosen], keys, now)
-            if self.outbox is not None:
-                self.outbox.prefix_sent(ids[chosen], keys)
-        uncached = judged.uncached(chosen) if judged is not None else prompt if sticky else None
-        return chosen, reason, matched, kv.get(ids[chosen]), predicted.get(chosen), uncached
-
-    def _holder(
-        self,
-        model: str,
-        order: Sequence[int],
-        loads: Sequence[int],
-        least: int,
-        judged: Judged | None,
-    ) -> int:
-        """The first holder in `order` not overloaded; else, by `judged`, the least predicted
-        wait (a holder, or not), by OverloadMargin the least loaded (never a holder)."""
-        if judged is None:
-            found = next((i for i in order if not self.margin.exceeded(loads[i], least)), None)
-            return self._least_loaded(model, loads) if found is None else found
-        found = judged.first_within(order)
-        if found is None:
-            found = judged.quickest(loads, self._cursor.get(model, 0))
-            self._cursor[model] = found + 1
-        return found
-
     def learn_prefix(self, replica_id: str, keys: Sequence[int], now: float) -> None:
         """`replica_id` was sent the prompt of these block keys (by this gateway, or by another
         that said so: gateway/peers/)."""
@@ -507,53 +306,7 @@ class Router:
         self._cursor[model] = best + 1
         return best
 
-    def _slot_views(self, routes: Sequence[Route], keys: Sequence[int]) -> dict[int, SlotView]:
-        """For each candidate whose cache is its slots, what this request would meet there."""
-        return {
-            i: self.slots.view(route.replica_id, route.prompt_slots, keys)
-            for i, route in enumerate(routes)
-            if route.prompt_slots is not None
-        }
-
-    def _place(
-        self,
-        model: str,
-        ids: Sequence[str],
-        loads: Sequence[int],
-        least: int,
-        slots: Mapping[int, SlotView],
-        now: float,
-    ) -> int:
-        """Index of the replica for a prompt whose prefix this gateway never sent (and no
-        session places). It starts a prefix that the requests sharing it will follow, so it
-        goes where the least distinct prompt was recently sent (working_set.py), among the
-        replicas that are not overloaded and where it evicts no prompt's only slot (_spares);
-        among equals the least loaded."""
-        among = self._spares(slots, loads, least) or [
-            i for i in range(len(loads)) if not self.margin.exceeded(loads[i], least)
-        ]
-        sizes = {i: self.working_sets.blocks(ids[i], now) for i in among}
-        smallest = min(sizes.values())
-        return self._least_loaded(model, loads, [i for i, n in sizes.items() if n == smallest])
-
-    def _spares(self, slots: Mapping[int, SlotView], loads: Sequence[int], least: int) -> list[int]:
-        """Where a request that matches nothing evicts nothing another request will want: every
-        candidate but those whose slot for it holds the only copy of a prompt there, and those
-        overloaded. Empty (any candidate) when every one would evict or no cache is slots."""
-        if not any(view.evicts for view in slots.values()):
-            return []
-        return [
-            i
-            for i in range(len(loads))
-            if not (i in slots and slots[i].evicts) and not self.margin.exceeded(loads[i], least)
-        ]
-
     def _rotate(self, model: str, count: int) -> int:
         index = self._cursor.get(model, 0) % count
         self._cursor[model] = index + 1
         return index
-
-
-def _blocks(kv: Mapping[str, KvMatch], replica_id: str) -> int:
-    found = kv.get(replica_id)
-    return found.blocks if found is not None else 0

@@ -26,7 +26,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from gateway.routing.policy import Reason
+from gateway.routing.decisions import Reason
 from workflows.contracts import Route
 
 RoutingState = Literal["exact", "approximate", "degraded", "fallback"]

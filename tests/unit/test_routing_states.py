@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from gateway.routing.policy import REASONS, Reason
+from gateway.routing.decisions import REASONS, Reason
 from gateway.routing.states import (
     STATES,
     WHYS,
