@@ -13,6 +13,9 @@ record before the process starts, naming a launch id the engine gets in its envi
 completed with its pid right after. A launching record found later means the attempt that wrote
 it died in between: its engine, if it started, is found by that id and adopted (it is exactly
 what this launch would start, and killing it would only cost a load), else the record is dropped.
+
+The spec record is activities/agent/shard_spec.py; finding and signalling an engine's processes,
+engine_processes.py; its log, engine_logs.py.
 """
 
 from __future__ import annotations
@@ -27,113 +30,28 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from activities.agent import procfs
-from activities.agent.exit_reason import error_line
+from activities.agent.engine_logs import LOG_TAIL_BYTES, failure_line, log_tail, open_log
+from activities.agent.engine_processes import (
+    LAUNCH_ID_ENV,
+    describe_exit,
+    launched_with,
+    orphaned_workers,
+    signal_group,
+)
 from activities.agent.replica_lock import ReplicaBusy, replica_lock
+from activities.agent.shard_spec import LAUNCHING, RUNNING, ShardSpec, load_spec
 from engines.adapter import KvPublisher
 from workflows.contracts import EngineExit, LaunchResult, StopResult
 
 __all__ = ["LAUNCH_ID_ENV", "ReplicaBusy", "ShardSpec", "ShardSupervisor", "describe_exit"]
 
-LOG_TAIL_BYTES = 4096
-# How far back a failure's cause is looked for: a vLLM start that fails prints its root cause
-# and then tens of KB of the tracebacks it caused.
-CAUSE_SEARCH_BYTES = 256 * 1024
-_START_MARK = "=== llmgw "
-# An engine's log is rotated once at (re)start when it has grown past this.
-LOG_ROTATE_BYTES = 16 * 1024 * 1024
 _KILL_WAIT_S = 5.0
 STOP_GRACE_S = 10.0
-# Every engine gets its launch's id here: how a launch that died before recording the pid finds
-# the process it started. Not a secret; unique per launch.
-LAUNCH_ID_ENV = "LLMGW_LAUNCH_ID"
-LAUNCHING = "launching"
-RUNNING = "running"
-
-
-@dataclass(frozen=True)
-class ShardSpec:
-    replica_id: str
-    workflow_id: str
-    pid: int
-    # /proc/<pid>/stat field 22: with the pid, the process's identity.
-    start_time: int
-    command: list[str]
-    fingerprint: str
-    port: int
-    log_path: str
-    started_at: str = ""
-    # The GPUs placement gave the shard: readiness checks each holds memory of its processes.
-    gpu_uuids: list[str] = field(default_factory=list)
-    # LAUNCHING: written before the process starts (pid 0); RUNNING: pid and start time known.
-    # Specs from before launch records have neither field, and are RUNNING.
-    phase: str = RUNNING
-    launch_id: str = ""
-    # Which engine runs (engines/registry.py): its metrics path, for the agent's load reading
-    # and drain. Empty in specs written before it was recorded: the default path.
-    engine: str = ""
-    # Where the engine publishes KV-cache events (engines/adapter.py's KvPublisher, as a dict),
-    # for the agent's subscriber; None when it publishes none, and in specs written before it
-    # was recorded (their engines are not subscribed to until they restart).
-    kv_publisher: dict[str, Any] | None = None
-    # The fingerprint without the adapter list (ModelSpec.restart_fingerprint), for an engine
-    # that loads adapters while it runs; "" otherwise, and in specs written before it was.
-    restart_fingerprint: str = ""
-    # Adopted for another adapter list (name -> path on this node) than it serves: the agent
-    # loads them, then records `pending_fingerprint` as its fingerprint. None when none wait.
-    pending_adapters: dict[str, str] | None = None
-    pending_fingerprint: str = ""
-
-    @property
-    def launching(self) -> bool:
-        return self.phase == LAUNCHING
-
-    def publisher(self) -> KvPublisher | None:
-        """The recorded KvPublisher; None when none is, or the record is not one."""
-        if not isinstance(self.kv_publisher, dict):
-            return None
-        try:
-            return KvPublisher(**self.kv_publisher)
-        except TypeError:
-            return None
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(code).name
-    except ValueError:
-        return f"signal {code}"
-
-
-def _launched_with(launch_id: str) -> list[procfs.ProcStat]:
-    """Live processes whose environment carries this launch id: the engine and its workers."""
-    mark = f"{LAUNCH_ID_ENV}={launch_id}".encode()
-    found = []
-    for entry in os.scandir(procfs.PROC):
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = Path(entry.path, "environ").read_bytes()
-        except OSError:
-            continue
-        if mark in environ.split(b"\0"):
-            stat = procfs.read_stat(int(entry.name))
-            if stat is not None and stat.running:
-                found.append(stat)
-    return found
-
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "exited (exit code unknown: not a child of this agent)"
-    if code < 0:
-        return f"killed by {_signal_name(-code)}"
-    return f"exited with code {code}"
 
 
 class ShardSupervisor:
@@ -164,14 +82,7 @@ class ShardSupervisor:
         return self._logs_dir / f"{replica_id}.log"
 
     def read_spec(self, replica_id: str) -> ShardSpec | None:
-        return self._load(self._spec_path(replica_id))
-
-    @staticmethod
-    def _load(path: Path) -> ShardSpec | None:
-        try:
-            return ShardSpec(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
+        return load_spec(self._spec_path(replica_id))
 
     def _write_spec(self, spec: ShardSpec) -> None:
         fd, tmp = tempfile.mkstemp(dir=self._shards_dir, prefix=".spec-")
@@ -183,7 +94,7 @@ class ShardSupervisor:
         self._spec_path(replica_id).unlink(missing_ok=True)
 
     def shards(self) -> list[ShardSpec]:
-        specs = (self._load(p) for p in sorted(self._shards_dir.glob("*.json")))
+        specs = (load_spec(p) for p in sorted(self._shards_dir.glob("*.json")))
         return [s for s in specs if s is not None]
 
     # --- liveness ------------------------------------------------------------------------
@@ -216,20 +127,11 @@ class ShardSupervisor:
         return dead
 
     def log_tail(self, replica_id: str, max_bytes: int = LOG_TAIL_BYTES) -> str:
-        try:
-            with self.log_path(replica_id).open("rb") as log:
-                log.seek(0, os.SEEK_END)
-                size = log.tell()
-                log.seek(max(0, size - max_bytes))
-                return log.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return log_tail(self.log_path(replica_id), max_bytes)
 
     def failure_line(self, replica_id: str) -> str:
-        """One redacted line on why the engine's latest run failed (exit_reason.error_line),
-        looked for only in what that run wrote: the log keeps earlier runs above it."""
-        tail = self.log_tail(replica_id, CAUSE_SEARCH_BYTES)
-        return error_line(tail[max(0, tail.rfind(_START_MARK)) :])
+        """One redacted line on why the engine's latest run failed (engine_logs.py)."""
+        return failure_line(self.log_path(replica_id))
 
     # --- launch --------------------------------------------------------------------------
 
@@ -346,29 +248,16 @@ class ShardSupervisor:
         """A launching record whose launch ended (the caller holds the lock) before the pid was
         recorded: the engine it started, found by its launch id and recorded; or None, with the
         record dropped, when nothing started (workers of a leader that died are killed)."""
-        procs = _launched_with(spec.launch_id) if spec.launch_id else []
+        procs = launched_with(spec.launch_id) if spec.launch_id else []
         leader = next((p for p in procs if p.pid == p.pgrp), None)
         if leader is not None:
             found = replace(spec, pid=leader.pid, start_time=leader.start_time, phase=RUNNING)
             self._write_spec(found)
             return found
         for pgid in {p.pgrp for p in procs}:
-            self._signal_group(pgid, signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
         self._remove_spec(spec.replica_id)
         return None
-
-    def _open_log(self, replica_id: str, command: list[str]) -> int:
-        path = self.log_path(replica_id)
-        try:
-            if path.stat().st_size > LOG_ROTATE_BYTES:
-                os.replace(path, path.with_suffix(".log.1"))
-        except FileNotFoundError:
-            pass
-        # 0600: engine output can include prompts.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        stamp = datetime.now(UTC).isoformat(timespec="seconds")
-        os.write(fd, f"{_START_MARK}{stamp}: starting {command[0]} ===\n".encode())
-        return fd
 
     def _start(
         self,
@@ -402,7 +291,7 @@ class ShardSupervisor:
         # On disk before the process exists: an agent that dies from here on leaves a record
         # the next launch settles, never an engine nobody knows of.
         self._write_spec(launching)
-        log_fd = self._open_log(replica_id, command)
+        log_fd = open_log(self.log_path(replica_id), command)
         try:
             proc = subprocess.Popen(
                 command,
@@ -492,23 +381,6 @@ class ShardSupervisor:
                 return False
             time.sleep(0.05)
 
-    @staticmethod
-    def _signal_group(pgid: int, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
-
-    @staticmethod
-    def _orphaned_workers(spec: ShardSpec) -> bool:
-        """The leader died but processes it forked still run in its group. The kernel never
-        hands out a pid still in use as a process group id, so while no other process holds
-        the leader's pid, that group is still the engine's."""
-        if spec.pid <= 0:
-            return False
-        leader = procfs.read_stat(spec.pid)
-        if leader is not None and leader.start_time != spec.start_time:
-            return False
-        return bool(procfs.group_members(spec.pid))
-
     def stop(self, replica_id: str, grace_s: float = STOP_GRACE_S) -> StopResult:
         """SIGTERM the engine's whole process group, SIGKILL what is left after `grace_s`."""
         with self._lock(replica_id, grace_s + _KILL_WAIT_S + 30.0):
@@ -525,12 +397,12 @@ class ShardSupervisor:
         # belongs to someone else, and its group with it.
         was_running = self._running(spec)
         if was_running:
-            self._signal_group(spec.pid, signal.SIGTERM)
+            signal_group(spec.pid, signal.SIGTERM)
             if not self._wait_group_gone(spec, grace_s):
-                self._signal_group(spec.pid, signal.SIGKILL)
+                signal_group(spec.pid, signal.SIGKILL)
                 self._wait_group_gone(spec, _KILL_WAIT_S)
-        elif self._orphaned_workers(spec):
-            self._signal_group(spec.pid, signal.SIGKILL)
+        elif orphaned_workers(spec):
+            signal_group(spec.pid, signal.SIGKILL)
             self._wait_group_gone(spec, _KILL_WAIT_S)
         self._children.pop(replica_id, None)
         self._remove_spec(replica_id)
