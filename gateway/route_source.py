@@ -20,7 +20,7 @@ from gateway.routing import RoutingSnapshot
 from store.fleet import FleetTables
 from workflows import model_client
 from workflows.contracts import ModelSpec, ModelView, ModelWake, RoutingTable
-from workflows.model import ModelWorkflow
+from workflows.model_api import ModelApi
 
 log = logging.getLogger(__name__)
 WAKE_TIMEOUT = timedelta(seconds=2)
@@ -95,7 +95,7 @@ class StoreRouteSource:
 
     async def wake(self, model: str) -> None:
         handle = model_client.model_handle(self._temporal(), model)
-        await handle.signal(ModelWorkflow.wake, ModelWake(), rpc_timeout=WAKE_TIMEOUT)
+        await handle.signal(ModelApi.wake, ModelWake(), rpc_timeout=WAKE_TIMEOUT)
 
 
 class RouteRefresher:

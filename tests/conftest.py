@@ -33,3 +33,15 @@ def pytest_runtest_makereport(
     if report.failed and isinstance(system, System):
         report.sections.append(("llmgw logs", log_tails(system.state_dir)))
     return report
+
+
+# `make test` runs the suite on several pytest-xdist workers (tests/run.py) with --dist
+# loadgroup. A module's tests stay on one worker, so a module-scoped fixture (a running llmgw,
+# a real llama-server) is started once; the e2e modules share one worker, so at most one real
+# llama-server is busy computing beside the rest of the suite and its timings stay as serial
+# runs saw them.
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.path))
+        group = "e2e" if path.parent.name == "e2e" else str(path)
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -24,13 +24,26 @@ NO_TESTS_COLLECTED = pytest.ExitCode.NO_TESTS_COLLECTED  # 5
 FORCED_CONTINUE_AS_NEW_EVERY = "40"
 
 
+def workers() -> str:
+    """How many pytest-xdist workers: LLMGW_TEST_WORKERS, else twice the cores (most tests
+    wait on servers and subprocesses rather than compute), at most 8. 0 runs in one process."""
+    default = min(8, 2 * (os.cpu_count() or 1))
+    return os.environ.get("LLMGW_TEST_WORKERS", str(default))
+
+
+def spread() -> list[str]:
+    """pytest's arguments for the workers; tests/conftest.py groups the tests per module."""
+    count = workers()
+    return [] if count == "0" else ["-n", count, "--dist", "loadgroup"]
+
+
 def main() -> int:
     os.environ.setdefault("LLMGW_REQUIRE_POSTGRES", "1")
     if os.geteuid() == 0:
         # Root can make network namespaces: the multi-host test must run, not skip.
         os.environ.setdefault("LLMGW_REQUIRE_NETNS", "1")
     args = sys.argv[1:]
-    code = pytest.main(["-p", "no:cacheprovider", "--durations=10", "tests", *args])
+    code = pytest.main(["-p", "no:cacheprovider", "--durations=10", *spread(), "tests", *args])
     if code == NO_TESTS_COLLECTED:
         # A run that tested nothing must not read as a pass (pytest's status 5).
         print("pytest collected no tests: check the paths and -k/-m filters", file=sys.stderr)
@@ -40,7 +53,8 @@ def main() -> int:
         return int(code)
     print("\nThe workflow suite again, continuing as new every few events:", flush=True)
     env = {**os.environ, "LLMGW_TEST_CONTINUE_AS_NEW_EVERY": FORCED_CONTINUE_AS_NEW_EVERY}
-    forced = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "tests/workflows"]
+    forced = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *spread()]
+    forced.append("tests/workflows")
     return subprocess.run(forced, env=env, check=False).returncode
 
 

@@ -11,17 +11,17 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 
 from workflows.contracts import ModelSpec, ModelState, ModelView, RemoveModel, ScaleRequest
-from workflows.model import ModelWorkflow
+from workflows.model_api import ModelApi
 from workflows.names import CONTROL_TASK_QUEUE, model_workflow_id
 
 
-def model_handle(client: Client, name: str) -> WorkflowHandle[ModelWorkflow, ModelView]:
+def model_handle(client: Client, name: str) -> WorkflowHandle[ModelApi, ModelView]:
     """A model's workflow, typed: its signals, queries and updates go by method reference
-    (`ModelWorkflow.scale`), which also gives their result types.
+    (`ModelApi.scale`), which also gives their result types.
 
-    Not get_workflow_handle_for(ModelWorkflow.run, ...): mypy 2.4 infers Never for it once a run
+    Not get_workflow_handle_for(ModelApi.run, ...): mypy 2.4 infers Never for it once a run
     method with an optional parameter (NodeWorkflow.run) went through it first, in any module."""
-    handle: WorkflowHandle[ModelWorkflow, ModelView] = client.get_workflow_handle(
+    handle: WorkflowHandle[ModelApi, ModelView] = client.get_workflow_handle(
         model_workflow_id(name)
     )
     return handle
@@ -29,9 +29,9 @@ def model_handle(client: Client, name: str) -> WorkflowHandle[ModelWorkflow, Mod
 
 def _start(
     spec: ModelSpec, task_queue: str
-) -> WithStartWorkflowOperation[ModelWorkflow, ModelView]:
+) -> WithStartWorkflowOperation[ModelApi, ModelView]:
     return WithStartWorkflowOperation(
-        ModelWorkflow.run,
+        ModelApi.run,
         ModelState(spec=spec),
         id=model_workflow_id(spec.name),
         task_queue=task_queue,
@@ -45,7 +45,7 @@ async def apply_model(
     """Create the model if missing, then make its spec this one. `task_queue`: the control
     workers' queue, where a new model's workflow (and so its replicas) runs."""
     return await client.execute_update_with_start_workflow(
-        ModelWorkflow.apply, spec, start_workflow_operation=_start(spec, task_queue)
+        ModelApi.apply, spec, start_workflow_operation=_start(spec, task_queue)
     )
 
 
@@ -64,17 +64,17 @@ async def describe_model(client: Client, name: str) -> ModelView | None:
             return None
     except RPCError:  # no such workflow, or Temporal unreachable: no model to describe
         return None
-    return await handle.query(ModelWorkflow.describe)
+    return await handle.query(ModelApi.describe)
 
 
 async def scale_model(client: Client, name: str, replicas: int) -> ModelView:
     return await model_handle(client, name).execute_update(
-        ModelWorkflow.scale, ScaleRequest(replicas=replicas)
+        ModelApi.scale, ScaleRequest(replicas=replicas)
     )
 
 
 async def remove_model(client: Client, name: str) -> ModelView:
-    return await model_handle(client, name).execute_update(ModelWorkflow.remove, RemoveModel())
+    return await model_handle(client, name).execute_update(ModelApi.remove, RemoveModel())
 
 
 async def list_models(client: Client) -> list[ModelView]:
