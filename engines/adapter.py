@@ -1,12 +1,13 @@
-"""What llmgw needs to know of an engine, as one interface every engine implements.
+"""What llmgw does with an engine, as one interface every engine implements.
 
-An adapter answers, for its engine: how it is installed and checked again later, the commands
-and environment one shard of a replica runs with, what says it is ready, the Prometheus metrics
-that tell its load and where it serves them, whether it publishes KV-cache events, and whether
-it loads LoRA adapters while it runs. The node
-agent and engines/metrics.py (through which the gateway reads metric names and paths) ask the
-registry (engines/registry.py) for an adapter by name instead of telling engines apart
-themselves; adding an engine is one module holding its adapter, registered there.
+An adapter holds its engine's machinery: how it is installed and checked again later, the
+commands and environment one shard of a replica runs with, where it publishes KV-cache events,
+and how it loads LoRA adapters while it runs. What is known of the engine as plain facts (what
+says it is ready, its metric names and path, whether it publishes KV-cache events, its default
+version) is its row in workflows/contracts/engine_facts.py, which the adapter reads back
+(`facts`) rather than keeping a copy. The node agent and engines/metrics.py ask the registry
+(engines/registry.py) for an adapter by name instead of telling engines apart themselves;
+adding an engine is one module holding its adapter, registered there, and its row.
 
 engines/ imports nothing from activities/, gateway/ or workers/, which all sit above it.
 """
@@ -21,7 +22,18 @@ from typing import ClassVar
 
 from engines.commands import Command, ShardPlace
 from engines.verify import Verification
-from workflows.contracts import EngineRequirement, EngineStatus, ModelSpec, Profile
+from workflows.contracts import (
+    EngineFacts,
+    EngineRequirement,
+    EngineStatus,
+    ModelSpec,
+    Profile,
+    engine_facts,
+)
+
+# Re-exported: adapters and the agent take these from here.
+from workflows.contracts import MetricNames as MetricNames
+from workflows.contracts import Readiness as Readiness
 
 # Called with each line of an install's progress (the agent heartbeats the latest).
 Progress = Callable[[str], None]
@@ -34,26 +46,6 @@ class InstallPlace:
     engines_root: Path  # <root>/<engine>/<version>/ holds each installed version
     cache_dir: Path  # downloads and builds, kept across installs
     nvidia: bool  # an NVIDIA driver is loaded here: install and check the CUDA build
-
-
-@dataclass(frozen=True)
-class MetricNames:
-    """The Prometheus gauges that say how busy the engine is, and where it serves them."""
-
-    running: str  # requests being worked on
-    waiting: str  # requests held in its queue
-    kv_usage: str | None  # share of the KV cache in use, 0-1; None when the engine has none
-    path: str = "/metrics"
-
-
-@dataclass(frozen=True)
-class Readiness:
-    """What the agent asks before a shard counts as ready (activities/agent/readiness.py does
-    the asking): `health` answers 200 once the process is up, `models` with the engine key once
-    the weights are loaded and the key is the one the gateway will send."""
-
-    health: str = "/health"
-    models: str = "/v1/models"
 
 
 @dataclass(frozen=True)
@@ -116,19 +108,43 @@ class NotRunByLlmgwError(ValueError):
 class Engine(ABC):
     """One engine, as llmgw runs it. Instances hold no state: the registry keeps one each."""
 
+    # Its row's name in workflows/contracts/engine_facts.py.
     name: ClassVar[str]
-    # The version a profile that names none gets; "" when the profile must name one.
-    default_version: ClassVar[str] = ""
-    # False for an engine served outside llmgw: nothing is installed, placed or launched.
-    runs_on_nodes: ClassVar[bool] = True
-    # None when llmgw does not read the engine's metrics.
-    metrics: ClassVar[MetricNames | None]
-    readiness: ClassVar[Readiness] = Readiness()
-    # Whether it publishes KV-cache events the router can subscribe to (a profile's kv_events).
-    kv_events: ClassVar[bool] = False
     # How it loads and unloads LoRA adapters while it runs; None: its adapters are given at
-    # launch, and a changed list restarts the replica (workflows RUNTIME_LORA_ENGINES agrees).
+    # launch, and a changed list restarts the replica (its row's lora_at_runtime agrees).
     runtime_adapters: ClassVar[RuntimeAdapters | None] = None
+
+    @property
+    def facts(self) -> EngineFacts:
+        """The engine's row; every adapter has one (tests/unit/test_engine_facts.py)."""
+        found = engine_facts(self.name)
+        if found is None:
+            raise LookupError(f"engine {self.name} has no row in ENGINE_FACTS")
+        return found
+
+    @property
+    def default_version(self) -> str:
+        """The version a profile that names none gets; "" when the profile must name one."""
+        return self.facts.default_version
+
+    @property
+    def runs_on_nodes(self) -> bool:
+        """False for an engine served outside llmgw: nothing is installed, placed or launched."""
+        return self.facts.runs_on_nodes
+
+    @property
+    def metrics(self) -> MetricNames | None:
+        """None when llmgw does not read the engine's metrics."""
+        return self.facts.metrics
+
+    @property
+    def readiness(self) -> Readiness:
+        return self.facts.readiness
+
+    @property
+    def kv_events(self) -> bool:
+        """Whether it publishes KV-cache events the router can subscribe to."""
+        return self.facts.kv_events
 
     @abstractmethod
     def install(

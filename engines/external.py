@@ -8,14 +8,12 @@ for asking about an engine nobody knows.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
 
 from typing_extensions import override
 
 from engines.adapter import (
     Engine,
     InstallPlace,
-    MetricNames,
     NotRunByLlmgwError,
     Progress,
     ShardLaunch,
@@ -30,8 +28,6 @@ NOT_RUN = f"engine {EXTERNAL} is served outside llmgw: nothing is installed or l
 
 class External(Engine):
     name = EXTERNAL
-    runs_on_nodes = False
-    metrics: ClassVar[MetricNames | None] = None  # the gateway does not scrape external endpoints
 
     @override
     def install(

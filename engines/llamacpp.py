@@ -11,7 +11,7 @@ from pathlib import Path
 
 from typing_extensions import override
 
-from engines.adapter import Engine, InstallPlace, MetricNames, Progress, ShardLaunch
+from engines.adapter import Engine, InstallPlace, Progress, ShardLaunch
 from engines.commands import Command, check_reserved
 from engines.install_llamacpp import install_llamacpp
 from engines.verify import Verification, verify_llamacpp
@@ -102,12 +102,6 @@ def engine_env(key: str) -> dict[str, str]:
 
 class LlamaCpp(Engine):
     name = ENGINE
-    # Pinned: the build this release was checked against, for profiles that name none.
-    default_version = LLAMACPP_DEFAULT_VERSION
-    # llama-server exports no KV-cache gauge.
-    metrics = MetricNames(
-        running="llamacpp:requests_processing", waiting="llamacpp:requests_deferred", kv_usage=None
-    )
 
     @override
     def install(

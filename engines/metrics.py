@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 import httpx
 
-from engines.registry import engines, find
+from workflows.contracts import ENGINE_FACTS, engine_facts
 
 # Requests an engine is working on and holding in its queue, and the share of its KV cache in
-# use, by the metric names each engine's adapter declares (../shared/REFERENCE.md, "Load and
-# cache metrics by engine"). One set for all: no two engines share a name, so a scrape
-# matches only its own engine's.
-_DECLARED = [engine.metrics for engine in engines() if engine.metrics is not None]
+# use, by the metric names each engine's row declares (workflows/contracts/engine_facts.py).
+# One set for all: no two engines share a name, so a scrape matches only its own engine's.
+_DECLARED = [row.metrics for row in ENGINE_FACTS.values() if row.metrics is not None]
 RUNNING_METRICS = frozenset(m.running for m in _DECLARED)
 WAITING_METRICS = frozenset(m.waiting for m in _DECLARED)
 KV_USAGE_METRICS = frozenset(m.kv_usage for m in _DECLARED if m.kv_usage is not None)
@@ -25,8 +24,8 @@ DEFAULT_METRICS_PATH = "/metrics"
 
 
 def metrics_path(engine: str) -> str:
-    """Where `engine` serves its Prometheus text: its adapter's path, else the usual one."""
-    known = find(engine)
+    """Where `engine` serves its Prometheus text: its row's path, else the usual one."""
+    known = engine_facts(engine)
     declared = known.metrics if known is not None else None
     return declared.path if declared is not None else DEFAULT_METRICS_PATH
 

@@ -35,8 +35,8 @@ from engines.engine_dir import (
     write_marker,
 )
 from engines.verify import Verification
-from workflows.contracts import EngineRequirement, EngineState, EngineStatus
-from workflows.engine_plan import DEFAULT_PACKAGES, VLLM, is_cpu_package
+from workflows.contracts import EngineRequirement, EngineState, EngineStatus, engine_facts
+from workflows.engine_plan import VLLM, is_cpu_package
 
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 _PACKAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -267,7 +267,9 @@ def install_python_engine(
     progress: Progress,
     nvidia: bool,
 ) -> EngineStatus:
-    package = req.package or DEFAULT_PACKAGES.get(req.engine, req.engine)
+    facts = engine_facts(req.engine)
+    default = facts.default_package if facts is not None else None
+    package = req.package or default or req.engine
     req = req.model_copy(update={"package": package})
     if req.path:
         progress(f"verifying operator-provided {req.path}")

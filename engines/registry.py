@@ -1,5 +1,7 @@
-"""Every engine llmgw knows, by name. Adding an engine: its module with an `Engine` adapter
-(engines/adapter.py), and one line in ENGINES below."""
+"""Every engine llmgw runs or routes to, by name: its adapter, the machinery. Adding an engine:
+its module with an `Engine` adapter (engines/adapter.py), one line in ENGINES below, and its
+row of facts in workflows/contracts/engine_facts.py, which the catalog, placement, the gateway
+and the doctor read (tests/unit/test_engine_facts.py holds the two together)."""
 
 from __future__ import annotations
 

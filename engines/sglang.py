@@ -14,7 +14,7 @@ LEADER:PORT`; only rank 0 serves HTTP.
 
 from __future__ import annotations
 
-from engines.adapter import MetricNames, ShardLaunch
+from engines.adapter import ShardLaunch
 from engines.commands import Command, ShardPlace, check_reserved
 from engines.python_env import PythonEnvEngine
 from workflows.contracts import ModelSpec, Profile
@@ -111,11 +111,6 @@ def engine_env(key: str) -> dict[str, str]:
 
 class SGLang(PythonEnvEngine):
     name = SGLANG
-    metrics = MetricNames(
-        running="sglang:num_running_reqs",
-        waiting="sglang:num_queue_reqs",
-        kv_usage="sglang:token_usage",
-    )
 
     def commands(self, shard: ShardLaunch) -> list[Command]:
         # The launcher above runs under the environment's own python, found beside whatever

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from typing_extensions import override
 
-from engines.adapter import Engine, InstallPlace, MetricNames, Progress, ShardLaunch
+from engines.adapter import Engine, InstallPlace, Progress, ShardLaunch
 from engines.commands import Command, ShardPlace, check_reserved
 from engines.key_guard import KEY_ENV
 from engines.python_env import CHECK_TIMEOUT_S, check_env
@@ -178,13 +178,6 @@ def guard_command(place: ShardPlace, inner_port: int, python: str = sys.executab
 
 class TrtLlm(Engine):
     name = TRTLLM
-    # trtllm-serve serves its Prometheus text on a path of its own.
-    metrics = MetricNames(
-        running="trtllm_num_requests_running",
-        waiting="trtllm_num_requests_waiting",
-        kv_usage="trtllm_kv_cache_utilization",
-        path="/prometheus/metrics",
-    )
 
     @override
     def install(

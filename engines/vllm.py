@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 
-from engines.adapter import KvPublisher, MetricNames, RuntimeAdapters, ShardLaunch
+from engines.adapter import KvPublisher, RuntimeAdapters, ShardLaunch
 from engines.commands import Command, ShardPlace, check_reserved, tcp_endpoint
 from engines.python_env import PythonEnvEngine
 from workflows.contracts import ModelSpec, Profile
@@ -280,12 +280,6 @@ def engine_env(
 
 class Vllm(PythonEnvEngine):
     name = VLLM
-    metrics = MetricNames(
-        running="vllm:num_requests_running",
-        waiting="vllm:num_requests_waiting",
-        kv_usage="vllm:kv_cache_usage_perc",
-    )
-    kv_events = True  # over ZMQ, with --kv-events-config (kv_events_config above)
     runtime_adapters = RUNTIME_LORA
 
     def commands(self, shard: ShardLaunch) -> list[Command]:

@@ -17,6 +17,7 @@ from typing import Any
 from gateway.quota import Reservation
 from gateway.request_body import COMPLETIONS
 from gateway.sse import UsageFilter
+from workflows.contracts import engine_facts
 
 # Usage read out of a whole response without parsing it all: engines put it at the end.
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
@@ -45,11 +46,12 @@ def usage_counts(usage: Any) -> tuple[int, int] | None:
     return prompt, completion if isinstance(completion, int) else 0
 
 
-# Engines whose `usage` covers every choice of a response: vLLM adds up the tokens of all its
-# outputs (serving_chat.py / serving_completion.py: sum(len(output.token_ids) ...)), SGLang all
-# its choices, with each prompt counted once (serving_chat.py: sum over ret[i]["meta_info"]).
-# Any other engine is assumed to report a single choice, as llama.cpp does.
-ENGINES_COUNTING_EVERY_CHOICE = frozenset({"vllm", "sglang"})
+def counts_every_choice(engine: str) -> bool:
+    """Whether the engine's `usage` covers every choice of a response: its row says
+    (workflows/contracts/engine_facts.py, counts_every_choice: vLLM and SGLang). Any other
+    engine is assumed to report a single choice, as llama.cpp does."""
+    facts = engine_facts(engine)
+    return facts is not None and facts.counts_every_choice
 
 
 def choices_requested(path: str, body: dict[str, Any]) -> tuple[int, int]:
@@ -98,7 +100,7 @@ def whole_response_counts(
     """(prompt, completion) tokens to bill for a whole (non-streamed) answer.
 
     One choice: the engine's usage, as it reports it. Several: the response is parsed and its
-    choices counted. An engine that counts every choice (ENGINES_COUNTING_EVERY_CHOICE) is
+    choices counted. An engine that counts every choice (`counts_every_choice`) is
     believed. Any other is taken to report one choice, as llama.cpp does when it merges the
     choices of its tasks into one response and keeps the first task's usage: each further
     choice is billed at the most it could have been, its max_tokens (the reservation's
@@ -127,7 +129,7 @@ def whole_response_counts(
             # Each usage covers at least one choice: only the choices beyond one per usage
             # are unaccounted for.
             choices += max(len(listed) - (1 if counts is not None else 0), 0)
-    if engine in ENGINES_COUNTING_EVERY_CHOICE:
+    if counts_every_choice(engine):
         return prompt, completion
     per_choice = reservation.per_choice_tokens or 0
     completion += choices * per_choice

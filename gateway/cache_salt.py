@@ -9,8 +9,9 @@ key id) (workflows/engine_keys.py), never stored, the same on every gateway and 
 and unknown to every client. A salt the client sent still divides the key's cache further: it
 is sent as `<key's salt>:<client's salt>`, so a client can never name another key's salt.
 
-Only when every ready replica of the model is a vLLM engine: another engine may refuse a field
-it does not know, or ignore it (and share its cache regardless), and a request may be retried on
+Only when every ready replica of the model is an engine whose row says it takes the salt
+(workflows/contracts/engine_facts.py, cache_salt: vLLM): another engine may refuse a field it
+does not know, or ignore it (and share its cache regardless), and a request may be retried on
 any ready replica. The router hashes the salt the body carries (gateway/proxy.py builds
 RequestKey.cache_salt from the body after this), so the blocks it predicts for a request are the
 ones the engine will look for, and its own prefix index keys the prompt by the salt
@@ -25,10 +26,9 @@ from typing import Any
 from gateway.errors import bad_request
 from gateway.request_body import CACHE_SALT, MAX_CACHE_SALT
 from store import ApiKey
-from workflows.contracts import Route
+from workflows.contracts import Route, engine_facts
 from workflows.engine_keys import cache_salt_from_master
 
-VLLM = "vllm"
 # Between the salt and the prompt in a routing prompt (ASCII record separator, as
 # gateway/routing/request_key.py uses between a prompt's parts).
 _SEPARATOR = b"\x1e"
@@ -51,7 +51,13 @@ class CacheSalts:
 
 def isolates(key: ApiKey, routes: Sequence[Route]) -> bool:
     """Whether this key's request to these (the model's ready) routes gets the key's salt."""
-    return key.limits.isolate_cache and bool(routes) and all(r.engine == VLLM for r in routes)
+    return key.limits.isolate_cache and bool(routes) and all(takes_salt(r.engine) for r in routes)
+
+
+def takes_salt(engine: str) -> bool:
+    """Whether the engine hashes a request's `cache_salt` into its prefix cache."""
+    facts = engine_facts(engine)
+    return facts is not None and facts.cache_salt
 
 
 def salt_body(

@@ -27,11 +27,16 @@ from typing import Any
 from gateway.body_parse import upstream_payload, with_member
 from gateway.errors import ApiError
 from gateway.request_body import ProxiedRequest
-from workflows.contracts import Route
+from workflows.contracts import Route, engine_facts
 
-# The engine that selects an adapter per request by index, not by name.
-BY_INDEX_ENGINE = "llamacpp"
 ADAPTER_SCALE = 1.0
+
+
+def by_index(engine: str) -> bool:
+    """Whether the engine selects an adapter per request by index, not by name: its row says
+    (workflows/contracts/engine_facts.py, lora_by_index: llama.cpp)."""
+    facts = engine_facts(engine)
+    return facts is not None and facts.lora_by_index
 
 
 def adapter_index(route: Route, adapter: str) -> int | None:
@@ -49,7 +54,7 @@ def serves_adapter(route: Route, adapter: str) -> bool:
     is left to answer an unknown one itself (404)."""
     if adapter in route.adapters:
         return True
-    return route.engine != BY_INDEX_ENGINE and not route.adapters
+    return not by_index(route.engine) and not route.adapters
 
 
 def unserved(routes: Iterable[Route], adapter: str | None) -> set[str]:
@@ -110,7 +115,7 @@ class UpstreamBodies:
                 self._with_priority = with_member(self._payload, member)
             return self._with_priority
         adapter = self._request.adapter
-        if route.engine != BY_INDEX_ENGINE:
+        if not by_index(route.engine):
             return self._payload
         if adapter is None:
             loaded = len(route.adapters)

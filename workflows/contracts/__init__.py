@@ -6,7 +6,8 @@ are used (see engine_keys.py), API keys live only in the gateway's store.
 
 Split by what they carry: nodes, engine_installs, models, replicas, ledger, agent_activities
 (node agent activities), artifacts (the model mirror's), fetch (a node's fetch of an artifact)
-and server_config. Import them from here: every name is re-exported.
+and server_config; engine_facts holds no messages but what llmgw knows of each engine, one row
+each, for every layer to read. Import them from here: every name is re-exported.
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ from workflows.contracts.agent_activities import (
     StopResult,
 )
 from workflows.contracts.artifacts import ArtifactFile, ArtifactManifest
+from workflows.contracts.engine_facts import (
+    ENGINE_FACTS,
+    EngineFacts,
+    MetricNames,
+    Readiness,
+    engine_facts,
+    engine_names,
+    engines_where,
+)
 from workflows.contracts.engine_installs import (
     EngineInstallRequest,
 )
@@ -74,7 +84,6 @@ from workflows.contracts.ledger import (
     WorkflowStatuses,
 )
 from workflows.contracts.models import (
-    RUNTIME_LORA_ENGINES,
     Autoscale,
     AutoscaleState,
     ExternalKv,
@@ -140,7 +149,7 @@ ReplicaCarried.model_rebuild(_types_namespace=_LEDGER_TYPES)
 ReplicaInput.model_rebuild(_types_namespace=_LEDGER_TYPES)
 
 __all__ = [
-    "RUNTIME_LORA_ENGINES",
+    "ENGINE_FACTS",
     "Allocation",
     "AllocationLookup",
     "ArtifactFetchRequest",
@@ -152,6 +161,7 @@ __all__ = [
     "AutoscaleState",
     "DiscoverRequest",
     "EngineExit",
+    "EngineFacts",
     "EngineInstallRequest",
     "EngineLoad",
     "EngineLoadReport",
@@ -181,6 +191,7 @@ __all__ = [
     "LedgerState",
     "LoadTotals",
     "LoraAdapter",
+    "MetricNames",
     "MigInstance",
     "ModelIdle",
     "ModelLoadReport",
@@ -215,6 +226,7 @@ __all__ = [
     "PlacementRequest",
     "PortsInUse",
     "Profile",
+    "Readiness",
     "ReadyRequest",
     "ReadyResult",
     "ReleaseRequest",
@@ -244,4 +256,7 @@ __all__ = [
     "VerifyEnginesResult",
     "WorkflowIds",
     "WorkflowStatuses",
+    "engine_facts",
+    "engine_names",
+    "engines_where",
 ]

@@ -8,11 +8,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field, model_validator
 
-# Engines that load and unload LoRA adapters while they run (vLLM's /v1/load_lora_adapter and
-# /v1/unload_lora_adapter): a change to a profile's adapter list reaches their running replicas
-# without a restart. Each one's adapter in engines/ says how (Engine.runtime_adapters);
-# tests/unit/test_engine_registry.py keeps the two in step.
-RUNTIME_LORA_ENGINES = frozenset({"vllm"})
+from workflows.contracts.engine_facts import EXTERNAL, engine_facts
+
 # The most replicas one model may have.
 MAX_REPLICAS = 10_000
 
@@ -102,8 +99,10 @@ class Profile(BaseModel):
     def adapters_at_runtime(self) -> bool:
         """Its engine takes a new adapter list while it runs. Only with adapters: an engine
         started without any runs without LoRA (vLLM's --enable-lora), so the first adapter,
-        or the removal of the last, needs a restart."""
-        return self.engine in RUNTIME_LORA_ENGINES and bool(self.lora)
+        or the removal of the last, needs a restart. Which engines can: their row's
+        lora_at_runtime (workflows/contracts/engine_facts.py)."""
+        facts = engine_facts(self.engine)
+        return facts is not None and facts.lora_at_runtime and bool(self.lora)
 
     @property
     def prompt_slots(self) -> int | None:
@@ -218,7 +217,7 @@ class ModelSpec(BaseModel):
     @property
     def external(self) -> bool:
         """Served by endpoints llmgw does not run: nothing is placed, each URL is a replica."""
-        return self.engine == "external"
+        return self.engine == EXTERNAL
 
     def profile_fingerprint(self, index: int) -> str:
         """What a running replica on this profile was started from: when it differs from the

@@ -2,19 +2,22 @@
 the engine's HTTP port, and on a leader the rendezvous point of a multi-node replica (vLLM's
 --master-port, the Ray head, SGLang's --dist-init-addr), vLLM's KV-event publisher and replay
 ports, and the loopback port a TensorRT-LLM leader's trtllm-serve listens on behind its key guard
-(engines/trtllm.py: the guard holds the HTTP port). Ports an agent found held by a process
-outside llmgw are skipped."""
+(engines/trtllm.py: the guard holds the HTTP port). Which engines bind which is their row's to
+say (workflows/contracts/engine_facts.py: kv_events, leader_ports). Ports an agent found held
+by a process outside llmgw are skipped."""
 
 from __future__ import annotations
 
 from collections.abc import Collection
 
-from workflows.contracts import NodeRecord, Profile
+from workflows.contracts import NodeRecord, Profile, engine_facts
+
+# Re-exported: the engines' adapters take their ports by placement's names, from here.
+from workflows.contracts.engine_facts import ENGINE_INNER as ENGINE_INNER
 
 RENDEZVOUS = "rendezvous"
 KV_PUB = "kv_pub"
 KV_REPLAY = "kv_replay"
-ENGINE_INNER = "engine_inner"
 
 
 def extra_port_names(profile: Profile, rank: int) -> list[str]:
@@ -22,10 +25,12 @@ def extra_port_names(profile: Profile, rank: int) -> list[str]:
     if rank != 0:
         return []  # workers connect to the leader's rendezvous point; they publish nothing
     names = [RENDEZVOUS] if profile.nodes > 1 else []
-    if profile.kv_events and profile.engine == "vllm":
+    facts = engine_facts(profile.engine)
+    if facts is None:
+        return names
+    if profile.kv_events and facts.kv_events:
         names += [KV_PUB, KV_REPLAY]
-    if profile.engine == "trtllm":
-        names.append(ENGINE_INNER)  # trtllm-serve on loopback; its key guard has the HTTP port
+    names += facts.leader_ports
     return names
 
 

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from activities.agent.doctor.facts import DoctorFacts
 from activities.agent.doctor.findings import Finding, Severity
-from workflows.contracts import GpuInfo
+from workflows.contracts import ENGINE_FACTS, GpuInfo
 
-# Engines that run on CUDA and the oldest CUDA major version their current builds target. CUDA
-# minor version compatibility lets any 12.x driver run a 12.y build, so the major is what
-# decides; llama.cpp's builds here are CPU builds and need none.
-MIN_CUDA_MAJOR = {"vllm": 12, "sglang": 12, "trtllm": 12}
+
+def min_cuda_majors() -> dict[str, int]:
+    """Engines that run on CUDA and the oldest CUDA major version their current builds target,
+    as their rows say (workflows/contracts/engine_facts.py, min_cuda_major). CUDA minor version
+    compatibility lets any 12.x driver run a 12.y build, so the major is what decides;
+    llama.cpp's builds here are CPU builds and need none."""
+    return {
+        name: row.min_cuda_major
+        for name, row in ENGINE_FACTS.items()
+        if row.min_cuda_major is not None
+    }
 
 
 def cuda_major(version: str | None) -> int | None:
@@ -133,13 +140,14 @@ def _cuda_too_old(facts: DoctorFacts) -> list[Finding]:
         return []
     # The engines installed here; a GPU node with none yet is judged for any GPU engine it
     # might be given.
-    engines = sorted({e.engine for e in facts.engines} & MIN_CUDA_MAJOR.keys())
+    minimum = min_cuda_majors()
+    engines = sorted({e.engine for e in facts.engines} & minimum.keys())
     if not engines and inv.gpus:
-        engines = sorted(MIN_CUDA_MAJOR)
-    too_old = [e for e in engines if major < MIN_CUDA_MAJOR[e]]
+        engines = sorted(minimum)
+    too_old = [e for e in engines if major < minimum[e]]
     if not too_old:
         return []
-    needed = max(MIN_CUDA_MAJOR[e] for e in too_old)
+    needed = max(minimum[e] for e in too_old)
     return [
         Finding(
             severity=Severity.WARN,
