@@ -3,6 +3,7 @@ rendered by the agent's own code (activities/agent/node_metrics.py render), so a
 a real agent serves."""
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -35,11 +36,19 @@ def no_gpus() -> TelemetryReading:
 
 class ManyAgents:
     """One loopback server standing in for many agents: /n/<node>/metrics is that node's page
-    as the agent renders it, after `delay_s`, counting requests in flight."""
+    as the agent renders it, after `delay_s`, counting requests in flight. A node whose page
+    is None is silent: it answers 503 once `silent_s` passed or `unhush` was called."""
 
-    def __init__(self, pages: Callable[[str], NodeReading | None], delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        pages: Callable[[str], NodeReading | None],
+        delay_s: float = 0.0,
+        silent_s: float = 2.5,
+    ) -> None:
         self.pages = pages
         self.delay_s = delay_s
+        self.silent_s = silent_s
+        self._unhushed = asyncio.Event()
         self.in_flight = 0
         self.most_in_flight = 0
         self.served = 0
@@ -54,12 +63,18 @@ class ManyAgents:
             await asyncio.sleep(self.delay_s)
             reading = self.pages(node)
             if reading is None:
-                await asyncio.sleep(2.5)  # an agent that does not answer within the look
+                # An agent that does not answer within the look.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._unhushed.wait(), self.silent_s)
                 return web.Response(status=503)
             self.served += 1
             return web.Response(body=render(node, reading), content_type="text/plain")
         finally:
             self.in_flight -= 1
+
+    def unhush(self) -> None:
+        """Let the silent nodes answer now."""
+        self._unhushed.set()
 
     def url(self, node: str) -> str:
         return f"http://127.0.0.1:{self.port}/n/{node}/metrics"
@@ -71,6 +86,7 @@ class ManyAgents:
         return self
 
     async def __aexit__(self, *_: object) -> None:
+        self.unhush()
         if self._runner is not None:
             await self._runner.cleanup()
 

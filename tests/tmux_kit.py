@@ -21,6 +21,10 @@ def keep_screen(name: str, screen: str) -> None:
         (Path(where) / f"{name}.txt").write_text(screen)
 
 
+# How long a screen must stay the same to count as drawn whole.
+SETTLE_S = 0.15
+
+
 class Tmux:
     def __init__(self) -> None:
         # A server of its own: nothing of the operator's tmux is touched.
@@ -49,13 +53,23 @@ class Tmux:
         return done.returncode == 0 and done.stdout.strip() == "0"
 
     def until(self, check: Callable[[str], bool], what: str, within_s: float = 15.0) -> str:
+        """The screen once `check` holds and it is drawn whole: the same on a second look a
+        moment later. A capture can fall in the middle of a redraw, the part of the screen
+        `check` looks at new and the rest not yet drawn (on a loaded machine, often)."""
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             screen = self.screen()
             if check(screen):
-                return screen
+                time.sleep(SETTLE_S)
+                if self.screen() == screen:
+                    return screen
+                continue
             time.sleep(0.1)
         raise AssertionError(f"{what} not on screen within {within_s}s:\n{self.screen()}")
+
+    def drawn(self) -> str:
+        """The screen as drawn whole (see `until`)."""
+        return self.until(lambda _: True, "a whole screen")
 
     def until_exited(self, within_s: float = 10.0) -> None:
         deadline = time.monotonic() + within_s

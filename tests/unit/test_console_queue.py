@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.admission.metrics import AdmissionCollector
 from store import KeyLimits, Store
 from store.fleet import FleetTables
-from tests.gateway_kit import MODEL, FakeRouteSource, Gateway, route, running_gateway
+from tests.gateway_kit import MODEL, FakeRouteSource, route, running_gateway
 from tests.unit.test_admission_gate import BATCH, INTERACTIVE, gate
-from tests.unit.test_gateway_fair_queue import SLOTS, ask, settings, slot_engine, until
+from tests.unit.test_gateway_fair_queue import (
+    SLOTS,
+    ask,
+    queue_of,
+    settings,
+    slot_engine,
+    until,
+)
 from workers.top_source import LiveSource
 
 
@@ -27,20 +33,16 @@ async def named_key(store: Store, prefix: str) -> tuple[str, dict[str, str]]:
     return name, {"Authorization": f"Bearer {plaintext}"}
 
 
-async def queue_of(gw: Gateway) -> dict[str, Any]:
-    response = await gw.client.get("/admin/v1/console")
-    assert response.status_code == 200
-    queue: dict[str, Any] = response.json()["gateway"]["queue"]
-    return queue
-
-
 async def test_the_console_and_top_show_who_waits_for_what_refusals_and_depths(
     store: Store, fleet: FleetTables
 ) -> None:
     busy, keep_busy = await named_key(store, "busy")
     flooder, flood = await named_key(store, "flood")
     chatter, chat = await named_key(store, "chat")
-    async with slot_engine(hold_s=1.5) as engine:
+    async with slot_engine() as engine:
+        # Held until the test has read the console: on a loaded machine a fixed hold could end
+        # first, and the queue drain before it is looked at.
+        engine.gate = asyncio.Event()
         source = FakeRouteSource(route("smol-0", engine.url))
         async with running_gateway(store, source, settings(queue_per_key=2)) as gw:
             idle = await queue_of(gw)
@@ -62,6 +64,7 @@ async def test_the_console_and_top_show_who_waits_for_what_refusals_and_depths(
             queue = await queue_of(gw)
             metrics = (await gw.client.get("/metrics")).text
             top = await LiveSource(None, fleet, gw.url).read()  # type: ignore[arg-type]
+            engine.gate.set()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -45,6 +45,8 @@ class SlotEngine:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(SLOTS))
     url: str = ""
+    # Set: the engine holds each request until it is released, however long the test takes.
+    gate: asyncio.Event | None = None
 
     async def chat(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -55,7 +57,7 @@ class SlotEngine:
             self.running += 1
             self.started.append(body["messages"][-1]["content"])
             try:
-                await asyncio.sleep(self.hold_s)
+                await (self.gate.wait() if self.gate else asyncio.sleep(self.hold_s))
             finally:
                 self.running -= 1
         usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
@@ -109,6 +111,14 @@ async def ask(
     )
 
 
+async def queue_of(gw: Gateway) -> dict[str, Any]:
+    """The gateway's queue as the console shows it."""
+    response = await gw.client.get("/admin/v1/console")
+    assert response.status_code == 200
+    queue: dict[str, Any] = response.json()["gateway"]["queue"]
+    return queue
+
+
 async def until(check: Any, timeout: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not check():
@@ -151,7 +161,8 @@ async def test_a_higher_class_is_served_first_and_a_class_above_the_key_is_a_400
     store: Store,
 ) -> None:
     key = await new_key(store, top_priority="interactive")
-    async with slot_engine(hold_s=0.5) as engine:
+    async with slot_engine() as engine:
+        engine.gate = asyncio.Event()  # nothing finishes until both wait in the gateway
         source = FakeRouteSource(route("smol-0", engine.url))
         async with running_gateway(store, source, settings()) as gw:
             await asyncio.sleep(0.2)
@@ -162,6 +173,12 @@ async def test_a_higher_class_is_served_first_and_a_class_above_the_key_is_a_400
             urgent = asyncio.create_task(
                 ask(gw, key, "urgent", headers={"x-llmgw-priority": "interactive"})
             )
+            for _ in range(250):
+                waiting = {w["priority"] for w in (await queue_of(gw))["waiting"]}
+                if {"batch", "interactive"} <= waiting:
+                    break
+                await asyncio.sleep(0.02)
+            engine.gate.set()
             await asyncio.gather(*busy, batch, urgent)
             assert started_before(engine.started, "urgent", "batch")
             refused = await ask(gw, key, "too high", priority="critical")
@@ -180,7 +197,10 @@ def started_before(started: list[str], first: str, then: str) -> bool:
 
 async def test_the_openai_client_is_told_429_and_503_with_retry_after(store: Store) -> None:
     key = await new_key(store)
-    async with slot_engine(hold_s=1.5) as engine:
+    async with slot_engine() as engine:
+        # Held until the client has been answered: on a loaded machine a fixed hold could end,
+        # and the queue drain, before the client's requests arrive.
+        engine.gate = asyncio.Event()
         source = FakeRouteSource(route("smol-0", engine.url))
         tight = settings(queue_per_key=1, queue_deadline_s=0.5)
         async with running_gateway(store, source, tight) as gw:
@@ -203,6 +223,7 @@ async def test_the_openai_client_is_told_429_and_503_with_retry_after(store: Sto
                 except openai.APIStatusError as err:
                     statuses[err.status_code] = err.response.headers.get("retry-after", "")
             await client.close()
+            engine.gate.set()
             await asyncio.gather(*running, return_exceptions=True)
     assert set(statuses) <= {429, 503}
     assert statuses, "the queue refused nothing"

@@ -156,7 +156,7 @@ def test_top_shows_the_cluster_refreshes_in_place_and_quits_on_q(
     # 20 requests in the 2 s between the two readings.
     traffic = term.until(lambda s: "[Traffic]" in s and "10.0" in s, "requests per second")
     time.sleep(1.5)  # three more readings of the same file: the rate stays
-    assert "10.0" in term.screen()
+    assert "10.0" in term.drawn()
     assert "team-a" in traffic
     assert "13 waiting" in traffic.splitlines()[0]
     assert "Waiting in the gateway's fair queue:" in traffic
