@@ -158,7 +158,10 @@ async def test_a_large_body_is_parsed_without_stalling_the_event_loop() -> None:
         request = await parsing
     finally:
         parser.close()
-    assert worst < 0.5, f"the loop stalled {worst:.2f}s (inline parse: {inline_s:.2f}s)"
+    # Parsed inline, the loop would stall for the whole parse; a loaded machine delays every
+    # wake-up a little, and the inline parse as much, so the bound grows with it.
+    bound = max(0.5, inline_s / 2)
+    assert worst < bound, f"the loop stalled {worst:.2f}s (inline parse: {inline_s:.2f}s)"
     assert request.prompt_estimate is not None
     assert request.prompt_estimate > 4_000_000
     assert request.body == {"model": "smol"}  # the tree stayed in the worker
