@@ -19,8 +19,8 @@ DESCRIBES_AT_ONCE = 32
 async def closed_how(client: Client, workflow_id: str) -> str | None:
     """None while a run of `workflow_id` is open; else how its latest run ended, in
     WorkflowStatuses.closed's words ("not_found" when there is none). Any other failure is
-    raised: silence proves nothing (docs/operations.md, "Terminate, cancel and reset"), so the caller retries
-    rather than take a workflow for dead."""
+    raised: silence proves nothing (docs/operations.md, "Terminate, cancel and reset"), so the
+    caller retries rather than take a workflow for dead."""
     try:
         described = await client.get_workflow_handle(workflow_id).describe()
     except RPCError as err:
