@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from engines.llamacpp import RESERVED_FLAGS
+from workers.gguf_header import gguf_has_chat_template
+from workers.ollama_blobs import copy_verified
 from workers.ollama_store import (
     DEFAULT_NAMESPACE,
     DEFAULT_TAG,
@@ -38,9 +40,7 @@ from workers.ollama_store import (
     OllamaStore,
     OllamaStoreError,
     Reference,
-    copy_verified,
     default_store,
-    gguf_has_chat_template,
     parse_reference,
 )
 from workflows.contracts import LoraAdapter, ModelSpec, Profile

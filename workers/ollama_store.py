@@ -15,21 +15,20 @@ and a size) and `blobs/sha256-<hex>`, one file per layer. Nothing read from it i
 - every layer read is hashed as it is read, and refused, naming its digest, when the content
   does not match. The model's weights are large: they are hashed once, while they are copied
   (`copy_verified`), never read whole into memory.
+
+Copying and verifying blobs is workers/ollama_blobs.py's, reading the weights' GGUF header
+workers/gguf_header.py's; this module names, finds and opens what the store holds.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import stat
-import struct
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 STORE_ENV = "OLLAMA_MODELS"
 # Where the Linux install script's service keeps its models (for the message when ~ has none).
@@ -60,7 +59,6 @@ _HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,349}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,79}$")
 _MODEL = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}$")
-GGUF_MAGIC = b"GGUF"
 
 
 class OllamaStoreError(ValueError):
@@ -148,7 +146,7 @@ def digest_hex(value: object) -> str:
 
 @dataclass(frozen=True)
 class Blob:
-    """One layer's blob, found in the store and not yet hashed (see `copy_verified`)."""
+    """One layer's blob, found in the store and not yet hashed (workers/ollama_blobs.py)."""
 
     digest: str  # 64 lowercase hex digits
     size: int
@@ -313,6 +311,9 @@ class OllamaStore:
 
     def read_text(self, layer: _Layer, what: str) -> str:
         """A small layer, hashed as it is read."""
+        # Imported here, not above: workers/ollama_blobs.py imports this module.
+        from workers.ollama_blobs import hashed_chunks
+
         blob = self.blob(layer)
         if blob.size > MAX_TEXT_BYTES:
             raise OllamaStoreError(
@@ -329,6 +330,9 @@ class OllamaStore:
     def load(self, ref: Reference) -> OllamaModel:
         """The model the name points to: its manifest validated, its text layers read and
         verified, its weights found (a GGUF file of the manifest's size) but not yet hashed."""
+        # Imported here, not above: workers/gguf_header.py imports this module.
+        from workers.gguf_header import check_gguf
+
         manifest = self.manifest_path(ref)
         layers = self.layers(ref, self.read_manifest(ref))
         models = [layer for layer in layers if layer.media_type == MODEL]
@@ -388,149 +392,3 @@ def parse_params(text: str, digest: str) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise OllamaStoreError(f"params layer sha256:{digest} is not a JSON object")
     return params
-
-
-def hashed_chunks(f: BinaryIO, blob: Blob) -> Iterator[bytes]:
-    """The blob's bytes, a chunk at a time, hashed on the way. After the last chunk it is
-    refused, naming the digest, when it is longer or shorter than the manifest says or hashes to
-    anything else: what a caller took is verified only once the iteration ends."""
-    digest = hashlib.sha256()
-    remaining = blob.size
-    while chunk := f.read(min(CHUNK, remaining + 1)):
-        remaining -= len(chunk)
-        if remaining < 0:
-            raise OllamaStoreError(f"blob {blob} is longer than the {blob.size} bytes declared")
-        digest.update(chunk)
-        yield chunk
-    if remaining:
-        raise OllamaStoreError(f"blob {blob} is shorter than the {blob.size} bytes declared")
-    got = digest.hexdigest()
-    if got != blob.digest:
-        raise OllamaStoreError(f"blob {blob} is corrupt: its content hashes to sha256:{got}")
-
-
-def copy_verified(store: OllamaStore, blob: Blob, dest_dir: Path, suffix: str) -> tuple[Path, bool]:
-    """The blob at `<dest_dir>/sha256-<hex><suffix>`, content-addressed, and whether a file
-    already there was reused. A file already there is used only if it hashes to the digest;
-    otherwise the blob is copied into a temporary file in the same directory, hashed on the
-    way, and renamed into place only when it matches, so the final path never holds a
-    half-written or unverified file."""
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    final = dest_dir / f"{blob.name}{suffix}"
-    if _already_there(final, blob):
-        return final, True
-    src, _ = store.open_blob(blob)
-    with os.fdopen(src, "rb") as f:
-        tmp_fd, tmp_name = tempfile.mkstemp(dir=dest_dir, prefix=f".{blob.name}.", suffix=".part")
-        try:
-            with os.fdopen(tmp_fd, "wb") as out:
-                for chunk in hashed_chunks(f, blob):
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(tmp_name, 0o644)
-            os.replace(tmp_name, final)
-        except BaseException:
-            Path(tmp_name).unlink(missing_ok=True)
-            raise
-    _sync_dir(dest_dir)
-    return final, False
-
-
-def _already_there(path: Path, blob: Blob) -> bool:
-    """A regular file (not a link) of the blob's size and digest."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size != blob.size:
-            return False
-        try:
-            for _ in hashed_chunks(f, blob):
-                pass
-        except OllamaStoreError:
-            return False
-    return True
-
-
-def _sync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def check_gguf(store: OllamaStore, blob: Blob) -> None:
-    fd, _ = store.open_blob(blob)
-    with os.fdopen(fd, "rb") as f:
-        head = f.read(4)
-    if head != GGUF_MAGIC:
-        raise OllamaStoreError(f"model layer {blob} is not a GGUF file (it starts {head!r})")
-
-
-# GGUF metadata value types (ggml's gguf.h) and the bytes of the fixed-size ones.
-_GGUF_FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-CHAT_TEMPLATE_KEY = "tokenizer.chat_template"
-
-
-def gguf_has_chat_template(path: Path) -> bool | None:
-    """Whether a GGUF file's metadata has `tokenizer.chat_template` (what llama-server applies to
-    chat requests); None when its header cannot be read. Reads the header only, skipping the
-    values (a vocabulary is a long array of strings), each length bounded by the file's size."""
-    try:
-        with path.open("rb", buffering=CHUNK) as f:
-            size = os.fstat(f.fileno()).st_size
-            if f.read(4) != GGUF_MAGIC:
-                return None
-            version, _tensors, count = struct.unpack("<IQQ", _exact(f, 20))
-            if version < 2:
-                return None
-            for _ in range(count):
-                key = _exact(f, _length(f, size)).decode("utf-8", "replace")
-                if key == CHAT_TEMPLATE_KEY:
-                    return True
-                _skip_value(f, struct.unpack("<I", _exact(f, 4))[0], size)
-            return False
-    except (OSError, ValueError, struct.error):
-        return None
-
-
-def _exact(f: BinaryIO, n: int) -> bytes:
-    data = f.read(n)
-    if len(data) != n:
-        raise ValueError("truncated GGUF header")
-    return data
-
-
-def _length(f: BinaryIO, bound: int) -> int:
-    (n,) = struct.unpack("<Q", _exact(f, 8))
-    if n > bound:
-        raise ValueError("GGUF length past the end of the file")
-    return int(n)
-
-
-def _skip(f: BinaryIO, n: int) -> None:
-    f.seek(n, os.SEEK_CUR)
-
-
-def _skip_value(f: BinaryIO, kind: int, bound: int) -> None:
-    if kind in _GGUF_FIXED:
-        _skip(f, _GGUF_FIXED[kind])
-    elif kind == _GGUF_STRING:
-        _skip(f, _length(f, bound))
-    elif kind == _GGUF_ARRAY:
-        (inner,) = struct.unpack("<I", _exact(f, 4))
-        count = _length(f, bound)
-        if inner in _GGUF_FIXED:
-            _skip(f, _GGUF_FIXED[inner] * count)
-        elif inner == _GGUF_STRING:
-            for _ in range(count):
-                _skip(f, _length(f, bound))
-        else:
-            raise ValueError(f"GGUF array of type {inner}")
-    else:
-        raise ValueError(f"GGUF value type {kind}")

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from workers import model_commands, ollama_store
+from workers import model_commands, ollama_blobs, ollama_store
 from workers.cli import build_parser
+from workers.gguf_header import gguf_has_chat_template
 from workers.ollama_import import (
     default_memory_mb,
     default_model_name,
@@ -34,7 +35,6 @@ from workers.ollama_store import (
     OllamaStore,
     OllamaStoreError,
     Reference,
-    gguf_has_chat_template,
     parse_reference,
 )
 from workers.paths import Locations
@@ -454,7 +454,7 @@ def test_a_copy_that_fails_midway_leaves_nothing_at_the_final_path(tmp_path, fak
     def full_disk(*_paths: str) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ollama_store.os, "replace", full_disk)
+    monkeypatch.setattr(ollama_blobs.os, "replace", full_disk)
     with pytest.raises(OSError, match="No space left"):
         fetch_blobs(plan)
     assert list(models.iterdir()) == []
