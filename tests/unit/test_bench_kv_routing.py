@@ -11,7 +11,7 @@ from collections import Counter
 from bench.gateway.target import StaticRoutes
 from bench.kv_report import ArmResult, Prediction, against_oracle, markdown, parse_prediction
 from bench.kv_workload import Workload, requests, system_prompts
-from bench.routing import pinning_sessions
+from bench.routing_workload import pinning_sessions
 from gateway.routing import RequestKey, Router, RoutingSnapshot
 from gateway.routing.request_key import prompt_bytes
 

@@ -7,8 +7,9 @@ import re
 from collections import Counter
 
 from bench.gateway.target import StaticRoutes
-from bench.routing import BenchConfig, describe, gateway_routing, pinning_sessions, workload
 from bench.routing_gateway import gateway_settings
+from bench.routing_report import describe
+from bench.routing_workload import BenchConfig, gateway_routing, pinning_sessions, workload
 from gateway.routing import RequestKey, Router, RoutingSnapshot
 from gateway.settings import GatewaySettings
 
