@@ -27,9 +27,7 @@ def model_handle(client: Client, name: str) -> WorkflowHandle[ModelApi, ModelVie
     return handle
 
 
-def _start(
-    spec: ModelSpec, task_queue: str
-) -> WithStartWorkflowOperation[ModelApi, ModelView]:
+def _start(spec: ModelSpec, task_queue: str) -> WithStartWorkflowOperation[ModelApi, ModelView]:
     return WithStartWorkflowOperation(
         ModelApi.run,
         ModelState(spec=spec),
