@@ -1,5 +1,5 @@
 """An aiohttp app served on host:port, for the small HTTP servers llmgw runs beside its
-workers: the agent's KV feed (activities/agent/kv_feed_server.py) and the control plane's
+workers: the agent's KV feed (activities/agent/kv/feed_server.py) and the control plane's
 mirror (activities/control/mirror_server.py)."""
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import httpx
 from temporalio.testing import ActivityEnvironment
 
 from activities.agent.config import AgentConfig
-from activities.agent.kv_service import KvService
+from activities.agent.kv.service import KvService
 from activities.agent.node_agent import NodeAgentActivities
 from engines.local_port import free_port
 from workers.paths import default_cache_dir

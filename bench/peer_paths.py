@@ -11,7 +11,7 @@ costs while it idles:
   agent feed       two HTTP hops as a node agent's feed would take them: the sender POSTs to a
                    relay (aiohttp), which writes a line to the NDJSON stream the receiver reads
 
-The relay stands in for a node agent: the real feed (engines/kv_feed.py) carries engine events,
+The relay stands in for a node agent: the real feed (kv/feed.py) carries engine events,
 not gateways' messages. Everything runs on one event loop of one process, so each delay also
 holds the other side's turn on the loop: a bound on what separate machines would see, not a
 floor.

@@ -48,7 +48,7 @@ CPU_BLOCK_SIZE = 32
 GPU_BLOCK_SIZE = 16
 # One seed on every engine, so their prefix-cache block hashes agree with each other (vLLM <= 0.28
 # otherwise seeds them at random), and sha256_cbor, the hash the gateway reproduces from token
-# ids (engines/kv_hashes.py) to look up the blocks the engines report.
+# ids (kv/hashes.py) to look up the blocks the engines report.
 KV_HASH_SEED = "0"
 LOOPBACK = "127.0.0.1"
 KV_HASH_ALGO = "sha256_cbor"
@@ -86,7 +86,7 @@ def kv_events_config(pub_port: int, replay_port: int, topic: str) -> str:
     """`--kv-events-config` JSON. Both endpoints are on loopback, never a wildcard or the
     node's address (CVE-2025-30202: a ZMQ socket bound to all interfaces): given a plain
     address vLLM's PUB socket connects to the node agent's subscriber listening there, and its
-    replay ROUTER binds only loopback. The agent passes the events on (engines/kv_feed.py)."""
+    replay ROUTER binds only loopback. The agent passes the events on (kv/feed.py)."""
     return json.dumps(
         {
             "enable_kv_cache_events": True,

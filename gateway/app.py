@@ -14,9 +14,12 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from engines.kv_index import KvBlockIndex
-from gateway import admin_keys, admin_models, admin_routes, admin_usage, openai_routes
-from gateway.admin_routes import require_local
+from gateway import openai_routes
+from gateway.admin import keys as admin_keys
+from gateway.admin import models as admin_models
+from gateway.admin import routes as admin_routes
+from gateway.admin import usage as admin_usage
+from gateway.admin.routes import require_local
 from gateway.admission import AdmissionGate, QueuePolicy, ReplicaDepths
 from gateway.admission.metrics import AdmissionCollector
 from gateway.auth import AuthFailed, KeyCache
@@ -32,8 +35,8 @@ from gateway.front_door import FrontDoor
 from gateway.inflight import InFlight
 from gateway.key_inflight import KeyInFlight
 from gateway.key_refresh import KeyRefresh, routes_then_keys
-from gateway.kv_feeds import KvFeeds
-from gateway.kv_publishers import KvPublishers
+from gateway.kv.feeds import KvFeeds
+from gateway.kv.publishers import KvPublishers
 from gateway.lockout import FailedAuthLimiter
 from gateway.loops import PeriodicTask
 from gateway.media_urls import MediaPolicy
@@ -51,6 +54,7 @@ from gateway.shared_limits import SharedLimits
 from gateway.store_health import StoreHealth
 from gateway.upstream_keys import EngineKeys
 from gateway.usage import UsageRecorder
+from kv.index import KvBlockIndex
 from store import Store
 from store.models import PRIORITY_CLASSES
 from workflows.engine_keys import peer_bus_key, prefix_hash_key

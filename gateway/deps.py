@@ -8,7 +8,6 @@ from typing import Annotated
 import aiohttp
 from fastapi import Depends, Request
 
-from engines.kv_index import KvBlockIndex
 from gateway.admission import AdmissionGate
 from gateway.auth import KeyCache
 from gateway.body_parse import BodyParser
@@ -17,8 +16,8 @@ from gateway.console.sessions import SessionBook
 from gateway.console.source import ClusterCache
 from gateway.inflight import InFlight
 from gateway.key_inflight import KeyInFlight
-from gateway.kv_feeds import KvFeeds
-from gateway.kv_publishers import KvPublishers
+from gateway.kv.feeds import KvFeeds
+from gateway.kv.publishers import KvPublishers
 from gateway.lockout import FailedAuthLimiter
 from gateway.metrics import GatewayMetrics
 from gateway.peers import PeerBus
@@ -31,6 +30,7 @@ from gateway.shared_limits import SharedLimits
 from gateway.side_tasks import SideTasks
 from gateway.upstream_keys import EngineKeys
 from gateway.usage import UsageRecorder
+from kv.index import KvBlockIndex
 from store import ApiKey, Store
 from workflows.contracts import Route
 
@@ -62,8 +62,8 @@ class GatewayState:
     # Parses request bodies, large ones in worker processes off the event loop.
     body_parser: BodyParser
     # What the engines that publish KV events hold (the router reads it), and what fills it:
-    # the readers of the node agents' feeds (gateway/kv_feeds.py) and the subscriptions to
-    # external engines' publishers (gateway/kv_publishers.py).
+    # the readers of the node agents' feeds (gateway/kv/feeds.py) and the subscriptions to
+    # external engines' publishers (gateway/kv/publishers.py).
     kv_index: KvBlockIndex
     kv_feeds: KvFeeds
     kv_publishers: KvPublishers

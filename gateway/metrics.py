@@ -20,8 +20,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 from typing_extensions import override
 
-from gateway.kv_feeds import KvFeeds
-from gateway.kv_publishers import KvPublishers
+from gateway.kv.feeds import KvFeeds
+from gateway.kv.publishers import KvPublishers
 from gateway.routing.states import Expected, Routed, StateBook, StateChange
 from gateway.store_health import StoreHealth
 
@@ -321,7 +321,7 @@ class _KvCollector(_FamiliesCollector):
         return [*counters.values(), connected, blocks]
 
 
-# PublisherCounters field -> help: counters by publisher endpoint (gateway/kv_publishers.py),
+# PublisherCounters field -> help: counters by publisher endpoint (gateway/kv/publishers.py),
 # named llmgw_kv_publisher_<field>_total.
 _PUBLISHER_COUNTERS = {
     "received": "KV-event batches received from an external engine's publisher.",

@@ -131,11 +131,11 @@ class GatewaySettings(BaseModel):
     # requests over gateways. Off: each gateway's queue is fair among its own requests only.
     queue_exchange: bool = True
     # Replicas that publish KV events (vLLM with kv_events) are routed by the blocks their
-    # engines report (gateway/kv_feeds.py), which needs each prompt's token ids: the gateway asks
+    # engines report (gateway/kv/feeds.py), which needs each prompt's token ids: the gateway asks
     # an engine's /tokenize and waits this long for them before routing without (0: never ask).
     kv_tokenize_timeout_s: float = Field(default=0.5, ge=0, le=10)
     # The most block ids the gateway keeps per replica: about 78 bytes each, so ~20 MB per
-    # replica at the default (engines/kv_index.py). An engine's own cache is usually smaller.
+    # replica at the default (kv/index.py). An engine's own cache is usually smaller.
     kv_index_max_blocks: int = Field(default=262_144, ge=1)
     # The gateway processes on one store (several gateways, or `--workers N`) tell each other
     # what they send where, their requests in flight and their breakers' changes, over a peer

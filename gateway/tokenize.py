@@ -2,7 +2,7 @@
 
 Replicas that publish KV events (`Route.kv`, vLLM) are routed by the blocks their engines report
 holding (gateway/routing/prefix_choice.py), and a block is known by a hash of its token ids
-(engines/kv_hashes.py), so the router needs the prompt's tokens as the engine will see them:
+(kv/hashes.py), so the router needs the prompt's tokens as the engine will see them:
 the chat template applied, special tokens added. The gateway does not load tokenizers or chat
 templates of its own; it asks an engine: vLLM's `POST /tokenize` takes a chat body (`messages`,
 `add_generation_prompt`, `tools`, `chat_template_kwargs`) or a completion body (`prompt`) and

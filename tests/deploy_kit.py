@@ -22,7 +22,7 @@ from workers.temporal_flags import REFUSED_KEY_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-PACKAGES = ("workflows", "engines", "activities", "gateway", "workers")
+PACKAGES = ("workflows", "kv", "engines", "store", "activities", "gateway", "workers")
 LLMGW_VARIABLE = re.compile(r"\bLLMGW_[A-Z0-9_]*[A-Z0-9]\b")
 # ${NAME}, ${NAME:-default}, ${NAME:?message} (systemd, Compose, sh), $(NAME) (Kubernetes), $NAME.
 EXPANSION = re.compile(

@@ -1,6 +1,6 @@
 """The operator's commands that go through Temporal: status, nodes and models, printed as
 tables, and the live console `top`. Keys, usage and the store itself are in
-workers/store_commands.py."""
+workers/commands/store.py."""
 
 import argparse
 from pathlib import Path
@@ -8,10 +8,10 @@ from pathlib import Path
 from temporalio.client import Client
 
 from store.fleet import FleetTables
+from workers.commands.model import model_command
+from workers.commands.node import node_command, show_nodes
 from workers.connect import connect_with_retry
 from workers.fetch_progress import fetches_table, running_fetches, show_fetches
-from workers.model_commands import model_command
-from workers.node_commands import node_command, show_nodes
 from workers.paths import Locations
 from workers.progress import fleet_tables, ledger_snapshot
 from workers.tables import table
@@ -42,8 +42,8 @@ async def run_command(args: argparse.Namespace, where: Locations) -> None:
     elif args.command == "model":
         await model_command(args, client, where, fleet)
     elif args.command == "top":
-        from workers.top import run_console
-        from workers.top_source import LiveSource
+        from workers.top.console import run_console
+        from workers.top.source import LiveSource
 
         await run_console(LiveSource(client, fleet, args.admin), args.every)
 

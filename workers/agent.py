@@ -1,7 +1,7 @@
 """`llmgw agent`: one per machine. Registers the node, holds its liveness watch (heartbeats to
 Temporal that cost the node workflow no history: activities/agent/liveness.py), and runs the
 node's activities (installs, engine processes) on its own task queue. With a KV feed port, it also
-serves its engines' KV-cache events to gateways (activities/agent/kv_service.py).
+serves its engines' KV-cache events to gateways (activities/agent/kv/service.py).
 
 Engines outlive the agent: a restarted agent adopts what is still running, tells replica
 workflows about engines that died while it was away, and stops engines no workflow owns (the
@@ -31,7 +31,7 @@ from activities.agent.engine_ownership import (
     reconcile_shards,
     stop_engines_and_tell,
 )
-from activities.agent.kv_service import KvService
+from activities.agent.kv.service import KvService
 from activities.agent.liveness import NodePulse
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
 from activities.agent.node_metrics import EngineLoadSample, NodeMetricsService
@@ -76,7 +76,7 @@ class AgentOptions:
     # `llmgw up` owns the whole machine and leaves nothing behind; a standalone agent leaves its
     # engines serving across its own restarts.
     stop_engines_on_exit: bool = False
-    # The KV feed's port on `address` (activities/agent/kv_service.py); 0: no feed.
+    # The KV feed's port on `address` (activities/agent/kv/service.py); 0: no feed.
     kv_feed_port: int = 0
     # The control plane's mirror for model artifacts; "": fetch requests must name one.
     mirror: str = ""

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from workers import doctor
-from workers.ledger_commands import add_ledger_parsers, run_ledger_command
-from workers.mirror_commands import MIRROR_COMMAND, add_mirror_parsers, run_mirror_command
-from workers.model_commands import add_model_parsers
-from workers.node_commands import add_node_parsers, parse_labels
+from workers.commands.ledger import add_ledger_parsers, run_ledger_command
+from workers.commands.mirror import MIRROR_COMMAND, add_mirror_parsers, run_mirror_command
+from workers.commands.model import add_model_parsers
+from workers.commands.node import add_node_parsers, parse_labels
+from workers.commands.store import STORE_COMMANDS, add_store_parsers, run_store_command
 from workers.paths import Locations, default_node_name
-from workers.store_commands import STORE_COMMANDS, add_store_parsers, run_store_command
 from workers.temporal_flags import add_temporal_arguments, namespace_from, security_from
 from workflows import options
 from workflows.client import PLAINTEXT

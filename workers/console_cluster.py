@@ -1,6 +1,6 @@
 """The web console's view of the cluster for a gateway run by `llmgw gateway` or `llmgw up`: the
 reads `llmgw nodes`, `llmgw models`, `llmgw fetches` and `llmgw top` make, and the node and
-scale commands through the CLI's own code (workers/node_commands.py, workflows/model_client.py).
+scale commands through the CLI's own code (workers/commands/node.py, workflows/model_client.py).
 What the console shows is built by workers/console_data.py's pure functions."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from gateway.console.source import ConsoleRefused
 from store.fleet import FleetTables
+from workers.commands.node import NodeCommandRefused, send_node_command
 from workers.console_data import ClusterReadings, cluster_view
 from workers.fetch_progress import running_fetches
-from workers.node_commands import NodeCommandRefused, send_node_command
 from workers.node_telemetry import read_agents
 from workers.progress import install_progress, ledger_snapshot
 from workflows.contracts import EngineState

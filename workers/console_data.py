@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
+from workers.commands.model import describe_profile
+from workers.commands.node import gpu_summary, why_not_placeable
 from workers.fetch_progress import FetchStatus, fetch_row
-from workers.model_commands import describe_profile
-from workers.node_commands import gpu_summary, why_not_placeable
 from workers.node_telemetry import NodeTelemetry
-from workers.top_data import GpuRow, cluster_rows
+from workers.top.data import GpuRow, cluster_rows
 from workflows.contracts import (
     EngineState,
     GpuInfo,

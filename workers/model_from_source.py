@@ -15,7 +15,7 @@ from activities.control.mirror.add import Added
 from activities.control.mirror.errors import MirrorError
 from activities.control.mirror.sources import BadSource
 from activities.control.mirror.store import MirrorStore
-from workers.mirror_commands import mirror_add, show_added
+from workers.commands.mirror import mirror_add, show_added
 from workers.paths import Locations
 from workflows.artifact_names import BadArtifact
 from workflows.contracts import ArtifactManifest, ModelSpec

@@ -34,7 +34,7 @@ def engine_key_from_master(master: bytes, node: str, replica_id: str) -> str:
 
 
 def kv_feed_token(node_secret_value: bytes) -> str:
-    """What a gateway shows a node agent to read its KV feed (engines/kv_feed.py). The gateway
+    """What a gateway shows a node agent to read its KV feed (kv/feed.py). The gateway
     derives it from the master secret and the node's name, the agent from its node secret."""
     mac = hmac.new(node_secret_value, b"kv-feed:v1", hashlib.sha256)
     return mac.hexdigest()

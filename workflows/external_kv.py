@@ -1,7 +1,7 @@
 """Checks on an external model's KV-cache event sources (Profile.external_kv), with errors that
 name the field: run by the catalog (workflows/catalog.py) wherever a definition enters.
 
-The gateway connects to each source over plain TCP (gateway/kv_publishers.py), so a source is
+The gateway connects to each source over plain TCP (gateway/kv/publishers.py), so a source is
 `tcp://HOST:PORT` with a host the gateway can reach: not a wildcard, which is what the engine
 binds (`--kv-events-config '{"endpoint": "tcp://*:5557", ...}'`), and not ipc:// or inproc://,
 which only reach processes on the engine's own machine. Pure.

@@ -25,7 +25,7 @@ class AgentConfig:
     stop_grace_s: float = 10.0
     # Whether an NVIDIA driver is loaded here; None: look in /proc when asked.
     nvidia: bool | None = None
-    # The port of this agent's KV feed (kv_feed_server.py) on `address`; 0: no feed, and
+    # The port of this agent's KV feed (kv/feed_server.py) on `address`; 0: no feed, and
     # launches report no KV source, so gateways route those replicas by their own index.
     kv_feed_port: int = 0
     # The control plane's mirror (activities/control/mirror_server.py) as this node reaches it,

@@ -172,7 +172,7 @@ class EngineLauncher:
             ) from None
         env = self._engine_env({**own_env, **resolved})
 
-        # Recorded in the shard's spec, for this agent's subscriber (kv_subscriptions.py).
+        # Recorded in the shard's spec, for this agent's subscriber (kv/subscriptions.py).
         publisher = engine.kv_publisher(launch)
 
         # Checked only when an engine is really started (not on an adoption), under the

@@ -28,8 +28,9 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from gateway import admin_keys, admin_models
-from gateway.admin_guard import (
+from gateway.admin import keys as admin_keys
+from gateway.admin import models as admin_models
+from gateway.admin.guard import (
     WRITE_METHODS,
     check_json_body,
     check_same_site,

@@ -6,7 +6,7 @@ Everything here sits behind the admin API's gate (`require_local`: loopback clie
 address or localhost, nothing a browser marks cross-site) and changes come as same-site JSON
 (`require_same_site_json`), as every other admin change does. Keys and model definitions are
 not handled here: the console's page calls the admin API's own routes for them
-(gateway/admin_keys.py, gateway/admin_models.py), so they pass the very same checks.
+(gateway/admin/keys.py, gateway/admin/models.py), so they pass the very same checks.
 
 The page ships with a Content-Security-Policy that lets it load only its own files and talk
 only to its own origin: no inline script or style, no frame, no form posted anywhere.
@@ -22,9 +22,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.admin_keys import key_view, parse_body
-from gateway.admin_models import require_same_site_json
-from gateway.admin_routes import require_local
+from gateway.admin.keys import key_view, parse_body
+from gateway.admin.models import require_same_site_json
+from gateway.admin.routes import require_local
 from gateway.console.figures import queue_figures, routing_figures
 from gateway.console.source import NODE_ACTIONS, ClusterCache, ConsoleRefused
 from gateway.deps import State

@@ -1,6 +1,6 @@
 """A request's prefix-cache block ids as a vLLM replica computes them, from the prompt's token ids:
-what the router looks up in the gateway's KvBlockIndex (engines/kv_index.py), filled from the
-node agents' KV feeds (gateway/kv_feeds.py).
+what the router looks up in the gateway's KvBlockIndex (kv/index.py), filled from the
+node agents' KV feeds (gateway/kv/feeds.py).
 
 Everything that decides which ids a request gets is in `request_block_ids`, so matching a new
 vLLM's keying is a change in one place. Pure: no I/O.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 
-from engines.kv_hashes import ExtraKeys, iter_block_ids
+from kv.hashes import ExtraKeys, iter_block_ids
 from workflows.contracts import KvSource
 
 # How deep a prompt is hashed: 16,384 tokens with vLLM's default 16-token blocks. Replicas that

@@ -1,6 +1,6 @@
 """The caches of engines that publish KV events, as the router sees them: what each engine holds
 of a request's leading blocks (the KV index, filled from the node agents' feeds by
-gateway/kv_feeds.py), what it will still hold when it starts the request (the requests sent
+gateway/kv/feeds.py), what it will still hold when it starts the request (the requests sent
 ahead of it, kv_pressure.py), and the bookkeeping of each request sent there. The choice among
 replicas stays in policy.py; this is what it reads and what it notes.
 
@@ -13,11 +13,11 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
-from engines.kv_index import KvBlockIndex
 from gateway.routing.kv_blocks import BlockIds, request_block_ids
 from gateway.routing.kv_pressure import KvPressure
 from gateway.routing.loads import EngineLoadBoard
 from gateway.routing.request_key import RequestKey
+from kv.index import KvBlockIndex
 from workflows.contracts import KvSource, Route
 
 # A request's blocks noted for its engine's eviction order (kv_pressure.py): a longer prompt's

@@ -1,7 +1,7 @@
 """What an engine will have evicted by the time a request sent now reaches it, for the cached
 tokens a KV-routed request is predicted to find.
 
-The KV index (engines/kv_index.py) says what an engine holds now. A request sent now is started
+The KV index (kv/index.py) says what an engine holds now. A request sent now is started
 after those sent before it that the engine has not started yet, and vLLM gives each new block
 from the front of its free queue: first blocks that hold no cached prefix, then cached blocks no
 running request uses, least recently freed first (a finished request frees its blocks last one

@@ -22,7 +22,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from engines.kv_index import KvBlockIndex
 from gateway.routing.breaker import CircuitBreaker
 from gateway.routing.decisions import (
     POLICIES,
@@ -42,6 +41,7 @@ from gateway.routing.slot_cache import SlotBoard
 from gateway.routing.snapshot import RoutingSnapshot
 from gateway.routing.token_load import DEFAULT_TOKENS_PER_S, TokenLoad
 from gateway.routing.working_set import WorkingSets
+from kv.index import KvBlockIndex
 from workflows.contracts import ReplicaState, Route
 
 
@@ -68,7 +68,7 @@ class Router(PrefixChoice):
         """`min_match_blocks`: a shorter match is ignored, so a short boilerplate opening that
         many prompts share (one block is 256 bytes, ~64 tokens; an engine's block is its
         block_size tokens, 16 by vLLM's default) does not pull them all onto one replica.
-        `kv_index`: what the engines report holding (gateway/kv_feeds.py fills it); without
+        `kv_index`: what the engines report holding (gateway/kv/feeds.py fills it); without
         one, every replica is routed by the prefix index. `ttft_target_s`: under the "prefix"
         policy, a replica holding the prompt's prefix keeps it while its pending prefill would
         take at most this long at its measured rate (`prefill_tokens_per_s` until measured);

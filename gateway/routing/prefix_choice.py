@@ -4,7 +4,7 @@ in).
 The order of preference, for the "prefix" policy:
 1. for replicas whose engines publish KV events (`Route.kv`), when the request carries its
    token ids: among those whose engines report holding at least two leading blocks of the
-   prompt (KvBlockIndex, filled from the node agents' feeds by gateway/kv_feeds.py), the one
+   prompt (KvBlockIndex, filled from the node agents' feeds by gateway/kv/feeds.py), the one
    whose engine will still hold the most when it starts the request (a full cache evicts
    before then; blocks a request sent ahead will store count: kv_caches.py reads both and
    notes each request sent, kv_pressure.py orders the evictions), then the one

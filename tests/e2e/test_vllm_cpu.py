@@ -30,15 +30,15 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities.agent.kv_service import KvService
+from activities.agent.kv.service import KvService
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
-from engines.kv_subscriber import KvSubscriber
 from engines.local_port import free_port
 from engines.vllm import CPU_BLOCK_SIZE, KV_HASH_SEED
 from gateway.routing import RoutingSnapshot
 from gateway.routing.kv_blocks import request_block_ids
 from gateway.routing.policy import Router
 from gateway.routing.request_key import RequestKey
+from kv.subscriber import KvSubscriber
 from tests.e2e.vllm_kit import (
     NODE,
     SECRET,
@@ -246,7 +246,7 @@ async def test_serves_a_completion_through_the_agents_launch_path(
 async def test_kv_events_carry_the_block_hashes_the_router_computes(
     agent: NodeAgentActivities, tiny_model: Path, tiny_lora: LoraAdapter
 ) -> None:
-    """The router's hashes (gateway/routing/kv_blocks.py over engines/kv_hashes.py) equal the
+    """The router's hashes (gateway/routing/kv_blocks.py over kv/hashes.py) equal the
     ones a real vLLM reports in its KV events, bit for bit: for a plain prompt, a chat request
     through the model's chat template, a LoRA adapter's request and a request with a cache
     salt; and the cached tokens the router predicts are the ones the engine reports."""

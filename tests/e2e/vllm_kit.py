@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 from openai.types import CompletionUsage
 
-from engines.kv_events import BlockStored, Event
-from engines.kv_index import KvBlockIndex
+from kv.events import BlockStored, Event
+from kv.index import KvBlockIndex
 from store import Store, open_store
 from store.records import MASTER_SECRET_NAME
 from tests.gateway_kit import Gateway

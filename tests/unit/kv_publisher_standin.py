@@ -9,7 +9,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from engines.kv_subscriber import REPLAY_END, KvSubscriber
+from kv.subscriber import REPLAY_END, KvSubscriber
 
 TOPIC = "kv@m"
 

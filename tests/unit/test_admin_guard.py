@@ -1,4 +1,4 @@
-"""Who the admin API answers: the rules of gateway/admin_guard.py on their own, then through a
+"""Who the admin API answers: the rules of gateway/admin/guard.py on their own, then through a
 real gateway socket as a browser page or a local tool would send them."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ from collections.abc import AsyncIterator
 import pytest
 from starlette.requests import Request
 
-from gateway.admin_guard import (
+from gateway.admin.guard import (
     check_admin_request,
     check_same_site,
     host_is_local_name,
     is_loopback_client,
     origin_matches_host,
 )
-from gateway.admin_models import require_same_site_json
-from gateway.admin_routes import require_local
+from gateway.admin.models import require_same_site_json
+from gateway.admin.routes import require_local
 from gateway.errors import ApiError
 from store import Store, open_store
 from tests.gateway_kit import CatalogSource, assert_openai_error, running_gateway

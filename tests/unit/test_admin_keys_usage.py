@@ -14,7 +14,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from gateway import admin_keys, admin_usage
+from gateway.admin import keys as admin_keys
+from gateway.admin import usage as admin_usage
 from gateway.auth import AuthFailed, KeyCache
 from gateway.errors import install_error_handlers
 from store import Store, UsageDelta

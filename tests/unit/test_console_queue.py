@@ -24,7 +24,7 @@ from tests.unit.test_gateway_fair_queue import (
     slot_engine,
     until,
 )
-from workers.top_source import LiveSource
+from workers.top.source import LiveSource
 
 
 async def named_key(store: Store, prefix: str) -> tuple[str, dict[str, str]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.admin_guard import check_same_site
+from gateway.admin.guard import check_same_site
 from gateway.console.remote import cookie_is_secure
 from gateway.console.sessions import SessionBook, csrf_matches
 from gateway.errors import ApiError

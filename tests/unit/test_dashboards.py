@@ -18,8 +18,8 @@ from activities.agent.gpu_telemetry import GpuSample, TelemetryReading
 from activities.agent.node_metrics import METRICS_PATH, EngineLoadSample, NodeReading, render
 from engines.registry import engines
 from gateway.front_door import ADMIN_ONLY_PATHS
-from gateway.kv_feeds import FeedCounters
-from gateway.kv_publishers import PublisherCounters
+from gateway.kv.feeds import FeedCounters
+from gateway.kv.publishers import PublisherCounters
 from gateway.metrics import GatewayMetrics
 from gateway.routing.states import Expected, Routed
 from gateway.settings import GatewaySettings

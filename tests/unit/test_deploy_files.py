@@ -217,3 +217,19 @@ def test_an_unknown_variable_is_caught() -> None:
     assert used_variables(text) - accepted_variables() == {"LLMGW_TEMPORAL_TLS_CERTIFICATE"}
     # The API key as a value is refused by llmgw, so it is no setting a deploy file may use.
     assert "LLMGW_TEMPORAL_API_KEY" not in accepted_variables()
+
+
+def test_the_image_copies_every_package_of_llmgw() -> None:
+    """A package left out of the Dockerfile's COPY lines installs nothing and fails at the first
+    import in the container (store/ was left out when it moved out of gateway/)."""
+    root = DEPLOY.parent
+    packages = {
+        p.name for p in root.iterdir() if (p / "__init__.py").exists() and p.name != "tests"
+    }
+    copied = {
+        line.split()[1]
+        for line in (DEPLOY / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ") and len(line.split()) == 3
+    }
+    assert packages, "no packages found"
+    assert packages <= copied, f"not copied into the image: {sorted(packages - copied)}"

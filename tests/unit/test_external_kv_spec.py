@@ -4,7 +4,7 @@ YAML, the catalog's checks, and the KvSource each URL's route carries."""
 import pytest
 
 from workers.cli import build_parser
-from workers.model_commands import describe_profile, models_from_file, spec_from_args
+from workers.commands.model import describe_profile, models_from_file, spec_from_args
 from workflows.catalog import check_model
 from workflows.contracts import (
     ExternalKv,

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from aiohttp import web
 
-from engines.kv_hashes import block_ids
+from kv.hashes import block_ids
 from store import KeyLimits, Store
 from tests.gateway_kit import (
     NODE,

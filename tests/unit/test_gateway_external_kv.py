@@ -15,8 +15,8 @@ from typing import Any
 import zmq.asyncio
 from aiohttp import web
 
-from engines.kv_hashes import block_ids
 from engines.local_port import free_port
+from kv.hashes import block_ids
 from store import Store
 from tests.gateway_kit import (
     MODEL,

@@ -19,7 +19,7 @@ from aiohttp import web
 from starlette.requests import Request
 
 from engines.local_port import free_port
-from gateway.admin_routes import require_local
+from gateway.admin.routes import require_local
 from gateway.errors import ApiError
 from gateway.server import serve
 from gateway.settings import GatewaySettings

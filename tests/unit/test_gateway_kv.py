@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engines.kv_hashes import block_ids
+from kv.hashes import block_ids
 from store import Store
 from tests.gateway_kit import (
     MODEL,

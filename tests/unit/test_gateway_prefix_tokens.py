@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from engines.kv_hashes import block_ids
 from gateway import prefix_tokens
 from gateway.prefix_tokens import MISMATCHES_OFF
+from kv.hashes import block_ids
 from store import Store
 from tests.gateway_kit import (
     MODEL,

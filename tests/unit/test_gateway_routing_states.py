@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from engines.kv_hashes import block_ids
+from kv.hashes import block_ids
 from store import Store
 from tests.gateway_kit import (
     MODEL,

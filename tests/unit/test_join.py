@@ -4,8 +4,8 @@ import stat
 
 import pytest
 
+from workers.commands.node import gpu_summary, parse_labels, why_not_placeable
 from workers.join import JoinToken, accept_join_token
-from workers.node_commands import gpu_summary, parse_labels, why_not_placeable
 from workers.paths import Locations
 from workflows.contracts import (
     EngineState,

@@ -6,7 +6,7 @@ import pickle
 import msgpack
 import pytest
 
-from engines.kv_events import (
+from kv.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -14,7 +14,7 @@ from engines.kv_events import (
     UnknownEvent,
     decode_message,
 )
-from engines.kv_hashes import block_digests, block_ids
+from kv.hashes import block_digests, block_ids
 
 TOKENS = list(range(1, 33))
 BIG = 2**64 - 5  # above 2**63: must be read unsigned

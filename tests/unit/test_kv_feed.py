@@ -3,7 +3,7 @@
 
 import pytest
 
-from engines.kv_feed import (
+from kv.feed import (
     MAX_BLOCKS_PER_LINE,
     MAX_LINE_BYTES,
     FeedLive,

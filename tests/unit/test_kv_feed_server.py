@@ -1,6 +1,6 @@
 """The agent's KV feed end to end on loopback: a stand-in vLLM publisher on real ZMQ sockets,
 the agent's subscriptions and hub, its aiohttp feed server, and a reader doing what a gateway
-does (engines/kv_feed.py)."""
+does (kv/feed.py)."""
 
 import asyncio
 import socket
@@ -12,13 +12,14 @@ import aiohttp
 import pytest
 import zmq.asyncio
 
-from activities.agent import kv_feed_server
-from activities.agent.kv_feed_server import STATUS_PATH, FeedServer, start_feed_server
-from activities.agent.kv_hub import KvHub
-from activities.agent.kv_subscriptions import KvSubscriptions
+from activities.agent.kv import feed_server as kv_feed_server
+from activities.agent.kv.feed_server import STATUS_PATH, FeedServer, start_feed_server
+from activities.agent.kv.hub import KvHub
+from activities.agent.kv.subscriptions import KvSubscriptions
 from engines.adapter import KvPublisher
-from engines.kv_events import BlockStored
-from engines.kv_feed import (
+from engines.local_port import free_port
+from kv.events import BlockStored
+from kv.feed import (
     FEED_PATH,
     FeedLive,
     FeedMessage,
@@ -28,7 +29,6 @@ from engines.kv_feed import (
     FeedStored,
     decode,
 )
-from engines.local_port import free_port
 from tests.unit.kv_publisher_standin import TOPIC, StandinPublisher, restarted, until
 from workflows.engine_keys import kv_feed_token
 

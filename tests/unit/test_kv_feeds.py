@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from engines.kv_feed import (
+from gateway.kv.feeds import KvFeedReader, KvFeeds
+from gateway.metrics import GatewayMetrics
+from gateway.routing import RoutingSnapshot
+from kv.feed import (
     FEED_PATH,
     FeedLive,
     FeedMessage,
@@ -25,10 +28,7 @@ from engines.kv_feed import (
     FeedStored,
     encode,
 )
-from engines.kv_index import KvBlockIndex
-from gateway.kv_feeds import KvFeedReader, KvFeeds
-from gateway.metrics import GatewayMetrics
-from gateway.routing import RoutingSnapshot
+from kv.index import KvBlockIndex
 from tests.gateway_kit import serving
 from workflows.contracts import KvSource, ReplicaState, Route, RoutingTable
 from workflows.engine_keys import kv_feed_token, node_secret

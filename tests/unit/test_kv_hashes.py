@@ -3,7 +3,7 @@ from a real vLLM's events (tokens 1..32, block size 16, no extra keys)."""
 
 import pytest
 
-from engines.kv_hashes import block_digests, block_ids, event_id, none_hash
+from kv.hashes import block_digests, block_ids, event_id, none_hash
 
 TOKENS = list(range(1, 33))
 

@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from activities.agent.kv_hub import FeedEnded, FeedReader, KvHub
-from engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, UnknownEvent
-from engines.kv_feed import (
+from activities.agent.kv.hub import FeedEnded, FeedReader, KvHub
+from kv.events import AllBlocksCleared, BlockRemoved, BlockStored, UnknownEvent
+from kv.feed import (
     MAX_BLOCKS_PER_LINE,
     MAX_LINE_BYTES,
     FeedLive,
@@ -18,7 +18,7 @@ from engines.kv_feed import (
     decode,
     encode,
 )
-from engines.kv_index import KvBlockIndex
+from kv.index import KvBlockIndex
 
 
 def stored(*blocks: int) -> BlockStored:

@@ -4,9 +4,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, UnknownEvent
-from engines.kv_hashes import block_ids
-from engines.kv_index import KvBlockIndex
+from kv.events import AllBlocksCleared, BlockRemoved, BlockStored, UnknownEvent
+from kv.hashes import block_ids
+from kv.index import KvBlockIndex
 
 PROMPT = list(range(1, 129))  # 4 blocks of 32
 BLOCKS = block_ids(PROMPT, 32, "0")

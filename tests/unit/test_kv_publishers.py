@@ -1,4 +1,4 @@
-"""The gateway's subscriptions to external engines' KV-event publishers (gateway/kv_publishers.py)
+"""The gateway's subscriptions to external engines' KV-event publishers (gateway/kv/publishers.py)
 against stand-in vLLM publishers on real ZMQ sockets on loopback: each publisher binds, as an
 external vLLM with a wildcard endpoint does, and the gateway connects."""
 
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import pytest
 import zmq.asyncio
 
-from engines.kv_hashes import block_ids
-from engines.kv_index import KvBlockIndex
 from engines.local_port import free_port
-from gateway.kv_publishers import KvPublishers, KvSubscription
+from gateway.kv.publishers import KvPublishers, KvSubscription
 from gateway.routing import RequestKey, Router, RoutingSnapshot
+from kv.hashes import block_ids
+from kv.index import KvBlockIndex
 from tests.unit.kv_publisher_standin import TOPIC, StandinPublisher, restarted, until
 from workflows.contracts import KvSource, ReplicaState, Route, RoutingTable
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engines.kv_sequence import SequenceTracker, Verdict
+from kv.sequence import SequenceTracker, Verdict
 
 
 def test_the_first_batch_starts_an_empty_index_then_batches_apply_in_order() -> None:

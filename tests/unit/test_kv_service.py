@@ -10,8 +10,8 @@ from pathlib import Path
 import aiohttp
 
 from activities.agent.config import AgentConfig
-from activities.agent.kv_feed_server import STATUS_PATH
-from activities.agent.kv_service import KvService, live_publishers
+from activities.agent.kv.feed_server import STATUS_PATH
+from activities.agent.kv.service import KvService, live_publishers
 from activities.agent.supervisor import ShardSupervisor
 from engines.adapter import KvPublisher
 from engines.local_port import free_port

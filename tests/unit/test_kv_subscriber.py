@@ -8,10 +8,10 @@ import msgpack
 import pytest
 import zmq.asyncio
 
-from engines.kv_events import Event
-from engines.kv_index import KvBlockIndex
-from engines.kv_subscriber import KvSubscriber
 from engines.local_port import free_port
+from kv.events import Event
+from kv.index import KvBlockIndex
+from kv.subscriber import KvSubscriber
 from tests.unit.kv_publisher_standin import TOPIC, StandinPublisher, connected, until
 
 

@@ -18,7 +18,7 @@ from activities.control.mirror.store import MirrorStore
 from tests.unit.mirror_server import COMMIT, FileServer, serving
 from tests.unit.mirror_store_kit import all_bytes, sha, visible
 from workers.cli import build_parser
-from workers.mirror_commands import mirror_add, run_mirror_command
+from workers.commands.mirror import mirror_add, run_mirror_command
 from workers.paths import Locations
 
 BODY = os.urandom(3 * (1 << 20) + 123)  # a few chunks of the 1 MiB the download reads

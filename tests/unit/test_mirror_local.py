@@ -16,9 +16,9 @@ from activities.control.mirror.store import MirrorStore
 from tests.ollama_kit import ollama_store
 from tests.unit.mirror_store_kit import sha, visible
 from workers.cli import build_parser
-from workers.mirror_commands import run_mirror_command
-from workers.mirror_ollama import add_ollama
-from workers.model_commands import mirror_ollama_model
+from workers.commands.mirror import run_mirror_command
+from workers.commands.model import mirror_ollama_model
+from workers.ollama.mirror_add import add_ollama
 from workers.paths import Locations
 from workflows.artifact_names import blob_relpath, manifest_digest
 

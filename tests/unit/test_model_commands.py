@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from workers import model_commands
 from workers.cli import build_parser
-from workers.model_commands import models_from_file, spec_from_args, upstream_key_from_args
+from workers.commands import model as model_commands
+from workers.commands.model import models_from_file, spec_from_args, upstream_key_from_args
 from workers.paths import Locations
 from workflows.artifact_names import artifact_hint
 from workflows.contracts import (

@@ -1,7 +1,7 @@
 """`llmgw node show`'s line on the mirror's artifacts a node holds and the disk it has for more,
 as placement reads them. No Temporal."""
 
-from workers.node_commands import artifacts_line
+from workers.commands.node import artifacts_line
 from workflows.contracts import NodeInventory
 
 

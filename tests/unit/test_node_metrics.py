@@ -8,7 +8,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import workers.node_commands
+import workers.commands.node
 from activities.agent.gpu_telemetry import TelemetryReading, parse_telemetry_xml
 from activities.agent.node_metrics import (
     EngineLoadSample,
@@ -155,8 +155,8 @@ async def test_llmgw_nodes_shows_each_nodes_gpus_now(
     async def no_engines(_client: Any, _record: NodeRecord) -> list[str]:
         return []
 
-    monkeypatch.setattr(workers.node_commands, "engine_lines", no_engines)
-    await workers.node_commands.show_nodes(None, fleet)  # type: ignore[arg-type]
+    monkeypatch.setattr(workers.commands.node, "engine_lines", no_engines)
+    await workers.commands.node.show_nodes(None, fleet)  # type: ignore[arg-type]
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     assert "GPU NOW" in lines["NODE"]

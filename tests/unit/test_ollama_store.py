@@ -11,17 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from workers import model_commands, ollama_blobs, ollama_store
 from workers.cli import build_parser
-from workers.gguf_header import gguf_has_chat_template
-from workers.ollama_import import (
+from workers.commands import model as model_commands
+from workers.ollama import blobs as ollama_blobs
+from workers.ollama import store as ollama_store
+from workers.ollama.gguf_header import gguf_has_chat_template
+from workers.ollama.model_import import (
     default_memory_mb,
     default_model_name,
     engine_defaults,
     fetch_blobs,
     plan_import,
 )
-from workers.ollama_store import (
+from workers.ollama.store import (
     ADAPTER,
     LICENSE,
     MODEL,

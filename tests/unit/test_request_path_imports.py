@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OWN = ("gateway", "engines", "workflows", "activities", "workers", "store", "bench")
+OWN = ("gateway", "kv", "engines", "workflows", "activities", "workers", "store", "bench")
 # 108 when this bound was set: room for a few modules more, not for a package.
 MOST_MODULES = 115
 NEVER = (

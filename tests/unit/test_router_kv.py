@@ -7,11 +7,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from engines.kv_hashes import block_ids
-from engines.kv_index import KvBlockIndex
 from gateway.routing import Decision, OverloadMargin, RequestKey, Router, RoutingSnapshot
 from gateway.routing.kv_blocks import BlockIds, request_block_ids
 from gateway.routing.loads import LoadSample
+from kv.hashes import block_ids
+from kv.index import KvBlockIndex
 from workflows.contracts import KvSource, ReplicaState, Route, RoutingTable
 
 BLOCK = 4

@@ -4,8 +4,6 @@ least pending tokens. With the target at 0, the request-count margin as before."
 
 from __future__ import annotations
 
-from engines.kv_hashes import block_ids
-from engines.kv_index import KvBlockIndex
 from gateway.routing import (
     Decision,
     EngineLoadBoard,
@@ -16,6 +14,8 @@ from gateway.routing import (
     Sent,
 )
 from gateway.routing.prefix_index import BLOCK_BYTES
+from kv.hashes import block_ids
+from kv.index import KvBlockIndex
 from workflows.contracts import KvSource, ReplicaState, Route, RoutingTable
 
 # Eight index blocks of shared system prompt: 512 tokens as the router counts cached ones.

@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 
-from engines.kv_index import KvBlockIndex
 from gateway.routing import RequestKey, Router, RoutingSnapshot
 from gateway.routing.loads import LoadSample
 from gateway.routing.working_set import WorkingSets
+from kv.index import KvBlockIndex
 from tests.unit.test_router_kv import route as kv_route
 from tests.unit.test_routing_policy import chosen, snapshot
 from workflows.contracts import RoutingTable

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from workers.node_telemetry import EngineFigures, GpuFigures, NodeTelemetry
-from workers.top_data import (
+from workers.top.data import (
     GpuRow,
     KeyQuota,
     ModelCounters,
@@ -24,7 +24,7 @@ from workers.top_data import (
     model_rates,
     queue_from_samples,
 )
-from workers.top_render import HELP, QUIT, REFRESH, Screen, UiState, handle_key, render
+from workers.top.render import HELP, QUIT, REFRESH, Screen, UiState, handle_key, render
 from workflows.contracts import (
     GpuInfo,
     LedgerState,

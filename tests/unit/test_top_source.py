@@ -18,8 +18,8 @@ from tests.gateway_kit import (
     running_gateway,
 )
 from tests.machine_tools import MACHINES
-from workers.top_data import model_rates
-from workers.top_source import LiveSource
+from workers.top.data import model_rates
+from workers.top.source import LiveSource
 from workflows.contracts import (
     EngineLoad,
     GpuInfo,

@@ -16,7 +16,7 @@ from activities.agent.node_metrics import render as render_metrics
 from tests.machine_tools import MACHINES
 from tests.tmux_kit import Tmux, keep_screen
 from workers.node_telemetry import parse_agent_metrics
-from workers.top_data import (
+from workers.top.data import (
     GpuRow,
     KeyQuota,
     ModelCounters,

@@ -1,4 +1,4 @@
-"""`llmgw ledger check` and `llmgw ledger rebuild` (workers/ledger_commands.py): the fleet
+"""`llmgw ledger check` and `llmgw ledger rebuild` (workers/commands/ledger.py): the fleet
 tables, corrupted or wiped while node and replica workflows run, are found to differ from the
 workflows, line by line, and rebuilt from them until nothing differs.
 
@@ -20,8 +20,8 @@ from store.fleet import FleetTables, open_fleet
 from tests.workflows.conftest import eventually, start_dev_server, unique
 from tests.workflows.fake_agent import FakeAgent
 from workers.agent import register
+from workers.commands.ledger import drift, ledger_command, rebuilt_state
 from workers.control import control_activities
-from workers.ledger_commands import drift, ledger_command, rebuilt_state
 from workers.registry import CONTROL_WORKFLOWS
 from workers.search_attributes import ensure_search_attributes
 from workflows.contracts import (

@@ -200,9 +200,9 @@ class NodeNames(BaseModel):
 
 class KvSource(BaseModel):
     """Where a gateway learns which prefix-cache blocks a replica holds, and how to hash a
-    request's tokens the way its engine does (engines/kv_hashes.py)."""
+    request's tokens the way its engine does (kv/hashes.py)."""
 
-    # The node agent's KV feed (engines/kv_feed.py), "http://address:port"; "" for an
+    # The node agent's KV feed (kv/feed.py), "http://address:port"; "" for an
     # external engine, whose own publisher the gateway subscribes to (`publisher`).
     feed: str = ""
     block_size: int
@@ -212,7 +212,7 @@ class KvSource(BaseModel):
     # block of an adapter's request by ("lora", name, path) (gateway/routing/kv_blocks.py).
     adapters: dict[str, str] = Field(default_factory=dict)
     # External engines only (Profile.external_kv): the engine's ZMQ publisher, its replay
-    # socket ("" = none) and topic, which each gateway connects to (gateway/kv_publishers.py).
+    # socket ("" = none) and topic, which each gateway connects to (gateway/kv/publishers.py).
     publisher: str = ""
     replay: str = ""
     topic: str = ""

@@ -27,7 +27,7 @@ class LoraAdapter(BaseModel):
 class KvEventSource(BaseModel):
     """One external vLLM's KV-cache event sockets, as the gateway reaches them. The engine's
     operator starts it with `--kv-events-config` naming a wildcard endpoint (tcp://*:PORT), on
-    which its PUB socket binds; the gateway connects to it (gateway/kv_publishers.py). Checked
+    which its PUB socket binds; the gateway connects to it (gateway/kv/publishers.py). Checked
     in workflows/external_kv.py."""
 
     # "tcp://host:port": the engine's PUB socket.

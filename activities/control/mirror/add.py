@@ -142,7 +142,7 @@ def add_source(
     progress: FileProgress | None = None,
     client: httpx.Client | None = None,
 ) -> Added:
-    """Add a local, URL or Hugging Face source (Ollama's is workers/mirror_ollama.py: its
+    """Add a local, URL or Hugging Face source (Ollama's is workers/ollama/mirror_add.py: its
     reader lives above this package). `hf_token` is the token itself, read by the caller from
     the reference the operator gave."""
     if name is not None:

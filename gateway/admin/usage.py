@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 
-from gateway.admin_routes import require_local
+from gateway.admin.routes import require_local
 from gateway.deps import State
 from gateway.errors import bad_request
 from gateway.usage_export import usage_csv

@@ -1,5 +1,5 @@
-"""The agent's KV feed over HTTP: `GET engines.kv_feed.FEED_PATH` streams the hub's snapshot
-and deltas as newline-delimited JSON (engines/kv_feed.py), `GET STATUS_PATH` tells an operator
+"""The agent's KV feed over HTTP: `GET kv.feed.FEED_PATH` streams the hub's snapshot
+and deltas as newline-delimited JSON (kv/feed.py), `GET STATUS_PATH` tells an operator
 what each replica's subscriber has seen. Both want `Authorization: Bearer <kv_feed_token(node
 secret)>`: a gateway derives it from the master secret, so only gateways read what the node's
 caches hold (block ids are hashes of prompts' tokens).
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from activities.agent.kv_hub import FeedEnded, FeedReader, KvHub
+from activities.agent.kv.hub import FeedEnded, FeedReader, KvHub
 from activities.http_site import start_site
-from engines.kv_feed import FEED_PATH, PING_EVERY_S, FeedPing, encode
+from kv.feed import FEED_PATH, PING_EVERY_S, FeedPing, encode
 from workflows.engine_keys import kv_feed_token
 
 STATUS_PATH = "/kv/v1/status"

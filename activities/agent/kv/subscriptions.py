@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import zmq.asyncio
 
-from activities.agent.kv_hub import KvHub
+from activities.agent.kv.hub import KvHub
 from engines.adapter import KvPublisher
-from engines.kv_subscriber import KvSubscriber
+from kv.subscriber import KvSubscriber
 
 log = logging.getLogger("llmgw.agent.kv")
 

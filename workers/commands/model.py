@@ -1,5 +1,5 @@
 """`llmgw model add|apply|import-ollama|list|scale|rm|why`: the catalog from the command line
-and from YAML (import-ollama: workers/ollama_import.py).
+and from YAML (import-ollama: workers/ollama/model_import.py).
 
 A definition is checked here first (workflows/catalog.py) so a typo fails before anything is
 sent, and again by the model workflow, which is what the admin API and other clients reach.
@@ -25,12 +25,12 @@ from activities.control.mirror.sources import OllamaSource
 from activities.control.mirror.store import MirrorStore
 from store import open_store
 from store.fleet import FleetTables
+from workers.commands.mirror import add_source_options
 from workers.external_kv_args import add_external_kv_arguments, external_kv_from_args
-from workers.mirror_commands import add_source_options
-from workers.mirror_ollama import add_ollama
 from workers.model_from_source import lora_sources, mirrored_spec, with_source
-from workers.ollama_import import fetch_blobs, plan_import
-from workers.ollama_store import STORE_ENV, OllamaStoreError
+from workers.ollama.mirror_add import add_ollama
+from workers.ollama.model_import import fetch_blobs, plan_import
+from workers.ollama.store import STORE_ENV, OllamaStoreError
 from workers.paths import Locations
 from workers.progress import fleet_tables, ledger_snapshot
 from workers.tables import table

@@ -1,6 +1,6 @@
 """`llmgw top` drawn as text: a pure function from what was read and the operator's choices
 (pane, sort, scroll) to the screen's lines for a given width and height, and the keys that
-change those choices. workers/top.py puts the lines on a curses screen; tests read them.
+change those choices. workers/top/console.py puts the lines on a curses screen; tests read them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from workers.tables import table
-from workers.top_data import (
+from workers.top.data import (
     GpuRow,
     KeyQuota,
     ModelCounters,

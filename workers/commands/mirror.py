@@ -149,7 +149,7 @@ def mirror_add(
     progress = ProgressLines(sys.stderr)
     name = name or getattr(args, "name", None)
     if isinstance(source, OllamaSource):
-        from workers.mirror_ollama import add_ollama
+        from workers.ollama.mirror_add import add_ollama
 
         return add_ollama(store, source, args.ollama_store, name, progress)
     token = token_from_options(args.hf_token_env, args.hf_token_file)

@@ -1,6 +1,6 @@
 """The KV feed: how a node agent tells gateways which prefix-cache blocks its replicas hold.
 
-The agent subscribes to each local vLLM replica's KV events (engines/kv_subscriber.py)
+The agent subscribes to each local vLLM replica's KV events (kv/subscriber.py)
 and keeps what every replica holds; a gateway reads `GET FEED_PATH` on the agent with
 `Authorization: Bearer <kv_feed_token(node secret)>` and gets newline-delimited JSON, one
 message per line:
@@ -17,7 +17,7 @@ message per line:
 is not the last one plus one means the gateway missed something; it drops what the feed told
 it and reconnects for a new snapshot (so does an agent that falls behind a slow gateway: it
 closes the connection rather than buffer without bound). Block ids are vLLM's unsigned 64-bit
-event ids (engines/kv_hashes.py), at most MAX_BLOCKS_PER_LINE a line.
+event ids (kv/hashes.py), at most MAX_BLOCKS_PER_LINE a line.
 
 Pure: messages to bytes and back; no socket here.
 """

@@ -3,7 +3,7 @@
 The model's GGUF (and any LoRA adapter) is copied out of the Ollama store into llmgw's own
 models directory, `<state>/models/sha256-<hex>.gguf`, hashed while it is copied and renamed
 into place only when it matches its digest; a file already there is reused once it hashes
-right. The model is then defined as `llmgw model add` defines one (model_commands.py), engine
+right. The model is then defined as `llmgw model add` defines one (commands/model.py), engine
 llamacpp, weights that path. Nothing here needs a server (tests/unit/test_ollama_store.py).
 
 What of Ollama's model llama-server can use, and how:
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from engines.llamacpp import RESERVED_FLAGS
-from workers.gguf_header import gguf_has_chat_template
-from workers.ollama_blobs import copy_verified
-from workers.ollama_store import (
+from workers.ollama.blobs import copy_verified
+from workers.ollama.gguf_header import gguf_has_chat_template
+from workers.ollama.store import (
     DEFAULT_NAMESPACE,
     DEFAULT_TAG,
     LICENSE,

@@ -1,7 +1,7 @@
 """What this node's replicas hold in their prefix caches, and every change to it fanned out to
-the gateways reading the agent's KV feed (engines/kv_feed.py; served by kv_feed_server.py).
+the gateways reading the agent's KV feed (kv/feed.py; served by kv/feed_server.py).
 
-The replicas' KvSubscribers (kv_subscriptions.py) hand the hub their events in the engine's
+The replicas' KvSubscribers (kv/subscriptions.py) hand the hub their events in the engine's
 order. Each change becomes feed deltas, each taking the next sequence number, pushed onto the
 bounded queue of every attached reader. A reader's first messages are a snapshot of the whole
 index, taken in the same synchronous step that registers its queue: everything here runs on the
@@ -21,8 +21,8 @@ import secrets
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, Event
-from engines.kv_feed import (
+from kv.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+from kv.feed import (
     FeedLive,
     FeedMessage,
     FeedRemoved,
@@ -31,8 +31,8 @@ from engines.kv_feed import (
     FeedStored,
     chunks,
 )
-from engines.kv_index import DEFAULT_MAX_BLOCKS, KvBlockIndex
-from engines.kv_subscriber import KvSubscriber
+from kv.index import DEFAULT_MAX_BLOCKS, KvBlockIndex
+from kv.subscriber import KvSubscriber
 
 # What one reader may have waiting, counted as block ids plus one per message: about 8 MB of
 # list slots (the ids themselves are mostly shared with the index). A gateway that reads this
@@ -127,7 +127,7 @@ class _Source:
 
 
 class KvHub:
-    """A KvSink (engines/kv_subscriber.py) holding this node's replicas' blocks for the KV feed."""
+    """A KvSink (kv/subscriber.py) holding this node's replicas' blocks for the KV feed."""
 
     def __init__(
         self, max_blocks: int = DEFAULT_MAX_BLOCKS, max_pending: int = MAX_PENDING

@@ -20,7 +20,7 @@ from temporalio.client import Client
 from store.fleet import FleetTables
 from workers.node_telemetry import read_agents
 from workers.progress import ledger_snapshot
-from workers.top_data import (
+from workers.top.data import (
     TopData,
     cluster_rows,
     counters_from_samples,

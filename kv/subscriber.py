@@ -8,8 +8,8 @@ run) is started by its operator with a wildcard endpoint (tcp://*:PORT), so its 
 the gateway's subscriber connects to it (`connect=True`). Either way the engine's replay ROUTER
 binds the replay endpoint, which the subscriber's DEALER asks for missed batches.
 
-Each message is decoded (engines/kv_events.py, msgpack only), placed in the publisher's
-sequence (engines/kv_sequence.py) and handed on to a sink in order: a gap is filled from the
+Each message is decoded (kv/events.py, msgpack only), placed in the publisher's
+sequence (kv/sequence.py) and handed on to a sink in order: a gap is filled from the
 replay socket before the batch that revealed it, and a publisher that restarted, a gap the
 engine can no longer replay (or no replay endpoint to ask) or an event of an unknown kind resets
 the sink's view of that replica rather than leave it wrong.
@@ -23,8 +23,8 @@ and drops the connection when nothing comes back within `silence_s`. vLLM's libz
 pings itself; vLLM itself sends nothing while idle, and an idle engine's blocks stay known.
 
 The agent runs one per local replica whose engine publishes (activities/agent/
-kv_subscriptions.py), into its KvHub; the gateway one per external engine's publisher
-(gateway/kv_publishers.py), into its KvBlockIndex."""
+kv/subscriptions.py), into its KvHub; the gateway one per external engine's publisher
+(gateway/kv/publishers.py), into its KvBlockIndex."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from engines.kv_events import (
+from kv.events import (
     MAX_PAYLOAD_BYTES,
     Event,
     EventBatch,
@@ -46,7 +46,7 @@ from engines.kv_events import (
     decode_payload,
     decode_seq,
 )
-from engines.kv_sequence import SequenceTracker, Verdict
+from kv.sequence import SequenceTracker, Verdict
 
 # The end of a replay: a sequence frame of all ones.
 REPLAY_END = b"\xff" * 8

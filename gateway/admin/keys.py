@@ -15,8 +15,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.admin_models import require_same_site_json
-from gateway.admin_routes import require_local
+from gateway.admin.models import require_same_site_json
+from gateway.admin.routes import require_local
 from gateway.deps import State
 from gateway.errors import ApiError, bad_request
 from store import ApiKey, KeyLimits, KeyNameTaken

@@ -13,9 +13,9 @@ import contextlib
 import logging
 
 from activities.agent.config import AgentConfig
-from activities.agent.kv_feed_server import FeedServer, start_feed_server
-from activities.agent.kv_hub import KvHub
-from activities.agent.kv_subscriptions import KvSubscriptions
+from activities.agent.kv.feed_server import FeedServer, start_feed_server
+from activities.agent.kv.hub import KvHub
+from activities.agent.kv.subscriptions import KvSubscriptions
 from activities.agent.supervisor import ShardSupervisor
 from engines.adapter import KvPublisher
 

@@ -1,8 +1,8 @@
 """The admin API's gate, its view of the routing table (GET /admin/v1/routes) and of the KV
 feeds and external engines' KV-event publishers (GET /admin/v1/kv); keys, models and usage have
-routers of their own (admin_keys.py, admin_models.py, admin_usage.py).
+routers of their own (admin/keys.py, admin/models.py, admin/usage.py).
 
-Every admin router depends on `require_local`, which applies all of gateway/admin_guard.py's
+Every admin router depends on `require_local`, which applies all of gateway/admin/guard.py's
 rules: loopback clients only, Host an address or localhost (DNS rebinding), nothing a browser
 marks cross-site, and changes only as application/json.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from gateway.admin_guard import check_admin_request
+from gateway.admin.guard import check_admin_request
 from gateway.deps import State
 
 
@@ -43,6 +43,6 @@ async def routes(state: State) -> dict[str, Any]:
 @router.get("/kv")
 async def kv(state: State) -> dict[str, Any]:
     """Each node agent's KV feed as this gateway reads it (connected, epoch, last seq, counts),
-    the blocks it holds per replica (gateway/kv_feeds.py), and each external engine's publisher
-    it subscribes to (gateway/kv_publishers.py)."""
+    the blocks it holds per replica (gateway/kv/feeds.py), and each external engine's publisher
+    it subscribes to (gateway/kv/publishers.py)."""
     return {**state.kv_feeds.describe(), "publishers": state.kv_publishers.describe()}

@@ -1,10 +1,10 @@
 """Which replica holds which prefix-cache blocks, from the engines' own KV events (vLLM's
-BlockStored, BlockRemoved, AllBlocksCleared; engines/kv_events.py): the precise counterpart of
+BlockStored, BlockRemoved, AllBlocksCleared; kv/events.py): the precise counterpart of
 gateway/routing/prefix_index.py's record of what the gateway sent where. The node agent keeps
-one for its replicas (the source of its KV feed, engines/kv_feed.py), each gateway one for every
+one for its replicas (the source of its KV feed, kv/feed.py), each gateway one for every
 replica it routes to, filled from those feeds.
 
-A request's blocks (engines/kv_hashes.py, from its token ids) are looked up in order; a replica
+A request's blocks (kv/hashes.py, from its token ids) are looked up in order; a replica
 scores the number of leading blocks it holds, since an engine reuses a prefix only up to its
 first missing block. Pure, and bounded: each replica keeps at most `max_blocks` ids, the
 oldest-stored dropped first (an engine evicts by its own LRU, so an old id is the likeliest to
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engines.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, Event, UnknownEvent
+from kv.events import AllBlocksCleared, BlockRemoved, BlockStored, Event, UnknownEvent
 
 DEFAULT_MAX_BLOCKS = 1_000_000
 

@@ -2,7 +2,7 @@
 as they are read (`hashed_chunks`), and a copy renamed into its content-addressed place only once
 it matches its digest (`copy_verified`), so that a model's weights, gigabytes, are hashed once,
 while they are copied, and never read whole into memory. The store itself, where a blob is and
-whether it may be opened, is workers/ollama_store.py's.
+whether it may be opened, is workers/ollama/store.py's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from workers.ollama_store import CHUNK, Blob, OllamaStore, OllamaStoreError
+from workers.ollama.store import CHUNK, Blob, OllamaStore, OllamaStoreError
 
 
 def hashed_chunks(f: BinaryIO, blob: Blob) -> Iterator[bytes]:

@@ -22,7 +22,7 @@ from typing import Any, TypeGuard
 
 import msgpack
 
-from engines.kv_hashes import DIGEST_BYTES, event_id
+from kv.hashes import DIGEST_BYTES, event_id
 
 SEQ_BYTES = 8
 # Bounds on one payload: a batch holds at most a few thousand events of a few hundred tokens,

@@ -16,8 +16,8 @@ and a size) and `blobs/sha256-<hex>`, one file per layer. Nothing read from it i
   does not match. The model's weights are large: they are hashed once, while they are copied
   (`copy_verified`), never read whole into memory.
 
-Copying and verifying blobs is workers/ollama_blobs.py's, reading the weights' GGUF header
-workers/gguf_header.py's; this module names, finds and opens what the store holds.
+Copying and verifying blobs is workers/ollama/blobs.py's, reading the weights' GGUF header
+workers/ollama/gguf_header.py's; this module names, finds and opens what the store holds.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def digest_hex(value: object) -> str:
 
 @dataclass(frozen=True)
 class Blob:
-    """One layer's blob, found in the store and not yet hashed (workers/ollama_blobs.py)."""
+    """One layer's blob, found in the store and not yet hashed (workers/ollama/blobs.py)."""
 
     digest: str  # 64 lowercase hex digits
     size: int
@@ -311,8 +311,8 @@ class OllamaStore:
 
     def read_text(self, layer: _Layer, what: str) -> str:
         """A small layer, hashed as it is read."""
-        # Imported here, not above: workers/ollama_blobs.py imports this module.
-        from workers.ollama_blobs import hashed_chunks
+        # Imported here, not above: workers/ollama/blobs.py imports this module.
+        from workers.ollama.blobs import hashed_chunks
 
         blob = self.blob(layer)
         if blob.size > MAX_TEXT_BYTES:
@@ -330,8 +330,8 @@ class OllamaStore:
     def load(self, ref: Reference) -> OllamaModel:
         """The model the name points to: its manifest validated, its text layers read and
         verified, its weights found (a GGUF file of the manifest's size) but not yet hashed."""
-        # Imported here, not above: workers/gguf_header.py imports this module.
-        from workers.gguf_header import check_gguf
+        # Imported here, not above: workers/ollama/gguf_header.py imports this module.
+        from workers.ollama.gguf_header import check_gguf
 
         manifest = self.manifest_path(ref)
         layers = self.layers(ref, self.read_manifest(ref))

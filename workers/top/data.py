@@ -2,7 +2,7 @@
 already reads (the ledger's snapshot, the node agents' /metrics, the gateway's admin API), and
 the figures that need two refreshes (requests and tokens per second) worked out from a pair.
 
-Pure: no I/O here (workers/top_source.py reads, workers/top_render.py draws), so every figure
+Pure: no I/O here (workers/top/source.py reads, workers/top/render.py draws), so every figure
 is tested from hand-made data. `TopData` is a pydantic model so a stand-in source can keep one
 in a JSON file.
 """

@@ -4,8 +4,8 @@
 An external model whose URLs are vLLM servers may name each one's KV-event publisher
 (Profile.external_kv; docs/external-models.md). No node agent runs beside those engines to serve
 a feed, so every gateway connects to each publisher itself: a KvSubscriber
-(engines/kv_subscriber.py) with `connect=True`, whose events go into the same KvBlockIndex the
-agents' feeds fill (gateway/kv_feeds.py). The same resets as a feed: a publisher that restarted,
+(kv/subscriber.py) with `connect=True`, whose events go into the same KvBlockIndex the
+agents' feeds fill (gateway/kv/feeds.py). The same resets as a feed: a publisher that restarted,
 a gap the engine cannot replay (or no replay socket to ask), an event of an unknown kind, a
 dropped connection or a silent one (ZMTP heartbeats) forget that engine's blocks, and its next
 events rebuild them. A subscriber that fails outright is started again, from nothing, after
@@ -17,7 +17,7 @@ the gone ones, whose replicas are forgotten. Two routes naming one publisher (on
 by two models) share the subscription, and each gets the blocks.
 
 Trust: the hop is vLLM's plain ZMQ, neither authenticated nor encrypted. The decoder reads
-msgpack only and never unpickles (engines/kv_events.py), and a frame over the decoder's bound
+msgpack only and never unpickles (kv/events.py), and a frame over the decoder's bound
 ends the connection, so the worst a forged or tampered stream can do is steer the router
 toward or away from a replica (a request still goes only to a ready route of its model).
 Keep the engines' event ports on a network only they and the gateways reach.
@@ -33,10 +33,10 @@ from typing import Any
 
 import zmq.asyncio
 
-from engines.kv_events import Event
-from engines.kv_index import KvBlockIndex
-from engines.kv_subscriber import HEARTBEAT_S, SILENCE_S, KvCounters, KvSubscriber
 from gateway.routing.snapshot import RoutingSnapshot
+from kv.events import Event
+from kv.index import KvBlockIndex
+from kv.subscriber import HEARTBEAT_S, SILENCE_S, KvCounters, KvSubscriber
 from workflows.contracts import KvSource, ReplicaState, Route
 
 log = logging.getLogger(__name__)

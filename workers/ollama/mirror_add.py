@@ -1,5 +1,5 @@
 """`llmgw mirror add ollama://NAME[:TAG]`: a model Ollama has pulled, into the mirror. Ollama's
-store is read as `model import-ollama` reads it (workers/ollama_store.py: names and digests
+store is read as `model import-ollama` reads it (workers/ollama/store.py: names and digests
 checked, links kept inside the store); each blob is hashed while it is copied and must match
 its Ollama digest, which is also its mirror digest, so a blob the mirror already holds is not
 copied again. The artifact holds `model.gguf`, then `adapter.gguf`, `adapter-2.gguf`, ... and
@@ -16,8 +16,8 @@ from activities.control.mirror.errors import MirrorError
 from activities.control.mirror.ingest import Stored, ingest_stream
 from activities.control.mirror.sources import OllamaSource
 from activities.control.mirror.store import MirrorStore, check_ref_name
-from workers.ollama_import import default_model_name
-from workers.ollama_store import (
+from workers.ollama.model_import import default_model_name
+from workers.ollama.store import (
     Blob,
     OllamaStore,
     OllamaStoreError,

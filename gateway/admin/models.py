@@ -15,8 +15,8 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 from temporalio.client import WorkflowUpdateFailedError
 
-from gateway.admin_guard import check_json_body, check_same_site
-from gateway.admin_routes import require_local
+from gateway.admin.guard import check_json_body, check_same_site
+from gateway.admin.routes import require_local
 from gateway.deps import State
 from gateway.errors import ApiError
 from gateway.route_source import ModelCatalog

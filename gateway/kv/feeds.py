@@ -2,7 +2,7 @@
 each vLLM replica's engine holds, for the router's "kv_prefix" choice
 (gateway/routing/prefix_choice.py).
 
-One `KvFeedReader` per agent feed (engines/kv_feed.py): it reads the feed's newline-delimited
+One `KvFeedReader` per agent feed (kv/feed.py): it reads the feed's newline-delimited
 JSON, a snapshot then deltas, into the index shared by the whole gateway. Anything it cannot
 trust (a sequence gap, a malformed line, a refused token, a dropped connection, no line for
 three ping intervals) makes it forget every replica that feed told it about (a replica scored
@@ -13,14 +13,14 @@ all come back at once). Nothing is raised out of a reader; everything is counted
 (`FeedCounters`: shown at /metrics and GET /admin/v1/kv).
 
 `KvFeeds` keeps one reader per distinct (feed, node) among READY routes whose `kv` names a feed
-(an external engine's names its publisher: gateway/kv_publishers.py): `retain` on
+(an external engine's names its publisher: gateway/kv/publishers.py): `retain` on
 each new routing table starts the new ones and stops the gone ones. A reader takes blocks only
 for replicas the table does not give to another node (an agent speaks for its own replicas),
 and replicas that are not READY are dropped from the index (a replica that restarts starts with
 an empty cache, and its feed says so).
 
 Memory: KvBlockIndex keeps at most `max_blocks` ids per replica, about 78 bytes each
-(engines/kv_index.py, measured), so the gateway's default of 262,144 blocks (settings:
+(kv/index.py, measured), so the gateway's default of 262,144 blocks (settings:
 `kv_index_max_blocks`) is about 20 MB per replica at most: 4 million tokens of 16-token blocks,
 more than one GPU's KV cache holds for most models; an engine's own capacity is the usual bound.
 """
@@ -37,7 +37,8 @@ from typing import Any, Literal
 
 import aiohttp
 
-from engines.kv_feed import (
+from gateway.routing.snapshot import RoutingSnapshot
+from kv.feed import (
     FEED_PATH,
     MAX_LINE_BYTES,
     PING_EVERY_S,
@@ -50,8 +51,7 @@ from engines.kv_feed import (
     MalformedFeed,
     decode,
 )
-from engines.kv_index import KvBlockIndex
-from gateway.routing.snapshot import RoutingSnapshot
+from kv.index import KvBlockIndex
 from workflows.contracts import ReplicaState, Route
 from workflows.engine_keys import kv_feed_token, node_secret
 
@@ -414,7 +414,7 @@ class KvFeeds:
         wanted: set[FeedKey] = set()
         ready: set[str] = set()
         for route in snapshot.table.routes:
-            # An external engine's route names its publisher instead (gateway/kv_publishers.py).
+            # An external engine's route names its publisher instead (gateway/kv/publishers.py).
             key = (route.kv.feed, route.node) if route.kv is not None and route.kv.feed else None
             owner[route.replica_id] = key
             if route.state in routable:

@@ -1,9 +1,9 @@
 """`llmgw top`: a live view of nodes, GPUs, replicas, load, requests per second, cache hits and
 quota use in the terminal, redrawn in place.
 
-The screen is curses from the standard library. Reading (workers/top_source.py) runs as a task
+The screen is curses from the standard library. Reading (workers/top/source.py) runs as a task
 beside the key loop, so keys answer at once while a slow server is read; each refresh is
-compared with the one before for the rates. Drawing is workers/top_render.py's pure render().
+compared with the one before for the rates. Drawing is workers/top/render.py's pure render().
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import logging
 import time
 from typing import Any
 
-from workers.top_data import TopData, model_rates
-from workers.top_render import QUIT, REFRESH, Screen, UiState, handle_key, render
-from workers.top_source import TopSource
+from workers.top.data import TopData, model_rates
+from workers.top.render import QUIT, REFRESH, Screen, UiState, handle_key, render
+from workers.top.source import TopSource
 
 # How often keys are looked at and the screen redrawn when something changed.
 TICK_S = 0.05

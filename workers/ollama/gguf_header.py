@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 from typing import BinaryIO
 
-from workers.ollama_store import CHUNK, Blob, OllamaStore, OllamaStoreError
+from workers.ollama.store import CHUNK, Blob, OllamaStore, OllamaStoreError
 
 GGUF_MAGIC = b"GGUF"
 
