@@ -91,7 +91,8 @@ class Tmux:
                 *("tmux", "-L", term.socket, "-f", "/dev/null", "start-server", ";"),
                 *("set-option", "-g", "remain-on-exit", "on", ";"),
                 # The size from the start: with -x/-y alone the command could start at tmux's
-                # 80x24 and, on a loaded machine, draw its first screens there (seen in parallel runs).
+                # 80x24 and, on a loaded machine, draw its first screens there (seen in parallel
+                # runs).
                 *("set-option", "-g", "default-size", f"{width}x{height}", ";"),
                 *("new-session", "-d", "-s", term.session, "-x", str(width), "-y", str(height)),
                 *("-c", str(cwd), command),
