@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,13 +36,17 @@ def pytest_runtest_makereport(
     return report
 
 
-# `make test` runs the suite on several pytest-xdist workers (tests/run.py) with --dist
-# loadgroup. A module's tests stay on one worker, so a module-scoped fixture (a running llmgw,
-# a real llama-server) is started once; the e2e modules share one worker, so at most one real
-# llama-server is busy computing beside the rest of the suite and its timings stay as serial
-# runs saw them.
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        path = Path(str(item.path))
-        group = "e2e" if path.parent.name == "e2e" else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
+# `make test` runs the suite on several pytest-xdist workers (tests/run.py). Whole files go to a
+# worker, so a module-scoped fixture (a running llmgw, a real llama-server) starts once; and the
+# e2e files count as one, so at most one real engine computes beside the rest of the suite, as a
+# serial run had it. A scheduler of our own: xdist's `loadgroup` marks do not reach its
+# scheduler under pytest 9 (xdist 3.8 renames `item._nodeid`, which pytest 9 no longer reads).
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadFileScheduling
+
+    class FilesWithE2eTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/e2e" if path.startswith("tests/e2e/") else path
+
+    return FilesWithE2eTogether(config, log)

@@ -32,9 +32,9 @@ def workers() -> str:
 
 
 def spread() -> list[str]:
-    """pytest's arguments for the workers; tests/conftest.py groups the tests per module."""
+    """pytest's arguments for the workers; tests/conftest.py sends whole files to a worker."""
     count = workers()
-    return [] if count == "0" else ["-n", count, "--dist", "loadgroup"]
+    return [] if count == "0" else ["-n", count, "--dist", "loadfile"]
 
 
 def main() -> int:
