@@ -32,8 +32,8 @@ with workflow.unsafe.imports_passed_through():
         replica_id,
     )
 
-# Runs from before this released a dead replica's allocation after one stop attempt, answered
-# or not.
+# Retired (docs/workflow-versions.md): the old branch is gone; deprecate_patch() still replays
+# the histories that carry its marker.
 FREE_WHEN_STOPPED_PATCH = "model-frees-dead-replica-once-stopped"
 
 
@@ -57,9 +57,9 @@ async def free_dead_replica(state: ModelState, index: int) -> None:
         result_type=ReplicaAllocation,
     )
     alloc = held.allocation
-    until_stopped = workflow.patched(FREE_WHEN_STOPPED_PATCH)
+    workflow.deprecate_patch(FREE_WHEN_STOPPED_PATCH)
     if alloc is None:
-        if until_stopped and index in state.unstopped:
+        if index in state.unstopped:
             state.unstopped.remove(index)
         return
     retry = index in state.unstopped
@@ -91,16 +91,15 @@ async def free_dead_replica(state: ModelState, index: int) -> None:
         except ActivityError as err:
             workflow.logger.warning("%s: could not stop on %s: %s", rid, shard.node, err)
             missed.append(shard.node)
-    if until_stopped:
-        holding = [node for node in missed if not await node_gone(node)]
-        if holding:
-            # Its agent does not answer but its node is not gone: the engine may still run
-            # and hold the devices, so no successor may be placed on them yet.
-            if not retry:
-                state.unstopped.append(index)
-            return
-        if retry:
-            state.unstopped.remove(index)
+    holding = [node for node in missed if not await node_gone(node)]
+    if holding:
+        # Its agent does not answer but its node is not gone: the engine may still run and
+        # hold the devices, so no successor may be placed on them yet.
+        if not retry:
+            state.unstopped.append(index)
+        return
+    if retry:
+        state.unstopped.remove(index)
     await call_ledger(ControlActivity.LEDGER_RELEASE, ReleaseRequest(replica_id=rid))
 
 

@@ -24,12 +24,11 @@ with workflow.unsafe.imports_passed_through():
     from workflows.names import ControlActivity, node_workflow_id
     from workflows.node import NodeWorkflow
 
-# Histories from before signals went out in batches (and the run continued as new at fleet
-# size) replay one signal at a time.
+# Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
+# replays the histories that carry their markers.
 SIGNALS_IN_BATCHES = "fleet-refresh-signals-in-batches"
-SIGNAL_BATCH = 100
-# Histories from before scheduled onboarding added nodes in batches add them one at a time.
 ONBOARDING_IN_BATCHES = "scheduled-onboarding-in-batches"
+SIGNAL_BATCH = 100
 
 
 @workflow.defn(name="FleetRefresh")
@@ -45,8 +44,7 @@ class FleetRefreshWorkflow:
                 result_type=NodeNames,
             )
             names = nodes.names
-        if not workflow.patched(SIGNALS_IN_BATCHES):
-            return NodeNames(names=[n for n in names if await self._tell(n, req)])
+        workflow.deprecate_patch(SIGNALS_IN_BATCHES)
         told: list[str] = []
         # A batch of signals costs one workflow task, not one each: at 10,000 nodes one at a
         # time would be about 50,000 events, at Temporal's limit.
@@ -86,10 +84,7 @@ class ScheduledOnboardingWorkflow:
                 result_type=NodesFile,
             )
             carried = OnboardingProgress(nodes=listed.nodes)
-        if not workflow.patched(ONBOARDING_IN_BATCHES):
-            for node in carried.nodes:
-                await self._add(node)
-            return NodeNames(names=[node.name for node in carried.nodes])
+        workflow.deprecate_patch(ONBOARDING_IN_BATCHES)
         nodes, added = carried.nodes, carried.added
         # As FleetRefresh: a batch costs a workflow task, not one per node, and a long list
         # continues as new with the nodes still to add.

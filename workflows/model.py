@@ -37,7 +37,6 @@ from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
-from temporalio.workflow import ChildWorkflowHandle
 
 with workflow.unsafe.imports_passed_through():
     from workflows import history_budget, options
@@ -51,7 +50,6 @@ with workflow.unsafe.imports_passed_through():
         RemoveModel,
         ReplaceReplicas,
         ReplicaReady,
-        ReplicaView,
         ScaleRequest,
     )
     from workflows.dead_replicas import retry_unstopped
@@ -70,14 +68,10 @@ with workflow.unsafe.imports_passed_through():
         watched_indices,
     )
     from workflows.names import replica_id
-    from workflows.replica import ReplicaWorkflow
 
-# Runs that started before this kept pending work in memory and waited on child handles; their
-# histories replay on the unpatched loop below (_run_before_carried_state).
+# Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
+# replays the histories that carry their markers.
 CARRIED_STATE_PATCH = "model-carries-state-watches-replicas-by-id"
-# A removal that arrived while a pass was already past stopping replicas (during one of its
-# activities) used to end the model with a replica still running: now the loop goes round once
-# more to stop it. Runs from before keep their ending.
 REMOVAL_STOPS_LATE_REPLICAS_PATCH = "model-removal-stops-replicas-of-a-late-remove"
 # A removal that arrived while a pass was publishing an external model's routes ended the model
 # with those routes still in the ledger: gateways kept sending a removed model's requests to its
@@ -97,9 +91,6 @@ class ModelWorkflow:
     @workflow.init
     def __init__(self, state: ModelState) -> None:
         self.state = state
-        # Only the unpatched loop awaits these (a replica's close, for a removal).
-        self.children: dict[int, ChildWorkflowHandle[ReplicaWorkflow, ReplicaView]] = {}
-        self.stopping_children: list[ChildWorkflowHandle[ReplicaWorkflow, ReplicaView]] = []
         self.dirty = True
         # When the autoscaler looks next, and when the replica workflows are checked next.
         self.look_at: datetime | None = state.look_at
@@ -110,8 +101,7 @@ class ModelWorkflow:
 
     @workflow.run
     async def run(self, state: ModelState) -> ModelView:  # noqa: ARG002 - @workflow.init took it
-        if not workflow.patched(CARRIED_STATE_PATCH):
-            return await self._run_before_carried_state()
+        workflow.deprecate_patch(CARRIED_STATE_PATCH)
         if self.check_at is None:
             self.check_at = workflow.now() + options.REPLICA_CHECK_EVERY
         if workflow.patched(REFUSES_CANCEL_PATCH):
@@ -146,11 +136,14 @@ class ModelWorkflow:
         if workflow.patched(REMOVAL_WITHDRAWS_EXTERNAL_ROUTES_PATCH) and state.external_routes:
             return False  # the loop's next pass withdraws them (the removal left it dirty)
         # Replicas not yet told to stop: the removal came after this pass had stopped replicas.
-        return not state.indices or not workflow.patched(REMOVAL_STOPS_LATE_REPLICAS_PATCH)
+        if not state.indices:
+            return True
+        workflow.deprecate_patch(REMOVAL_STOPS_LATE_REPLICAS_PATCH)
+        return False
 
     async def _act(self) -> None:
-        """One pass over what the model must do: the same steps, in the same order, in both
-        loops (histories depend on the order)."""
+        """One pass over what the model must do, its steps in this order (histories depend on
+        the order)."""
         self.dirty = False
         await make_replacements(self)
         await retire_replaced(self)
@@ -159,23 +152,6 @@ class ModelWorkflow:
         await roll_stale(self)
         await publish_idle(self.state)
         await publish_external(self.state)
-
-    async def _run_before_carried_state(self) -> ModelView:
-        """The loop as it was before CARRIED_STATE_PATCH, for runs (and histories) from then."""
-        while True:
-            try:
-                await workflow.wait_condition(lambda: self.dirty, timeout=next_look(self.state))
-            except TimeoutError:
-                await autoscale(self)
-            await self._act()
-            if self.state.removing:
-                # Wait for the replicas to release what they hold, so the name can be reused.
-                for handle in self.stopping_children:
-                    await handle
-                return self._view()
-            if workflow.info().is_continue_as_new_suggested():
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(self.state)
 
     def _until_next_wake(self) -> timedelta | None:
         """How long the loop may sleep: until the autoscaler's next look, the next check of the

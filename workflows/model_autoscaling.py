@@ -19,9 +19,8 @@ with workflow.unsafe.imports_passed_through():
 if TYPE_CHECKING:
     from workflows.model import ModelWorkflow
 
-# The autoscaler used to decide from the replica count read before it asked for the engines'
-# load, and so undid a removal or a scale that arrived while it asked: a removed model kept a
-# replica and never closed. Now a change made meanwhile wins, and it looks again next time.
+# Retired (docs/workflow-versions.md): the old branch is gone; deprecate_patch() still replays
+# the histories that carry its marker.
 AUTOSCALE_YIELDS_TO_CHANGES_PATCH = "model-autoscale-yields-to-changes-made-while-it-looked"
 # A look at the engines' load ran one activity per hosting node, one after another: about
 # 8,500 nodes filled a history in one look, and the whole routing table of the model (every
@@ -48,7 +47,9 @@ async def autoscale(model: "ModelWorkflow") -> None:
     else:
         loads = await engine_loads(spec.name)
     changed = model.state.removing or model.state.spec is not spec or spec.replicas != replicas
-    if changed and workflow.patched(AUTOSCALE_YIELDS_TO_CHANGES_PATCH):
+    if changed:
+        # A removal or a scale made while it looked wins; it looks again next time.
+        workflow.deprecate_patch(AUTOSCALE_YIELDS_TO_CHANGES_PATCH)
         return
     if loads is None:
         return  # the look failed: a blind look changes nothing

@@ -2,8 +2,8 @@
 stop, starting one again under its own ID, making their count match the spec, and the bound on
 how many one run may start.
 
-Runs inside the model workflow (workflows/model.py), on its state and its run's child handles;
-the order of what these functions await is the order of the commands in its history.
+Runs inside the model workflow (workflows/model.py), on its state; the order of what these
+functions await is the order of the commands in its history.
 """
 
 import contextlib
@@ -45,7 +45,7 @@ async def start_replica(model: "ModelWorkflow") -> int:
         index = model.state.next_index
         model.state.next_index += 1
         try:
-            handle = await workflow.start_child_workflow(
+            await workflow.start_child_workflow(
                 ReplicaWorkflow.run,
                 ReplicaInput(replica_id=replica_id(spec.name, index), model=spec),
                 id=replica_workflow_id(spec.name, index),
@@ -57,7 +57,6 @@ async def start_replica(model: "ModelWorkflow") -> int:
             # engine key or its allocation; take the next index.
             workflow.logger.info("%s: index %d is taken, skipping it", spec.name, index)
             continue
-        model.children[index] = handle
         model.children_started += 1
         model.state.indices.append(index)
         return index
@@ -76,8 +75,6 @@ async def stop_replica(model: "ModelWorkflow", index: int, request: StopReplica)
         await free_dead_replicas(model.state, [index])
         return
     model.state.stopping.append(index)
-    if index in model.children:
-        model.stopping_children.append(model.children.pop(index))
 
 
 async def restart_replicas(model: "ModelWorkflow", indices: list[int]) -> None:

@@ -71,11 +71,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.node_watch import Watch
 
-# Histories from before a silent node was first unreachable (and only later lost, with a fresh
-# grace after a control-plane outage) replay the old single step.
+# Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
+# replays the histories that carry their markers.
 UNREACHABLE_BEFORE_LOST = "unreachable-before-lost"
-# Histories from before an engine install was watched against the node's liveness replay
-# waiting on it unconditionally.
 INSTALL_WATCHES_LIVENESS = "install-watches-liveness"
 # Histories from before the liveness watch judge liveness from heartbeat signals alone.
 LIVENESS_BY_WATCH = "liveness-by-watch"
@@ -102,7 +100,6 @@ class NodeWorkflow(NodeLiveness):
         self.changed_inventory: NodeInventory | None = None
         self.last_heard: datetime | None = None
         self.last_published = False
-        self.two_step_liveness = False
         self.by_watch = False
         self.signal_beats = False
         self.watch = Watch()
@@ -111,11 +108,11 @@ class NodeWorkflow(NodeLiveness):
 
     @workflow.run
     async def run(self, view: NodeView | None = None) -> NodeView | None:
-        self.two_step_liveness = workflow.patched(UNREACHABLE_BEFORE_LOST)
-        self.by_watch = self.two_step_liveness and workflow.patched(LIVENESS_BY_WATCH)
+        workflow.deprecate_patch(UNREACHABLE_BEFORE_LOST)
+        self.by_watch = workflow.patched(LIVENESS_BY_WATCH)
         # A new run goes on from when the agent was last heard (a silent node stays silent
         # across continue-as-new); a node with no record of it starts with a fresh grace.
-        carried = view.last_heard if view is not None and self.two_step_liveness else None
+        carried = view.last_heard if view is not None else None
         self.last_heard = carried or workflow.now()
         if workflow.patched(REFUSES_CANCEL):
             return await refusing_cancel(self._live(), "remove a node with `llmgw node rm`")
@@ -138,22 +135,19 @@ class NodeWorkflow(NodeLiveness):
             try:
                 await workflow.wait_condition(self._has_work, timeout=timeout)
             except TimeoutError:
-                if self.two_step_liveness:
-                    self._forgive_control_plane_outage(due)
+                self._forgive_control_plane_outage(due)
                 await self._lose()
             if self._time_to_continue() and not self._has_work():
                 await self._continue_as_new()
 
     async def _continue_as_new(self) -> None:
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if self.view is not None and self.two_step_liveness:
+        if self.view is not None:
             self.view.last_heard = self._heard_at()
         workflow.continue_as_new(self.view)
 
     def _time_to_continue(self) -> bool:
-        if self.two_step_liveness:
-            return history_budget.time_to_continue()
-        return workflow.info().is_continue_as_new_suggested()
+        return history_budget.time_to_continue()
 
     # --- messages -------------------------------------------------------------------------
 
@@ -305,8 +299,7 @@ class NodeWorkflow(NodeLiveness):
                 EngineInstallRequest(node=node, requirement=req),
                 id=workflow_id,
             )
-            if not workflow.patched(INSTALL_WATCHES_LIVENESS):
-                return await install
+            workflow.deprecate_patch(INSTALL_WATCHES_LIVENESS)
             if not workflow.patched(INSTALL_RESTARTS_PATCH):
                 return await self._while_heard(asyncio.ensure_future(install))
             try:

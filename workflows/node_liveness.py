@@ -33,7 +33,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.node_rules import AgentSilent, take_verified
     from workflows.node_watch import Verdict, Watch, heartbeat_timeout
 
-# Histories from before agent calls were bounded by the node's grace replay without the watch.
+# Retired (docs/workflow-versions.md): the old branch is gone; deprecate_patch() still replays
+# the histories that carry its marker.
 AGENT_CALLS_WATCH_LIVENESS = "agent-calls-watch-liveness"
 # Histories from before the agent re-verified its engines while holding the watch (only a
 # changed result returns it) replay watches that carry no engines.
@@ -49,9 +50,6 @@ class NodeLiveness:
     view: NodeView | None
     last_heard: datetime | None
     changed_inventory: NodeInventory | None
-    # Unreachable before lost, with a fresh grace after a control-plane outage (false only in
-    # runs that began before that).
-    two_step_liveness: bool
     # Liveness from the watch; signal_beats: this boot's agent heartbeats with signals instead.
     by_watch: bool
     signal_beats: bool
@@ -130,8 +128,7 @@ class NodeLiveness:
         cancelled and AgentSilent raised. A dead agent never answers, and the node cannot be
         seen lost while this workflow waits on it: an agent killed during a scheduled
         re-verification kept its node ready for minutes."""
-        if not workflow.patched(AGENT_CALLS_WATCH_LIVENESS):
-            return await call
+        workflow.deprecate_patch(AGENT_CALLS_WATCH_LIVENESS)
         if self._watching():
             await self._while_watched(call)  # until it is done, or the agent proves old
         while not call.done():
@@ -140,8 +137,7 @@ class NodeLiveness:
             try:
                 await workflow.wait_condition(call.done, timeout=timeout)
             except TimeoutError:
-                if self.two_step_liveness:
-                    self._forgive_control_plane_outage(due)
+                self._forgive_control_plane_outage(due)
                 if self._silent_for() >= self._grace():
                     call.cancel()
                     with contextlib.suppress(
@@ -304,11 +300,6 @@ class NodeLiveness:
         may also have been a drain poll, or have fired after a heartbeat arrived)."""
         live = self._state() in (NodeState.READY, NodeState.REGISTERING)
         silent = int(self._silent_for().total_seconds())
-        if not self.two_step_liveness:
-            if live and self._silent_for() >= self._grace():
-                await self._set_state(NodeState.LOST, f"no heartbeat for {silent}s")
-                await self._move_replicas(f"node {self._name()} lost", False)
-            return
         if live and self._silent_for() >= self._grace():
             # Routes withdrawn (the ledger serves none on an unreachable node); engines and
             # allocations kept: the node may only be cut off, and come back with all of it.

@@ -66,7 +66,7 @@ with workflow.unsafe.imports_passed_through():
 # patched() is asked only where the new code would first differ, so a run replayed from an old
 # history keeps its old behaviour only where that history needs it.
 # The patches the steps ask are beside them (replica_life.py, replica_engine_run.py,
-# replica_stopping.py, replica_adapters.py).
+# replica_stopping.py, replica_adapters.py); docs/workflow-versions.md says when each retires.
 # A new run placed itself, and published "starting" before its launch: started again after an
 # operator terminated its predecessor, it took its healthy engine out of service meanwhile. Now
 # it takes the allocation held under its ID, if any, and adopts the engine quietly.

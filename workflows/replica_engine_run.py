@@ -34,9 +34,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows.replica_fetch_wait import FetchWaits, wait_for_fetches
     from workflows.replica_rules import artifacts_to_fetch, taken_ports
 
-# Patches of the replica workflow (workflows/replica.py says what they guard).
+# Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
+# replays the histories that carry their markers.
 PATCH_START_RACES_STOP = "replica-start-races-stop"
 PATCH_SKIP_TAKEN_PORTS = "replica-skips-ports-taken-by-others"
+# Replicas from before fetched a model's artifacts in a control activity of their own; now
+# through the node's ArtifactFetch workflow, shared with its other replicas.
 PATCH_SHARED_FETCH = "replica-fetches-through-artifact-fetch-workflow"
 # Replicas from before waited for a shared fetch inside a control activity, holding one of the
 # control worker's slots for as long as the download took; now they wait in the workflow.
@@ -119,7 +122,8 @@ class ReplicaEngineRun:
             if isinstance(launch, ActivityError):
                 if len(shards) > 1:
                     await self._stop_engine(alloc)
-                if taken_ports(launch) is not None and workflow.patched(PATCH_SKIP_TAKEN_PORTS):
+                if taken_ports(launch) is not None:
+                    workflow.deprecate_patch(PATCH_SKIP_TAKEN_PORTS)
                     return await self._leave_taken_ports(launch)
                 where = f" on {shard.node}" if len(shards) > 1 else ""
                 return self._exit(f"start failed{where}: {launch.cause}")
@@ -166,7 +170,8 @@ class ReplicaEngineRun:
         when a stop was asked for first (a stop never waits for a node that does not answer)."""
         handle = start_launch(self.inp.replica_id, self.inp.model, alloc, shard)
         await workflow.wait_condition(lambda: handle.done() or self.s.stop is not None)
-        if not handle.done() and workflow.patched(PATCH_START_RACES_STOP):
+        if not handle.done():
+            workflow.deprecate_patch(PATCH_START_RACES_STOP)
             await cancel_all([handle])
             return None
         try:

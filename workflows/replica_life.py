@@ -35,7 +35,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.replica_calls import request_placement
     from workflows.replica_rules import restart_backoff, short_reason, taken_ports
 
-# Patches of the replica workflow (workflows/replica.py says what they guard).
+# Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
+# replays the histories that carry their markers.
 PATCH_MOVE_OFF_CRASH_LOOP = "replica-move-off-crash-looping-node"
 PATCH_CONTINUE_AS_NEW = "replica-continue-as-new"
 
@@ -69,8 +70,9 @@ class ReplicaLifeSteps:
 
     async def _continue_as_new_if_due(self) -> None:
         """At a safe point: everything this run knows is in self.s, nothing is in flight."""
-        if not history_budget.time_to_continue() or not workflow.patched(PATCH_CONTINUE_AS_NEW):
+        if not history_budget.time_to_continue():
             return
+        workflow.deprecate_patch(PATCH_CONTINUE_AS_NEW)
         await workflow.wait_condition(workflow.all_handlers_finished)
         workflow.continue_as_new(
             ReplicaInput(replica_id=self.inp.replica_id, model=self.inp.model, carried=self.s)
@@ -158,9 +160,8 @@ class ReplicaLifeSteps:
         self.s.failures_on_node = 1 if long_run else self.s.failures_on_node + 1
         self.s.last_failure = short_reason(exit_info)
         self.view.restarts += 1
-        if self.s.failures_on_node >= options.CRASH_LOOP_LIMIT and workflow.patched(
-            PATCH_MOVE_OFF_CRASH_LOOP
-        ):
+        if self.s.failures_on_node >= options.CRASH_LOOP_LIMIT:
+            workflow.deprecate_patch(PATCH_MOVE_OFF_CRASH_LOOP)
             self.s.phase = ReplicaPhase.MOVING
             return
         delay = restart_backoff(self.s.failures)

@@ -29,7 +29,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.names import ControlActivity
     from workflows.replica_calls import cancel_all, start_stop
 
-# Patches of the replica workflow (workflows/replica.py says what they guard).
+# Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
+# replays the histories that carry their markers.
 PATCH_STOP_UNTIL_STOPPED = "replica-stop-until-stopped-or-node-gone"
 PATCH_TRY_STOP_ON_GONE_NODE = "replica-try-stop-on-gone-node"
 
@@ -71,7 +72,8 @@ class ReplicaStopping:
             seconds = drain.total_seconds() if shard.rank == 0 else 0.0
             handle = start_stop(self.inp.replica_id, shard, seconds, give_up)
             await workflow.wait_condition(lambda h=handle: h.done() or interrupt())  # type: ignore[misc]
-            if not handle.done() and workflow.patched(PATCH_STOP_UNTIL_STOPPED):
+            if not handle.done():
+                workflow.deprecate_patch(PATCH_STOP_UNTIL_STOPPED)
                 await cancel_all([handle])
                 missed.append(shard)
                 continue
@@ -92,8 +94,9 @@ class ReplicaStopping:
         longer known): until then the engine may still hold its devices, so the allocation is
         kept. False when `interrupt` turned true first."""
         missed = await self._stop_engine(alloc, drain, interrupt=interrupt)
-        if not missed or not workflow.patched(PATCH_STOP_UNTIL_STOPPED):
-            return True  # histories from before this: released anyway
+        if not missed:
+            return True
+        workflow.deprecate_patch(PATCH_STOP_UNTIL_STOPPED)
         while True:
             if interrupt():
                 return False
@@ -125,8 +128,8 @@ class ReplicaStopping:
             await self._set_state(ReplicaState.STOPPING, request.reason)
             if request.engine_gone:
                 # The node is gone by definition: one short try, then free what it held.
-                if workflow.patched(PATCH_TRY_STOP_ON_GONE_NODE):
-                    await self._stop_engine(alloc, give_up=options.STOP_ON_GONE_NODE)
+                workflow.deprecate_patch(PATCH_TRY_STOP_ON_GONE_NODE)
+                await self._stop_engine(alloc, give_up=options.STOP_ON_GONE_NODE)
             else:
                 drain = timedelta(0)
                 if was_serving:

@@ -5,7 +5,10 @@ A failure here means a workflow change is not deterministic for histories record
 guard the change with `workflow.patched(...)` rather than re-recording. Histories are stored by
 era (tests/workflows/histories/<era>/<name>.json) and never rewritten: after a change, record a
 new era beside the old ones with `LLMGW_RECORD_HISTORIES=<era> pytest tests/workflows` and
-commit the files it adds. Every era keeps replaying for as long as its executions may run.
+commit the files it adds. An era replays for as long as a deployed cluster may hold its
+executions, and no longer: docs/workflow-versions.md says which eras are kept (before the first
+release, those of the work that last landed on main and newer; after it, those of the two
+latest minor releases) and when a patch's old branch, then its call, goes with them.
 """
 
 import ast
