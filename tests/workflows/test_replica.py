@@ -191,12 +191,17 @@ async def test_replica_waits_for_a_node_and_says_why(cluster):
         view = await handle.query(ReplicaWorkflow.describe)
         return view.state == ReplicaState.PENDING and "llamacpp installing" in view.detail
 
+    async def listed_with_reason() -> bool:
+        """what `llmgw status` and the gateway see: the route the workflow writes just after"""
+        listed = await cluster.route(rid)
+        return listed is not None and "llamacpp installing" in listed.detail
+
     await eventually(pending_with_reason)
+    await eventually(listed_with_reason)
     assert cluster.agent.launches == []
-    listed = await cluster.route(rid)  # what `llmgw status` and the gateway see
+    listed = await cluster.route(rid)
     assert listed is not None
     assert listed.state == ReplicaState.PENDING
-    assert "llamacpp installing" in listed.detail
     assert listed.endpoint == ""
 
     await cluster.add_node(engine_state=EngineState.INSTALLED)
