@@ -61,7 +61,7 @@ from workflows.contracts import (
 )
 from workflows.fleet import FleetRefreshWorkflow
 from workflows.names import CONTROL_TASK_QUEUE, NodeActivity, node_task_queue, node_workflow_id
-from workflows.node import NodeWorkflow
+from workflows.node.workflow import NodeWorkflow
 
 DAY_S = 86400.0
 HEARTBEAT_S = options.NODE_HEARTBEAT.total_seconds()

@@ -18,9 +18,9 @@ from temporalio.client import Client
 from gateway.route_book import RouteBook, apply_delta, start_book
 from gateway.routing import RoutingSnapshot
 from store.fleet import FleetTables
-from workflows import model_client
 from workflows.contracts import ModelSpec, ModelView, ModelWake, RoutingTable
-from workflows.model_api import ModelApi
+from workflows.model import client as model_client
+from workflows.model.api import ModelApi
 
 log = logging.getLogger(__name__)
 WAKE_TIMEOUT = timedelta(seconds=2)

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 from tests.system import System, wait_ready
-from workflows.model_client import describe_model
+from workflows.model.client import describe_model
 
 MODEL = "smollm2-135m"
 

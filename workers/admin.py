@@ -15,7 +15,7 @@ from workers.fetch_progress import fetches_table, running_fetches, show_fetches
 from workers.paths import Locations
 from workers.progress import fleet_tables, ledger_snapshot
 from workers.tables import table
-from workflows.model_client import list_models
+from workflows.model.client import list_models
 
 
 def absolute(path: str) -> str:

@@ -52,8 +52,8 @@ from workflows.names import (
     node_workflow_id,
     reserved_node_name,
 )
-from workflows.node import NodeWorkflow
-from workflows.node_proof import signed_registration
+from workflows.node.proof import signed_registration
+from workflows.node.workflow import NodeWorkflow
 
 log = logging.getLogger("llmgw.agent")
 # On stopping, how long the agent waits for its liveness watch to tell the node workflow (the
@@ -241,7 +241,7 @@ async def serve_node(
     # offered to placement again: their GPUs and ports may be handed out the moment it is.
     await reconcile_shards(client, agent)
     try:
-        # Signed now, each time: the node workflow takes a signature once (workflows/node_proof.py).
+        # Signed now, each time: the node workflow takes a signature once (workflows/node/proof.py).
         await register(client, signed_registration(reg, node_secret, int(time.time() * 1000)))
     except WorkflowUpdateFailedError as err:
         # Another machine holds this name, or this is not the node's token: say so and stop,

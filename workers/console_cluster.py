@@ -1,6 +1,6 @@
 """The web console's view of the cluster for a gateway run by `llmgw gateway` or `llmgw up`: the
 reads `llmgw nodes`, `llmgw models`, `llmgw fetches` and `llmgw top` make, and the node and
-scale commands through the CLI's own code (workers/commands/node.py, workflows/model_client.py).
+scale commands through the CLI's own code (workers/commands/node.py, workflows/model/client.py).
 What the console shows is built by workers/console_data.py's pure functions."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from workers.fetch_progress import running_fetches
 from workers.node_telemetry import read_agents
 from workers.progress import install_progress, ledger_snapshot
 from workflows.contracts import EngineState
-from workflows.model_client import list_models, scale_model
+from workflows.model.client import list_models, scale_model
 
 
 def _why(err: BaseException) -> str:

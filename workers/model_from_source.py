@@ -1,6 +1,6 @@
 """`llmgw model add NAME --from SOURCE`: the weights into the control plane's mirror, then the
 model defined by the artifact's digest, so no node needs a path of its own: each node running a
-replica fetches the artifact from `llmgw mirror serve` first (workflows/replica_calls.py).
+replica fetches the artifact from `llmgw mirror serve` first (workflows/replica/calls.py).
 
 Runs where the mirror's files are (the control plane's state dir), like `llmgw mirror add`.
 The definition is checked before anything is downloaded, and again once the artifact's files

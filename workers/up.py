@@ -34,7 +34,7 @@ from workers.temporal_flags import PAYLOAD_KEY_VARIABLE, SECURITY_VARIABLES
 from workers.temporal_server import TemporalDevServer
 from workflows.contracts import ReplicaState
 from workflows.engine_keys import node_secret
-from workflows.model_client import define_if_missing
+from workflows.model.client import define_if_missing
 from workflows.payload_codec import PayloadKeyError
 
 log = logging.getLogger("llmgw.up")

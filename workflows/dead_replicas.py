@@ -1,10 +1,10 @@
 """What a model does for a replica workflow that closed before it could finish stopping (an
 operator terminated it mid-stop; and, in runs from before RESTART_UNBIDDEN_PATCH in
-workflows/model_replica_checks.py, any replica an operator terminated): what the replica would
+workflows/model/replica_checks.py, any replica an operator terminated): what the replica would
 have done on its way out, had it been let. Its route is withdrawn, its engine stopped, and its
 allocation released only once every shard's engine is known stopped or its node is gone; until
 then the index waits in ModelState.unstopped and the stop is tried again at each check of the
-replicas (workflows/model_replica_checks.py).
+replicas (workflows/model/replica_checks.py).
 """
 
 import asyncio

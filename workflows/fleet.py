@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
         OnboardingProgress,
     )
     from workflows.names import ControlActivity, node_workflow_id
-    from workflows.node import NodeWorkflow
+    from workflows.node.workflow import NodeWorkflow
 
 # Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
 # replays the histories that carry their markers.

@@ -5,10 +5,12 @@ receiver declares its handler with the same constant, so the two cannot drift ap
 Never rename a value: the name is what running workflows and stored histories recorded.
 """
 
-# A replica tells its model it serves (workflows/replica.py -> ModelWorkflow.replica_ready):
-# model.py imports replica.py for its child workflows, so replica.py cannot import model.py.
+# A replica tells its model it serves (workflows/replica/workflow.py ->
+# ModelWorkflow.replica_ready): the model's workflow imports the replica's for its child
+# workflows, so the replica's cannot import the model's.
 MODEL_REPLICA_READY = "replica_ready"
 
 # A node's fetch tells each workflow waiting on it how it ended (workflows/artifact_fetch.py ->
-# ReplicaWorkflow.artifact_fetched): replica.py is the fetch's caller, not a module it imports.
+# ReplicaWorkflow.artifact_fetched): the replica workflow is the fetch's caller, not a module it
+# imports.
 ARTIFACT_FETCHED = "artifact_fetched"

@@ -113,7 +113,7 @@ class NodeActivity:
     # Load and unload a running engine's LoRA adapters (engines that can: Engine.runtime_adapters).
     SET_ADAPTERS = "node_set_adapters"
     # Held by the agent for as long as it lives (bounded): the node's liveness, heartbeated to
-    # Temporal without a history event per beat (workflows/node_watch.py).
+    # Temporal without a history event per beat (workflows/node/watch.py).
     WATCH_LIVENESS = "node_watch_liveness"
 
 

@@ -176,7 +176,7 @@ NODE_GONE_GRACE = timedelta(minutes=5)
 # (Temporal, its database, the control worker) was away: the agents' heartbeats could not
 # arrive, so their silence says nothing about the nodes, and every node gets a fresh grace.
 CONTROL_PLANE_AWAY = timedelta(seconds=5)
-# The liveness watch (workflows/node_watch.py): the agent holds one activity and heartbeats it
+# The liveness watch (workflows/node/watch.py): the agent holds one activity and heartbeats it
 # to Temporal, which writes no history for a heartbeat; the activity returns this often at
 # most (activities on a node's queue are bounded), or at once when the machine changed. Each
 # return costs the node workflow six history events, 144 a day at one an hour. Liveness does not

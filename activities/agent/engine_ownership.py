@@ -36,7 +36,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.agent.node_agent import NodeAgentActivities
 from workflows.contracts import EngineExit, NodeState, NodeView, ReplicaView
 from workflows.names import model_workflow_id
-from workflows.replica import ReplicaWorkflow
+from workflows.replica.workflow import ReplicaWorkflow
 
 log = logging.getLogger("llmgw.agent")
 # One call to Temporal from the agent's own loop: long enough for a busy server, short enough

@@ -1,4 +1,4 @@
-"""The agent's side of its node's liveness watch (workflows/node_watch.py).
+"""The agent's side of its node's liveness watch (workflows/node/watch.py).
 
 The node workflow keeps one `node_watch_liveness` activity on the node's queue. The agent holds
 it and heartbeats it to Temporal every few seconds with a line about the node; Temporal keeps a

@@ -3,7 +3,7 @@
 
 Today's replicas join with `control_join_artifact_fetch`: a signal-with-start that registers
 the replica as a waiter and returns at once; the fetch signals the replica its outcome, and
-the replica waits in its own workflow (workflows/replica_fetch_wait.py). A wait holds no
+the replica waits in its own workflow (workflows/replica/fetch_wait.py). A wait holds no
 activity slot, however many replicas wait and however long the downloads take.
 
 What follows is `control_await_artifact_fetch`, the activity replicas from before waited in:

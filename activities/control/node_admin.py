@@ -7,7 +7,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 
 from workflows.contracts import NodeAdd, NodeView
 from workflows.names import CONTROL_TASK_QUEUE, ControlActivity, node_workflow_id
-from workflows.node import NodeWorkflow
+from workflows.node.workflow import NodeWorkflow
 
 
 def node_handle(client: Client, name: str) -> WorkflowHandle[NodeWorkflow, NodeView | None]:

@@ -15,7 +15,7 @@ from engines.local_port import free_port
 from workers.demo import DEMO_MODEL, demo_spec, demo_weights
 from workflows.client import connect
 from workflows.contracts import ModelSpec
-from workflows.model_client import apply_model
+from workflows.model.client import apply_model
 
 NODE = "chaos"
 READY_LINE = "Ctrl-C stops everything"

@@ -84,7 +84,7 @@ from workflows.contracts import (
 )
 from workflows.engine_install import EngineInstallWorkflow
 from workflows.engine_keys import engine_key
-from workflows.model_rules import external_route
+from workflows.model.rules import external_route
 from workflows.names import engine_install_workflow_id, node_task_queue
 from workflows.placement.ports import KV_PUB, KV_REPLAY
 

@@ -14,7 +14,7 @@ from tests.system import System, wait_ready
 from tests.unit.mirror_server import FileServer, serving
 from workers.demo import demo_weights
 from workflows.artifact_names import artifact_hint
-from workflows.model_client import list_models
+from workflows.model.client import list_models
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from activities.control.node_admin import node_handle
 from tests.history_reading import node_states_published
 from tests.system import System, wait_for, wait_ready
 from workflows.contracts import NodeState
-from workflows.node import NodeWorkflow
+from workflows.node.workflow import NodeWorkflow
 from workflows.options import NODE_GRACE
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """Every update handler in workflows/ has a validator: an update refused there is never written
 to history, so a bad one cannot wedge a workflow. A client's view of a workflow
-(workflows/model_api.py) is excepted: it is never run, the workflow's own validators are."""
+(workflows/model/api.py) is excepted: it is never run, the workflow's own validators are."""
 
 import ast
 from pathlib import Path

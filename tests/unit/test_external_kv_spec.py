@@ -14,7 +14,7 @@ from workflows.contracts import (
     Profile,
     ReplicaState,
 )
-from workflows.model_rules import external_route
+from workflows.model.rules import external_route
 
 A, B = "http://10.0.0.5:8000", "http://10.0.0.6:8000/v1"
 

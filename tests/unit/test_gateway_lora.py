@@ -24,7 +24,7 @@ from gateway.request_body import ProxiedRequest
 from workflows.contracts import ReplicaState, Route
 from workflows.contracts.models import LoraAdapter, ModelSpec, Profile
 from workflows.contracts.replicas import ReplicaCarried, ReplicaInput, ReplicaView
-from workflows.replica_rules import replica_route
+from workflows.replica.rules import replica_route
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

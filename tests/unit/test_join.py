@@ -16,7 +16,7 @@ from workflows.contracts import (
     NodeState,
 )
 from workflows.engine_keys import node_secret
-from workflows.node_proof import identity_key
+from workflows.node.proof import identity_key
 
 
 def test_a_token_round_trips_and_its_secret_is_the_nodes_own():

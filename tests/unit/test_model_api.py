@@ -1,4 +1,4 @@
-"""workflows/model_api.py, the model workflow as its clients see it, against ModelWorkflow: the
+"""workflows/model/api.py, the model workflow as its clients see it, against ModelWorkflow: the
 same type name, and every message a client can send under the same name with the same
 parameter and result types. A handler renamed or retyped in one and not the other fails here,
 not in a cluster where the client's call would miss."""
@@ -9,8 +9,8 @@ from typing import Any, get_type_hints
 import pytest
 from temporalio import workflow
 
-from workflows.model import ModelWorkflow
-from workflows.model_api import ModelApi
+from workflows.model.api import ModelApi
+from workflows.model.workflow import ModelWorkflow
 
 
 def types_of(fn: Callable[..., Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import pytest
 from workers.model_from_source import DIGEST_UNKNOWN_YET, lora_sources, weights_inside, with_source
 from workflows.catalog import check_model
 from workflows.contracts import ArtifactFile, ArtifactManifest, LoraAdapter, ModelSpec, Profile
-from workflows.replica_rules import artifacts_to_fetch
+from workflows.replica.rules import artifacts_to_fetch
 
 
 def manifest(*paths: str) -> ArtifactManifest:

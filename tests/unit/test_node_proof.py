@@ -1,12 +1,12 @@
-"""A node's registration proof (workflows/node_proof.py) as the node workflow checks it
-(workflows/node_rules.py): signed by the key the node is pinned to, fresh, and taken once."""
+"""A node's registration proof (workflows/node/proof.py) as the node workflow checks it
+(workflows/node/rules.py): signed by the key the node is pinned to, fresh, and taken once."""
 
 import pytest
 
 from workflows.contracts import NodeInventory, NodeRecord, NodeRegistration, NodeView
 from workflows.engine_keys import node_secret
-from workflows.node_proof import CLOCK_SKEW_MS, identity_key, signed_registration
-from workflows.node_rules import check_registration, view_of
+from workflows.node.proof import CLOCK_SKEW_MS, identity_key, signed_registration
+from workflows.node.rules import check_registration, view_of
 
 SECRET = node_secret(b"m" * 32, "gpu-01")
 OTHER = node_secret(b"m" * 32, "gpu-02")

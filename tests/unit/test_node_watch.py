@@ -1,10 +1,10 @@
-"""What the end of a liveness watch says of its node (workflows/node_watch.py classify)."""
+"""What the end of a liveness watch says of its node (workflows/node/watch.py classify)."""
 
 from datetime import timedelta
 
 from temporalio.exceptions import ApplicationError, CancelledError, TimeoutError, TimeoutType
 
-from workflows.node_watch import Verdict, classify, heartbeat_timeout
+from workflows.node.watch import Verdict, classify, heartbeat_timeout
 
 ON_TIME = timedelta(seconds=0.2)
 LATE = timedelta(seconds=30)  # the control plane was away that long

@@ -39,7 +39,7 @@ from workflows.contracts import (
     StopReplica,
 )
 from workflows.payload_codec import PayloadKeys
-from workflows.replica_calls import PLACEMENT_ANSWER
+from workflows.replica.calls import PLACEMENT_ANSWER
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 CONVERTERS = {

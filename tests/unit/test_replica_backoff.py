@@ -1,6 +1,6 @@
 """How long a replica waits before it starts a crashed engine again. No Temporal here."""
 
-from workflows.replica_rules import restart_backoff
+from workflows.replica.rules import restart_backoff
 
 
 def test_restart_backoff_doubles_and_caps():

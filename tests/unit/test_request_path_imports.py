@@ -2,7 +2,7 @@
 
 A gateway process is started, and each of its requests handled, with that closure in memory:
 it must not carry the control plane. No engine installer or source build, no placement, no
-catalog, no workflow definition (a client's typed view such as workflows/model_api.py is
+catalog, no workflow definition (a client's typed view such as workflows/model/api.py is
 fine), nothing of activities/ or workers/; and the whole stays within a stated number of
 llmgw's own modules, so that growth is a decision someone makes here, not a drift."""
 
@@ -63,6 +63,6 @@ def test_the_request_path_loads_no_control_plane() -> None:
 
 def test_the_check_finds_a_workflow_where_there_is_one() -> None:
     """The AST check above is not blind: it finds the model workflow and passes its client view."""
-    assert defines_a_workflow("workflows.model")
-    assert not defines_a_workflow("workflows.model_api")
-    assert [m for m in loaded_by("workflows.model") if m.startswith(NEVER)]
+    assert defines_a_workflow("workflows.model.workflow")
+    assert not defines_a_workflow("workflows.model.api")
+    assert [m for m in loaded_by("workflows.model.workflow") if m.startswith(NEVER)]

@@ -3,8 +3,8 @@
 (model_rules), and the replica's own check (replica_rules)."""
 
 from workflows.contracts import LoraAdapter, ModelSpec, ModelState, Profile
-from workflows.model_rules import adapter_updates, adapters_to_tell, stale_indices
-from workflows.replica_rules import new_adapter_artifacts, takes_adapters_at_runtime
+from workflows.model.rules import adapter_updates, adapters_to_tell, stale_indices
+from workflows.replica.rules import new_adapter_artifacts, takes_adapters_at_runtime
 
 SQL = LoraAdapter(name="sql", path="/a/sql")
 POEM = LoraAdapter(name="poem", path="", artifact="sha256:" + "cd" * 32)

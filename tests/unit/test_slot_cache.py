@@ -11,7 +11,7 @@ from tests.unit.test_routing_policy import route as llamacpp_route
 from workflows.contracts import Profile, ReplicaState, Route, RoutingTable
 from workflows.contracts.models import ModelSpec
 from workflows.contracts.replicas import ReplicaCarried, ReplicaInput, ReplicaView
-from workflows.replica_rules import replica_route
+from workflows.replica.rules import replica_route
 
 
 def prompt(group: str, question: str = "") -> bytes:

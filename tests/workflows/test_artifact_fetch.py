@@ -27,7 +27,7 @@ from workflows.names import (
     replica_id,
     replica_workflow_id,
 )
-from workflows.replica import ReplicaWorkflow
+from workflows.replica.workflow import ReplicaWorkflow
 
 
 async def start_at(cluster: Cluster, model: ModelSpec, index: int):

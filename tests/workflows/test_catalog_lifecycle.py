@@ -25,8 +25,8 @@ from workflows.contracts import (
     Profile,
     RemoveModel,
 )
-from workflows.model import ModelWorkflow
-from workflows.model_client import apply_model
+from workflows.model.client import apply_model
+from workflows.model.workflow import ModelWorkflow
 from workflows.names import model_workflow_id, replica_id
 
 

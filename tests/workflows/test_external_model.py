@@ -18,8 +18,8 @@ from workflows.contracts import (
     Route,
     ScaleRequest,
 )
-from workflows.model import ModelWorkflow
-from workflows.model_client import apply_model
+from workflows.model.client import apply_model
+from workflows.model.workflow import ModelWorkflow
 from workflows.names import (
     external_replica_id,
     model_workflow_id,

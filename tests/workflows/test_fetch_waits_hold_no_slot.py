@@ -45,7 +45,7 @@ from workflows.names import (
     replica_id,
     replica_workflow_id,
 )
-from workflows.replica import ReplicaWorkflow
+from workflows.replica.workflow import ReplicaWorkflow
 
 WAITING = 300
 NODES = 3

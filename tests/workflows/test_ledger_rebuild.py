@@ -38,7 +38,7 @@ from workflows.contracts import (
     Route,
 )
 from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
-from workflows.model import ModelWorkflow
+from workflows.model.workflow import ModelWorkflow
 from workflows.names import CONTROL_TASK_QUEUE, model_workflow_id, node_task_queue, replica_id
 
 

@@ -13,10 +13,10 @@ from workflows.contracts import (
     ReplicaView,
     ScaleRequest,
 )
-from workflows.model import ModelWorkflow
-from workflows.model_client import apply_model
+from workflows.model.client import apply_model
+from workflows.model.workflow import ModelWorkflow
 from workflows.names import model_workflow_id, replica_id, replica_workflow_id
-from workflows.replica import ReplicaWorkflow
+from workflows.replica.workflow import ReplicaWorkflow
 
 
 def spec(replicas: int) -> ModelSpec:

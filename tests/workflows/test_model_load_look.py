@@ -47,7 +47,7 @@ from workflows.contracts import (
     WorkflowIds,
     WorkflowStatuses,
 )
-from workflows.model import ModelWorkflow
+from workflows.model.workflow import ModelWorkflow
 from workflows.names import ControlActivity, NodeActivity, model_workflow_id, replica_workflow_id
 
 LOOK_EVERY_S = 15

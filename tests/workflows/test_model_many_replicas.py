@@ -47,7 +47,7 @@ from workflows.contracts import (
     WorkflowIds,
     WorkflowStatuses,
 )
-from workflows.model import ModelWorkflow
+from workflows.model.workflow import ModelWorkflow
 from workflows.names import ControlActivity, model_workflow_id, replica_workflow_id
 
 REPLICAS = 2100

@@ -35,7 +35,7 @@ from workflows.contracts import (
     StopReplica,
     StopResult,
 )
-from workflows.model import ModelWorkflow
+from workflows.model.workflow import ModelWorkflow
 from workflows.names import (
     NodeActivity,
     model_workflow_id,
@@ -43,7 +43,7 @@ from workflows.names import (
     replica_id,
     replica_workflow_id,
 )
-from workflows.replica import ReplicaWorkflow
+from workflows.replica.workflow import ReplicaWorkflow
 
 # The test knob of workflows/history_budget.py, read (in the sandbox) when a run starts.
 CONTINUE_AS_NEW_EVERY = "LLMGW_TEST_CONTINUE_AS_NEW_EVERY"

@@ -23,7 +23,7 @@ from workflows.contracts import (
     StopReplica,
 )
 from workflows.names import node_task_queue, replica_id, replica_workflow_id
-from workflows.replica import ReplicaWorkflow
+from workflows.replica.workflow import ReplicaWorkflow
 
 
 def gpu_node(name: str) -> NodeRecord:

@@ -34,7 +34,7 @@ from workflows.names import (
     engine_install_workflow_id,
     node_workflow_id,
 )
-from workflows.node import NodeWorkflow
+from workflows.node.workflow import NodeWorkflow
 
 # The llama.cpp version the default engine plan installs.
 V = LLAMACPP_DEFAULT_VERSION

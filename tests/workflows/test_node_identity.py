@@ -20,8 +20,8 @@ from workers.agent import register
 from workers.search_attributes import ensure_search_attributes
 from workflows.contracts import NodeInventory, NodeRegistration
 from workflows.engine_keys import node_secret
-from workflows.node import NodeWorkflow
-from workflows.node_proof import identity_key, signed_registration
+from workflows.node.proof import identity_key, signed_registration
+from workflows.node.workflow import NodeWorkflow
 
 TEMPORAL = shutil.which("temporal") or os.path.join(os.path.dirname(sys.executable), "temporal")
 SECRET = node_secret(b"m" * 32, "gpu-01")

@@ -1,4 +1,4 @@
-"""Node liveness through the watch (workflows/node_watch.py): heartbeats that write no history,
+"""Node liveness through the watch (workflows/node/watch.py): heartbeats that write no history,
 a dead agent found unreachable then lost, an agent restart that changes nothing, and an agent
 from before the watch still heard through its heartbeat signals."""
 
@@ -17,7 +17,7 @@ from tests.workflows.fake_agent import FakeAgent
 from tests.workflows.test_node import ask, ledger_record, node_handle, register, registration
 from workflows.contracts import EngineState, NodeHeartbeat, NodeState
 from workflows.names import NodeActivity, node_task_queue, node_workflow_id
-from workflows.node import NodeWorkflow
+from workflows.node.workflow import NodeWorkflow
 
 
 @contextlib.asynccontextmanager

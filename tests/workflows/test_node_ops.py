@@ -42,9 +42,9 @@ from workflows.contracts import (
     Route,
 )
 from workflows.fleet import SIGNAL_BATCH, FleetRefreshWorkflow, ScheduledOnboardingWorkflow
-from workflows.model import ModelWorkflow
+from workflows.model.workflow import ModelWorkflow
 from workflows.names import model_workflow_id, node_task_queue, replica_id
-from workflows.node import NodeWorkflow
+from workflows.node.workflow import NodeWorkflow
 
 
 async def upsert_ready_node(cluster: Cluster, name: str) -> None:

@@ -16,7 +16,7 @@ from tests.workflows.test_node_liveness import history_length, node_handle_of
 from workflows import options
 from workflows.contracts import EngineState, EngineStatus, NodeRecord, NodeState
 from workflows.names import NodeActivity, node_task_queue, node_workflow_id
-from workflows.node import NodeWorkflow
+from workflows.node.workflow import NodeWorkflow
 
 # Re-verification every VERIFY_S of real time (the agent's clock), the watch returning only
 # after its usual hour: every "refresh period" of the test is a re-verification.

@@ -38,8 +38,8 @@ from workflows.contracts import (
     ScaleRequest,
 )
 from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
-from workflows.model import ModelWorkflow
-from workflows.model_client import apply_model
+from workflows.model.client import apply_model
+from workflows.model.workflow import ModelWorkflow
 from workflows.names import (
     NodeActivity,
     engine_install_workflow_id,
@@ -49,8 +49,8 @@ from workflows.names import (
     replica_id,
     replica_workflow_id,
 )
-from workflows.node import NodeWorkflow
-from workflows.replica import ReplicaWorkflow
+from workflows.node.workflow import NodeWorkflow
+from workflows.replica.workflow import ReplicaWorkflow
 
 # How often a model looks at its replica workflows (options.REPLICA_CHECK_EVERY), in seconds;
 # read when a model's run starts.

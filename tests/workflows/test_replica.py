@@ -28,7 +28,7 @@ from workflows.contracts import (
     StopReplica,
 )
 from workflows.names import replica_id, replica_workflow_id
-from workflows.replica import ReplicaWorkflow
+from workflows.replica.workflow import ReplicaWorkflow
 
 
 def spec(cores: int = 2) -> ModelSpec:

@@ -16,7 +16,7 @@ from tests.workflows.test_replica import (
 )
 from workflows.contracts import NodeState, ReplicaState, ReplicaView, StopReplica
 from workflows.names import node_task_queue
-from workflows.replica import ReplicaWorkflow
+from workflows.replica.workflow import ReplicaWorkflow
 
 
 async def test_a_replica_whose_agent_is_gone_stops_when_told_and_frees_only_once_the_node_is_gone(

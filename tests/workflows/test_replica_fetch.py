@@ -10,7 +10,7 @@ from temporalio.exceptions import ApplicationError
 from tests.workflows.conftest import Cluster, eventually, finished
 from tests.workflows.test_replica import spec, start_replica
 from workflows.contracts import LoraAdapter, ModelSpec, ReplicaState, ReplicaView, StopReplica
-from workflows.replica import ReplicaWorkflow
+from workflows.replica.workflow import ReplicaWorkflow
 
 ARTIFACT = "sha256:" + "ab" * 32
 

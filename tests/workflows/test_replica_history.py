@@ -22,7 +22,7 @@ from workflows.contracts import (
     ReplicaState,
     StopReplica,
 )
-from workflows.replica import ReplicaWorkflow
+from workflows.replica.workflow import ReplicaWorkflow
 
 # A run's events: the forced limit, plus what the engine cycles (about 50 events each) and a
 # move off the node (about 35) between two safe points add.

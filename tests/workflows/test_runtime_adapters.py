@@ -15,8 +15,8 @@ from tests.workflows.conftest import (
 from tests.workflows.test_catalog_lifecycle import remove, start
 from tests.workflows.test_model import serving
 from workflows.contracts import KvSource, LoraAdapter, ModelSpec, Profile, ReplicaState
-from workflows.model import ModelWorkflow
-from workflows.model_client import apply_model
+from workflows.model.client import apply_model
+from workflows.model.workflow import ModelWorkflow
 from workflows.names import replica_id, replica_workflow_id
 
 VLLM_VERSION = "0.32.0"

@@ -10,9 +10,9 @@ from activities.control.node_admin import add_node
 from tests.workflows.conftest import Cluster, ask, unique
 from tests.workflows.test_catalog_lifecycle import cpu_spec, remove, start
 from workflows.contracts import NodeAdd, RemoveModel
-from workflows.model import ModelWorkflow
+from workflows.model.workflow import ModelWorkflow
 from workflows.names import node_workflow_id
-from workflows.node import NodeWorkflow
+from workflows.node.workflow import NodeWorkflow
 
 
 async def accepted_updates(handle: WorkflowHandle) -> int:

@@ -28,11 +28,11 @@ from workflows.contracts import (
     ReplicaView,
     Route,
 )
-from workflows.model_client import list_models
-from workflows.model_rules import external_route
-from workflows.node import NodeWorkflow
+from workflows.model.client import list_models
+from workflows.model.rules import external_route
+from workflows.node.workflow import NodeWorkflow
 from workflows.placement.compact import compact_record
-from workflows.replica import ReplicaWorkflow
+from workflows.replica.workflow import ReplicaWorkflow
 
 RUNNING_NODES = "WorkflowType = 'Node' AND ExecutionStatus = 'Running'"
 RUNNING_REPLICAS = "WorkflowType = 'Replica' AND ExecutionStatus = 'Running'"

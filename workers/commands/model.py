@@ -36,7 +36,7 @@ from workers.progress import fleet_tables, ledger_snapshot
 from workers.tables import table
 from workflows.catalog import EXTERNAL, CatalogError, validate_model
 from workflows.contracts import LoraAdapter, ModelSpec, Profile
-from workflows.model_client import (
+from workflows.model.client import (
     apply_model,
     describe_model,
     list_models,

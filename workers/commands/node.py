@@ -32,8 +32,8 @@ from workflows.contracts import (
 )
 from workflows.engine_keys import node_secret
 from workflows.names import reserved_node_name
-from workflows.node import NodeWorkflow
-from workflows.node_proof import identity_key
+from workflows.node.proof import identity_key
+from workflows.node.workflow import NodeWorkflow
 from workflows.placement.disk import size_text
 
 # How long a command waits to see the node take it before saying it was only sent.

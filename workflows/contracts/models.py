@@ -329,7 +329,7 @@ class ModelState(BaseModel):
     # adapters of, so each change is told once.
     adapters_told: dict[int, str] = Field(default_factory=dict)
     # Set once this run tells replicas new adapters rather than replacing them (a patch:
-    # workflows/model.py): stale_indices then leaves those replicas alone.
+    # workflows/model/workflow.py): stale_indices then leaves those replicas alone.
     adapters_at_runtime: bool = False
     autoscale: AutoscaleState = Field(default_factory=AutoscaleState)
     # Engine external: the routes this model published, replica id -> endpoint.
@@ -351,7 +351,7 @@ class ModelState(BaseModel):
     # due would otherwise start the wait again, and could do so forever).
     look_at: datetime | None = None
     check_at: datetime | None = None
-    # Set once a run has taken over the replicas an earlier run left (workflows/model_adoption.py):
+    # Set once a run has taken over the replicas an earlier run left (workflows/model/adoption.py):
     # a model applied again after its workflow was terminated adopts them instead of starting
     # second copies.
     adopted: bool = False

@@ -289,7 +289,7 @@ class NodeRegistration(BaseModel):
     inventory: NodeInventory
     boot_id: str
     # Which join token the agent was given, without the secret: "ed25519:" + the public key
-    # derived from the node secret (workflows/node_proof.py), or, from agents of before it,
+    # derived from the node secret (workflows/node/proof.py), or, from agents of before it,
     # sha256 of the secret. A node workflow pins the first identity it sees.
     identity: str = ""
     # With a key identity: when the agent signed this registration (its clock, ms since the

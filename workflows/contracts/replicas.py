@@ -117,5 +117,5 @@ class ReplicaCarried(BaseModel):
     stop_wait_s: float = 0.0
     # Its allocation was held before this run began (a predecessor under the same ID was
     # terminated, cancelled or reset): the engine there may still serve, so the next launch
-    # adopts it without taking its route out of service first (workflows/replica_adoption.py).
+    # adopts it without taking its route out of service first (workflows/replica/adoption.py).
     adopt: bool = False

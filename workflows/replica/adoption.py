@@ -2,7 +2,8 @@
 
 An operator can terminate or cancel a replica's workflow (or reset it to its start); Temporal
 then runs none of its code, so its allocation, route and engine are left as they were. Its model
-starts it again under the same ID (workflows/model.py), or the reset does. The new run first
+starts it again under the same ID (workflows/model/workflow.py), or the reset does. The new run
+first
 asks the ledger for the allocation held under its replica id: if there is one, it does not place
 again but runs on it, and the launch adopts the engine still running there (the agent keeps a
 spec per shard: activities/agent/supervisor.py). Until the engine proves to be the one it wants

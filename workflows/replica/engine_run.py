@@ -1,4 +1,4 @@
-"""One run of the replica's engine (workflows/replica.py mixes these steps in): fetch its
+"""One run of the replica's engine (workflows/replica/workflow.py mixes these steps in): fetch its
 artifacts, start (or adopt) every shard, the leader first, wait for the leader to serve, route to
 it, and supervise every shard until one exits, a stop is asked for, or an agent reports the
 engine gone; a new adapter list from its model is loaded meanwhile.
@@ -23,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
         ReplicaState,
         ShardAllocation,
     )
-    from workflows.replica_calls import (
+    from workflows.replica.calls import (
         await_shared_fetches,
         cancel_all,
         fetch_artifacts,
@@ -31,8 +31,8 @@ with workflow.unsafe.imports_passed_through():
         start_supervise,
         start_wait_ready,
     )
-    from workflows.replica_fetch_wait import FetchWaits, wait_for_fetches
-    from workflows.replica_rules import artifacts_to_fetch, taken_ports
+    from workflows.replica.fetch_wait import FetchWaits, wait_for_fetches
+    from workflows.replica.rules import artifacts_to_fetch, taken_ports
 
 # Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
 # replays the histories that carry their markers.

@@ -1,7 +1,8 @@
 """The replica workflow's calls out: placement through the ledger, and the engine activities on
 a node's agent (launch, readiness, supervision, stop), each with its timeouts and retries.
 
-Each only schedules (or awaits) what the replica workflow (workflows/replica.py) asks for, in
+Each only schedules (or awaits) what the replica workflow (workflows/replica/workflow.py) asks for,
+in
 the order it asks: the workflow decides, these say how a call is made.
 """
 

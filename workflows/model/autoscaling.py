@@ -2,7 +2,7 @@
 it makes from it (workflows/autoscale.py), and telling the ledger whether a request should wake
 a model scaled to zero.
 
-Runs inside the model workflow (workflows/model.py), on its state; the order of what these
+Runs inside the model workflow (workflows/model/workflow.py), on its state; the order of what these
 functions await is the order of the commands in its history.
 """
 
@@ -14,10 +14,10 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from workflows.autoscale import decide
     from workflows.contracts import EngineLoad, LoadTotals, ModelState
-    from workflows.model_calls import engine_load_totals, engine_loads, set_idle
+    from workflows.model.calls import engine_load_totals, engine_loads, set_idle
 
 if TYPE_CHECKING:
-    from workflows.model import ModelWorkflow
+    from workflows.model.workflow import ModelWorkflow
 
 # Retired (docs/workflow-versions.md): the old branch is gone; deprecate_patch() still replays
 # the histories that carry its marker.
@@ -25,7 +25,7 @@ AUTOSCALE_YIELDS_TO_CHANGES_PATCH = "model-autoscale-yields-to-changes-made-whil
 # A look at the engines' load ran one activity per hosting node, one after another: about
 # 8,500 nodes filled a history in one look, and the whole routing table of the model (every
 # replica's route) came back through history first. Now one control activity reads every
-# node's agent metrics and answers with sums (workflows/model_calls.py engine_load_totals).
+# node's agent metrics and answers with sums (workflows/model/calls.py engine_load_totals).
 LOAD_IN_ONE_LOOK_PATCH = "model-looks-at-its-load-in-one-bounded-activity"
 
 

@@ -11,7 +11,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 
 from workflows.contracts import ModelSpec, ModelState, ModelView, RemoveModel, ScaleRequest
-from workflows.model_api import ModelApi
+from workflows.model.api import ModelApi
 from workflows.names import CONTROL_TASK_QUEUE, model_workflow_id
 
 

@@ -1,8 +1,7 @@
-"""The replica workflow's life between engine runs (workflows/replica.py mixes these steps in):
-asking the ledger for room until it has some, taking over an allocation a predecessor under the
+"""The replica workflow's life between engine runs (workflows/replica/workflow.py mixes these steps
+in): asking the ledger for room until it has some, taking over an allocation a predecessor under the
 same ID left, one engine run followed by its restart backoff, moving off a node the engine keeps
-failing on, leaving ports another program holds, and continuing as new at the safe points.
-"""
+failing on, leaving ports another program holds, and continuing as new at the safe points."""
 
 import contextlib
 from collections.abc import Callable
@@ -31,9 +30,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.ledger_activity import call_ledger
     from workflows.names import ControlActivity
-    from workflows.replica_adoption import held_allocation
-    from workflows.replica_calls import request_placement
-    from workflows.replica_rules import restart_backoff, short_reason, taken_ports
+    from workflows.replica.adoption import held_allocation
+    from workflows.replica.calls import request_placement
+    from workflows.replica.rules import restart_backoff, short_reason, taken_ports
 
 # Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
 # replays the histories that carry their markers.

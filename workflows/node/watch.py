@@ -41,7 +41,7 @@ from temporalio.workflow import ActivityHandle
 with workflow.unsafe.imports_passed_through():
     from workflows import options
     from workflows.contracts import NodeWatch, NodeWatchReport
-    from workflows.node_calls import start_watch
+    from workflows.node.calls import start_watch
 
 # What the Python SDK's worker raises for an activity it has no function for: an agent from
 # before the watch.

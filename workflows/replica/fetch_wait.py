@@ -30,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
         JoinArtifactFetch,
     )
     from workflows.names import ControlActivity
-    from workflows.replica_calls import all_done_unless_stopped
+    from workflows.replica.calls import all_done_unless_stopped
 
 
 class FetchWaits:

@@ -1,5 +1,5 @@
 """A node's registration, signed so that no copy of it can be replayed. Pure; used by the agent
-(workers/agent.py signs) and by the node workflow's `register` validator (workflows/node_rules.py
+(workers/agent.py signs) and by the node workflow's `register` validator (workflows/node/rules.py
 checks), inside the sandbox.
 
 A registration is stored in the node workflow's history, where anyone with the Temporal UI reads

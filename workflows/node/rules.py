@@ -2,7 +2,7 @@
 registration makes, which engines a plan still needs installed, and what a re-verification
 changed.
 
-Pure: the node workflow (workflows/node.py) runs them inside the sandbox, and replays them.
+Pure: the node workflow (workflows/node/workflow.py) runs them inside the sandbox, and replays them.
 """
 
 from temporalio import workflow
@@ -21,7 +21,7 @@ with workflow.unsafe.imports_passed_through():
         VerifyEnginesResult,
     )
     from workflows.names import reserved_node_name
-    from workflows.node_proof import (
+    from workflows.node.proof import (
         CLOCK_SKEW_MS,
         is_key_identity,
         signature_problem,
@@ -52,7 +52,7 @@ def check_registration(
         return
     # A node pinned to a key takes signed registrations only. One pinned before keys existed
     # (sha256 of its secret) still takes that, from an agent not yet upgraded, and is pinned to
-    # the key of the first signed registration (workflows/node_rules.py view_of).
+    # the key of the first signed registration (workflows/node/rules.py view_of).
     upgrade = not is_key_identity(view.identity) and is_key_identity(reg.identity)
     if is_key_identity(view.identity) and not is_key_identity(reg.identity):
         raise ValueError(

@@ -2,7 +2,7 @@
 per URL, published to the ledger by the model workflow itself, replaced when the URLs change
 and withdrawn when the model is removed.
 
-Runs inside the model workflow (workflows/model.py), on its state; the order of what these
+Runs inside the model workflow (workflows/model/workflow.py), on its state; the order of what these
 functions await is the order of the commands in its history.
 """
 
@@ -14,7 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.catalog import endpoint_base
     from workflows.contracts import ModelState, ReplicaState
     from workflows.ledger_activity import call_ledger
-    from workflows.model_rules import external_route
+    from workflows.model.rules import external_route
     from workflows.names import ControlActivity, external_replica_id
 
 

@@ -2,14 +2,14 @@
 
 The agent registers with an update (update-with-start, so a brand-new node needs no separate
 step) and then holds the node's liveness watch, an activity it heartbeats to Temporal (no
-history event per heartbeat: workflows/node_watch.py); an agent from before the watch
+history event per heartbeat: workflows/node/watch.py); an agent from before the watch
 heartbeats with signals instead. Operators cordon, uncordon, drain and remove with
 signals, so `llmgw node ...` and `temporal workflow signal` do the same thing. The schedules
 signal `refresh` to look at the machine again or re-verify its engines. Every change is copied
 to the ledger, which placement reads.
 
 Liveness has two steps, judged from how each watch ends, or for signals from a timer
-(workflows/node_liveness.py). A node silent past its grace is unreachable: the ledger withdraws
+(workflows/node/liveness.py). A node silent past its grace is unreachable: the ledger withdraws
 its routes, and nothing else changes (its engines may well be serving; a partition that heals
 restarts nothing). Silent past the longer gone grace it is lost: its models start its replicas
 elsewhere. Silence the control plane caused is no evidence: a heartbeat timeout is only probed,
@@ -47,21 +47,21 @@ with workflow.unsafe.imports_passed_through():
         VerifyEnginesResult,
     )
     from workflows.engine_install import EngineInstallWorkflow
-    from workflows.model import ModelWorkflow
+    from workflows.model.workflow import ModelWorkflow
     from workflows.names import (
         engine_install_workflow_id,
         model_workflow_id,
         node_task_queue,
     )
-    from workflows.node_calls import (
+    from workflows.node.calls import (
         plan_engines,
         replicas_on,
         start_discover,
         start_verify,
         upsert_node,
     )
-    from workflows.node_liveness import NodeLiveness
-    from workflows.node_rules import (
+    from workflows.node.liveness import NodeLiveness
+    from workflows.node.rules import (
         AgentSilent,
         apply_plan,
         check_add,
@@ -69,7 +69,7 @@ with workflow.unsafe.imports_passed_through():
         take_verified,
         view_of,
     )
-    from workflows.node_watch import Watch
+    from workflows.node.watch import Watch
 
 # Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
 # replays the histories that carry their markers.

@@ -3,7 +3,7 @@ drains, is lost or removed), the old one stopped at once or once its successor s
 update, the same move one stale replica at a time; and, instead of a roll, new LoRA adapters told
 to replicas whose engine loads them at runtime.
 
-Runs inside the model workflow (workflows/model.py), on its state; the order of what these
+Runs inside the model workflow (workflows/model/workflow.py), on its state; the order of what these
 functions await is the order of the commands in its history.
 """
 
@@ -14,13 +14,13 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts import ModelState, ReplaceReplicas, StopReplica, UpdateAdapters
-    from workflows.model_children import children_full, start_replica, stop_replica
-    from workflows.model_rules import adapters_to_tell, index_of, stale_indices
+    from workflows.model.children import children_full, start_replica, stop_replica
+    from workflows.model.rules import adapters_to_tell, index_of, stale_indices
     from workflows.names import replica_id, replica_workflow_id
-    from workflows.replica import ReplicaWorkflow
+    from workflows.replica.workflow import ReplicaWorkflow
 
 if TYPE_CHECKING:
-    from workflows.model import ModelWorkflow
+    from workflows.model.workflow import ModelWorkflow
 
 # A changed LoRA adapter list rolled every replica. Now a replica whose engine loads adapters at
 # runtime (vLLM) and whose profile changed only in its adapters is told the new definition

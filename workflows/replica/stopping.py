@@ -1,4 +1,4 @@
-"""Stopping the replica (workflows/replica.py mixes these steps in): every shard's engine
+"""Stopping the replica (workflows/replica/workflow.py mixes these steps in): every shard's engine
 stopped, the leader first and drained when it served; a node that does not answer is asked
 again, with backoff, until its engine stops or the ledger says the node is gone; then the
 allocation is released. A stop never waits for a launch, and nothing waits forever on a dead
@@ -27,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.ledger_activity import call_ledger, node_gone
     from workflows.names import ControlActivity
-    from workflows.replica_calls import cancel_all, start_stop
+    from workflows.replica.calls import cancel_all, start_stop
 
 # Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
 # replays the histories that carry their markers.

@@ -2,7 +2,7 @@
 the checks it asks of the node's agent (discovery, engine re-verification, the liveness watch),
 each with its timeouts and retries.
 
-Each only makes the call the node workflow (workflows/node.py) asks for, when it asks: the
+Each only makes the call the node workflow (workflows/node/workflow.py) asks for, when it asks: the
 workflow decides, these say how a call is made.
 """
 
@@ -77,7 +77,7 @@ def start_verify(
 
 
 # A watch is never retried by the server: each of its timeouts is what the workflow judges
-# liveness by (workflows/node_watch.py), and a retry would hide it.
+# liveness by (workflows/node/watch.py), and a retry would hide it.
 WATCH_ONCE = RetryPolicy(maximum_attempts=1)
 
 

@@ -7,7 +7,7 @@ it would start index 0 onwards, a second copy of every replica beside the first.
 anything else, the fresh run reads the routes the ledger holds for the model (every replica,
 placed or not, publishes one until it stops) and counts their indices as its own: serving ones
 in its replica count, stopping ones as stopping. Its next check of the replica workflows
-(workflows/model_replica_checks.py `check_replicas`) then starts again, under their own IDs,
+(workflows/model/replica_checks.py `check_replicas`) then starts again, under their own IDs,
 those whose workflow an operator closed too, and forgets those that stopped; the count is then
 made right as for any model, the newest stopped first.
 """

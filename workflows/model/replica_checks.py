@@ -3,7 +3,7 @@ batches); a stopping one that closed has released what it held, one that closed 
 started again under its own ID, and one told to stop that closed before it had is stopped here.
 A replica found dead is forgotten, and a retiring replica whose successor died gets another.
 
-Runs inside the model workflow (workflows/model.py), on its state; the order of what these
+Runs inside the model workflow (workflows/model/workflow.py), on its state; the order of what these
 functions await is the order of the commands in its history.
 """
 
@@ -15,19 +15,20 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts import ReplaceReplicas, WorkflowStatuses
     from workflows.dead_replicas import free_dead_replicas
-    from workflows.model_calls import workflow_statuses, workflow_statuses_batched
-    from workflows.model_children import restart_replicas
-    from workflows.model_moves import forget_fingerprints
-    from workflows.model_rules import watched_indices
+    from workflows.model.calls import workflow_statuses, workflow_statuses_batched
+    from workflows.model.children import restart_replicas
+    from workflows.model.moves import forget_fingerprints
+    from workflows.model.rules import watched_indices
     from workflows.names import replica_id, replica_workflow_id
 
 if TYPE_CHECKING:
-    from workflows.model import ModelWorkflow
+    from workflows.model.workflow import ModelWorkflow
 
 # A replica workflow that closed without being told to stop (an operator terminated or cancelled
 # it, or it failed) was cleaned up and replaced: its healthy engine stopped and a second copy
 # loaded. Now it is started again under its own ID and adopts its allocation and engine
-# (workflows/replica.py); one told to stop that closed before it could is cleaned up as before.
+# (workflows/replica/workflow.py); one told to stop that closed before it could is cleaned up as
+# before.
 RESTART_UNBIDDEN_PATCH = "model-restarts-a-replica-that-closed-unbidden"
 # The check sent every replica's workflow ID to one activity, described one after another:
 # 5,000 replicas did not finish in its 30 s. Now batches of options.REPLICA_CHECK_BATCH go
@@ -67,7 +68,7 @@ async def check_replicas(model: "ModelWorkflow") -> None:
 
 
 def forget(model: "ModelWorkflow", dead: list[int]) -> None:
-    """Drop dead replicas from the state; reconcile_count (workflows/model_children.py)
+    """Drop dead replicas from the state; reconcile_count (workflows/model/children.py)
     starts replacements for the count, and a retiring replica whose successor died gets a new
     successor (it keeps serving)."""
     for index in dead:

@@ -2,7 +2,7 @@
 stop, starting one again under its own ID, making their count match the spec, and the bound on
 how many one run may start.
 
-Runs inside the model workflow (workflows/model.py), on its state; the order of what these
+Runs inside the model workflow (workflows/model/workflow.py), on its state; the order of what these
 functions await is the order of the commands in its history.
 """
 
@@ -18,10 +18,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.contracts import ReplicaInput, StopReplica
     from workflows.dead_replicas import free_dead_replicas
     from workflows.names import replica_id, replica_workflow_id
-    from workflows.replica import ReplicaWorkflow
+    from workflows.replica.workflow import ReplicaWorkflow
 
 if TYPE_CHECKING:
-    from workflows.model import ModelWorkflow
+    from workflows.model.workflow import ModelWorkflow
 
 # A run started replica workflows until its count was met: past 2,000 started in one run (each a
 # pending child until it closes) Temporal refused the next start and the model failed its task
@@ -79,7 +79,7 @@ async def stop_replica(model: "ModelWorkflow", index: int, request: StopReplica)
 
 async def restart_replicas(model: "ModelWorkflow", indices: list[int]) -> None:
     """Start each replica again under its own ID: the new run finds the allocation its
-    predecessor held and adopts the engine still serving on it (workflows/replica.py). Its
+    predecessor held and adopts the engine still serving on it (workflows/replica/workflow.py). Its
     route stays as it was meanwhile, and it keeps its place in the count."""
     spec = model.state.spec
     for index in indices:

@@ -1,7 +1,8 @@
 """The model workflow's calls out: its engines' load, its idle flag in the ledger, and whether
 its replica workflows still run, each with its timeouts and retries.
 
-Each only makes the call the model workflow (workflows/model.py) asks for, when it asks: the
+Each only makes the call the model workflow (workflows/model/workflow.py) asks for, when it asks:
+the
 workflow decides, these say how a call is made.
 """
 

@@ -3,7 +3,7 @@ they send, without its code.
 
 The CLI, the admin API and the gateway start, update, signal and query model workflows through
 typed handles (`handle.execute_update(ModelApi.scale, ...)`), which need only these names and
-types. Importing workflows/model.py for them loaded the whole control plane (the replica
+types. Importing workflows/model/workflow.py for them loaded the whole control plane (the replica
 workflow, placement, the catalog) into every gateway: this class is what they import instead.
 It is never registered with a worker; tests/unit/test_model_api.py holds it to ModelWorkflow,
 name by name and type by type.

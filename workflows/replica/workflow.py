@@ -48,25 +48,25 @@ with workflow.unsafe.imports_passed_through():
     from workflows.ledger_activity import call_ledger
     from workflows.messages import ARTIFACT_FETCHED, MODEL_REPLICA_READY
     from workflows.names import ControlActivity
-    from workflows.replica_adapters import ReplicaAdapterSteps
-    from workflows.replica_calls import label
-    from workflows.replica_engine_run import ReplicaEngineRun
-    from workflows.replica_fetch_wait import FetchWaits
-    from workflows.replica_life import ReplicaLifeSteps
-    from workflows.replica_rules import (
+    from workflows.replica.adapters import ReplicaAdapterSteps
+    from workflows.replica.calls import label
+    from workflows.replica.engine_run import ReplicaEngineRun
+    from workflows.replica.fetch_wait import FetchWaits
+    from workflows.replica.life import ReplicaLifeSteps
+    from workflows.replica.rules import (
         new_replica_state,
         profile_fingerprint,
         profile_index,
         replica_route,
         short_reason,
     )
-    from workflows.replica_stopping import ReplicaStopping
+    from workflows.replica.stopping import ReplicaStopping
 
 # Each guards a change to the command sequence that histories recorded before it would hit.
 # patched() is asked only where the new code would first differ, so a run replayed from an old
 # history keeps its old behaviour only where that history needs it.
-# The patches the steps ask are beside them (replica_life.py, replica_engine_run.py,
-# replica_stopping.py, replica_adapters.py); docs/workflow-versions.md says when each retires.
+# The patches the steps ask are beside them (replica/life.py, replica/engine_run.py,
+# replica/stopping.py, replica/adapters.py); docs/workflow-versions.md says when each retires.
 # A new run placed itself, and published "starting" before its launch: started again after an
 # operator terminated its predecessor, it took its healthy engine out of service meanwhile. Now
 # it takes the allocation held under its ID, if any, and adopts the engine quietly.
@@ -79,9 +79,9 @@ PATCH_REFUSES_CANCEL = "replica-refuses-cancel"
 @workflow.defn(name="Replica")
 class ReplicaWorkflow(ReplicaLifeSteps, ReplicaEngineRun, ReplicaStopping, ReplicaAdapterSteps):
     """The run loop, the signals and queries, and what the ledger, the model and the Temporal UI
-    are told; its steps are mixed in: life between engine runs (replica_life.py), one engine run
-    (replica_engine_run.py), stopping (replica_stopping.py), adapters at runtime
-    (replica_adapters.py)."""
+    are told; its steps are mixed in: life between engine runs (replica/life.py), one engine run
+    (replica/engine_run.py), stopping (replica/stopping.py), adapters at runtime
+    (replica/adapters.py)."""
 
     @workflow.init
     def __init__(self, inp: ReplicaInput) -> None:
@@ -140,7 +140,7 @@ class ReplicaWorkflow(ReplicaLifeSteps, ReplicaEngineRun, ReplicaStopping, Repli
 
     @workflow.signal(name=ARTIFACT_FETCHED)
     def artifact_fetched(self, outcome: FetchOutcome) -> None:
-        """A node's fetch this replica waits on is over (workflows/replica_fetch_wait.py)."""
+        """A node's fetch this replica waits on is over (workflows/replica/fetch_wait.py)."""
         self.fetch_waits.take(outcome)
 
     @workflow.query(name="describe")

@@ -22,7 +22,8 @@ Replicas are reached by workflow ID, never by a child handle (none survives a co
 once a minute the model asks Temporal which of its replica workflows still run (a control
 activity, cheap and bounded). One that closed without being told to stop (an operator
 terminated or cancelled it, or it failed) left its engine, allocation and route behind: the
-model starts it again under its ID, and the new run adopts all three (workflows/replica.py). One
+model starts it again under its ID, and the new run adopts all three
+(workflows/replica/workflow.py). One
 told to stop that closed before it had (terminated mid-stop) is stopped here: the model
 withdraws the route, asks the node's agent to stop the engine, and frees the allocation once the
 engine is stopped, or its node is gone, asking again at each check until then. A
@@ -54,13 +55,13 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.dead_replicas import retry_unstopped
     from workflows.messages import MODEL_REPLICA_READY
-    from workflows.model_adoption import adopt_left_replicas
-    from workflows.model_autoscaling import autoscale, next_look, publish_idle
-    from workflows.model_children import children_full, reconcile_count
-    from workflows.model_external import publish_external
-    from workflows.model_moves import make_replacements, retire_replaced, roll_stale, tell_adapters
-    from workflows.model_replica_checks import check_replicas
-    from workflows.model_rules import (
+    from workflows.model.adoption import adopt_left_replicas
+    from workflows.model.autoscaling import autoscale, next_look, publish_idle
+    from workflows.model.children import children_full, reconcile_count
+    from workflows.model.external import publish_external
+    from workflows.model.moves import make_replacements, retire_replaced, roll_stale, tell_adapters
+    from workflows.model.replica_checks import check_replicas
+    from workflows.model.rules import (
         check_removal,
         check_scale,
         index_of,
@@ -79,7 +80,7 @@ REMOVAL_STOPS_LATE_REPLICAS_PATCH = "model-removal-stops-replicas-of-a-late-remo
 REMOVAL_WITHDRAWS_EXTERNAL_ROUTES_PATCH = "model-removal-waits-for-external-routes-withdrawn"
 # A model applied again after its workflow was terminated started its replicas from index 0 (a
 # second copy of each). Now a run that knows of no replica first takes over those the ledger
-# lists for it (workflows/model_adoption.py).
+# lists for it (workflows/model/adoption.py).
 ADOPT_LEFT_REPLICAS_PATCH = "model-adopts-replicas-an-earlier-run-left"
 # A cancel request ended the model as cancelled, its replicas orphaned. Now it is refused
 # (workflows/cancel_refusal.py).

@@ -3,7 +3,8 @@ take a new adapter list without a restart, whether a scale request fits the mode
 and the routes of an external model's URLs (with their KV-event sources,
 Profile.external_kv).
 
-Pure: the model workflow (workflows/model.py) runs them inside the sandbox, and replays them;
+Pure: the model workflow (workflows/model/workflow.py) runs them inside the sandbox, and replays
+them;
 `llmgw ledger rebuild` rebuilds an external model's routes with external_route.
 """
 

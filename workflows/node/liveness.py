@@ -2,12 +2,12 @@
 node (unreachable past its grace, lost past its gone grace, a fresh grace when the control
 plane itself was away).
 
-Two ways to hear an agent. The liveness watch (workflows/node_watch.py): an activity the agent
+Two ways to hear an agent. The liveness watch (workflows/node/watch.py): an activity the agent
 holds and heartbeats to Temporal, judged by how it ends, which writes no history per heartbeat.
 And heartbeat signals with a timer, as every node was judged before the watch: kept for the
 runs that began then, and for an agent that has no watch activity.
 
-A mixin of NodeWorkflow (workflows/node.py), which owns the state these methods read.
+A mixin of NodeWorkflow (workflows/node/workflow.py), which owns the state these methods read.
 """
 
 import asyncio
@@ -30,8 +30,8 @@ with workflow.unsafe.imports_passed_through():
         VerifyEnginesResult,
     )
     from workflows.names import node_task_queue
-    from workflows.node_rules import AgentSilent, take_verified
-    from workflows.node_watch import Verdict, Watch, heartbeat_timeout
+    from workflows.node.rules import AgentSilent, take_verified
+    from workflows.node.watch import Verdict, Watch, heartbeat_timeout
 
 # Retired (docs/workflow-versions.md): the old branch is gone; deprecate_patch() still replays
 # the histories that carry its marker.

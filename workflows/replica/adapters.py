@@ -1,5 +1,5 @@
 """The replica workflow's steps when its model's adapters change while its engine serves
-(workflows/replica.py mixes them in): for engines that load adapters at runtime, the new
+(workflows/replica/workflow.py mixes them in): for engines that load adapters at runtime, the new
 adapters are fetched to its nodes, loaded by the node's agent and the route republished; a
 replica that cannot tells its model, which replaces it."""
 
@@ -18,8 +18,8 @@ with workflow.unsafe.imports_passed_through():
         SetAdaptersRequest,
         ShardAllocation,
     )
-    from workflows.replica_calls import fetch_artifacts, set_adapters
-    from workflows.replica_rules import new_adapter_artifacts, takes_adapters_at_runtime
+    from workflows.replica.calls import fetch_artifacts, set_adapters
+    from workflows.replica.rules import new_adapter_artifacts, takes_adapters_at_runtime
 
 PATCH_ADAPTERS_AT_RUNTIME = "replica-loads-new-adapters-into-its-running-engine"
 

@@ -3,7 +3,8 @@ view or route, whether a launch was refused over ports another program holds, a 
 state, the route a replica publishes, and whether a new definition's adapters can be loaded
 into its running engine.
 
-Pure: the replica workflow (workflows/replica.py) runs them inside the sandbox, and replays them.
+Pure: the replica workflow (workflows/replica/workflow.py) runs them inside the sandbox, and
+replays them.
 """
 
 from datetime import timedelta
