@@ -12,29 +12,19 @@ with workflow.unsafe.imports_passed_through():
     from workflows.contracts import (
         Allocation,
         ModelSpec,
-        ReplicaCarried,
-        ReplicaInput,
         ReplicaState,
         SetAdaptersRequest,
         ShardAllocation,
     )
     from workflows.replica.calls import fetch_artifacts, set_adapters
+    from workflows.replica.parts import ReplicaParts
     from workflows.replica.rules import new_adapter_artifacts, takes_adapters_at_runtime
 
 PATCH_ADAPTERS_AT_RUNTIME = "replica-loads-new-adapters-into-its-running-engine"
 
 
-class ReplicaAdapterSteps:
-    """Mixed into ReplicaWorkflow, which provides what is declared here."""
-
-    inp: ReplicaInput
-    s: ReplicaCarried
-
-    async def _set_state(self, state: ReplicaState, detail: str = "") -> None:
-        raise NotImplementedError
-
-    async def _tell_model_ready(self, *, adapters_at_runtime: bool = True) -> None:
-        raise NotImplementedError
+class ReplicaAdapterSteps(ReplicaParts):
+    """Mixed into ReplicaWorkflow (what it calls of the others: parts.py)."""
 
     def _launch_with_next_model(self, alloc: Allocation) -> None:
         """A definition its model sent while the engine was not serving: the launch about to

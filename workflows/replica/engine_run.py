@@ -5,21 +5,17 @@ engine gone; a new adapter list from its model is loaded meanwhile.
 """
 
 from collections.abc import Callable, Sequence
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
 from temporalio.workflow import ActivityHandle
 
 with workflow.unsafe.imports_passed_through():
-    from workflows import options
     from workflows.contracts import (
         Allocation,
         EngineExit,
         LaunchResult,
-        ReplicaCarried,
-        ReplicaInput,
         ReplicaState,
         ShardAllocation,
     )
@@ -32,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         start_wait_ready,
     )
     from workflows.replica.fetch_wait import FetchWaits, wait_for_fetches
+    from workflows.replica.parts import ReplicaParts
     from workflows.replica.rules import artifacts_to_fetch, taken_ports
 
 # Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
@@ -46,37 +43,10 @@ PATCH_SHARED_FETCH = "replica-fetches-through-artifact-fetch-workflow"
 PATCH_FETCH_WAIT_IN_WORKFLOW = "replica-waits-for-fetches-in-its-workflow"
 
 
-class ReplicaEngineRun:
-    """Mixed into ReplicaWorkflow, which provides what is declared here."""
+class ReplicaEngineRun(ReplicaParts):
+    """Mixed into ReplicaWorkflow (what it calls of the others: parts.py)."""
 
-    inp: ReplicaInput
-    s: ReplicaCarried
     fetch_waits: FetchWaits
-
-    if TYPE_CHECKING:
-
-        async def _set_state(
-            self, state: ReplicaState, detail: str = "", publish: bool = True
-        ) -> None: ...
-
-        async def _tell_model_ready(self, *, adapters_at_runtime: bool = True) -> None: ...
-
-        def _exit(self, reason: str) -> EngineExit: ...
-
-        def _launch_with_next_model(self, alloc: Allocation) -> None: ...
-
-        async def _update_adapters(self, alloc: Allocation, ended: Callable[[], bool]) -> None: ...
-
-        async def _leave_taken_ports(self, err: ActivityError) -> EngineExit: ...
-
-        async def _stop_engine(
-            self,
-            alloc: Allocation,
-            drain: timedelta = timedelta(0),
-            shards: Sequence[ShardAllocation] | None = None,
-            give_up: timedelta = options.STOP_GIVE_UP,
-            interrupt: Callable[[], bool] = lambda: False,
-        ) -> list[ShardAllocation]: ...
 
     async def _run_engine_once(self, alloc: Allocation) -> EngineExit:
         """Start (or adopt) the engine's shards, wait for the leader to serve, route to it, and

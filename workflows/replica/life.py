@@ -6,7 +6,6 @@ failing on, leaving ports another program holds, and continuing as new at the sa
 import contextlib
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -21,17 +20,15 @@ with workflow.unsafe.imports_passed_through():
         EngineExit,
         PlacementRequest,
         ReleaseRequest,
-        ReplicaCarried,
         ReplicaInput,
         ReplicaPhase,
         ReplicaState,
-        ReplicaView,
-        Route,
     )
     from workflows.ledger_activity import call_ledger
     from workflows.names import ControlActivity
     from workflows.replica.adoption import held_allocation
     from workflows.replica.calls import request_placement
+    from workflows.replica.parts import ReplicaParts
     from workflows.replica.rules import restart_backoff, short_reason, taken_ports
 
 # Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
@@ -40,32 +37,8 @@ PATCH_MOVE_OFF_CRASH_LOOP = "replica-move-off-crash-looping-node"
 PATCH_CONTINUE_AS_NEW = "replica-continue-as-new"
 
 
-class ReplicaLifeSteps:
-    """Mixed into ReplicaWorkflow, which provides what is declared here."""
-
-    inp: ReplicaInput
-    s: ReplicaCarried
-
-    if TYPE_CHECKING:
-
-        @property
-        def view(self) -> ReplicaView: ...
-
-        def _label(self) -> None: ...
-
-        async def _set_state(
-            self, state: ReplicaState, detail: str = "", publish: bool = True
-        ) -> None: ...
-
-        def _route(self, node: str, endpoint: str) -> Route: ...
-
-        def _exit(self, reason: str) -> EngineExit: ...
-
-        async def _run_engine_once(self, alloc: Allocation) -> EngineExit: ...
-
-        async def _stop_for_good(
-            self, alloc: Allocation, drain: timedelta, interrupt: Callable[[], bool]
-        ) -> bool: ...
+class ReplicaLifeSteps(ReplicaParts):
+    """Mixed into ReplicaWorkflow (what it calls of the others: parts.py)."""
 
     async def _continue_as_new_if_due(self) -> None:
         """At a safe point: everything this run knows is in self.s, nothing is in flight."""

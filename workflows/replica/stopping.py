@@ -7,7 +7,6 @@ node.
 
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError
@@ -17,17 +16,15 @@ with workflow.unsafe.imports_passed_through():
     from workflows.contracts import (
         Allocation,
         ReleaseRequest,
-        ReplicaCarried,
-        ReplicaInput,
         ReplicaPhase,
         ReplicaState,
-        ReplicaView,
         ShardAllocation,
         StopReplica,
     )
     from workflows.ledger_activity import call_ledger, node_gone
     from workflows.names import ControlActivity
     from workflows.replica.calls import cancel_all, start_stop
+    from workflows.replica.parts import ReplicaParts
 
 # Retired (docs/workflow-versions.md): their old branches are gone; deprecate_patch() still
 # replays the histories that carry their markers.
@@ -35,26 +32,8 @@ PATCH_STOP_UNTIL_STOPPED = "replica-stop-until-stopped-or-node-gone"
 PATCH_TRY_STOP_ON_GONE_NODE = "replica-try-stop-on-gone-node"
 
 
-class ReplicaStopping:
-    """Mixed into ReplicaWorkflow, which provides what is declared here."""
-
-    inp: ReplicaInput
-    s: ReplicaCarried
-
-    if TYPE_CHECKING:
-
-        @property
-        def view(self) -> ReplicaView: ...
-
-        def _label(self) -> None: ...
-
-        async def _set_state(
-            self, state: ReplicaState, detail: str = "", publish: bool = True
-        ) -> None: ...
-
-        async def _sleep_unless(self, interrupt: Callable[[], bool], delay: timedelta) -> bool: ...
-
-        async def _continue_as_new_if_due(self) -> None: ...
+class ReplicaStopping(ReplicaParts):
+    """Mixed into ReplicaWorkflow (what it calls of the others: parts.py)."""
 
     async def _stop_engine(
         self,
