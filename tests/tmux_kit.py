@@ -90,15 +90,14 @@ class Tmux:
             [
                 *("tmux", "-L", term.socket, "-f", "/dev/null", "start-server", ";"),
                 *("set-option", "-g", "remain-on-exit", "on", ";"),
-                # The size from the start: with -x/-y alone the command could start at tmux's
-                # 80x24 and, on a loaded machine, draw its first screens there (seen in parallel
-                # runs).
-                *("set-option", "-g", "default-size", f"{width}x{height}", ";"),
                 *("new-session", "-d", "-s", term.session, "-x", str(width), "-y", str(height)),
                 *("-c", str(cwd), command),
             ],
             check=True,
-            env={**env, "TERM": "xterm-256color"},
+            # Without COLUMNS and LINES: curses takes them over the terminal's own size, and
+            # pytest-xdist sets them (80x24) in its workers.
+            env={k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
+            | {"TERM": "xterm-256color"},
         )
         try:
             yield term
