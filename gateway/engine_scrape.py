@@ -16,6 +16,7 @@ import aiohttp
 from engines.metrics import metrics_path
 from gateway.deps import EXTERNAL_ENGINE, GatewayState
 from gateway.routing import scrape_all
+from gateway.routing.loads import EngineUnreachable
 from gateway.upstream_post import upstream_url
 from workflows.contracts import Route
 
@@ -35,11 +36,14 @@ class EngineScraper:
         secret = state.upstream_auth(route)
         headers = {"Authorization": f"Bearer {secret}"} if secret else {}
         timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
-        async with state.session.get(
-            upstream_url(route, metrics_path(route.engine)), headers=headers, timeout=timeout
-        ) as r:
-            r.raise_for_status()
-            return await r.text()
+        try:
+            async with state.session.get(
+                upstream_url(route, metrics_path(route.engine)), headers=headers, timeout=timeout
+            ) as r:
+                r.raise_for_status()
+                return await r.text()
+        except aiohttp.ClientConnectionError as exc:  # refused, reset, closed: not answering
+            raise EngineUnreachable(f"{type(exc).__name__}: {exc}") from exc
 
     async def run(self) -> None:
         state = self._state
@@ -75,5 +79,6 @@ class EngineScraper:
         for replica_id, why in scraped.failures.items():
             if replica_id not in self._failing:
                 log.warning("no metrics from replica %s: %s", replica_id, why)
+        for replica_id in scraped.unreachable:
             router.breaker.failed(replica_id, now)
         self._failing = set(scraped.failures)

@@ -128,13 +128,21 @@ class EngineLoadBoard:
             del self._latest[replica_id]
 
 
+class EngineUnreachable(Exception):
+    """Raised by a scrape's `fetch_text` when nothing answered at the engine's address (refused,
+    reset, closed): the engine is down, unlike one that answers without metrics or slowly."""
+
+
 class ScrapeRound(dict[str, LoadSample]):
     """replica_id -> sample for each engine that answered, plus `failures`: replica_id -> why
-    no sample came back, for the log (and, if the integrator wants, the breaker)."""
+    no sample came back, for the log; and `unreachable`, those of them that nothing answered
+    for, which the breaker counts. A metrics page that errs (an engine without one answers 404
+    or 501) or is late on a loaded machine says nothing of the engine's requests."""
 
     def __init__(self) -> None:
         super().__init__()
         self.failures: dict[str, str] = {}
+        self.unreachable: set[str] = set()
 
 
 async def scrape_all(
@@ -151,12 +159,17 @@ async def scrape_all(
     as each answer arrives (`LoadSample.own`)."""
     ordered = list(routes)
 
+    result = ScrapeRound()
+
     async def one(route: Route) -> LoadSample | str:
         try:
             async with asyncio.timeout(timeout_s):
                 text = await fetch_text(route)
         except TimeoutError:
             return f"no answer within {timeout_s:g}s"
+        except EngineUnreachable as exc:
+            result.unreachable.add(route.replica_id)
+            return str(exc)
         except Exception as exc:  # noqa: BLE001 - fetch_text raises on any failure: its reason
             return f"{type(exc).__name__}: {exc}"
         mine = own.get(route.replica_id, 0) if own is not None else 0
@@ -164,7 +177,6 @@ async def scrape_all(
         return "no request gauges in its metrics" if sample is None else sample
 
     outcomes = await asyncio.gather(*(one(route) for route in ordered))
-    result = ScrapeRound()
     for route, outcome in zip(ordered, outcomes, strict=True):
         if isinstance(outcome, LoadSample):
             result[route.replica_id] = outcome

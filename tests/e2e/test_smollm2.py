@@ -126,8 +126,9 @@ async def test_a_flooding_key_does_not_hold_another_keys_request_behind_its_own(
         finished.append(name)
 
     # Batch class: the flood may wait in the queue past the 60 s of the others on a loaded
-    # machine (batch_queue_deadline_s, 600 s).
-    flood = [asyncio.create_task(one(flood_key, f"flood {i}", 256, "batch")) for i in range(12)]
+    # machine (batch_queue_deadline_s, 600 s). 64 tokens each: the chat request waits for a
+    # flood request to end, which at 256 tokens took past its own 60 s on a loaded machine.
+    flood = [asyncio.create_task(one(flood_key, f"flood {i}", 64, "batch")) for i in range(12)]
     await asyncio.sleep(1.5)  # the flood runs
     done_before = len(finished)
     await one(chat_key, "chat", 8, "interactive")

@@ -6,7 +6,13 @@ import asyncio
 
 import pytest
 
-from gateway.routing.loads import EngineLoadBoard, LoadSample, sample_from_metrics, scrape_all
+from gateway.routing.loads import (
+    EngineLoadBoard,
+    EngineUnreachable,
+    LoadSample,
+    sample_from_metrics,
+    scrape_all,
+)
 from workflows.contracts import ReplicaState, Route
 
 # Shaped like each engine's /metrics page (names from ../shared/REFERENCE.md), with labels, help
@@ -117,6 +123,8 @@ async def test_scrape_all_is_concurrent_and_reports_each_failure() -> None:
             raise ConnectionRefusedError("connection refused")
         if r.replica_id == "bare":
             return "# nothing useful\n"
+        if r.replica_id == "down":
+            raise EngineUnreachable("ClientConnectorError: nothing listens")
         if {"slow-a", "slow-b"} <= started:
             both_started.set()
         # Each slow one waits for the other: only a concurrent scrape finishes.
@@ -124,7 +132,7 @@ async def test_scrape_all_is_concurrent_and_reports_each_failure() -> None:
         return VLLM if r.replica_id == "slow-a" else TRTLLM
 
     routes = [route("slow-a", "vllm"), route("slow-b", "trtllm")]
-    routes += [route("hangs"), route("refuses"), route("bare")]
+    routes += [route("hangs"), route("refuses"), route("bare"), route("down")]
     loop = asyncio.get_running_loop()
     began = loop.time()
     own = {"slow-a": 3}
@@ -137,3 +145,7 @@ async def test_scrape_all_is_concurrent_and_reports_each_failure() -> None:
     assert result.failures["hangs"] == "no answer within 0.2s"
     assert result.failures["refuses"] == "ConnectionRefusedError: connection refused"
     assert result.failures["bare"] == "no request gauges in its metrics"
+    assert result.failures["down"] == "ClientConnectorError: nothing listens"
+    # Only an engine that nothing answered for counts against its breaker: one late, without
+    # gauges, or whose page errs is still answering requests.
+    assert result.unreachable == {"down"}
