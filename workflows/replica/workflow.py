@@ -76,6 +76,9 @@ PATCH_ADOPT_HELD = "replica-adopts-what-its-predecessor-held"
 PATCH_REFUSES_CANCEL = "replica-refuses-cancel"
 
 
+REFUSE_REMEDY = "stop a replica with its `stop` signal"
+
+
 @workflow.defn(name="Replica")
 class ReplicaWorkflow(ReplicaLifeSteps, ReplicaEngineRun, ReplicaStopping, ReplicaAdapterSteps):
     """The run loop, the signals and queries, and what the ledger, the model and the Temporal UI
@@ -102,9 +105,12 @@ class ReplicaWorkflow(ReplicaLifeSteps, ReplicaEngineRun, ReplicaStopping, Repli
         if inp.carried is not None:
             self._label()
         elif workflow.patched(PATCH_ADOPT_HELD):
-            await self._take_held_allocation()
+            # Refused here too: a cancel that came while a restarted run took over what its
+            # predecessor held ended it as cancelled. No command changes, and an execution
+            # that met such a cancel is closed, so no running one replays differently.
+            await refusing_cancel(self._take_held_allocation(), REFUSE_REMEDY)
         if workflow.patched(PATCH_REFUSES_CANCEL):
-            return await refusing_cancel(self._live(), "stop a replica with its `stop` signal")
+            return await refusing_cancel(self._live(), REFUSE_REMEDY)
         return await self._live()
 
     async def _live(self) -> ReplicaView:
