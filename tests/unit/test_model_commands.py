@@ -8,7 +8,8 @@ import pytest
 
 from workers.cli import build_parser
 from workers.commands import model as model_commands
-from workers.commands.model import models_from_file, spec_from_args, upstream_key_from_args
+from workers.commands.model import models_from_file, spec_from_args
+from workers.commands.upstream_key import upstream_key_from_args
 from workers.paths import Locations
 from workflows.artifact_names import artifact_hint
 from workflows.contracts import (

@@ -6,11 +6,10 @@ sent, and again by the model workflow, which is what the admin API and other cli
 
 An external model's upstream API key never enters its spec (a spec is in workflow history,
 which anyone with the Temporal UI reads): it is read from a file or an environment variable,
-never the command line (shell history, `ps`), and kept in the gateway's store.
+never the command line (workers/commands/upstream_key.py), and kept in the gateway's store.
 """
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from activities.control.mirror.store import MirrorStore
 from store import open_store
 from store.fleet import FleetTables
 from workers.commands.mirror import add_source_options
+from workers.commands.upstream_key import key_from_entry, upstream_key_from_args
 from workers.external_kv_args import add_external_kv_arguments, external_kv_from_args
 from workers.model_from_source import lora_sources, mirrored_spec, with_source
 from workers.ollama.mirror_add import add_ollama
@@ -43,10 +43,6 @@ from workflows.model.client import (
     remove_model,
     scale_model,
 )
-
-# Where a model definition in YAML names its upstream key (never the key itself).
-KEY_FILE_FIELD = "upstream_key_file"
-KEY_ENV_FIELD = "upstream_key_env"
 
 
 @dataclass(frozen=True)
@@ -112,43 +108,6 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
     return checked(spec)
 
 
-def upstream_key_from_args(args: argparse.Namespace) -> str | None:
-    """The key `--upstream-key-file` or `--upstream-key-env` names, or None if neither."""
-    if args.upstream_key_file is None and args.upstream_key_env is None:
-        return None
-    if args.engine != EXTERNAL:
-        raise SystemExit(f"an upstream key is for --engine {EXTERNAL} only")
-    if args.upstream_key_file is not None:
-        return read_key_file(Path(args.upstream_key_file))
-    return read_key_env(args.upstream_key_env)
-
-
-def read_key_file(path: Path) -> str:
-    try:
-        text = path.expanduser().read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise SystemExit(f"upstream key file {path}: {err}") from None
-    return plain_key(text, f"upstream key file {path}")
-
-
-def read_key_env(name: str) -> str:
-    value = os.environ.get(name)
-    if value is None:
-        raise SystemExit(f"upstream key: ${name} is not set")
-    return plain_key(value, f"upstream key ${name}")
-
-
-def plain_key(text: str, where: str) -> str:
-    """The key without the newline an editor or `echo` leaves; one line of visible characters
-    (it travels as an HTTP header). Messages never quote it."""
-    key = text.strip()
-    if not key:
-        raise SystemExit(f"{where} is empty")
-    if any(not "!" <= ch <= "~" for ch in key):
-        raise SystemExit(f"{where}: a key is one line of visible ASCII characters, no spaces")
-    return key
-
-
 def checked(spec: ModelSpec) -> ModelSpec:
     try:
         validate_model(spec)
@@ -196,23 +155,6 @@ def models_from_file(path: Path) -> list[Declared]:
     if len(set(names)) != len(names):
         raise SystemExit(f"{path}: a model is defined twice")
     return specs
-
-
-def key_from_entry(entry: dict[str, Any], base: Path, where: str) -> str | None:
-    """Take the upstream key fields out of a YAML entry (they are not part of the spec)."""
-    if "upstream_key" in entry:
-        raise SystemExit(
-            f"{where}: upstream_key: name a file ({KEY_FILE_FIELD}) or an environment "
-            f"variable ({KEY_ENV_FIELD}) holding the key, not the key itself"
-        )
-    file, env = entry.pop(KEY_FILE_FIELD, None), entry.pop(KEY_ENV_FIELD, None)
-    if file is not None and env is not None:
-        raise SystemExit(f"{where}: give {KEY_FILE_FIELD} or {KEY_ENV_FIELD}, not both")
-    if file is not None:
-        return read_key_file(base / Path(str(file)).expanduser())
-    if env is not None:
-        return read_key_env(str(env))
-    return None
 
 
 async def set_upstream_key(where: Locations, model: str, key: str | None) -> None:
