@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType as WorkflowEventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
@@ -351,20 +352,37 @@ async def _waiting_on(handle: WorkflowHandle[Any, Any]) -> str:
     return f"pending activities {activities}, children {children}, last events {last}; {view}"
 
 
+async def run_histories(client: Client, workflow_id: str) -> AsyncIterator[list[HistoryEvent]]:
+    """The events of each of the workflow's runs, from the latest back through continue-as-new."""
+    run_id: str | None = None
+    while True:
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        events = list(history.events)
+        yield events
+        run_id = events[0].workflow_execution_started_event_attributes.continued_execution_run_id
+        if not run_id:
+            return
+
+
 async def started_children(client: Client, workflow_id: str) -> list[str]:
     """The IDs of every child workflow the workflow started, over all its runs."""
     children: list[str] = []
-    run_id: str | None = None
-    while True:  # every run, following continue-as-new back from the latest
-        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
-        for event in history.events:
+    async for events in run_histories(client, workflow_id):
+        for event in events:
             if event.HasField("start_child_workflow_execution_initiated_event_attributes"):
                 attributes = event.start_child_workflow_execution_initiated_event_attributes
                 children.append(attributes.workflow_id)
-        started = history.events[0].workflow_execution_started_event_attributes
-        run_id = started.continued_execution_run_id
-        if not run_id:
-            return children
+    return children
+
+
+async def activities_scheduled(client: Client, workflow_id: str, name: str) -> int:
+    """How many times the workflow scheduled activity `name`, over all its runs."""
+    count = 0
+    async for events in run_histories(client, workflow_id):
+        for event in events:
+            if event.HasField("activity_task_scheduled_event_attributes"):
+                count += event.activity_task_scheduled_event_attributes.activity_type.name == name
+    return count
 
 
 async def signals_handled(client: Client, workflow_id: str, name: str) -> tuple[int, int]:
@@ -372,10 +390,7 @@ async def signals_handled(client: Client, workflow_id: str, name: str) -> tuple[
     those it has handled: a workflow task started after each and has completed. What a test
     waits for before it asserts that a signal changed nothing."""
     received = handled = 0
-    run_id: str | None = None
-    while True:  # every run, following continue-as-new back from the latest
-        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
-        events = list(history.events)
+    async for events in run_histories(client, workflow_id):
         signals = [
             i
             for i, event in enumerate(events)
@@ -396,10 +411,7 @@ async def signals_handled(client: Client, workflow_id: str, name: str) -> tuple[
             )
         received += len(signals)
         handled += sum(1 for i in signals if i < seen_up_to)
-        started = events[0].workflow_execution_started_event_attributes
-        run_id = started.continued_execution_run_id
-        if not run_id:
-            return received, handled
+    return received, handled
 
 
 def unique(prefix: str) -> str:

@@ -12,7 +12,14 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from tests.history_reading import node_states_published
-from tests.workflows.conftest import Cluster, eventually, record_history, signals_handled, unique
+from tests.workflows.conftest import (
+    Cluster,
+    activities_scheduled,
+    eventually,
+    record_history,
+    signals_handled,
+    unique,
+)
 from tests.workflows.fake_agent import FakeAgent
 from tests.workflows.test_node import ask, ledger_record, node_handle, register, registration
 from workflows.contracts import EngineState, NodeHeartbeat, NodeState
@@ -223,6 +230,10 @@ async def old_agent(cluster: Cluster, node: str) -> None:
         heard_out.__doc__ = "the node workflow handled the boot-0 heartbeat"
         await eventually(heard_out)
         assert (await ask(handle, NodeWorkflow.describe)).record.state == NodeState.UNREACHABLE
+        # Found old once, it is not asked for the watch again, by this run or the next: an
+        # agent's "not registered" would read as an answer and bring the node back unheard.
+        watches = await activities_scheduled(cluster.client, handle.id, NodeActivity.WATCH_LIVENESS)
+        assert watches == 1
         await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
         await state_is(cluster, node, NodeState.READY)
     await record_history(handle, "NodeWatchOldAgent")

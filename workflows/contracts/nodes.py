@@ -386,6 +386,12 @@ class NodeView(BaseModel):
     # When the node's agent was last heard, carried through continue-as-new: a new run must not
     # give a silent node a fresh grace (or bring a lost one back) just because it began.
     last_heard: datetime | None = None
+    # This boot's agent heartbeats with signals (it has no watch), carried through
+    # continue-as-new: a new run that asked it for the watch again would take the agent's
+    # "not registered" for an answer and bring an unreachable node back without a heartbeat.
+    signal_beats: bool = False
+    # The inventory digest the agent last reported through its watch.
+    reported_digest: str = ""
 
 
 class NodeRefresh(BaseModel):

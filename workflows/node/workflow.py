@@ -114,6 +114,8 @@ class NodeWorkflow(NodeLiveness):
         # across continue-as-new); a node with no record of it starts with a fresh grace.
         carried = view.last_heard if view is not None else None
         self.last_heard = carried or workflow.now()
+        if view is not None:
+            self.signal_beats, self.reported_digest = view.signal_beats, view.reported_digest
         if workflow.patched(REFUSES_CANCEL):
             return await refusing_cancel(self._live(), "remove a node with `llmgw node rm`")
         return await self._live()
@@ -144,6 +146,10 @@ class NodeWorkflow(NodeLiveness):
         await workflow.wait_condition(workflow.all_handlers_finished)
         if self.view is not None:
             self.view.last_heard = self._heard_at()
+            self.view.signal_beats, self.view.reported_digest = (
+                self.signal_beats,
+                self.reported_digest,
+            )
         workflow.continue_as_new(self.view)
 
     def _time_to_continue(self) -> bool:
