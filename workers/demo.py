@@ -6,6 +6,7 @@ from pathlib import Path
 
 from engines.llamacpp import LLAMACPP_DEFAULT_VERSION
 from workflows.contracts import ModelSpec, Profile
+from workflows.contracts.engine_facts import LLAMACPP
 
 DEMO_MODEL = "smollm2-135m"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -26,7 +27,7 @@ def demo_weights() -> Path:
 
 def demo_spec(cpu_cores: int) -> ModelSpec:
     profile = Profile(
-        engine="llamacpp",
+        engine=LLAMACPP,
         engine_version=LLAMACPP_DEFAULT_VERSION,
         cpu_cores=cpu_cores,
         memory_mb=512,

@@ -19,6 +19,7 @@ from workers.commands.mirror import mirror_add, show_added
 from workers.paths import Locations
 from workflows.artifact_names import BadArtifact
 from workflows.contracts import ArtifactManifest, ModelSpec
+from workflows.contracts.engine_facts import engine_facts
 
 # Stands in for the artifact's digest while the definition is checked before the download:
 # the checks need a digest's form, not its value.
@@ -53,8 +54,9 @@ def with_adapters(spec: ModelSpec, artifacts: dict[str, tuple[str, str]]) -> Mod
 
 def weights_inside(manifest: ArtifactManifest, given: str | None, engine: str) -> str:
     """The path the engine runs inside the artifact: the one given (it must be there), the only
-    file, the only GGUF file for llama.cpp, or "" (the artifact's directory, as vLLM, SGLang and
-    TensorRT-LLM take a model)."""
+    file, the only file of the kind its engine loads (its row's weights_suffix: GGUF for
+    llama.cpp), or "" (the artifact's directory, as vLLM, SGLang and TensorRT-LLM take a
+    model)."""
     paths = [f.path for f in manifest.files]
     if given:
         if given not in paths:
@@ -62,13 +64,16 @@ def weights_inside(manifest: ArtifactManifest, given: str | None, engine: str) -
         return given
     if len(paths) == 1:
         return paths[0]
-    if engine == "llamacpp":
-        ggufs = [p for p in paths if p.lower().endswith(".gguf")]
-        if len(ggufs) != 1:
+    facts = engine_facts(engine)
+    suffix = facts.weights_suffix if facts is not None else None
+    if suffix is not None:
+        files = [p for p in paths if p.lower().endswith(suffix)]
+        if len(files) != 1:
             raise SystemExit(
-                f"the artifact has {len(ggufs)} GGUF files: name one with --weights PATH"
+                f"the artifact has {len(files)} {suffix.lstrip('.').upper()} files: "
+                "name one with --weights PATH"
             )
-        return ggufs[0]
+        return files[0]
     return ""
 
 

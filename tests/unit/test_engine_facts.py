@@ -32,9 +32,12 @@ from gateway.quota import Reservation
 from store import ApiKey, KeyLimits
 from tests.machine_tools import by_check
 from tests.unit.doctor_machines import facts_for, gpu, inventory
+from workers.model_from_source import weights_inside
 from workflows.catalog import check_profile
 from workflows.contracts import (
     ENGINE_FACTS,
+    ArtifactFile,
+    ArtifactManifest,
     EngineFacts,
     EngineRequirement,
     EngineSource,
@@ -262,3 +265,37 @@ def test_the_adapter_and_the_metrics_read_the_fake_engines_row() -> None:
         True,
     )
     assert metrics_path(FAKE) == "/fake/metrics"
+
+
+def test_slots_prompt_cache_and_priority_follow_the_fake_engines_row(
+    fake: pytest.MonkeyPatch,
+) -> None:
+    args = ["--slots", "3", "--prompt-cache", "0", "--queue-order", "priority"]
+    profile = fake_profile(args=args)
+    # Its row names none of those flags: the gateway reads nothing from its command line.
+    assert (profile.slots, profile.prompt_slots, profile.takes_priority) == (None, None, False)
+    with_row(
+        fake,
+        slot_flags=("--slots",),
+        prompt_cache_flags=("--prompt-cache",),
+        priority_flag=("--queue-order", "priority"),
+    )
+    assert (profile.slots, profile.prompt_slots, profile.takes_priority) == (3, 3, True)
+    # Without the flag, its slots come from the profile's `parallel`; a prompt cache left on
+    # is no slot cache.
+    assert fake_profile(args=[], parallel=5).slots == 5
+    assert fake_profile(args=["--prompt-cache", "512"]).prompt_slots is None
+
+
+def test_the_one_weights_file_of_an_artifact_is_the_kind_the_row_names(
+    fake: pytest.MonkeyPatch,
+) -> None:
+    manifest = ArtifactManifest(
+        files=[
+            ArtifactFile(path="a.bin", size=1, digest="sha256:" + "0" * 64),
+            ArtifactFile(path="w.fake", size=1, digest="sha256:" + "1" * 64),
+        ]
+    )
+    assert weights_inside(manifest, None, FAKE) == ""  # the artifact's directory
+    with_row(fake, weights_suffix=".fake")
+    assert weights_inside(manifest, None, FAKE) == "w.fake"

@@ -36,6 +36,7 @@ from workers.progress import fleet_tables, ledger_snapshot
 from workers.tables import table
 from workflows.catalog import EXTERNAL, CatalogError, validate_model
 from workflows.contracts import LoraAdapter, ModelSpec, Profile
+from workflows.contracts.engine_facts import LLAMACPP, engine_names
 from workflows.model.client import (
     apply_model,
     describe_model,
@@ -330,8 +331,8 @@ def add_model_parsers(
     add.add_argument("--max-replicas", type=int, default=64)
     add.add_argument(
         "--engine",
-        default="llamacpp",
-        help="llamacpp, vllm, sglang, trtllm, or external (an OpenAI-compatible server "
+        default=LLAMACPP,
+        help=f"one of {', '.join(engine_names())} ({EXTERNAL}: an OpenAI-compatible server "
         "llmgw does not run)",
     )
     add.add_argument("--engine-version", default="")

@@ -87,6 +87,21 @@ class EngineFacts:
     # (llama-server's `lora` field), not by name in `model` (gateway/lora.py).
     lora_by_index: bool = False
 
+    # What its command line (a profile's `args`, the last of a repeated flag winning) tells
+    # the gateway (workflows/contracts/models.py Profile.slots, prompt_slots, takes_priority).
+    # The flags that set how many requests it runs at once; the rest wait in its queue.
+    # Empty: the gateway learns its concurrency from its gauges (gateway/admission/depths.py).
+    slot_flags: tuple[str, ...] = ()
+    # The flags that size its prompt cache in RAM: at "0" only its slots keep prompts, and the
+    # gateway replays its choice of slot (gateway/routing/slot_cache.py).
+    prompt_cache_flags: tuple[str, ...] = ()
+    # The flag and value under which it orders its queue by a request's `priority` (and
+    # refuses a request that carries one otherwise); None: it is never sent one.
+    priority_flag: tuple[str, str] | None = None
+    # The one file of an artifact it loads, by suffix, when it takes a file rather than a
+    # directory (workers/model_from_source.py); None: it takes the artifact's directory.
+    weights_suffix: str | None = None
+
     # How the gateway treats its answers (gateway/billing.py, gateway/cache_salt.py).
     # Its `usage` covers every choice of a response (n > 1, several prompts); otherwise it is
     # taken to report one choice, and the others are billed at their bound.
@@ -132,6 +147,9 @@ ENGINE_FACTS: dict[str, EngineFacts] = {
             parallelism=False,
             lora=True,
             lora_by_index=True,
+            slot_flags=("-np", "--parallel"),
+            prompt_cache_flags=("-cram", "--cache-ram"),
+            weights_suffix=".gguf",
             # Builds from source unless a release mirror is configured.
             install_sources=(EngineSource.BUILD, EngineSource.RELEASE, EngineSource.PATH),
             # Pinned: the build this release was checked against, for profiles that name none.
@@ -156,6 +174,7 @@ ENGINE_FACTS: dict[str, EngineFacts] = {
             # It adds up the tokens of all its outputs (serving_chat.py / serving_completion.py:
             # sum(len(output.token_ids) ...)).
             counts_every_choice=True,
+            priority_flag=("--scheduling-policy", "priority"),
             # Hashed into a request's first block: ("cache_salt", salt).
             cache_salt=True,
             install_sources=(EngineSource.PIP, EngineSource.PATH),

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field, model_validator
 
-from workflows.contracts.engine_facts import EXTERNAL, engine_facts
+from workflows.contracts.engine_facts import EXTERNAL, LLAMACPP, engine_facts
 
 # The most replicas one model may have.
 MAX_REPLICAS = 10_000
@@ -59,7 +59,7 @@ class Profile(BaseModel):
 
     # llamacpp, vllm, sglang, trtllm; or external: an OpenAI-compatible server llmgw does not
     # run, one replica per URL in `urls`.
-    engine: str = "llamacpp"
+    engine: str = LLAMACPP
     engine_version: str = ""
     # None: the CPU. Otherwise a class as discovery names it: "h100-80g", "a100-80g-mig-3g.40gb".
     gpu_class: str | None = None
@@ -106,35 +106,40 @@ class Profile(BaseModel):
 
     @property
     def prompt_slots(self) -> int | None:
-        """llama.cpp started with `--cache-ram 0` (in `args`): its slots, then its whole prompt
-        cache (gateway/routing/slot_cache.py); None for any other profile. llama-server takes
-        the last of a repeated flag, and llmgw passes `-np parallel` before `args`."""
-        if self.engine != "llamacpp":
+        """An engine with slots started with its prompt cache at 0 (llama.cpp's `--cache-ram
+        0`, in `args`): its slots, then its whole prompt cache (gateway/routing/slot_cache.py);
+        None for any other profile. Flags from its row (prompt_cache_flags)."""
+        facts = engine_facts(self.engine)
+        if facts is None or not facts.prompt_cache_flags:
             return None
-        if _last_flag_value(self.args, ("-cram", "--cache-ram")) != "0":
+        if _last_flag_value(self.args, facts.prompt_cache_flags) != "0":
             return None
-        slots = _last_flag_value(self.args, ("-np", "--parallel")) or str(self.parallel)
-        return int(slots) if slots.isdigit() and int(slots) > 0 else None
+        return self.slots
 
     @property
     def slots(self) -> int | None:
-        """llama.cpp: how many requests it runs at once (`-np`, the last one given, llmgw's own
-        from `parallel` first); the rest wait in its queue. None for any other engine, whose
-        concurrency the gateway learns from its gauges (gateway/admission/depths.py)."""
-        if self.engine != "llamacpp":
+        """How many requests its engine runs at once, where its command line says (llama.cpp's
+        `-np`: the last one given, llmgw's own from `parallel` first); the rest wait in its
+        queue. None for an engine whose row has no slot_flags: the gateway learns its
+        concurrency from its gauges (gateway/admission/depths.py)."""
+        facts = engine_facts(self.engine)
+        if facts is None or not facts.slot_flags:
             return None
-        slots = _last_flag_value(self.args, ("-np", "--parallel")) or str(self.parallel)
+        slots = _last_flag_value(self.args, facts.slot_flags) or str(self.parallel)
         return int(slots) if slots.isdigit() and int(slots) > 0 else None
 
     @property
     def takes_priority(self) -> bool:
-        """vLLM started with `--scheduling-policy priority` (in `args`): it orders its queue by
-        a request's `priority` (lower first) and preempts for it, and refuses a request that
-        carries one otherwise. No other engine llmgw runs is sent one (llama.cpp has no such
-        field; SGLang's and TensorRT-LLM's are not wired)."""
-        if self.engine != "vllm":
+        """Its engine was started with its row's priority_flag (vLLM's `--scheduling-policy
+        priority`, in `args`): it orders its queue by a request's `priority` (lower first) and
+        preempts for it, and refuses a request that carries one otherwise. No other engine
+        llmgw runs is sent one (llama.cpp has no such field; SGLang's and TensorRT-LLM's are
+        not wired)."""
+        facts = engine_facts(self.engine)
+        if facts is None or facts.priority_flag is None:
             return False
-        return _last_flag_value(self.args, ("--scheduling-policy",)) == "priority"
+        flag, value = facts.priority_flag
+        return _last_flag_value(self.args, (flag,)) == value
 
     def fingerprint_fields(self, *, without_adapters: bool = False) -> dict[str, object]:
         """The profile as its fingerprint sees it. Fields added since fingerprints were first
