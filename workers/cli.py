@@ -19,6 +19,7 @@ from workers.commands.node import add_node_parsers, parse_labels
 from workers.commands.store import STORE_COMMANDS, add_store_parsers, run_store_command
 from workers.paths import Locations, default_node_name
 from workers.temporal_flags import add_temporal_arguments, namespace_from, security_from
+from workers.verbosity import add_verbose_argument
 from workflows import options
 from workflows.client import PLAINTEXT
 from workflows.payload_codec import PayloadKeyError
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     local = argparse.ArgumentParser(add_help=False)
     local.add_argument("--state-dir", help="default $LLMGW_STATE_DIR or ~/.local/state/llmgw")
     local.add_argument("--database-url", help="PostgreSQL URL, default $LLMGW_DATABASE_URL")
+    add_verbose_argument(local)
     # `up` runs its own Temporal server, so only the other commands take an address, a
     # namespace and TLS settings.
     common = argparse.ArgumentParser(add_help=False, parents=[local])
@@ -280,7 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=log_level(args), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     try:
         where = locations(args)
         dispatch(args, where)
@@ -290,6 +294,17 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"invalid input: {err}") from None
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+# The commands that run a process and log what it does (workers/verbosity.py).
+PROCESSES = frozenset({"control", "agent", "gateway"})
+
+
+def log_level(args: argparse.Namespace) -> int:
+    serves = args.command == MIRROR_COMMAND and args.action == "serve"
+    if args.command in PROCESSES or serves or getattr(args, "verbose", False):
+        return logging.INFO
+    return logging.WARNING
 
 
 def locations(args: argparse.Namespace) -> Locations:
@@ -367,7 +382,6 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
         from workers.up import UpOptions
         from workers.up import main as up_main
 
-        logging.getLogger().setLevel(logging.WARNING)
         up_main(
             where,
             UpOptions(

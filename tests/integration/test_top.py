@@ -34,10 +34,15 @@ async def test_the_agents_metrics_and_llmgw_nodes(system: System, weights) -> No
         return any(e.replica == replica and e.up for e in figures.engines)
 
     await system.until(engine_read, 30, "the agent reading its engine's metrics")
-    out = system.cli("nodes").stdout
-    assert "GPU NOW" in out
+    listed = system.cli("nodes")
+    assert "GPU NOW" in listed.stdout
     # This machine has no GPU: its agent answers with no GPU figures, and nothing is missing.
-    assert "no GPU figures from" not in out
+    assert "no GPU figures from" not in listed.stdout
+    # A command prints what it is for: no log line per metrics read, unless asked.
+    assert listed.stderr == ""
+    status = system.cli("status")
+    assert system.node in status.stdout and status.stderr == ""
+    assert "HTTP Request" in system.cli("nodes", "--verbose").stderr
 
 
 async def test_top_shows_the_node_and_replica_follows_traffic_and_quits(

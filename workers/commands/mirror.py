@@ -18,6 +18,7 @@ from activities.control.mirror.sources import BadSource, OllamaSource, parse_sou
 from activities.control.mirror.store import MirrorStore
 from workers.paths import Locations
 from workers.tables import table
+from workers.verbosity import add_verbose_argument
 from workflows.artifact_names import BadArtifact
 
 MIRROR_COMMAND = "mirror"
@@ -30,6 +31,7 @@ def add_mirror_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     # Only the state dir: the mirror needs no Temporal address and no database.
     local = argparse.ArgumentParser(add_help=False)
     local.add_argument("--state-dir", help="default $LLMGW_STATE_DIR or ~/.local/state/llmgw")
+    add_verbose_argument(local)
     mirror = sub.add_parser(MIRROR_COMMAND, help="the control plane's model mirror (sha256)")
     msub = mirror.add_subparsers(dest="action", required=True)
     add = msub.add_parser(
