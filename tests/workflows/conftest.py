@@ -56,7 +56,11 @@ def binary(name: str) -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+# The time-skipping server, the fleet tables and the shared control worker are a test file's
+# own. Shared by the whole session, one file's leftovers (workflows still running after their
+# test) kept the server from skipping time for every later file: a test whose timers took half a
+# second alone took their full length in real time (80 s) after most other files.
+@pytest.fixture(scope="module")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     environment = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=binary("temporal-test-server"),
@@ -77,7 +81,7 @@ def control_client(env: WorkflowEnvironment) -> Client:
     return Client(**{**config, "interceptors": kept})
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def server_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The control worker's configuration file; a test may rewrite it (it is read on every
     call) and must put back the default, which is an empty file."""
@@ -86,9 +90,9 @@ def server_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[FleetTables]:
-    """The fleet tables of the session (a SQLite file), shared by every test as one cluster's
+    """The fleet tables of the test file (a SQLite file), shared by its tests as one cluster's
     store is shared by its control workers."""
     tables = open_fleet(None, tmp_path_factory.mktemp("fleet"))
     await tables.init()
@@ -96,11 +100,11 @@ async def fleet(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Fleet
     await tables.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def control_worker(
     env: WorkflowEnvironment, fleet: FleetTables, server_config: Path
 ) -> AsyncIterator[Worker]:
-    """One control worker for the session on the shared control queue."""
+    """One control worker for the test file on the shared control queue."""
     worker = Worker(
         env.client,
         task_queue=CONTROL_TASK_QUEUE,
