@@ -41,7 +41,8 @@ async def test_the_agents_metrics_and_llmgw_nodes(system: System, weights) -> No
     # A command prints what it is for: no log line per metrics read, unless asked.
     assert listed.stderr == ""
     status = system.cli("status")
-    assert system.node in status.stdout and status.stderr == ""
+    assert system.node in status.stdout
+    assert status.stderr == ""
     assert "HTTP Request" in system.cli("nodes", "--verbose").stderr
 
 
