@@ -21,7 +21,7 @@ from engines.local_port import free_port
 from tests.system import REPO, System, wait_for, wait_ready
 from workers.demo import DEMO_MODEL, demo_weights
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 FIRST_BUILD_ALLOWANCE_S = 40 * 60
 

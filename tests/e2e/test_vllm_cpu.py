@@ -88,7 +88,7 @@ from workflows.model.rules import external_route
 from workflows.names import engine_install_workflow_id, node_task_queue
 from workflows.placement.ports import KV_PUB, KV_REPLAY
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 
 from tests.system import STANDIN_ENGINE, System, wait_ready
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 MODEL = "fetched-under-fire"
 SIZE = 1 << 30  # large enough that the fetch takes a while even on loopback

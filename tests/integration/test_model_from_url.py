@@ -16,7 +16,7 @@ from workers.demo import demo_weights
 from workflows.artifact_names import artifact_hint
 from workflows.model.client import list_models
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 MODEL = "from-url"
 

@@ -14,7 +14,7 @@ from tests.system import System, wait_for, wait_ready
 from workflows.names import model_workflow_id, node_workflow_id, replica_workflow_id
 from workflows.options import NODE_GRACE
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 MODEL = "steady"
 

@@ -19,7 +19,7 @@ from workflows.contracts import NodeState
 from workflows.node.workflow import NodeWorkflow
 from workflows.options import NODE_GRACE
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.long]
 
 MODEL = "steady"
 

@@ -50,6 +50,8 @@ from workflows.contracts import (
 from workflows.model.workflow import ModelWorkflow
 from workflows.names import ControlActivity, model_workflow_id, replica_workflow_id
 
+pytestmark = pytest.mark.long
+
 REPLICAS = 2100
 STARTED_PER_RUN_KNOB = "LLMGW_TEST_REPLICAS_STARTED_PER_RUN"
 
