@@ -73,7 +73,8 @@ def main() -> int:
     forced = None if args or os.environ.get("LLMGW_TEST_FORCED_PASS") == "0" else ForcedPass()
     code = pytest.main(["-p", "no:cacheprovider", "--durations=10", *spread(), "tests", *args])
     if forced is not None:
-        code = code or forced.finish()
+        forced_code = forced.finish()  # waited for and shown even when the first pass failed
+        code = code or forced_code
     if code == NO_TESTS_COLLECTED:
         # A run that tested nothing must not read as a pass (pytest's status 5).
         print("pytest collected no tests: check the paths and -k/-m filters", file=sys.stderr)

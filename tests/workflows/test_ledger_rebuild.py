@@ -4,7 +4,7 @@ workflows, line by line, and rebuilt from them until nothing differs.
 
 On a dev server of its own: the time-skipping test server cannot list workflows, which the
 check and the rebuild do; and with fleet tables of its own, so wiping them here leaves the
-session's alone."""
+other tests' alone."""
 
 import argparse
 from collections.abc import AsyncIterator

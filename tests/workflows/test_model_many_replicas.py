@@ -6,10 +6,10 @@ the next.
 The replicas are stand-ins (a workflow registered as `Replica` that waits for its stop), and
 so are the activities the model calls: what is tested is the model's own bookkeeping.
 
-They run on a real Temporal dev server of their own. On the session's shared time-skipping test
-server, loaded by the rest of the suite, a run of 5,000 stalled twice after a few runs of 500
-(no replica started for 10 minutes; alone it passed every time). The dev server persists every
-start, about ten times slower under load, so the count is now just past Temporal's 2,000
+They run on a real Temporal dev server of their own. On a time-skipping test server, the
+session's shared one or a test file's own, a run of starts stalled now and then (no replica
+started for 10 minutes; 1 run in 3 of the file's own, where the others took 15 s). The dev
+server persists every start, about ten times slower, so the count is just past Temporal's 2,000
 pending children a run, which is what the model's bound is for."""
 
 import contextlib
