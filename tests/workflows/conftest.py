@@ -356,7 +356,7 @@ async def _waiting_on(handle: WorkflowHandle[Any, Any]) -> str:
     return f"pending activities {activities}, children {children}, last events {last}; {view}"
 
 
-async def run_histories(client: Client, workflow_id: str) -> AsyncIterator[list[HistoryEvent]]:
+async def runs_newest_first(client: Client, workflow_id: str) -> AsyncIterator[list[HistoryEvent]]:
     """The events of each of the workflow's runs, from the latest back through continue-as-new."""
     run_id: str | None = None
     while True:
@@ -371,7 +371,7 @@ async def run_histories(client: Client, workflow_id: str) -> AsyncIterator[list[
 async def started_children(client: Client, workflow_id: str) -> list[str]:
     """The IDs of every child workflow the workflow started, over all its runs."""
     children: list[str] = []
-    async for events in run_histories(client, workflow_id):
+    async for events in runs_newest_first(client, workflow_id):
         for event in events:
             if event.HasField("start_child_workflow_execution_initiated_event_attributes"):
                 attributes = event.start_child_workflow_execution_initiated_event_attributes
@@ -382,7 +382,7 @@ async def started_children(client: Client, workflow_id: str) -> list[str]:
 async def activities_scheduled(client: Client, workflow_id: str, name: str) -> int:
     """How many times the workflow scheduled activity `name`, over all its runs."""
     count = 0
-    async for events in run_histories(client, workflow_id):
+    async for events in runs_newest_first(client, workflow_id):
         for event in events:
             if event.HasField("activity_task_scheduled_event_attributes"):
                 count += event.activity_task_scheduled_event_attributes.activity_type.name == name
@@ -394,7 +394,7 @@ async def signals_handled(client: Client, workflow_id: str, name: str) -> tuple[
     those it has handled: a workflow task started after each and has completed. What a test
     waits for before it asserts that a signal changed nothing."""
     received = handled = 0
-    async for events in run_histories(client, workflow_id):
+    async for events in runs_newest_first(client, workflow_id):
         signals = [
             i
             for i, event in enumerate(events)

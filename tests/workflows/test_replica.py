@@ -12,7 +12,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowHandle
 
 from store.fleet import FleetTables
-from tests.workflows.conftest import Cluster, ask, eventually, finished, unique
+from tests.workflows.conftest import Cluster, ask, eventually, finished, runs_newest_first, unique
 from workflows.contracts import (
     EngineExit,
     EngineState,
@@ -81,15 +81,7 @@ async def stop_and_wait(handle: WorkflowHandle[Any, Any]) -> ReplicaView:
 
 async def run_histories(client: Client, workflow_id: str) -> list[list[Any]]:
     """Each run's events, first run first, following continue-as-new back from the current."""
-    histories: list[list[Any]] = []
-    run_id: str | None = None
-    while True:
-        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
-        histories.insert(0, list(history.events))
-        started = history.events[0].workflow_execution_started_event_attributes
-        run_id = started.continued_execution_run_id
-        if not run_id:
-            return histories
+    return [events async for events in runs_newest_first(client, workflow_id)][::-1]
 
 
 def decoded(document: Any) -> str:
