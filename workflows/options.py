@@ -141,6 +141,10 @@ STOPPING_POLL = timedelta(seconds=5)
 # and Temporal allows 2,000 pending children per run. Starting 500 costs the run about 2,000
 # history events, well inside its budget.
 REPLICAS_STARTED_PER_RUN = 500
+# ...and asks for at most this many starts in one workflow task: the task's completion carries
+# each start's input (the model's spec), and a hundred stays far below the 4 MB one gRPC
+# message may hold.
+REPLICAS_STARTED_TOGETHER = 100
 
 
 def replicas_started_per_run() -> int:
