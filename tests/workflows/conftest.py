@@ -268,8 +268,18 @@ class Cluster:
             await self.fleet.upsert_node(record)
 
 
+# A workflow task the time-skipping server refuses comes back only when it times out (10 s, the
+# default workflow task timeout): the server keeps no change of a refused completion and leaves
+# the task started. It refuses one that cancels an activity which finished meanwhile
+# (ACTIVITY_UNKNOWN, FAILED_PRECONDITION), as when a node drops its liveness watch (its engines
+# changed, or a new boot registered) just as the watch returns. Seen once in the forced
+# continue-as-new pass: the node's refresh published 15 s late. Every wait allows for one.
+REFUSED_TASK_RETRY_S = 10.0
+
+
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
+    """Wait until `check` holds, for `timeout` seconds plus one refused task's retry."""
+    deadline = asyncio.get_running_loop().time() + timeout + REFUSED_TASK_RETRY_S
     while not await _answered(check):
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {check.__doc__ or check}")
