@@ -26,10 +26,12 @@ FORCED_CONTINUE_AS_NEW_EVERY = "40"
 
 
 def workers() -> str:
-    """How many pytest-xdist workers: LLMGW_TEST_WORKERS, else one a core (at least 2, at most
-    8). Twice the cores finished sooner here but made the timing-bound integration tests miss
-    more often. 0 runs in one process."""
-    default = min(8, max(2, os.cpu_count() or 1))
+    """How many pytest-xdist workers: LLMGW_TEST_WORKERS, else one more than the cores (at
+    least 3, at most 8): with one a core, a fresh-clone run here kept the 2 cores busy only half
+    its time (the fault tests sleep through outages, engines start, timers run in real time).
+    Twice the cores finished sooner still but made the timing-bound integration tests miss more
+    often. 0 runs in one process."""
+    default = min(8, max(3, (os.cpu_count() or 1) + 1))
     return os.environ.get("LLMGW_TEST_WORKERS", str(default))
 
 
