@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,51 @@ def test_engine_pids_are_the_shards_process_groups(tmp_path: Path) -> None:
     (shards / "broken.json").write_text("{")
     pids = gather._engine_pids(tmp_path, "node-a")
     assert os.getpid() in pids
+
+
+def _fake_python_engine(state_dir: Path, engine: str, version: str, entry_script: str) -> None:
+    """An installed Python engine as its install leaves it: a virtual environment and the
+    marker naming its entry point (vLLM's `vllm` script; SGLang's python, with an empty
+    `entry_script`)."""
+    directory = state_dir / "engines" / engine / version
+    bin_dir = directory / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").symlink_to(sys.executable)
+    entry = bin_dir / "python"
+    if entry_script:
+        entry = bin_dir / engine
+        entry.write_text(entry_script)
+        entry.chmod(0o755)
+    write_marker(directory, engine, version, str(entry.relative_to(directory)), "as installed")
+
+
+def test_gather_verifies_every_engine_not_only_llama_cpp(tmp_path: Path) -> None:
+    """vLLM and SGLang environments are checked as the agent's re-verification checks them:
+    one whose entry point answers is runnable; one that cannot import its library, or whose
+    environment lacks its package, is not, and says why."""
+    _fake_python_engine(tmp_path, "vllm", "0.9.2", "#!/bin/sh\necho 0.9.2\n")
+    _fake_python_engine(tmp_path, "sglang", "0.4.9", "")
+    facts = gather.gather_facts(tmp_path, "node-a", "127.0.0.1")
+    by_engine = {e.engine: e for e in facts.engines}
+    assert by_engine["vllm"].runnable is True
+    assert by_engine["vllm"].detail == "vllm 0.9.2"
+    assert by_engine["sglang"].runnable is False
+    assert "No module named 'sglang'" in by_engine["sglang"].detail
+
+    broken = (
+        "#!/bin/sh\necho 'ImportError: libcudart.so.12: cannot open shared object' >&2\nexit 1\n"
+    )
+    (tmp_path / "engines" / "vllm" / "0.9.2" / "venv" / "bin" / "vllm").write_text(broken)
+    facts = gather.gather_facts(tmp_path, "node-a", "127.0.0.1")
+    vllm = next(e for e in facts.engines if e.engine == "vllm")
+    assert vllm.runnable is False
+    assert "libcudart.so.12" in vllm.detail
+
+
+def test_gather_names_an_engine_this_llmgw_does_not_know(tmp_path: Path) -> None:
+    directory = tmp_path / "engines" / "mystery" / "1"
+    _fake_llama_server(directory)
+    write_marker(directory, "mystery", "1", "llama-server", "")
+    facts = gather.gather_facts(tmp_path, "node-a", "127.0.0.1")
+    assert facts.engines[0].runnable is None
+    assert "unknown engine 'mystery'" in facts.engines[0].detail

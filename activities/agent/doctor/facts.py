@@ -61,7 +61,7 @@ class EngineCheck(BaseModel):
     path: str = ""
     # False: a directory without its install marker, a half-finished or failed install.
     marker: bool = True
-    # None: no verification exists for this engine yet.
+    # None: an engine this llmgw has no adapter for, so no check.
     runnable: bool | None = None
     detail: str = ""
 

@@ -29,9 +29,9 @@ from activities.agent.doctor.parsing import (
     parse_persistence_csv,
     parse_proc_modules,
 )
+from engines.adapter import InstallPlace
 from engines.engine_dir import read_marker
-from engines.llamacpp import ENGINE as LLAMACPP
-from engines.verify import verify_binary
+from engines.registry import UnknownEngineError, adapter
 from workflows.contracts import NodeInventory
 
 COMMAND_TIMEOUT_S = 30.0
@@ -122,16 +122,17 @@ def _memlock(node: str) -> MemlockLimit:
     )
 
 
-def _check_engine(engine: str, version: str, binary: Path) -> EngineCheck:
-    if engine != LLAMACPP:
+def _check_engine(engine: str, version: str, binary: Path, place: InstallPlace) -> EngineCheck:
+    """Run the check the agent's liveness watch runs on an installed engine (its adapter's
+    reverify: llama-server's --version, a Python engine's entry point and, on an NVIDIA node,
+    its CUDA devices)."""
+    try:
+        engine_adapter = adapter(engine)
+    except UnknownEngineError as err:
         return EngineCheck(
-            engine=engine,
-            version=version,
-            path=str(binary),
-            runnable=None,
-            detail="the doctor has no verification for this engine yet",
+            engine=engine, version=version, path=str(binary), runnable=None, detail=str(err)
         )
-    verification = verify_binary(binary)
+    verification = engine_adapter.reverify(binary, version, place)
     return EngineCheck(
         engine=engine,
         version=version,
@@ -141,9 +142,11 @@ def _check_engine(engine: str, version: str, binary: Path) -> EngineCheck:
     )
 
 
-def _engines(state_dir: Path, engine_paths: dict[str, str]) -> list[EngineCheck]:
+def _engines(state_dir: Path, engine_paths: dict[str, str], nvidia: bool) -> list[EngineCheck]:
     checks: list[EngineCheck] = []
     root = state_dir / "engines"
+    # Re-verifying reads no download cache: the place names the state dir's for completeness.
+    place = InstallPlace(engines_root=root, cache_dir=state_dir / "cache", nvidia=nvidia)
     engine_dirs = sorted(root.iterdir()) if root.is_dir() else []
     for engine_dir in engine_dirs:
         if not engine_dir.is_dir() or engine_dir.name.startswith("."):
@@ -165,9 +168,11 @@ def _engines(state_dir: Path, engine_paths: dict[str, str]) -> list[EngineCheck]
                     )
                 )
                 continue
-            checks.append(_check_engine(marker.engine, marker.version, version_dir / marker.binary))
+            binary = version_dir / marker.binary
+            checks.append(_check_engine(marker.engine, marker.version, binary, place))
     for engine, path in sorted(engine_paths.items()):
-        checks.append(_check_engine(engine, "operator-provided", Path(path).expanduser()))
+        binary = Path(path).expanduser()
+        checks.append(_check_engine(engine, "operator-provided", binary, place))
     return checks
 
 
@@ -215,16 +220,18 @@ def gather_facts(
         query = _run(["nvidia-smi", "--query-gpu=index,persistence_mode", "--format=csv,noheader"])
         if query.exit_code == 0:
             persistence = parse_persistence_csv(query.output)
+    nvidia = Path("/proc/driver/nvidia/version").exists() or (
+        modules is not None and "nvidia" in modules
+    )
     return DoctorFacts(
         inventory=inventory,
         kernel_modules=modules,
-        nvidia_driver_loaded=Path("/proc/driver/nvidia/version").exists()
-        or (modules is not None and "nvidia" in modules),
+        nvidia_driver_loaded=nvidia,
         nvidia_smi=nvidia_smi,
         memlock=_memlock(node),
         fabric_manager=_fabric_manager(),
         persistence_mode=persistence,
-        engines=_engines(state_dir, engine_paths or {}),
+        engines=_engines(state_dir, engine_paths or {}, nvidia),
         engine_pids=_engine_pids(state_dir, node),
         state_dir=str(state_dir),
     )
