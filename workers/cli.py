@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     control.add_argument("--config", help="server configuration YAML, default $LLMGW_CONFIG")
 
     agent = sub.add_parser("agent", parents=[common], help="run this machine's node agent")
+    agent.add_argument(
+        "what",
+        nargs="?",
+        choices=["inventory"],
+        help="inventory: print what the scheduler would see of this machine, and exit",
+    )
+    agent.add_argument("--json", action="store_true", help="with inventory: the record as JSON")
     agent.add_argument("--node", default=default_node_name())
     agent.add_argument("--address", default="127.0.0.1", help="address engines listen on")
     agent.add_argument("--engine-path", action="append", default=[], metavar="ENGINE=PATH")
@@ -404,6 +411,10 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
         from workers.control import main as control_main
 
         control_main(where, where.config_file(args.config))
+    elif args.command == "agent" and args.what == "inventory":
+        from workers.commands import agent_inventory
+
+        agent_inventory.run(args, where.state_dir, parse_engine_paths(args.engine_path))
     elif args.command == "agent":
         from workers.agent import AgentOptions
         from workers.agent import main as agent_main

@@ -29,10 +29,9 @@ from activities.agent.adapter_loading import (
     set_adapters,
 )
 from activities.agent.adopted_adapters import ready_with_adapters, refusal_on_adoption
-from activities.agent.artifact_store import ArtifactStore
 from activities.agent.config import AgentConfig
-from activities.agent.discovery import discover_inventory
 from activities.agent.engine_launch import EngineLauncher, not_retryable
+from activities.agent.machine_inventory import machine_inventory
 from activities.agent.readiness import gpu_memory_problem, query_compute_apps, wait_ready
 from activities.agent.supervisor import ReplicaBusy, ShardSpec, ShardSupervisor
 from activities.agent.weights import WeightsMissing, adapters_on_node
@@ -128,15 +127,10 @@ class NodeAgentActivities:
         return inventory
 
     def inventory_now(self) -> NodeInventory:
-        """This machine as discovery sees it, with the artifacts it holds and room for more."""
-        inventory = discover_inventory(self._config.node, self._config.address)
-        store = ArtifactStore(self._config.artifacts_root)
-        held = {
-            "artifacts": store.complete(),
-            "artifact_disk_free_mb": store.disk_free_mb(),
-            "metrics_url": self._config.metrics_url,
-        }
-        return inventory.model_copy(update=held)
+        config = self._config
+        return machine_inventory(
+            config.node, config.address, config.artifacts_root, config.metrics_url
+        )
 
     @activity.defn(name=NodeActivity.INSTALL_ENGINE)
     async def install_engine(self, req: EngineInstallRequest) -> EngineStatus:

@@ -136,26 +136,37 @@ async def show_node(client: Client, name: str) -> None:
     if view is None:
         raise SystemExit(f"no node {name!r}")
     record = view.record
-    inv = record.inventory
     print(f"node {name}: {record.state.value}" + (f" ({record.note})" if record.note else ""))
-    print(f"  machine   {inv.hostname} {inv.address} {inv.os} {inv.arch}")
-    print(f"  cpu       {inv.cpu_cores} cores, {inv.cpu_model}, flags {' '.join(inv.cpu_flags)}")
-    print(f"  memory    {inv.memory_mb} MB")
-    print(f"  driver    {inv.nvidia_driver or '-'} (CUDA {inv.cuda_version or '-'})")
-    print(f"  labels    {', '.join(f'{k}={v}' for k, v in sorted(record.labels.items())) or '-'}")
-    print(f"  artifacts {artifacts_line(inv)}")
-    for gpu in inv.gpus:
-        where = f" fabric {gpu.fabric.domain}" if gpu.fabric and gpu.fabric.domain else ""
-        problem = f" UNUSABLE: {gpu.unusable}" if gpu.unusable else ""
-        print(f"  gpu {gpu.index:<5} {gpu.gpu_class} {gpu.uuid}{where}{problem}")
-    for port in inv.network_ports:
-        print(f"  {port.kind:<10} {port.device}:{port.port} {port.state} {port.rate_gbps:g} Gb/s")
+    for line in inventory_lines(record.inventory, record.labels):
+        print(f"  {line}")
     for line in await engine_lines(client, record):
         print(f"  engine    {line}")
     if view.draining_replicas:
         print(f"  moving    {', '.join(view.draining_replicas)}")
     for reason in why_not_placeable(record):
         print(f"  not placeable: {reason}")
+
+
+def inventory_lines(inv: NodeInventory, labels: dict[str, str]) -> list[str]:
+    """The machine as placement reads it, one fact a line: `llmgw node show` and, on the node
+    itself, `llmgw agent inventory`."""
+    lines = [
+        f"machine   {inv.hostname} {inv.address} {inv.os} {inv.arch}",
+        f"cpu       {inv.cpu_cores} cores, {inv.cpu_model}, flags {' '.join(inv.cpu_flags)}",
+        f"memory    {inv.memory_mb} MB",
+        f"driver    {inv.nvidia_driver or '-'} (CUDA {inv.cuda_version or '-'})",
+        f"labels    {', '.join(f'{k}={v}' for k, v in sorted(labels.items())) or '-'}",
+        f"artifacts {artifacts_line(inv)}",
+    ]
+    for gpu in inv.gpus:
+        where = f" fabric {gpu.fabric.domain}" if gpu.fabric and gpu.fabric.domain else ""
+        problem = f" UNUSABLE: {gpu.unusable}" if gpu.unusable else ""
+        lines.append(f"gpu {gpu.index:<5} {gpu.gpu_class} {gpu.uuid}{where}{problem}")
+    for port in inv.network_ports:
+        lines.append(
+            f"{port.kind:<10} {port.device}:{port.port} {port.state} {port.rate_gbps:g} Gb/s"
+        )
+    return lines
 
 
 def artifacts_line(inv: NodeInventory) -> str:
