@@ -31,12 +31,12 @@ import httpx
 import uvicorn
 from aiohttp import web
 
-from engines.local_port import free_port
 from gateway.http_limits import limited_protocol
 from gateway.server import http_limits, uvicorn_config
 from gateway.settings import GatewaySettings
 from store import Store, open_store
 from tests import standin_engine
+from tests.ports import free_port
 from workflows.contracts import ModelSpec, ModelView, ReplicaState, Route, RoutingTable
 
 STANDIN = Path(__file__).resolve().parent / "standin_engine.py"

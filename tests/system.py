@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 from temporalio.client import Client
 
-from engines.local_port import free_port
 from store.fleet import open_fleet
+from tests.ports import free_port
 from workflows.client import connect
 from workflows.contracts import LedgerState, ReplicaState
 

@@ -30,10 +30,10 @@ import pytest
 
 from engines.build_llamacpp import build_llamacpp
 from engines.llamacpp import command_line
-from engines.local_port import free_port
 from gateway.body_parse import upstream_payload
 from gateway.lora import UpstreamBodies
 from gateway.request_body import ProxiedRequest
+from tests.ports import free_port
 from workers.demo import DEMO_MODEL, demo_weights
 from workers.paths import default_cache_dir
 from workflows.contracts import ReplicaState, Route

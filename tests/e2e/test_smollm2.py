@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from engines.local_port import free_port
+from tests.ports import free_port
 from tests.system import REPO, System, wait_for, wait_ready
 from workers.demo import DEMO_MODEL, demo_weights
 

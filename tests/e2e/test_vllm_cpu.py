@@ -32,7 +32,6 @@ from temporalio.worker import Worker
 
 from activities.agent.kv.service import KvService
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
-from engines.local_port import free_port
 from engines.vllm import CPU_BLOCK_SIZE, KV_HASH_SEED
 from gateway.routing import RoutingSnapshot
 from gateway.routing.kv_blocks import request_block_ids
@@ -61,6 +60,7 @@ from tests.e2e.vllm_kit import (
     wait_for,
 )
 from tests.gateway_kit import FakeRouteSource, fast_settings, running_gateway
+from tests.ports import free_port
 from tests.unit.test_gateway_proxy import metric
 from workers.paths import default_cache_dir
 from workflows.catalog import endpoint_base, validate_model

@@ -21,7 +21,7 @@ import pytest
 import zmq
 from aiohttp import web
 
-from engines.local_port import free_port
+from tests.ports import free_port
 from tests.system import System, wait_for
 
 pytestmark = pytest.mark.integration

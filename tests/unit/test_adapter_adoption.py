@@ -19,7 +19,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
 from activities.agent.supervisor import ShardSupervisor
-from engines.local_port import free_port
+from tests.ports import free_port
 from tests.unit.test_adapter_loading import REPLICA, SECRET, StandinVllm, standin_app
 from workflows.contracts import (
     Allocation,

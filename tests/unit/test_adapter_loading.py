@@ -22,7 +22,7 @@ from activities.agent import procfs
 from activities.agent.adapter_loading import adapter_changes, served_adapters
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
 from activities.agent.supervisor import ShardSpec
-from engines.local_port import free_port
+from tests.ports import free_port
 from workflows.artifact_names import COMPLETE_MARKER
 from workflows.contracts import LoraAdapter, SetAdaptersRequest
 from workflows.engine_keys import engine_key

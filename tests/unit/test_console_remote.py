@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from engines.local_port import free_port
 from gateway.console.remote import COOKIE
 from gateway.console.sessions import LIFETIME_S
 from gateway.front_door import allowed_on
@@ -22,6 +21,7 @@ from store import Store
 from tests.console_kit import ConsoleGateway, console_gateway
 from tests.console_standin import RACK
 from tests.gateway_kit import FakeRouteSource, fast_settings, running_gateway
+from tests.ports import free_port
 
 CSRF_META = re.compile(r'<meta name="llmgw-csrf" content="([^"]+)">')
 

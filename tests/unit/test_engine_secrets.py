@@ -15,7 +15,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.agent.node_agent import NodeAgentActivities
 from activities.agent.node_secrets import main as secret_cli
 from activities.agent.node_secrets import read_secret, set_secret
-from engines.local_port import free_port
+from tests.ports import free_port
 from tests.unit.test_node_agent import (
     STANDIN,
     make_config,

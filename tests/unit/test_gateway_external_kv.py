@@ -15,7 +15,6 @@ from typing import Any
 import zmq.asyncio
 from aiohttp import web
 
-from engines.local_port import free_port
 from kv.hashes import block_ids
 from store import Store
 from tests.gateway_kit import (
@@ -26,6 +25,7 @@ from tests.gateway_kit import (
     running_gateway,
     serving,
 )
+from tests.ports import free_port
 from tests.unit.kv_publisher_standin import TOPIC, StandinPublisher
 from tests.unit.test_gateway_proxy import metric
 from workflows.contracts import KvSource, ReplicaState, Route, RoutingTable

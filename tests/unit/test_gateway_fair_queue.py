@@ -17,7 +17,6 @@ import httpx
 import openai
 from aiohttp import web
 
-from engines.local_port import free_port
 from store import KeyLimits, Store
 from tests.gateway_kit import (
     MODEL,
@@ -29,6 +28,7 @@ from tests.gateway_kit import (
     running_gateway,
     serving,
 )
+from tests.ports import free_port
 
 SLOTS = 2
 

@@ -18,7 +18,6 @@ import pytest
 from aiohttp import web
 from starlette.requests import Request
 
-from engines.local_port import free_port
 from gateway.admin.routes import require_local
 from gateway.errors import ApiError
 from gateway.server import serve
@@ -41,6 +40,7 @@ from tests.gateway_kit import (
     start_standin,
     stop,
 )
+from tests.ports import free_port
 from workflows.contracts import ReplicaState, RoutingTable
 from workflows.engine_keys import engine_key_from_master
 

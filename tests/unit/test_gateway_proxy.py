@@ -20,7 +20,6 @@ import httpx
 import pytest
 from aiohttp import web
 
-from engines.local_port import free_port
 from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.server import serve
 from gateway.settings import GatewaySettings
@@ -37,6 +36,7 @@ from tests.gateway_kit import (
     serving,
     sse_events,
 )
+from tests.ports import free_port
 from workflows.contracts import ReplicaState, Route, RoutingTable
 
 MESSAGES = [{"role": "user", "content": "tell me about otters"}]

@@ -21,15 +21,10 @@ from activities.agent.readiness import wait_ready
 from engines.key_guard import KEY_ENV, MAX_HEAD
 from engines.metrics import scrape
 from engines.trtllm import KEY_GUARD
+from tests.ports import free_port
 
 KEY = "llmgw-engine-5e3c"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

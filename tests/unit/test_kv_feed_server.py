@@ -17,7 +17,6 @@ from activities.agent.kv.feed_server import STATUS_PATH, FeedServer, start_feed_
 from activities.agent.kv.hub import KvHub
 from activities.agent.kv.subscriptions import KvSubscriptions
 from engines.adapter import KvPublisher
-from engines.local_port import free_port
 from kv.events import BlockStored
 from kv.feed import (
     FEED_PATH,
@@ -29,6 +28,7 @@ from kv.feed import (
     FeedStored,
     decode,
 )
+from tests.ports import free_port
 from tests.unit.kv_publisher_standin import TOPIC, StandinPublisher, restarted, until
 from workflows.engine_keys import kv_feed_token
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import pytest
 import zmq.asyncio
 
-from engines.local_port import free_port
 from gateway.kv.publishers import KvPublishers, KvSubscription
 from gateway.routing import RequestKey, Router, RoutingSnapshot
 from kv.hashes import block_ids
 from kv.index import KvBlockIndex
+from tests.ports import free_port
 from tests.unit.kv_publisher_standin import TOPIC, StandinPublisher, restarted, until
 from workflows.contracts import KvSource, ReplicaState, Route, RoutingTable
 

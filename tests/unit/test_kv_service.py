@@ -14,7 +14,7 @@ from activities.agent.kv.feed_server import STATUS_PATH
 from activities.agent.kv.service import KvService, live_publishers
 from activities.agent.supervisor import ShardSupervisor
 from engines.adapter import KvPublisher
-from engines.local_port import free_port
+from tests.ports import free_port
 from tests.unit.kv_publisher_standin import until
 from workflows.engine_keys import kv_feed_token
 

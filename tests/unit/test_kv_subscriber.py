@@ -8,10 +8,10 @@ import msgpack
 import pytest
 import zmq.asyncio
 
-from engines.local_port import free_port
 from kv.events import Event
 from kv.index import KvBlockIndex
 from kv.subscriber import KvSubscriber
+from tests.ports import free_port
 from tests.unit.kv_publisher_standin import TOPIC, StandinPublisher, connected, until
 
 

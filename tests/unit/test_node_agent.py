@@ -22,7 +22,7 @@ from activities.agent.engine_launch import EngineLauncher
 from activities.agent.node_agent import AgentConfig, NodeAgentActivities
 from activities.agent.supervisor import ShardSpec, ShardSupervisor
 from engines.adapter import KvPublisher
-from engines.local_port import free_port
+from tests.ports import free_port
 from workers import paths
 from workers.agent import AgentOptions, metrics_url, start_metrics
 from workflows.artifact_names import COMPLETE_MARKER

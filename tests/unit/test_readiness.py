@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from activities.agent.readiness import wait_ready
-from engines.local_port import free_port
+from tests.ports import free_port
 
 STANDIN = Path(__file__).resolve().parent.parent / "standin_engine.py"
 KEY = "llmgw-engine-test-key"

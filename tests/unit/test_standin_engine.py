@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engines.local_port import free_port
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "standin_engine.py"

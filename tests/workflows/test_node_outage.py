@@ -9,7 +9,6 @@ probes, and the agent answers the probe at once."""
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from temporalio.worker import Worker
 
 from store.fleet import FleetTables, open_fleet
 from tests.history_reading import node_states_published
+from tests.ports import free_port
 from tests.workflows.conftest import (
     binary,
     eventually,
@@ -38,12 +38,6 @@ from workflows.names import CONTROL_TASK_QUEUE, NodeActivity, node_task_queue, n
 GRACE_S = 3.0
 GONE_S = 6.0
 FREEZE_S = 12.0  # four graces, two gone graces: without a fresh grace the node would be lost
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
