@@ -8,6 +8,7 @@ from pathlib import Path
 from temporalio.client import Client
 
 from store.fleet import FleetTables
+from workers.commands.engine import run_engine_command
 from workers.commands.model import model_command
 from workers.commands.node import node_command, show_nodes
 from workers.connect import connect_with_retry
@@ -39,6 +40,8 @@ async def run_command(args: argparse.Namespace, where: Locations) -> None:
         await show_fetches(client)
     elif args.command == "node":
         await node_command(client, fleet, where, args)
+    elif args.command == "engine":
+        await run_engine_command(client, args)
     elif args.command == "model":
         await model_command(args, client, where, fleet)
     elif args.command == "top":

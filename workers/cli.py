@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from workers import doctor
+from workers.commands.engine import add_engine_parsers
 from workers.commands.ledger import add_ledger_parsers, run_ledger_command
 from workers.commands.mirror import MIRROR_COMMAND, add_mirror_parsers, run_mirror_command
 from workers.commands.model import add_model_parsers
@@ -268,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--every", type=refresh_interval, default=2.0, metavar="SECONDS", help="default 2"
     )
     add_node_parsers(sub, common)
+    add_engine_parsers(sub, common)
     # bench/ sits above workers/ (it drives these processes), so the CLI hands a benchmark to its
     # module by name instead of importing it.
     bench = sub.add_parser("bench", help="benchmarks (commands, not tests): bench/<name>.py")

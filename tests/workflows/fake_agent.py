@@ -214,6 +214,8 @@ class FakeAgent:
                 status = status.model_copy(
                     update={"state": EngineState.FAILED, "detail": self.broken[status.engine]}
                 )
+            else:  # as the real agent: a failed engine that runs again is installed again
+                status = status.model_copy(update={"state": EngineState.INSTALLED})
             checked.append(status.model_copy(update={"verified_at": "2026-11-30T12:00:00+00:00"}))
         return VerifyEnginesResult(engines=checked)
 
