@@ -226,7 +226,9 @@ def _plan_one(
     if node_path:
         effective = effective.model_copy(update={"path": node_path})
     source = _source(engine, effective)
-    if disabled_by:
+    if engine in req.disabled_engines:
+        reason = "disabled for this node (`llmgw node add --disable-engine`)"
+    elif disabled_by:
         reason = f"disabled for this node ({disabled_by})"
     else:
         reason = _why_not(engine, effective, req.inventory)

@@ -107,6 +107,18 @@ def test_overrides_by_gpu_class_node_and_labels() -> None:
     assert plan(config, cpu_node(), labels={"pool": "interactive"}).install
 
 
+def test_an_engine_the_operator_disabled_on_a_node_is_kept_off_it() -> None:
+    config = {"llamacpp": {"version": "100"}, "vllm": {"version": "0.9.2"}}
+    result = plan(config, gpu_node(), disabled_engines=["vllm"])
+    assert [req.engine for req in result.install] == ["llamacpp"]
+    kept_off = result.unavailable["vllm"]
+    assert kept_off.state == EngineState.UNAVAILABLE
+    assert kept_off.detail == "disabled for this node (`llmgw node add --disable-engine`)"
+    # Even where the node names its own binary for it.
+    result = plan(config, gpu_node(), disabled_engines=["vllm"], engine_paths={"vllm": "/v"})
+    assert "vllm" in result.unavailable
+
+
 def test_override_can_point_a_node_at_an_operator_path() -> None:
     config = {"llamacpp": {"version": "1", "overrides": [{"node": "n", "path": "/opt/ls"}]}}
     (req,) = plan(config, cpu_node("n")).install

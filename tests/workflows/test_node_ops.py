@@ -394,3 +394,38 @@ async def test_a_broken_nodes_file_fails_the_run_naming_the_field(cluster, serve
     finally:
         server_config.write_text("")
     assert "labels" in str(failed.value.cause.cause)
+
+
+async def test_an_engine_disabled_at_add_is_kept_off_and_comes_back_when_enabled(cluster):
+    """`llmgw node add --disable-engine` before the node joins, and `--enable-engine` after."""
+    expect = NodeAdd(name=cluster.node, disable_engines=["llamacpp"])
+    view = await add_node(cluster.client, expect, cluster.task_queue)
+    assert view.disabled_engines == ["llamacpp"]
+    cluster.started.append(node_handle(cluster))
+    await register(cluster, cluster.node, registration(cluster.node))
+    record = await wait_for_node(cluster, NodeState.READY, EngineState.UNAVAILABLE)
+    assert record.engines["llamacpp"].detail == (
+        "disabled for this node (`llmgw node add --disable-engine`)"
+    )
+    assert cluster.agent.installs == []
+    refused = await cluster.place(placement())
+    assert isinstance(refused, PlacementRefusal)
+
+    # An add that says nothing of engines (the scheduled onboarding's) keeps it off.
+    await add_node(cluster.client, NodeAdd(name=cluster.node), cluster.task_queue)
+    enable = NodeAdd(name=cluster.node, enable_engines=["llamacpp"])
+    view = await add_node(cluster.client, enable, cluster.task_queue)
+    assert view.disabled_engines == []
+    await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
+    assert [i.requirement.engine for i in cluster.agent.installs] == ["llamacpp"]
+    assert isinstance(await cluster.place(placement()), Allocation)
+    await record_history(node_handle(cluster), "NodeEngineDisabledThenEnabled")
+
+
+async def test_an_add_naming_an_unknown_engine_is_refused(cluster):
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await add_node(
+            cluster.client, NodeAdd(name=cluster.node, disable_engines=["vlm"]), cluster.task_queue
+        )
+    assert "no engine named vlm to disable or enable" in str(refused.value.cause)
+    cluster.started.append(node_handle(cluster))

@@ -200,9 +200,13 @@ async def node_add(client: Client, where: Locations, args: argparse.Namespace) -
         address=args.address or "",
         labels=parse_labels(args.label),
         identity=identity_key(secret),
+        disable_engines=args.disable_engine,
+        enable_engines=args.enable_engine,
     )
     view = await add_node(client, req)
     token = JoinToken(node=args.name, temporal=args.join_address or where.temporal, secret=secret)
+    if view.disabled_engines:
+        print(f"node {args.name}: engines kept off: {', '.join(view.disabled_engines)}")
     print(f"node {args.name}: {view.record.state.value}. On that machine run:")
     print(f"  llmgw agent --join {token.encode()}")
     print("The token opens this node's engines: pass it as a secret, not in a ticket.")
@@ -292,6 +296,20 @@ def add_node_parsers(
     add.add_argument("--address", help="the node's address, if known before it joins")
     add.add_argument(
         "--join-address", help="the Temporal address as the node reaches it (default --temporal)"
+    )
+    add.add_argument(
+        "--disable-engine",
+        action="append",
+        default=[],
+        metavar="ENGINE",
+        help="keep this engine off the node, whatever the engines config says (repeatable)",
+    )
+    add.add_argument(
+        "--enable-engine",
+        action="append",
+        default=[],
+        metavar="ENGINE",
+        help="give back an engine --disable-engine kept off (repeatable)",
     )
     show = nsub.add_parser("show", parents=[common], help="one node in detail")
     show.add_argument("name")

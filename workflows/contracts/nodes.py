@@ -227,6 +227,8 @@ class EnginePlanRequest(BaseModel):
     inventory: NodeInventory
     labels: dict[str, str] = Field(default_factory=dict)
     engine_paths: dict[str, str] = Field(default_factory=dict)
+    # Kept off this node by its operator, whatever the config says.
+    disabled_engines: list[str] = Field(default_factory=list)
 
 
 class EnginePlan(BaseModel):
@@ -360,6 +362,9 @@ class NodeAdd(BaseModel):
     address: str = ""
     labels: dict[str, str] = Field(default_factory=dict)
     identity: str = ""
+    # Engines kept off this node (`--disable-engine`), and ones given back (`--enable-engine`).
+    disable_engines: list[str] = Field(default_factory=list)
+    enable_engines: list[str] = Field(default_factory=list)
 
     @field_validator("name")
     @classmethod
@@ -379,6 +384,8 @@ class NodeView(BaseModel):
     engine_paths: dict[str, str] = Field(default_factory=dict)
     # Labels an operator gave (`llmgw node add --label`); they win over the agent's own.
     operator_labels: dict[str, str] = Field(default_factory=dict)
+    # Engines an operator kept off this node (`llmgw node add --disable-engine`), sorted.
+    disabled_engines: list[str] = Field(default_factory=list)
     lost_after_s: float = NODE_GRACE.total_seconds()
     gone_after_s: float = NODE_GONE_GRACE.total_seconds()
     # Replicas on this node while it drains, by replica id.

@@ -42,6 +42,7 @@ async def plan_engines(view: NodeView) -> EnginePlan:
             inventory=record.inventory,
             labels=record.labels,
             engine_paths=view.engine_paths,
+            disabled_engines=view.disabled_engines,
         ),
         start_to_close_timeout=options.ENGINE_PLAN_TIMEOUT,
         retry_policy=options.LEDGER_RETRY,

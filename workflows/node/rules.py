@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
         NodeView,
         VerifyEnginesResult,
     )
+    from workflows.engine_plan import installable_engines
     from workflows.names import reserved_node_name
     from workflows.node.proof import (
         CLOCK_SKEW_MS,
@@ -103,6 +104,20 @@ def check_add(expected: str, req: NodeAdd, view: NodeView | None) -> None:
     empty = sorted(key for key in req.labels if not key.strip())
     if empty:
         raise ValueError("a label needs a name: `add` carries a label with an empty key")
+    both = sorted(set(req.disable_engines) & set(req.enable_engines))
+    if both:
+        raise ValueError(f"`add` both disables and enables {', '.join(both)}")
+    unknown = sorted(set(req.disable_engines + req.enable_engines) - set(installable_engines()))
+    if unknown:
+        known = ", ".join(installable_engines())
+        raise ValueError(f"no engine named {', '.join(unknown)} to disable or enable ({known})")
+
+
+def disabled_after(view: NodeView, req: NodeAdd) -> list[str]:
+    """The node's disabled engines once `req` is taken: an add without either list keeps them
+    (the scheduled onboarding adds every listed node again each minute)."""
+    disabled = (set(view.disabled_engines) | set(req.disable_engines)) - set(req.enable_engines)
+    return sorted(disabled)
 
 
 def view_of(view: NodeView | None, reg: NodeRegistration) -> NodeView:
@@ -131,6 +146,7 @@ def view_of(view: NodeView | None, reg: NodeRegistration) -> NodeView:
         identity=identity,
         last_signed_at_ms=last_signed,
         operator_labels=operator_labels,
+        disabled_engines=view.disabled_engines if view is not None else [],
         engine_paths=reg.engine_paths,
         lost_after_s=reg.lost_after_s,
         gone_after_s=reg.gone_after_s,

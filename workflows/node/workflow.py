@@ -66,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
         apply_plan,
         check_add,
         check_registration,
+        disabled_after,
         take_verified,
         view_of,
     )
@@ -97,6 +98,7 @@ class NodeWorkflow(NodeLiveness):
         self.pending: NodeRegistration | None = None
         self.commands: list[tuple[str, NodeCommand]] = []
         self.refresh_asked: NodeRefresh | None = None
+        self.replan_asked = False  # the operator's disabled engines changed
         self.changed_inventory: NodeInventory | None = None
         self.last_heard: datetime | None = None
         self.last_published = False
@@ -186,6 +188,11 @@ class NodeWorkflow(NodeLiveness):
         self.view.identity = req.identity or self.view.identity
         if (self.view.record.labels, self.view.identity) != before or not self.last_published:
             self.refresh_asked = self.refresh_asked or NodeRefresh()  # publishes the change
+        disabled = disabled_after(self.view, req)
+        if disabled != self.view.disabled_engines:
+            self.view.disabled_engines = disabled
+            # A joined node plans its engines again; one still awaited plans at its join.
+            self.replan_asked = self.view.record.state != NodeState.AWAITING
         return self.view
 
     @add.validator
@@ -230,6 +237,7 @@ class NodeWorkflow(NodeLiveness):
 
     def _has_work(self) -> bool:
         changed = self.changed_inventory is not None or self.refresh_asked is not None
+        changed = changed or self.replan_asked
         return self.pending is not None or bool(self.commands) or changed or self._back()
 
     def _state(self) -> NodeState | None:
@@ -252,6 +260,11 @@ class NodeWorkflow(NodeLiveness):
         if self.refresh_asked is not None:
             asked, self.refresh_asked = self.refresh_asked, None
             await self._refresh(asked)
+        if self.replan_asked:
+            # Only an add that changed the disabled engines asks: no earlier history holds one.
+            self.replan_asked = False
+            if self._state() == NodeState.READY:
+                await self._converge_engines()
 
     async def _onboard(self, reg: NodeRegistration) -> None:
         self.view = self._view_of(reg)
