@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from engines.llamacpp import command_line
 from workers.cli import build_parser
 from workers.commands import model as model_commands
 from workers.ollama import blobs as ollama_blobs
@@ -472,25 +473,52 @@ def test_a_damaged_copy_already_there_is_replaced_by_a_verified_one(tmp_path, fa
     assert final.read_bytes() == WEIGHTS
 
 
-def test_adapters_become_lora_adapters_and_a_projector_is_ignored_with_a_warning(tmp_path, fake):
+def test_adapters_become_lora_adapters_and_a_projector_is_served_with_mmproj(tmp_path, fake):
     adapter = gguf(None, b"lora")
+    projector = gguf(None, b"mmproj")
     fake.manifest(
         "vision",
         [
             fake.layer(MODEL, WEIGHTS),
             fake.layer(ADAPTER, adapter),
-            fake.layer(PROJECTOR, b"mmproj"),
+            fake.layer(PROJECTOR, projector),
         ],
     )
     models = tmp_path / "models"
     plan = plan_import(parse_import("vision", "--store", str(fake.root)), models, {})
     adapter_path = models / f"sha256-{hashlib.sha256(adapter).hexdigest()}.gguf"
-    assert plan.spec.profiles[0].lora == [LoraAdapter(name="adapter", path=str(adapter_path))]
-    assert any("projector" in w and "text only" in w for w in plan.warnings)
+    projector_path = models / f"sha256-{hashlib.sha256(projector).hexdigest()}.gguf"
+    profile = plan.spec.profiles[0]
+    assert profile.lora == [LoraAdapter(name="adapter", path=str(adapter_path))]
+    assert profile.args[-2:] == ["--mmproj", str(projector_path)]
+    assert any("--mmproj" in n for n in plan.notes)
+    assert not any("projector" in w for w in plan.warnings)
     assert any("adapters unapplied" in w for w in plan.warnings)
     fetch_blobs(plan)
     assert adapter_path.read_bytes() == adapter
-    assert len(list(models.iterdir())) == 2  # the weights and the adapter; no projector
+    assert projector_path.read_bytes() == projector
+    assert len(list(models.iterdir())) == 3  # the weights, the adapter and the projector
+    # llama-server's command line carries it (the agent's launch path builds it).
+    argv = command_line("/x/llama-server", plan.spec, profile, "127.0.0.1", 8080, 2)
+    assert argv[argv.index("--mmproj") + 1] == str(projector_path)
+
+
+def test_an_operators_projector_wins_and_a_second_one_is_warned_about(tmp_path, fake):
+    fake.manifest(
+        "two",
+        [
+            fake.layer(MODEL, WEIGHTS),
+            fake.layer(PROJECTOR, gguf(None, b"one")),
+            fake.layer(PROJECTOR, gguf(None, b"two")),
+        ],
+    )
+    plan = plan_import(parse_import("two", "--store", str(fake.root)), tmp_path / "m", {})
+    assert plan.spec.profiles[0].args.count("--mmproj") == 1
+    assert any("2 projector layers" in w for w in plan.warnings)
+    mine = ["two", "--store", str(fake.root), "--arg=--mmproj", "--arg=/mine.gguf"]
+    plan = plan_import(parse_import(*mine), tmp_path / "m", {})
+    assert plan.spec.profiles[0].args == ["--mmproj", "/mine.gguf"]
+    assert len(plan.blobs) == 1  # the weights: the operator's projector is not copied
 
 
 def test_a_model_without_an_embedded_chat_template_is_warned_about(tmp_path, fake):

@@ -15,8 +15,9 @@ What of Ollama's model llama-server can use, and how:
   Jinja chat template embedded in the GGUF (a warning when there is none).
 - system: not used: llama-server has no server-wide default system prompt.
 - adapter: each becomes a LoRA adapter of the profile (`adapter`, `adapter-2`, ...).
-- projector: ignored with a warning; a profile has no multimodal projector, so the model serves
-  text only.
+- projector: copied beside the weights like them and served with llama-server's `--mmproj`,
+  so chat requests may carry images. llama-server takes one projector: with more, the first is
+  used, with a warning. An operator's own `--arg --mmproj ...` wins.
 """
 
 from __future__ import annotations
@@ -172,7 +173,10 @@ class ImportPlan:
 
     @property
     def blobs(self) -> list[Blob]:
-        return [self.found.model, *self.found.adapters]
+        """The weights, the adapters, and the projector when the profile serves it."""
+        args = self.spec.profiles[0].args
+        used = [p for p in self.found.projectors if str(content_path(self.models_dir, p)) in args]
+        return [self.found.model, *self.found.adapters, *used]
 
 
 def content_path(models_dir: Path, blob: Blob) -> Path:
@@ -212,7 +216,7 @@ def plan_import(args: argparse.Namespace, models_dir: Path, env: dict[str, str])
         memory_mb=memory,
         context_size=context,
         parallel=args.parallel,
-        args=[*defaults.args, *args.arg],
+        args=[*defaults.args, *projector_args(found, models_dir, args.arg), *args.arg],
         env=env,
         lora=lora,
     )
@@ -227,12 +231,24 @@ def plan_import(args: argparse.Namespace, models_dir: Path, env: dict[str, str])
     return ImportPlan(store, found, spec, models_dir, notes, warnings)
 
 
+# llama-server's flag for a multimodal projector; an operator's own one (or its URL form) wins.
+MMPROJ = "--mmproj"
+OPERATOR_PROJECTOR_FLAGS = frozenset({MMPROJ, "-mm", "--mmproj-url", "-mmu"})
+
+
+def projector_args(found: OllamaModel, models_dir: Path, operator_args: list[str]) -> list[str]:
+    """`--mmproj <copy>` for the model's first projector layer, unless the operator gave one."""
+    if not found.projectors or OPERATOR_PROJECTOR_FLAGS & set(operator_args):
+        return []
+    return [MMPROJ, str(content_path(models_dir, found.projectors[0]))]
+
+
 def default_memory_mb(found: OllamaModel, gpu_class: str | None) -> int:
     """A CPU replica holds its weights in memory: their size and headroom, at least what
     `model add` assumes. On GPUs the weights go to the GPUs."""
     if gpu_class is not None:
         return DEFAULT_MEMORY_MB
-    size = found.model.size + sum(a.size for a in found.adapters)
+    size = sum(blob.size for blob in (found.model, *found.adapters, *found.projectors[:1]))
     return max(DEFAULT_MEMORY_MB, math.ceil(size / MIB) + HEADROOM_MB)
 
 
@@ -267,9 +283,14 @@ def describe(
             "server-wide one); clients send it as the first message"
         )
     if found.projectors:
+        notes.append(
+            f"projector: {found.projectors[0]} served with llama-server's --mmproj (chat "
+            "requests may carry images)"
+        )
+    if len(found.projectors) > 1:
         warnings.append(
-            f"projector: {len(found.projectors)} multimodal projector layer(s) ignored (a "
-            "profile has no projector): the model serves text only"
+            f"projector: {len(found.projectors)} projector layers; llama-server takes one, so "
+            f"only {found.projectors[0]} is used"
         )
     unused = {k: v for k, v in found.unused.items() if k != LICENSE}
     if unused:
