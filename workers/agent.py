@@ -25,6 +25,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.agent.artifact_activity import ArtifactActivities
+from activities.agent.engine_memory import EngineMemoryReader
 from activities.agent.engine_ownership import (
     NodeEnd,
     node_end,
@@ -152,14 +153,17 @@ def engine_reader(agent: NodeAgentActivities) -> Callable[[], Awaitable[list[Eng
     """Each running engine's load, read from its own metrics as the autoscaler's activity
     reads it."""
 
+    memory_reader = EngineMemoryReader()
+
     async def read() -> list[EngineLoadSample]:
         shards = await asyncio.to_thread(agent.supervisor.shards)
         running = [s for s in shards if not s.launching]
         request = EngineLoadRequest(replica_ids=[s.replica_id for s in running])
         report = await agent.engine_load(request)
+        memory = await asyncio.to_thread(memory_reader.measure_all, running)
         return [
-            EngineLoadSample(spec.replica_id, spec.engine, load)
-            for spec, load in zip(running, report.engines, strict=True)
+            EngineLoadSample(spec.replica_id, spec.engine, load, used)
+            for spec, load, used in zip(running, report.engines, memory, strict=True)
         ]
 
     return read

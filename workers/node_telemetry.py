@@ -47,6 +47,8 @@ class EngineFigures:
     running: float = 0.0
     waiting: float = 0.0
     tokens: float = 0.0
+    rss_bytes: float | None = None  # None: not measured
+    gpu_memory_bytes: float | None = None  # None: no GPUs
 
 
 @dataclass
@@ -72,6 +74,8 @@ _ENGINE_VALUES = {
     "llmgw_node_engine_requests_running": "running",
     "llmgw_node_engine_requests_waiting": "waiting",
     "llmgw_node_engine_tokens_total": "tokens",
+    "llmgw_node_engine_memory_rss_bytes": "rss_bytes",
+    "llmgw_node_engine_gpu_memory_bytes": "gpu_memory_bytes",
 }
 
 

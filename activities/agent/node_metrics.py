@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from activities.agent.engine_memory import EngineMemory
 from activities.agent.gpu_telemetry import (
     GpuSample,
     NvmlTelemetry,
@@ -45,6 +46,7 @@ class EngineLoadSample:
     replica_id: str
     engine: str
     load: EngineLoad
+    memory: EngineMemory | None = None  # None: not measured (the process is gone)
 
 
 @dataclass
@@ -199,8 +201,22 @@ def node_families(node: str, reading: NodeReading, now: float) -> list[Metric]:
         "The engine's token counters summed (reset when it restarts).",
         labels=engine_labels,
     )
+    rss = _gauge(
+        "llmgw_node_engine_memory_rss_bytes",
+        "Resident memory of the engine's processes (its process group).",
+        engine_labels,
+    )
+    gpu_held = _gauge(
+        "llmgw_node_engine_gpu_memory_bytes",
+        "GPU memory the engine's processes hold on its GPUs (nvidia-smi's compute apps).",
+        engine_labels,
+    )
     for sample in reading.engines:
         labels = [node, sample.replica_id, sample.engine]
+        if sample.memory is not None:
+            rss.add_metric(labels, sample.memory.rss_bytes)
+            if sample.memory.gpu_memory_mb is not None:
+                gpu_held.add_metric(labels, sample.memory.gpu_memory_mb * _MIB)
         up.add_metric(labels, 1 if sample.load.seen else 0)
         if sample.load.seen:
             running.add_metric(labels, sample.load.running)
@@ -219,6 +235,8 @@ def node_families(node: str, reading: NodeReading, now: float) -> list[Metric]:
         running,
         waiting,
         tokens,
+        rss,
+        gpu_held,
     ]
 
 

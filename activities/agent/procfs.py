@@ -77,3 +77,16 @@ def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes in process group `pgid`: an engine's leader may be gone while
     workers it forked still hold memory or GPUs."""
     return [stat.pid for stat in live_processes() if stat.pgrp == pgid]
+
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of one process (/proc/<pid>/statm, field 2, in pages); None once gone.
+    Pages it shares with another process (a file both map) count in each."""
+    try:
+        resident = int((PROC / str(pid) / "statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return resident * PAGE_SIZE

@@ -1,6 +1,8 @@
 """A model defined through the CLI is placed, started, routed and metered; bad requests get
 OpenAI-shaped errors."""
 
+import re
+
 import httpx
 import openai
 import pytest
@@ -98,6 +100,14 @@ async def test_a_loading_replica_is_not_routed_and_the_client_is_told_to_retry(s
         )
     assert resp.status_code == 503
     assert resp.headers["Retry-After"]
+
+    # What placement reserved beside what the (loading) engine's processes hold, as measured
+    # by the node's agent: `llmgw model resources`.
+    async def measured() -> bool:
+        listing = system.cli("model", "resources", "slow").stdout
+        return re.search(rf"slow-0 +{system.node} +1 +\d+ MiB / \d+ MiB", listing) is not None
+
+    await system.until(measured, 30, "the agent to measure slow-0's memory")
     system.cli("model", "rm", "slow")
     await system.until(lambda: system.released("slow"), 60, "slow to release its allocation")
     assert system.engine_processes("--load-delay") == []

@@ -25,6 +25,7 @@ from activities.control.mirror.store import MirrorStore
 from store import open_store
 from store.fleet import FleetTables
 from workers.commands.mirror import add_source_options
+from workers.commands.model_resources import show_resources
 from workers.commands.upstream_key import key_from_entry, upstream_key_from_args
 from workers.external_kv_args import add_external_kv_arguments, external_kv_from_args
 from workers.model_from_source import lora_sources, mirrored_spec, with_source
@@ -222,6 +223,8 @@ async def model_command(
             await show_models(client, fleet or await fleet_tables(where))
         elif args.action == "why":
             await why(client, fleet or await fleet_tables(where), args.name)
+        elif args.action == "resources":
+            await show_resources(fleet or await fleet_tables(where), args.name)
     except WorkflowUpdateFailedError as err:
         raise SystemExit(f"refused: {err.cause}") from None
 
@@ -393,6 +396,12 @@ def add_model_parsers(
     rm.add_argument("name")
     why_cmd = msub.add_parser("why", parents=[common], help="where the model can go, and why not")
     why_cmd.add_argument("name")
+    resources = msub.add_parser(
+        "resources",
+        parents=[common],
+        help="memory, GPU memory and cores reserved for each replica beside what it uses",
+    )
+    resources.add_argument("name", nargs="?", help="one model (default: all)")
 
 
 def add_import_parser(
