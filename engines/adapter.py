@@ -46,6 +46,9 @@ class InstallPlace:
     engines_root: Path  # <root>/<engine>/<version>/ holds each installed version
     cache_dir: Path  # downloads and builds, kept across installs
     nvidia: bool  # an NVIDIA driver is loaded here: install and check the CUDA build
+    # The operator consents to installing a library an engine lacks from the node's own
+    # package sources (engines/os_packages.py; `llmgw agent --install-os-packages`).
+    os_packages: bool = False
 
 
 @dataclass(frozen=True)

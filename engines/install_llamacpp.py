@@ -32,12 +32,13 @@ from engines.engine_dir import (
     remove_marker,
     write_marker,
 )
+from engines.os_packages import install_missing
 from engines.release_llamacpp import (
     ArchiveRejectedError,
     ArchiveUnavailableError,
     fetch_release,
 )
-from engines.verify import Verification, verify_llamacpp
+from engines.verify import Verification, check_libraries, verify_llamacpp
 from workflows.contracts import EngineRequirement, EngineSource, EngineState, EngineStatus
 from workflows.engine_plan import LLAMACPP as ENGINE  # engines.llamacpp imports this module
 from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
@@ -96,6 +97,7 @@ def install_llamacpp(
     cache_dir: Path,
     progress: Progress,
     nvidia: bool | None = None,
+    os_packages: bool = False,
 ) -> EngineStatus:
     """`nvidia`: whether this node has an NVIDIA driver loaded (None: look)."""
     version = req.version or LLAMACPP_DEFAULT_VERSION
@@ -130,7 +132,28 @@ def install_llamacpp(
         progress(f"verifying llama-server {version}")
         check = verify_llamacpp(directory / BINARY)
         if not check.ok:
+            check = with_os_packages(directory / BINARY, check, os_packages, progress)
+        if not check.ok:
             shutil.rmtree(directory, ignore_errors=True)
             return _failed(version, check.detail)
         write_marker(directory, ENGINE, version, BINARY, check.detail)
         return _status(version, check, directory / BINARY)
+
+
+def with_os_packages(
+    binary: Path, check: Verification, consent: bool, progress: Progress
+) -> Verification:
+    """A binary that fails for want of system libraries: with the operator's consent, install
+    their packages from the node's own sources and verify again; without it, say how."""
+    missing, _ = check_libraries(binary)
+    if not missing:
+        return check
+    if consent:
+        progress(f"installing what ships {', '.join(missing)} from this node's package sources")
+    outcome = install_missing(missing, consent)
+    if not outcome.installed:
+        return Verification(False, f"{check.detail}: {outcome.detail}", check.notes)
+    again = verify_llamacpp(binary)
+    if not again.ok:
+        return Verification(False, f"{again.detail} (after it {outcome.detail})", again.notes)
+    return Verification(True, again.detail, (*again.notes, outcome.detail))

@@ -107,7 +107,9 @@ class LlamaCpp(Engine):
     def install(
         self, req: EngineRequirement, where: InstallPlace, progress: Progress
     ) -> EngineStatus:
-        return install_llamacpp(req, where.engines_root, where.cache_dir, progress, where.nvidia)
+        return install_llamacpp(
+            req, where.engines_root, where.cache_dir, progress, where.nvidia, where.os_packages
+        )
 
     @override
     def reverify(self, path: Path, version: str, where: InstallPlace) -> Verification:

@@ -77,6 +77,7 @@ class AgentOptions:
     # `llmgw up` owns the whole machine and leaves nothing behind; a standalone agent leaves its
     # engines serving across its own restarts.
     stop_engines_on_exit: bool = False
+    install_os_packages: bool = False
     # The KV feed's port on `address` (activities/agent/kv/service.py); 0: no feed.
     kv_feed_port: int = 0
     # The control plane's mirror for model artifacts; "": fetch requests must name one.
@@ -127,6 +128,7 @@ async def run_agent(where: Locations, opts: AgentOptions) -> None:
         engine_paths=opts.engine_paths,
         kv_feed_port=opts.kv_feed_port,
         mirror=opts.mirror,
+        install_os_packages=opts.install_os_packages,
     )
     kv = KvService(config)
     agent = NodeAgentActivities(config, on_launch=kv.poke, own_ports=kv.listening_ports)

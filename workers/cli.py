@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     agent.add_argument("--engine-path", action="append", default=[], metavar="ENGINE=PATH")
     agent.add_argument("--stop-engines-on-exit", action="store_true")
     agent.add_argument(
+        "--install-os-packages",
+        action="store_true",
+        help="install a library an engine lacks (libgomp1, ...) from this node's own package "
+        "sources with apt-get or dnf; needs root (default: say the command instead)",
+    )
+    agent.add_argument(
         "--kv-feed-port",
         type=int,
         default=0,
@@ -434,6 +440,7 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
                 address=args.address,
                 engine_paths=parse_engine_paths(args.engine_path),
                 stop_engines_on_exit=args.stop_engines_on_exit,
+                install_os_packages=args.install_os_packages,
                 kv_feed_port=args.kv_feed_port,
                 mirror=args.mirror,
                 metrics_host=args.metrics_host,

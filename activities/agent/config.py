@@ -34,6 +34,9 @@ class AgentConfig:
     # Where this agent serves its Prometheus metrics (node_metrics.py), as discovery reports
     # it in the inventory for `llmgw nodes` and `llmgw top`; "": not served.
     metrics_url: str = ""
+    # `llmgw agent --install-os-packages`: an engine's missing libraries may be installed from
+    # this node's package sources (engines/os_packages.py).
+    install_os_packages: bool = False
 
     @property
     def has_nvidia(self) -> bool:
@@ -50,7 +53,9 @@ class AgentConfig:
 
     @property
     def install_place(self) -> InstallPlace:
-        return InstallPlace(self.engines_root, self.cache_dir, self.has_nvidia)
+        return InstallPlace(
+            self.engines_root, self.cache_dir, self.has_nvidia, self.install_os_packages
+        )
 
     @property
     def agent_dir(self) -> Path:
