@@ -177,7 +177,9 @@ async def start_metrics(
     """Serve the node's metrics when asked to, and put their URL in the inventory."""
     if not opts.metrics_port:
         return None
-    service = NodeMetricsService(opts.node, engine_reader(agent))
+    service = NodeMetricsService(
+        opts.node, engine_reader(agent), read_inventory=lambda: agent.last_inventory
+    )
     try:
         port = await service.start(opts.metrics_host, opts.metrics_port)
     except OSError as err:

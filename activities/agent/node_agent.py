@@ -122,15 +122,20 @@ class NodeAgentActivities:
             raise not_retryable(
                 f"discovery for node {req.node} reached agent {self._config.node}", "WrongNode"
             )
-        inventory = await asyncio.to_thread(self.inventory_now)
-        self._inventory = inventory
-        return inventory
+        return await asyncio.to_thread(self.inventory_now)
 
     def inventory_now(self) -> NodeInventory:
+        """The machine now; kept as the latest look (the launcher's and the metrics')."""
         config = self._config
-        return machine_inventory(
+        self._inventory = machine_inventory(
             config.node, config.address, config.artifacts_root, config.metrics_url
         )
+        return self._inventory
+
+    @property
+    def last_inventory(self) -> NodeInventory | None:
+        """The latest look at the machine, None before the first."""
+        return self._inventory
 
     @activity.defn(name=NodeActivity.INSTALL_ENGINE)
     async def install_engine(self, req: EngineInstallRequest) -> EngineStatus:

@@ -1,5 +1,6 @@
-"""The node agent's Prometheus metrics: its GPUs' telemetry (gpu_telemetry.py) and its engines'
-load, as `llmgw_gpu_*` and `llmgw_node_*` families on `GET /metrics`.
+"""The node agent's Prometheus metrics: its GPUs' telemetry (gpu_telemetry.py), its engines'
+load and memory, and its NVLink fabric and IMEX state, as `llmgw_gpu_*` and `llmgw_node_*`
+families on `GET /metrics`.
 
 A background loop reads both every few seconds and keeps the latest reading; a scrape renders
 that reading and never waits on NVML, nvidia-smi or an engine, so any number of scrapers cost
@@ -31,7 +32,7 @@ from activities.agent.gpu_telemetry import (
     read_telemetry,
 )
 from activities.http_site import start_site
-from workflows.contracts import EngineLoad
+from workflows.contracts import EngineLoad, NodeInventory
 
 log = logging.getLogger("llmgw.agent.metrics")
 METRICS_PATH = "/metrics"
@@ -56,6 +57,8 @@ class NodeReading:
     gpus: TelemetryReading = field(default_factory=lambda: TelemetryReading([], "none"))
     engines: list[EngineLoadSample] = field(default_factory=list)
     read_at: float | None = None  # time.monotonic() of the last reading; None: none yet
+    # The agent's latest look at the machine (every minute): NVLink fabric and IMEX state.
+    inventory: NodeInventory | None = None
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -237,7 +240,49 @@ def node_families(node: str, reading: NodeReading, now: float) -> list[Metric]:
         tokens,
         rss,
         gpu_held,
+        *fabric_families(node, reading.inventory),
     ]
+
+
+# A fabric state that says the GPU takes no part in a multi-node NVLink fabric.
+_NO_FABRIC = ("", "Not Supported")
+
+
+def fabric_families(node: str, inventory: NodeInventory | None) -> list[Metric]:
+    """Each GPU's multi-node NVLink fabric (joined, degraded) and the node's IMEX, from the
+    agent's latest look. Left out where the machine has none: a GPU outside any fabric, a node
+    with neither IMEX nor such a GPU."""
+    labels = ["node", "gpu", "uuid", "domain"]
+    joined = _gauge(
+        "llmgw_gpu_nvlink_fabric_joined",
+        "1 when the GPU joined its NVLink domain (state Completed, status Success).",
+        labels,
+    )
+    degraded = _gauge(
+        "llmgw_gpu_nvlink_fabric_degraded",
+        "1 when the GPU's fabric bandwidth is not Full.",
+        labels,
+    )
+    imex_up = _gauge("llmgw_node_imex_up", "1 while nvidia-imex runs on the node.", ["node"])
+    channels = _gauge(
+        "llmgw_node_imex_channels",
+        "IMEX channels the node has (/dev/nvidia-caps-imex-channels).",
+        ["node"],
+    )
+    if inventory is None:
+        return []
+    fabric_gpus = [g for g in inventory.gpus if g.fabric and g.fabric.state not in _NO_FABRIC]
+    for gpu in fabric_gpus:
+        assert gpu.fabric is not None
+        values = [node, str(gpu.index), gpu.uuid, gpu.fabric.domain or ""]
+        joined.add_metric(values, 1 if gpu.fabric.joined else 0)
+        if gpu.fabric.bandwidth:
+            degraded.add_metric(values, 0 if gpu.fabric.bandwidth == "Full" else 1)
+    imex = inventory.imex
+    if (imex is not None and imex.installed) or fabric_gpus:
+        imex_up.add_metric([node], 1 if imex is not None and imex.running else 0)
+        channels.add_metric([node], len(imex.channels) if imex is not None else 0)
+    return [joined, degraded, imex_up, channels]
 
 
 class _ReadingCollector(Collector):
@@ -269,6 +314,7 @@ class NodeMetricsService:
         read_engines: ReadEngines,
         read_gpus: Callable[[], TelemetryReading] | None = None,
         every_s: float = READ_EVERY_S,
+        read_inventory: Callable[[], NodeInventory | None] = lambda: None,
     ) -> None:
         self.node = node
         self.reading = NodeReading()
@@ -276,6 +322,7 @@ class NodeMetricsService:
         self._nvml = NvmlTelemetry()
         self._read_gpus = read_gpus or (lambda: read_telemetry(self._nvml.read))
         self._every_s = every_s
+        self._read_inventory = read_inventory
         self._loop_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -285,7 +332,9 @@ class NodeMetricsService:
         if gpus.problem and gpus.problem != self.reading.gpus.problem:
             log.warning("GPU telemetry: %s", gpus.problem)
         engines = await self._read_engines()
-        self.reading = NodeReading(gpus=gpus, engines=engines, read_at=time.monotonic())
+        self.reading = NodeReading(
+            gpus=gpus, engines=engines, read_at=time.monotonic(), inventory=self._read_inventory()
+        )
 
     async def _loop(self) -> None:
         while True:

@@ -21,7 +21,9 @@ from tests.machine_tools import MACHINES
 from workers.node_telemetry import gpu_headline, parse_agent_metrics, read_agents
 from workflows.contracts import (
     EngineLoad,
+    GpuFabric,
     GpuInfo,
+    ImexInfo,
     NodeInventory,
     NodeRecord,
     NodeState,
@@ -174,3 +176,39 @@ async def test_an_unreachable_agent_is_said_so() -> None:
     assert isinstance(found["far"], str)
     assert "127.0.0.1:9" in found["far"]
     assert found["none"] == "its agent serves no metrics (llmgw agent --metrics-port)"
+
+
+def test_nvlink_fabric_and_imex_state_are_exported_from_the_latest_look() -> None:
+    domain = "6c3a8b29-1f55-4c1e-9f0b-2a7d64e5c9d1"
+    joined = GpuFabric(state="Completed", status="Success", cluster_uuid=domain, clique_id=3,
+                       bandwidth="Full")  # fmt: skip
+    degraded = GpuFabric(state="In Progress", status="", cluster_uuid=domain, clique_id=3,
+                         bandwidth="Degraded")  # fmt: skip
+    gpus = [
+        GpuInfo(
+            index=0, uuid="GPU-0", name="GB200", gpu_class="gb200-186g", memory_mb=1, fabric=joined
+        ),
+        GpuInfo(
+            index=1,
+            uuid="GPU-1",
+            name="GB200",
+            gpu_class="gb200-186g",
+            memory_mb=1,
+            fabric=degraded,
+        ),
+        GpuInfo(index=2, uuid="GPU-2", name="L40S", gpu_class="l40s-45g", memory_mb=1),
+    ]
+    imex = ImexInfo(installed=True, running=False, channels=[0, 1])
+    inventory = NodeInventory(name="tray-1", gpus=gpus, imex=imex)
+    text = render("tray-1", NodeReading(inventory=inventory)).decode()
+    assert value(text, "llmgw_gpu_nvlink_fabric_joined", gpu="0", domain=f"{domain}/3") == 1
+    assert value(text, "llmgw_gpu_nvlink_fabric_joined", gpu="1") == 0
+    assert value(text, "llmgw_gpu_nvlink_fabric_degraded", gpu="0") == 0
+    assert value(text, "llmgw_gpu_nvlink_fabric_degraded", gpu="1") == 1
+    assert not [k for k in samples(text) if "fabric" in k[0] and ("gpu", "2") in k[1]]
+    assert value(text, "llmgw_node_imex_up", node="tray-1") == 0
+    assert value(text, "llmgw_node_imex_channels", node="tray-1") == 2
+    # A machine without fabric GPUs or IMEX exports none of them.
+    plain = NodeInventory(name="cpu-1")
+    text = render("cpu-1", NodeReading(inventory=plain)).decode()
+    assert not [k for k in samples(text) if "fabric" in k[0] or "imex" in k[0]]
