@@ -21,7 +21,7 @@ from datetime import timedelta
 import pytest
 from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -41,6 +41,7 @@ from workflows.contracts import (
     ModelName,
     ModelSpec,
     ModelState,
+    ModelView,
     ReplicaInput,
     ReplicaState,
     ReplicaView,
@@ -122,15 +123,8 @@ async def test_a_model_of_2100_replicas_starts_them_all_over_several_runs(
     queue = unique("control")
     spec = ModelSpec(name=unique("m"), weights="/w/model.gguf", replicas=REPLICAS)
     async with model_worker(env, queue):
-        handle = await env.client.start_workflow(
-            ModelWorkflow.run,
-            ModelState(spec=spec),
-            id=model_workflow_id(spec.name),
-            task_queue=queue,
-            # A run that starts 500 replicas, one workflow task each, on a loaded 2-core machine
-            # (continued runs inherit it).
-            task_timeout=timedelta(seconds=60),
-        )
+        # A run that starts 500 replicas on a loaded 2-core machine (continued runs inherit it).
+        handle = await start_model(env, spec, queue, task_timeout=timedelta(seconds=60))
         try:
 
             async def all_started() -> bool:
@@ -152,6 +146,18 @@ async def test_a_model_of_2100_replicas_starts_them_all_over_several_runs(
         finally:
             # The replicas go with the server.
             await handle.terminate("test over")
+
+
+async def start_model(
+    env: WorkflowEnvironment, spec: ModelSpec, queue: str, task_timeout: timedelta | None = None
+) -> WorkflowHandle[ModelWorkflow, ModelView]:
+    return await env.client.start_workflow(
+        ModelWorkflow.run,
+        ModelState(spec=spec),
+        id=model_workflow_id(spec.name),
+        task_queue=queue,
+        task_timeout=task_timeout,
+    )
 
 
 async def terminate(env: WorkflowEnvironment, workflow_id: str) -> None:
@@ -188,12 +194,7 @@ async def test_each_run_starts_at_most_its_share_and_the_next_goes_on(
     queue = unique("control")
     spec = ModelSpec(name=unique("m"), weights="/w/model.gguf", replicas=8)
     async with model_worker(env, queue):
-        handle = await env.client.start_workflow(
-            ModelWorkflow.run,
-            ModelState(spec=spec),
-            id=model_workflow_id(spec.name),
-            task_queue=queue,
-        )
+        handle = await start_model(env, spec, queue)
         try:
 
             async def all_started() -> bool:
@@ -233,12 +234,7 @@ async def test_a_taken_index_is_skipped_and_another_started_in_its_place(env: Wo
             id=replica_workflow_id(spec.name, 1),
             task_queue=queue,
         )
-        handle = await env.client.start_workflow(
-            ModelWorkflow.run,
-            ModelState(spec=spec),
-            id=model_workflow_id(spec.name),
-            task_queue=queue,
-        )
+        handle = await start_model(env, spec, queue)
         try:
 
             async def three_started() -> bool:
