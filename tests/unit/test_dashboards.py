@@ -14,6 +14,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from activities.agent.engine_memory import EngineMemory
 from activities.agent.gpu_telemetry import GpuSample, TelemetryReading
 from activities.agent.node_metrics import METRICS_PATH, EngineLoadSample, NodeReading, render
 from engines.registry import engines
@@ -24,7 +25,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing.states import Expected, Routed
 from gateway.settings import GatewaySettings
 from workers.up import UpOptions
-from workflows.contracts import EngineLoad
+from workflows.contracts import EngineLoad, GpuFabric, GpuInfo, ImexInfo, NodeInventory
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
@@ -120,8 +121,15 @@ def _populated_agent_metrics() -> str:
         throttle={"sw_power_cap": True},
     )
     mig = GpuSample(index=1000, uuid="MIG-a", name="m", parent=0, memory_used_mb=1)
-    engine = EngineLoadSample("m-0", "vllm", EngineLoad(replica_id="m-0", running=1))
-    reading = NodeReading(TelemetryReading([card, mig], "nvml"), [engine], read_at=0.0)
+    memory = EngineMemory(rss_bytes=1, gpu_memory_mb=1)
+    engine = EngineLoadSample("m-0", "vllm", EngineLoad(replica_id="m-0", running=1), memory)
+    fabric = GpuFabric(state="Completed", status="Success", cluster_uuid="1-2", bandwidth="Full")
+    gpu = GpuInfo(index=0, uuid="GPU-a", name="g", gpu_class="g", memory_mb=1, fabric=fabric)
+    imex = ImexInfo(installed=True, running=True, channels=[0])
+    inventory = NodeInventory(name="node-a", gpus=[gpu], imex=imex)
+    reading = NodeReading(
+        TelemetryReading([card, mig], "nvml"), [engine], read_at=0.0, inventory=inventory
+    )
     return render("node-a", reading).decode()
 
 
