@@ -7,7 +7,7 @@ The replicas are stand-ins (a workflow registered as `Replica` that waits for it
 so are the activities the model calls: what is tested is the model's own bookkeeping.
 
 A run asks for up to REPLICAS_STARTED_TOGETHER starts at once. The 2,100 run on a real
-Temporal dev server of their own (about 40 s here; 3.5 minutes when a model started one replica
+Temporal dev server of their own (about 30 s here; 3.5 minutes when a model started one replica
 at a time). On a time-skipping test server, the session's shared one or a test file's own, a
 run of starts stalled now and then (no replica started for 10 minutes; 1 run in 3 of the file's
 own, where the others took 15 s). The count is just past Temporal's 2,000 pending children a
@@ -70,7 +70,6 @@ def model_worker(env: WorkflowEnvironment, queue: str) -> Worker:
         task_queue=queue,
         workflows=[ModelWorkflow, StandInReplica],
         activities=[all_running, no_routes, idle_noted],
-        max_concurrent_workflow_tasks=200,
     )
 
 

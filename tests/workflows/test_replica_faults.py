@@ -40,10 +40,15 @@ async def test_a_replica_whose_agent_is_gone_stops_when_told_and_frees_only_once
 
         await eventually(stopping, timeout=10)
 
-        # Its engine may still run there: the allocation is held, the route not routable.
-        state = await cluster.ledger()
-        assert rid in state.allocations
-        assert state.routes[rid].state == ReplicaState.STOPPING
+        # Its engine may still run there: the allocation is held, the route not routable. The
+        # route is written by an activity after the workflow's own state changed (a describe
+        # may say stopping before the ledger does).
+        async def route_stopping() -> bool:
+            route = await cluster.route(rid)
+            return route is not None and route.state == ReplicaState.STOPPING
+
+        await eventually(route_stopping, timeout=10)
+        assert rid in (await cluster.ledger()).allocations
 
         # The node is declared gone (what its model then sends): the stop waits no longer.
         await put_node(cluster.fleet, ghost, state=NodeState.LOST)

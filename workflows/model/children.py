@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 BOUNDED_CHILDREN_PATCH = "model-starts-a-bounded-number-of-replicas-per-run"
 # A model started its replicas one after another, each start waiting for Temporal to say it began
 # before the next was asked: one workflow task's round trip each, about 3.5 minutes for 2,100 on a
-# loaded 2-core machine. Now up to REPLICAS_STARTED_TOGETHER are asked for at once.
+# loaded 2-core machine. Now up to REPLICAS_STARTED_TOGETHER (20) are asked for at once.
 STARTS_TOGETHER_PATCH = "model-starts-its-replicas-together"
 
 
