@@ -9,7 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from store.fleet import FleetTables
 from tests.workflows.conftest import Cluster, ask, eventually, finished, runs_newest_first, unique
@@ -72,9 +72,12 @@ async def stop_and_wait(handle: WorkflowHandle[Any, Any]) -> ReplicaView:
     await handle.signal(ReplicaWorkflow.stop, StopReplica())
 
     async def stopped() -> bool:
-        return (await describe(handle)).state == ReplicaState.STOPPED
+        # Closed, not only "stopped": the view says stopped before the workflow releases the
+        # allocation and the route in the ledger, which it does last.
+        described = await handle.describe()
+        return described.status == WorkflowExecutionStatus.COMPLETED
 
-    stopped.__doc__ = f"{handle.id} stopped"
+    stopped.__doc__ = f"{handle.id} stopped and released"
     await eventually(stopped, timeout=90)
     return await describe(handle)
 
