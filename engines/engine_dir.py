@@ -68,6 +68,18 @@ def remove_marker(directory: Path) -> None:
     (directory / MARKER).unlink(missing_ok=True)
 
 
+def version_dirs(engines_root: Path) -> Iterator[tuple[str, Path, Marker | None]]:
+    """Every `<engine>/<version>/` directory under `engines_root`, with its marker (None: an
+    install that did not finish); dot-prefixed staging directories and lock files left out."""
+    engine_dirs = sorted(engines_root.iterdir()) if engines_root.is_dir() else []
+    for engine_dir in engine_dirs:
+        if not engine_dir.is_dir() or engine_dir.name.startswith("."):
+            continue
+        for version_dir in sorted(engine_dir.iterdir()):
+            if version_dir.is_dir() and not version_dir.name.startswith("."):
+                yield engine_dir.name, version_dir, read_marker(version_dir)
+
+
 def installed_binary(engines_root: Path, engine: str, version: str) -> Path | None:
     """The verified binary of engine@version, or None when it is not (completely) installed."""
     directory = engine_dir(engines_root, engine, version)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from activities.agent.artifact_store import ArtifactStore
 from activities.agent.discovery import discover_inventory
-from engines.engine_dir import read_marker
+from engines.engine_dir import version_dirs
 from workflows.contracts import EngineState, EngineStatus, NodeInventory
 
 
@@ -29,10 +29,9 @@ def installed_engines(engines_root: Path, engine_paths: dict[str, str]) -> list[
     """The engines installed under the state dir (by their install markers, not run again:
     `llmgw doctor` runs them) and those an operator names by path."""
     found: list[EngineStatus] = []
-    for version_dir in sorted(engines_root.glob("*/*")) if engines_root.is_dir() else []:
-        marker = read_marker(version_dir)
-        if marker is None or version_dir.name.startswith("."):
-            continue  # a staging directory, or an install that did not finish
+    for _engine, version_dir, marker in version_dirs(engines_root):
+        if marker is None:
+            continue  # an install that did not finish
         found.append(
             EngineStatus(
                 engine=marker.engine,

@@ -30,7 +30,7 @@ from activities.agent.doctor.parsing import (
     parse_proc_modules,
 )
 from engines.adapter import InstallPlace
-from engines.engine_dir import read_marker
+from engines.engine_dir import version_dirs
 from engines.registry import UnknownEngineError, adapter
 from workflows.contracts import NodeInventory
 
@@ -147,29 +147,21 @@ def _engines(state_dir: Path, engine_paths: dict[str, str], nvidia: bool) -> lis
     root = state_dir / "engines"
     # Re-verifying reads no download cache: the place names the state dir's for completeness.
     place = InstallPlace(engines_root=root, cache_dir=state_dir / "cache", nvidia=nvidia)
-    engine_dirs = sorted(root.iterdir()) if root.is_dir() else []
-    for engine_dir in engine_dirs:
-        if not engine_dir.is_dir() or engine_dir.name.startswith("."):
-            continue
-        for version_dir in sorted(engine_dir.iterdir()):
-            # Dot-prefixed entries are staging directories and lock files of installs.
-            if not version_dir.is_dir() or version_dir.name.startswith("."):
-                continue
-            marker = read_marker(version_dir)
-            if marker is None:
-                checks.append(
-                    EngineCheck(
-                        engine=engine_dir.name,
-                        version=version_dir.name,
-                        path=str(version_dir),
-                        marker=False,
-                        runnable=False,
-                        detail="no install marker: the install did not finish or failed",
-                    )
+    for engine, version_dir, marker in version_dirs(root):
+        if marker is None:
+            checks.append(
+                EngineCheck(
+                    engine=engine,
+                    version=version_dir.name,
+                    path=str(version_dir),
+                    marker=False,
+                    runnable=False,
+                    detail="no install marker: the install did not finish or failed",
                 )
-                continue
-            binary = version_dir / marker.binary
-            checks.append(_check_engine(marker.engine, marker.version, binary, place))
+            )
+            continue
+        binary = version_dir / marker.binary
+        checks.append(_check_engine(marker.engine, marker.version, binary, place))
     for engine, path in sorted(engine_paths.items()):
         binary = Path(path).expanduser()
         checks.append(_check_engine(engine, "operator-provided", binary, place))
