@@ -20,6 +20,7 @@ from workers.paths import Locations
 from workers.tables import table
 from workers.verbosity import add_verbose_argument
 from workflows.artifact_names import BadArtifact
+from workflows.contracts import ArtifactManifest
 
 MIRROR_COMMAND = "mirror"
 MIB = 1 << 20
@@ -165,14 +166,25 @@ def show_added(added: Added) -> None:
         print(f"  {f.path}  {f.digest}  {f.size} bytes")
 
 
-def mirror_ls(store: MirrorStore) -> str:
-    rows = []
+def mirror_entries(store: MirrorStore) -> list[tuple[str, str, ArtifactManifest | str]]:
+    """Each name in the mirror with its manifest digest and its manifest, or why that could not
+    be read: what `mirror ls` and `llmgw top`'s Mirror pane show."""
+    entries: list[tuple[str, str, ArtifactManifest | str]] = []
     for name, digest in store.refs().items():
         try:
-            manifest = store.read_manifest(digest)
-            size, source = human(manifest.size), manifest.source
+            entries.append((name, digest, store.read_manifest(digest)))
         except MirrorError as err:
-            size, source = "?", str(err)
+            entries.append((name, digest, str(err)))
+    return entries
+
+
+def mirror_ls(store: MirrorStore) -> str:
+    rows = []
+    for name, digest, manifest in mirror_entries(store):
+        if isinstance(manifest, str):
+            size, source = "?", manifest
+        else:
+            size, source = human(manifest.size), manifest.source
         rows.append([name, digest[: len("sha256:") + 16], size, source])
     if not rows:
         return "the mirror is empty (llmgw mirror add SOURCE)"
