@@ -11,7 +11,7 @@ import hashlib
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -37,12 +37,19 @@ def hashed_chunks(f: BinaryIO, blob: Blob) -> Iterator[bytes]:
         raise OllamaStoreError(f"blob {blob} is corrupt: its content hashes to sha256:{got}")
 
 
-def copy_verified(store: OllamaStore, blob: Blob, dest_dir: Path, suffix: str) -> tuple[Path, bool]:
+def copy_verified(
+    store: OllamaStore,
+    blob: Blob,
+    dest_dir: Path,
+    suffix: str,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[Path, bool]:
     """The blob at `<dest_dir>/sha256-<hex><suffix>`, content-addressed, and whether a file
     already there was reused. A file already there is used only if it hashes to the digest;
     otherwise the blob is copied into a temporary file in the same directory, hashed on the
     way, and renamed into place only when it matches, so the final path never holds a
-    half-written or unverified file."""
+    half-written or unverified file. `progress` is told the bytes copied so far, after each
+    chunk (the web console shows an import's copy with it)."""
     dest_dir.mkdir(parents=True, exist_ok=True)
     final = dest_dir / f"{blob.name}{suffix}"
     if _already_there(final, blob):
@@ -52,8 +59,12 @@ def copy_verified(store: OllamaStore, blob: Blob, dest_dir: Path, suffix: str) -
         tmp_fd, tmp_name = tempfile.mkstemp(dir=dest_dir, prefix=f".{blob.name}.", suffix=".part")
         try:
             with os.fdopen(tmp_fd, "wb") as out:
+                copied = 0
                 for chunk in hashed_chunks(f, blob):
                     out.write(chunk)
+                    copied += len(chunk)
+                    if progress is not None:
+                        progress(copied)
                 out.flush()
                 os.fsync(out.fileno())
             os.chmod(tmp_name, 0o644)

@@ -25,7 +25,9 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,8 @@ DEFAULT_MEMORY_MB = 1024
 # A CPU replica's memory beyond its weights: KV cache, buffers.
 HEADROOM_MB = 512
 MIB = 1 << 20
+# Told (blob, bytes copied so far) while a blob is copied.
+BlobProgress = Callable[[Blob, int], None]
 
 
 @dataclass(frozen=True)
@@ -302,12 +306,13 @@ def _shell_word(arg: str) -> str:
     return arg if arg and all(c.isalnum() or c in "-._/" for c in arg) else repr(arg)
 
 
-def fetch_blobs(plan: ImportPlan) -> list[str]:
+def fetch_blobs(plan: ImportPlan, progress: BlobProgress | None = None) -> list[str]:
     """Copy (or reuse) each blob the model needs at its content-addressed path, verified.
-    Returns a line for each."""
+    Returns a line for each. `progress` is told (blob, bytes copied) as each is copied."""
     lines = []
     for blob in plan.blobs:
-        path, reused = copy_verified(plan.store, blob, plan.models_dir, SUFFIX)
+        each = None if progress is None else partial(progress, blob)
+        path, reused = copy_verified(plan.store, blob, plan.models_dir, SUFFIX, each)
         how = "already there, verified" if reused else "copied and verified"
         lines.append(f"{blob}: {path} ({how}, {blob.size} bytes)")
     return lines
