@@ -37,6 +37,10 @@ class GpuFigures:
     ecc_uncorrected: float | None = None
     remap_pending: bool = False
     throttled: list[str] = field(default_factory=list)  # reasons active now, gpu_idle aside
+    # Its multi-node NVLink fabric (llmgw_gpu_nvlink_fabric_*); None: outside any fabric, or
+    # an agent from before these were exported.
+    fabric_joined: bool | None = None
+    fabric_degraded: bool | None = None
 
 
 @dataclass
@@ -57,6 +61,9 @@ class NodeTelemetry:
     source: str = "none"  # nvml, nvidia-smi, none
     gpus: list[GpuFigures] = field(default_factory=list)
     engines: list[EngineFigures] = field(default_factory=list)
+    # nvidia-imex (llmgw_node_imex_*); None where the agent exports none (no IMEX, no fabric).
+    imex_up: bool | None = None
+    imex_channels: int | None = None
 
     def cards(self) -> list[GpuFigures]:
         return [g for g in self.gpus if g.parent is None]
@@ -85,6 +92,8 @@ def parse_agent_metrics(text: str, node: str) -> NodeTelemetry | None:
     telemetry: NodeTelemetry | None = None
     gpus: dict[int, GpuFigures] = {}
     engines: dict[str, EngineFigures] = {}
+    imex_up: bool | None = None
+    imex_channels: int | None = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = sample.labels
@@ -100,6 +109,10 @@ def parse_agent_metrics(text: str, node: str) -> NodeTelemetry | None:
                     GpuFigures(index, labels.get("name", ""), int(parent) if parent else None),
                 )
                 _gpu_sample(gpu, sample.name, labels, sample.value)
+            elif sample.name == "llmgw_node_imex_up":
+                imex_up = sample.value == 1
+            elif sample.name == "llmgw_node_imex_channels":
+                imex_channels = int(sample.value)
             elif sample.name.startswith("llmgw_node_engine_") and "replica" in labels:
                 engine = engines.setdefault(
                     labels["replica"], EngineFigures(labels["replica"], labels.get("engine", ""))
@@ -112,6 +125,7 @@ def parse_agent_metrics(text: str, node: str) -> NodeTelemetry | None:
         return None
     telemetry.gpus = [gpus[i] for i in sorted(gpus)]
     telemetry.engines = [engines[r] for r in sorted(engines)]
+    telemetry.imex_up, telemetry.imex_channels = imex_up, imex_channels
     return telemetry
 
 
@@ -120,6 +134,10 @@ def _gpu_sample(gpu: GpuFigures, name: str, labels: dict[str, str], value: float
         setattr(gpu, _GPU_VALUES[name], value)
     elif name == "llmgw_gpu_ecc_errors" and labels.get("type") == "uncorrected":
         gpu.ecc_uncorrected = value
+    elif name == "llmgw_gpu_nvlink_fabric_joined":
+        gpu.fabric_joined = value == 1
+    elif name == "llmgw_gpu_nvlink_fabric_degraded":
+        gpu.fabric_degraded = value == 1
     elif name == "llmgw_gpu_remap_pending":
         gpu.remap_pending = value == 1
     elif name == "llmgw_gpu_throttle_active" and value == 1:
