@@ -274,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument(
         "--every", type=refresh_interval, default=2.0, metavar="SECONDS", help="default 2"
     )
+    top.add_argument(
+        "--ollama-store", metavar="DIR", help="Ollama's store for `i` (default $OLLAMA_MODELS)"
+    )
     add_node_parsers(sub, common)
     add_engine_parsers(sub, common)
     # bench/ sits above workers/ (it drives these processes), so the CLI hands a benchmark to its
