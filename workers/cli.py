@@ -65,8 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--state-dir", help="default $LLMGW_STATE_DIR or ~/.local/state/llmgw")
     local.add_argument("--database-url", help="PostgreSQL URL, default $LLMGW_DATABASE_URL")
     add_verbose_argument(local)
-    # `up` runs its own Temporal server, so only the other commands take an address, a
-    # namespace and TLS settings.
+    # `up` runs its own Temporal server: only the others take an address, namespace and TLS.
     common = argparse.ArgumentParser(add_help=False, parents=[local])
     add_temporal_arguments(common)
 
@@ -455,6 +454,8 @@ def dispatch(args: argparse.Namespace, where: Locations) -> None:
         sys.exit(subprocess.call(command))
     elif args.command == "doctor":
         sys.exit(doctor.run(args))
+    elif getattr(args, "runner", None) is not None:  # a command that brings its own
+        args.runner(args, where)
     elif args.command == "gateway":
         from workers.gateway_main import main as gateway_main
 

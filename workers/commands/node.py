@@ -15,6 +15,7 @@ from temporalio.service import RPCError
 from activities.control.node_admin import add_node, node_handle
 from store import open_store
 from store.fleet import FleetTables
+from workers.commands.node_bootstrap import add_bootstrap_parser
 from workers.join import JoinToken
 from workers.node_telemetry import gpu_headline, node_warnings, read_agents
 from workers.paths import Locations
@@ -324,6 +325,7 @@ def add_node_parsers(
         cmd.add_argument("--reason", help="shown in `llmgw nodes`")
         if action == "rm":
             cmd.add_argument("--force", action="store_true", help="even with replicas on it")
+    add_bootstrap_parser(nsub)
 
 
 async def node_command(
