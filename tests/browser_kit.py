@@ -103,3 +103,38 @@ def screenshot(driver: Any, name: str, tmp: Path, max_height: int = 2000) -> Pat
     finally:
         driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     return path
+
+
+def by_css(driver: Any, selector: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, selector)
+
+
+def all_css(driver: Any, selector: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return list(driver.find_elements(By.CSS_SELECTOR, selector))
+
+
+def fill(driver: Any, selector: str, text: str, unbounded: bool = False) -> None:
+    """Type into a field the live updates may be drawing again: found and focused in one try
+    (the page leaves a focused field alone), then typed into."""
+
+    def focus() -> bool:
+        field = by_css(driver, selector)
+        if unbounded:  # past the browser's own check, to reach the server's
+            driver.execute_script("arguments[0].removeAttribute('max')", field)
+        field.click()
+        return True
+
+    from selenium.webdriver.common.keys import Keys
+
+    until(focus, selector)
+    # Not clear(): WebDriver's clear leaves the field, and the page would draw it again.
+    driver.switch_to.active_element.send_keys(Keys.CONTROL, "a")
+    driver.switch_to.active_element.send_keys(Keys.BACKSPACE, text)
+
+
+def click(driver: Any, selector: str) -> None:
+    until(lambda: by_css(driver, selector).click() or True, selector)

@@ -21,6 +21,7 @@ from gateway.deps import GatewayState
 from gateway.server import uvicorn_config
 from gateway.settings import GatewaySettings
 from store import KeyLimits, Store, UsageDelta, open_store
+from tests.browser_kit import by_css, until
 from tests.console_standin import StandinCluster
 from tests.gateway_kit import CatalogSource, fast_settings
 
@@ -82,7 +83,7 @@ def console_gateway(
 
     async def run() -> None:
         store = open_store(None, state_dir)
-        cluster = StandinCluster()
+        cluster = StandinCluster(state_dir)
         catalog = CatalogSource()
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
@@ -123,3 +124,12 @@ def console_gateway(
     finally:
         gateway.loop.call_soon_threadsafe(held["stop"].set)
         thread.join(15)
+
+
+def open_page(driver: Any, gateway: ConsoleGateway, page: str) -> None:
+    driver.get(f"{gateway.console}#{page}")
+    until(lambda: "Updated" in by_css(driver, "#freshness").text, "its first update")
+
+
+def region(driver: Any, page: str) -> str:
+    return str(by_css(driver, f"#{page}-data").text)

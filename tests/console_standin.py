@@ -1,15 +1,25 @@
 """A cluster for the web console's tests, built from the machine fixtures (tests/fixtures/
 machines): a GB200 NVL72 rack of 18 trays (the recorded tray, named 18 times) with replicas
 spanning trays, an A100 in MIG mode with a card nothing was carved on, and a cordoned CPU node
-still installing its engine. The console reads it through the real pure code
+still installing its engine. One tray's GPU runs its NVLink at degraded bandwidth (as recorded),
+one tray's GPU has not joined the domain, one tray's IMEX daemon is down; the fabric reaches the
+console through the agent's own exporter. The engines' memory is measured, and the MIG node's
+replica holds more than it reserved. The console reads it through the real pure code
 (workers/console_data.py); only Temporal and the node agents are left out.
+
+Given a directory, it also has a real mirror (deepseek's weights, a small stand-in file, held by
+the trays running it and fetched by another) and an Ollama store holding `smollm2:135m`, which
+the console imports through the real import code (workers/console_import.py); the definition
+is recorded here instead of reaching a model workflow.
 
 `python -m tests.console_standin` serves it on a gateway, for looking at the console by hand.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from activities.agent.gpu_parsing import (
@@ -18,11 +28,19 @@ from activities.agent.gpu_parsing import (
     parse_nvidia_smi_xml,
 )
 from activities.agent.gpu_telemetry import GpuSample, parse_telemetry_xml
+from activities.agent.node_metrics import NodeReading, render
+from activities.control.mirror.add import add_source
+from activities.control.mirror.sources import parse_source
+from activities.control.mirror.store import MirrorStore
 from gateway.console.source import ConsoleRefused
 from tests.machine_tools import MACHINES
+from tests.ollama_kit import ollama_store
+from workers.commands.mirror import mirror_entries
 from workers.console_data import ClusterReadings, cluster_view
+from workers.console_import import OllamaImports
 from workers.fetch_progress import FetchStatus
-from workers.node_telemetry import GpuFigures, NodeTelemetry
+from workers.node_telemetry import EngineFigures, GpuFigures, NodeTelemetry, parse_agent_metrics
+from workflows.artifact_names import artifact_hint
 from workflows.contracts import (
     Allocation,
     ArtifactFetchView,
@@ -30,6 +48,7 @@ from workflows.contracts import (
     EngineStatus,
     FetchProgressReport,
     GpuInfo,
+    ImexInfo,
     LedgerState,
     ModelSpec,
     ModelView,
@@ -47,6 +66,16 @@ MIG_NODE = "a100-mig"
 CPU_NODE = "cpu-box"
 TEMPORAL_UI = "http://127.0.0.1:8233"
 MIB = 1024 * 1024
+GIB = 1024 * MIB
+# The fabric's faults, one tray each: the recorded degraded GPU 3 is kept on DEGRADED_TRAY only
+# (the others run at full bandwidth), GPU 0 of UNJOINED_TRAY is still joining, and IMEX is down
+# on IMEX_DOWN_TRAY.
+DEGRADED_TRAY = RACK[4]
+UNJOINED_TRAY = RACK[6]
+IMEX_DOWN_TRAY = RACK[11]
+# The Ollama model the console imports, and deepseek's weights in the mirror.
+OLLAMA_MODEL = "smollm2:135m"
+MIRRORED = "deepseek"
 
 
 def fixture_gpus(machine: str) -> list[GpuInfo]:
@@ -86,6 +115,18 @@ def _figures(sample: GpuSample, busy: float) -> GpuFigures:
     )
 
 
+def tray_gpus(tray: str) -> list[GpuInfo]:
+    """The recorded tray's GPUs, with this tray's part of the fabric's faults."""
+    gpus = fixture_gpus("gb200_nvl72_tray")
+    for gpu in gpus:
+        assert gpu.fabric is not None
+        if gpu.fabric.bandwidth == "Degraded" and tray != DEGRADED_TRAY:
+            gpu.fabric.bandwidth = "Full"
+        if gpu.index == 0 and tray == UNJOINED_TRAY:
+            gpu.fabric.state = "In Progress"
+    return gpus
+
+
 def _record(name: str, gpus: list[GpuInfo], **kw: Any) -> NodeRecord:
     installed = {"vllm": EngineStatus(engine="vllm", version="0.11.0", state=EngineState.INSTALLED)}
     inventory = NodeInventory(
@@ -95,6 +136,14 @@ def _record(name: str, gpus: list[GpuInfo], **kw: Any) -> NodeRecord:
         cpu_cores=144 if gpus else 32,
         memory_mb=884_000 if gpus else 257_000,
         gpus=gpus,
+        os="Ubuntu 24.04.1 LTS",
+        kernel="6.8.0-1017-nvidia-64k" if name in RACK else "6.8.0-47-generic",
+        arch="aarch64" if name in RACK else "x86_64",
+        nvidia_driver="570.124.06" if gpus else None,
+        cuda_version="12.8" if gpus else None,
+        imex=ImexInfo(installed=True, running=name != IMEX_DOWN_TRAY, channels=[0])
+        if name in RACK
+        else None,
     )
     return NodeRecord(inventory=inventory, state=NodeState.READY, engines=installed, **kw)
 
@@ -132,11 +181,10 @@ def _route(replica: str, model: str, node: str, state: ReplicaState, detail: str
 
 
 def standin_ledger() -> LedgerState:
-    tray_gpus = fixture_gpus("gb200_nvl72_tray")
-    fabric = tray_gpus[0].fabric
+    fabric = fixture_gpus("gb200_nvl72_tray")[0].fabric
     domain = fabric.domain if fabric is not None else None
     assert domain is not None, "the tray fixture is in an NVLink domain"
-    nodes = {name: _record(name, tray_gpus) for name in RACK}
+    nodes = {name: _record(name, tray_gpus(name)) for name in RACK}
     nodes[MIG_NODE] = _record(MIG_NODE, fixture_gpus("a100_80g_mig_3g40gb"))
     cpu = _record(CPU_NODE, [], cordoned=True, note="disk replacement")
     cpu.engines = {
@@ -194,38 +242,139 @@ def standin_models() -> list[ModelView]:
     ]
 
 
-def standin_fetches() -> list[FetchStatus]:
-    view = ArtifactFetchView(node=RACK[9], manifest="sha256:" + "ab" * 32, model="deepseek")
+def with_fabric(telemetry: NodeTelemetry, record: NodeRecord) -> NodeTelemetry:
+    """The fabric and IMEX figures the node's agent exports from its latest look, read back as
+    the console reads an agent (workers/node_telemetry.py)."""
+    name = record.inventory.name
+    exported = parse_agent_metrics(
+        render(name, NodeReading(inventory=record.inventory)).decode(), name
+    )
+    assert exported is not None
+    joined = {g.index: g for g in exported.gpus}
+    for gpu in telemetry.gpus:
+        if gpu.index in joined:
+            gpu.fabric_joined = joined[gpu.index].fabric_joined
+            gpu.fabric_degraded = joined[gpu.index].fabric_degraded
+    telemetry.imex_up, telemetry.imex_channels = exported.imex_up, exported.imex_channels
+    return telemetry
+
+
+# What each running engine holds, as its agent measures it: (resident memory, GPU memory) in
+# bytes per shard. smol-0 holds more than the 4096 MiB placement reserved for it.
+ENGINE_MEMORY = {
+    "deepseek-0": (30 * GIB, 4 * 150 * GIB),
+    "deepseek-1": (12 * GIB, 4 * 40 * GIB),
+    "smol-0": (6 * GIB, 30 * GIB),
+}
+SMOL_OVER = "memory 6144 MiB used of 4096 MiB"
+
+
+def engine_figures(ledger: LedgerState, node: str) -> list[EngineFigures]:
+    found = []
+    for replica, (rss, gpu) in ENGINE_MEMORY.items():
+        allocation = ledger.allocations[replica]
+        if node in {s.node for s in allocation.shards_or_leader()}:
+            found.append(
+                EngineFigures(replica, "vllm", True, 1.0, 0.0, 0.0, float(rss), float(gpu))
+            )
+    return found
+
+
+def standin_fetches(manifest: str = "sha256:" + "ab" * 32) -> list[FetchStatus]:
+    view = ArtifactFetchView(node=RACK[9], manifest=manifest, model="deepseek")
     report = FetchProgressReport(
         done=3_220_000_000, total=8_590_000_000, current="model-00002.safetensors", note="fetching"
     )
-    return [FetchStatus(workflow_id=f"fetch:{RACK[9]}:{'ab' * 32}", view=view, report=report)]
+    hex_ = manifest.removeprefix("sha256:")
+    return [FetchStatus(workflow_id=f"fetch:{RACK[9]}:{hex_}", view=view, report=report)]
+
+
+def standin_mirror(root: Path) -> str:
+    """A real mirror under `root` holding deepseek's weights (a stand-in file); its digest."""
+    weights = root / "deepseek-weights" / "model-00001.safetensors"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"stand-in weights " * 4096)
+    store = MirrorStore(root / "mirror")
+    return add_source(store, parse_source(str(weights.parent)), MIRRORED).digest
+
+
+def standin_ollama(root: Path) -> Path:
+    """An Ollama store holding OLLAMA_MODEL (a small stand-in GGUF: the import copies and
+    verifies bytes, it does not load them)."""
+    gguf = root / "smollm2.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(range(256)) * 2048)
+    store = root / "ollama"
+    ollama_store(store, gguf, {"num_ctx": 2048, "stop": ["<|im_end|>"]})
+    return store
 
 
 @dataclass
 class StandinCluster:
     """The console's `ClusterConsole` over the stand-in cluster; commands change it as the
-    node and model workflows would, and are kept for the tests to check."""
+    node and model workflows would, and are kept for the tests to check. Given `state_dir`,
+    it has a mirror and an Ollama store, and imports through the real import code."""
 
+    state_dir: Path | None = None
     ledger: LedgerState = field(default_factory=standin_ledger)
     models: list[ModelView] = field(default_factory=standin_models)
     commands: list[tuple[str, str, Any]] = field(default_factory=list)
+    imports: OllamaImports | None = None
+    mirrored: str = "sha256:" + "ab" * 32  # deepseek's artifact
+
+    def __post_init__(self) -> None:
+        if self.state_dir is None:
+            return
+        self.mirrored = standin_mirror(self.state_dir)
+        (deepseek,) = [m for m in self.models if m.spec.name == MIRRORED]
+        deepseek.spec.artifact = self.mirrored
+        for tray in RACK[0:4]:
+            self.ledger.nodes[tray].inventory.artifacts = [artifact_hint(self.mirrored)]
+        self.imports = OllamaImports(
+            self.state_dir / "models",
+            self.state_dir / "mirror",
+            self._define,
+            self._defined,
+            str(standin_ollama(self.state_dir)),
+        )
+
+    async def _define(self, spec: ModelSpec) -> None:
+        """Where the model workflow's `apply` would be sent."""
+        self.commands.append(("define", spec.name, spec))
+        self.models.append(ModelView(spec=spec, replica_ids=[]))
+
+    async def _defined(self) -> set[str]:
+        return {m.spec.name for m in self.models}
 
     async def read(self) -> dict[str, Any]:
-        telemetry: dict[str, NodeTelemetry | str] = {
-            name: fixture_telemetry("gb200_nvl72_tray", name, 20.0 + 4 * i)
-            for i, name in enumerate(RACK)
-        }
-        telemetry[MIG_NODE] = fixture_telemetry("a100_80g_mig_3g40gb", MIG_NODE, 35.0)
+        ledger = self.ledger
+        telemetry: dict[str, NodeTelemetry | str] = {}
+        for i, name in enumerate(RACK):
+            tray = fixture_telemetry("gb200_nvl72_tray", name, 20.0 + 4 * i)
+            tray.engines = engine_figures(ledger, name)
+            telemetry[name] = with_fabric(tray, ledger.nodes[name])
+        mig = fixture_telemetry("a100_80g_mig_3g40gb", MIG_NODE, 35.0)
+        mig.engines = engine_figures(ledger, MIG_NODE)
+        telemetry[MIG_NODE] = mig
+        mirror = None
+        if self.state_dir is not None:
+            store = MirrorStore(self.state_dir / "mirror")
+            mirror = await asyncio.to_thread(mirror_entries, store)
         readings = ClusterReadings(
-            ledger=self.ledger,
+            ledger=ledger,
             telemetry=telemetry,
             models=self.models,
-            fetches=standin_fetches(),
+            fetches=standin_fetches(self.mirrored),
             install_progress={(CPU_NODE, "llamacpp", "b6000"): "building llama-server 45%"},
+            mirror=mirror,
+            imports=self.imports.views() if self.imports is not None else [],
             temporal_ui=TEMPORAL_UI,
         )
         return cluster_view(readings).model_dump(mode="json")
+
+    async def import_ollama(self, reference: str, name: str, mirror: bool) -> str:
+        if self.imports is None:
+            raise ConsoleRefused("this stand-in has no state dir to import into", status=404)
+        return await self.imports.start(reference, name, mirror)
 
     async def node_command(self, node: str, action: str, reason: str) -> str:
         record = self.ledger.nodes.get(node)

@@ -16,6 +16,15 @@ from pydantic import BaseModel, Field
 
 from workers.commands.model import describe_profile
 from workers.commands.node import gpu_summary, why_not_placeable
+from workers.console_mirror import ImportView, MirrorEntry, MirrorView, mirror_view
+from workers.console_node import (
+    FabricView,
+    HardwareView,
+    ResourceView,
+    fabric_view,
+    hardware_view,
+    resource_views,
+)
 from workers.fetch_progress import FetchStatus, fetch_row
 from workers.node_telemetry import NodeTelemetry
 from workers.top.data import GpuRow, cluster_rows
@@ -54,6 +63,9 @@ class GpuView(BaseModel):
     power_limit_w: float | None = None
     warning: str = ""
     replica: str = ""  # the replica holding it, if any
+    # Its multi-node NVLink fabric (FabricView's rule); None: outside any fabric.
+    fabric_joined: bool | None = None
+    fabric_degraded: bool | None = None
 
 
 class EngineView(BaseModel):
@@ -82,6 +94,8 @@ class NodeView(BaseModel):
     why_not_placeable: list[str]
     replicas: list[str]
     workflow_id: str
+    hardware: HardwareView
+    fabric: FabricView | None = None  # None: no GPU in a fabric and no IMEX
 
 
 class ReplicaView(BaseModel):
@@ -117,6 +131,7 @@ class ModelConsoleView(BaseModel):
 class TrayView(BaseModel):
     node: str
     gpus: list[GpuView]
+    fabric: FabricView | None = None
 
 
 class DomainView(BaseModel):
@@ -145,6 +160,10 @@ class ClusterView(BaseModel):
     models: list[ModelConsoleView] = Field(default_factory=list)
     domains: list[DomainView] = Field(default_factory=list)
     fetches: list[FetchView] = Field(default_factory=list)
+    mirror: MirrorView = Field(default_factory=MirrorView)
+    imports: list[ImportView] = Field(default_factory=list)
+    # Every placed replica's shards: reserved against used (`llmgw model resources`).
+    resources: list[ResourceView] = Field(default_factory=list)
     # What could not be read this time, in words; the rest is still shown.
     problems: list[str] = Field(default_factory=list)
 
@@ -159,6 +178,9 @@ class ClusterReadings:
     fetches: list[FetchStatus] = field(default_factory=list)
     # (node, engine, version) -> the install's latest heartbeat line
     install_progress: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    # `llmgw mirror ls`' names; None where the mirror is not on this machine.
+    mirror: list[MirrorEntry] | None = None
+    imports: list[ImportView] = field(default_factory=list)
     temporal_ui: str = ""
     problems: list[str] = field(default_factory=list)
 
@@ -186,6 +208,13 @@ def _gpu_view(gpu: GpuInfo, node: str, held: dict[tuple[str, int], str]) -> GpuV
         unusable=gpu.unusable,
         replica=held.get((node, gpu.index), ""),
     )
+
+
+def _with_fabric(view: GpuView, fabric: FabricView | None) -> GpuView:
+    mine = next((g for g in fabric.gpus if g.index == view.index), None) if fabric else None
+    if mine is None:
+        return view
+    return view.model_copy(update={"fabric_joined": mine.joined, "fabric_degraded": mine.degraded})
 
 
 def _with_figures(view: GpuView, figures: dict[int, GpuRow]) -> GpuView:
@@ -237,6 +266,8 @@ def node_views(readings: ClusterReadings) -> list[NodeView]:
         inv = record.inventory
         row = rows_by_name[name]
         figures = {gpu.index: gpu for gpu in row.gpus}
+        fabric = fabric_view(record, readings.telemetry.get(name))
+        gpus = [_with_figures(_gpu_view(g, name, held), figures) for g in inv.gpus]
         views.append(
             NodeView(
                 name=name,
@@ -249,12 +280,14 @@ def node_views(readings: ClusterReadings) -> list[NodeView]:
                 cpu_cores=inv.cpu_cores,
                 memory_mb=inv.memory_mb,
                 gpu_summary=gpu_summary(record),
-                gpus=[_with_figures(_gpu_view(g, name, held), figures) for g in inv.gpus],
+                gpus=[_with_fabric(g, fabric) for g in gpus],
                 telemetry_problem=row.telemetry_problem,
                 engines=_engines(record, readings.install_progress),
                 why_not_placeable=why_not_placeable(record),
                 replicas=sorted(set(on_node.get(name, []))),
                 workflow_id=node_workflow_id(name),
+                hardware=hardware_view(record),
+                fabric=fabric,
             )
         )
     return views
@@ -323,7 +356,8 @@ def domain_views(nodes: list[NodeView]) -> list[DomainView]:
             if gpu.nvlink_domain:
                 by_domain.setdefault(gpu.nvlink_domain, []).append(gpu)
         for domain, gpus in by_domain.items():
-            trays.setdefault(domain, []).append(TrayView(node=node.name, gpus=gpus))
+            tray = TrayView(node=node.name, gpus=gpus, fabric=node.fabric)
+            trays.setdefault(domain, []).append(tray)
     views = []
     for domain, in_domain in sorted(trays.items()):
         replicas = sorted({g.replica for t in in_domain for g in t.gpus if g.replica})
@@ -361,5 +395,10 @@ def cluster_view(readings: ClusterReadings) -> ClusterView:
         models=model_views(readings),
         domains=domain_views(nodes),
         fetches=fetch_views(readings.fetches),
+        mirror=mirror_view(
+            readings.mirror, readings.models, readings.ledger.nodes, readings.fetches
+        ),
+        imports=list(readings.imports),
+        resources=resource_views(readings.ledger, readings.telemetry),
         problems=list(readings.problems),
     )

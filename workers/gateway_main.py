@@ -50,7 +50,7 @@ async def run_gateway(
             settings,
             store,
             StoreRouteSource(fleet, client),
-            TemporalClusterConsole(client, fleet, temporal_ui),
+            TemporalClusterConsole(client, fleet, temporal_ui, where),
             reuse_port,
         )
     finally:

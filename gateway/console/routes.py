@@ -1,6 +1,6 @@
 """The web console on the admin listener: its page and assets under /admin/console/, the JSON it
-polls (GET /admin/v1/console), and the two commands the admin API lacked until the console
-needed them: a node's cordon, uncordon or drain, and a model's scale.
+polls (GET /admin/v1/console), and the commands the admin API lacked until the console needed
+them: a node's cordon, uncordon or drain, a model's scale, and an import from Ollama.
 
 Everything here sits behind the admin API's gate (`require_local`: loopback clients, Host an
 address or localhost, nothing a browser marks cross-site) and changes come as same-site JSON
@@ -52,6 +52,8 @@ ASSETS = {
     "dom.js": "text/javascript; charset=utf-8",
     "cluster_pages.js": "text/javascript; charset=utf-8",
     "fleet_pages.js": "text/javascript; charset=utf-8",
+    "mirror_page.js": "text/javascript; charset=utf-8",
+    "node_page.js": "text/javascript; charset=utf-8",
     "gateway_pages.js": "text/javascript; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
@@ -153,3 +155,29 @@ async def scale_model(name: str, request: Request, state: State) -> dict[str, An
         raise _refused(err) from None
     cache.forget()
     return {"model": name, "replicas": body.replicas, "result": said}
+
+
+class OllamaImportRequest(BaseModel):
+    """`llmgw model import-ollama`'s NAME[:TAG], `--as MODEL` and `--mirror`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reference: str = Field(min_length=1, max_length=300)
+    name: str = Field(default="", max_length=63)  # "" : the Ollama name, as the CLI makes it
+    mirror: bool = True
+
+
+@api.post("/imports/ollama", dependencies=[Depends(require_same_site_json)])
+async def import_ollama(request: Request, state: State) -> dict[str, Any]:
+    """`llmgw model import-ollama`, started on the gateway's machine; its progress is in
+    GET /console's `cluster.imports`."""
+    body = await parse_body(request, OllamaImportRequest)
+    cache = _cluster(state)
+    try:
+        said = await cache.cluster.import_ollama(
+            body.reference.strip(), body.name.strip(), body.mirror
+        )
+    except ConsoleRefused as err:
+        raise _refused(err) from None
+    cache.forget()
+    return {"reference": body.reference, "result": said}

@@ -35,6 +35,12 @@ class ClusterConsole(Protocol):
 
     async def scale(self, model: str, replicas: int) -> str: ...
 
+    async def import_ollama(self, reference: str, name: str, mirror: bool) -> str:
+        """`llmgw model import-ollama REFERENCE [--as NAME] [--mirror]`, started: answers what
+        started, or raises ConsoleRefused (bad name, no such model or tag, a name taken); the
+        import's progress is in what `read` answers (`imports`)."""
+        ...
+
 
 class ClusterCache:
     """The latest cluster reading, shared by every page polling this gateway."""

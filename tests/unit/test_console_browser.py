@@ -12,8 +12,25 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.browser_kit import browser_missing, chromium, console_errors, screenshot, until
-from tests.console_kit import USAGE_DAYS, USAGE_KEY, ConsoleGateway, console_gateway
+from tests.browser_kit import (
+    all_css,
+    browser_missing,
+    by_css,
+    chromium,
+    click,
+    console_errors,
+    fill,
+    screenshot,
+    until,
+)
+from tests.console_kit import (
+    USAGE_DAYS,
+    USAGE_KEY,
+    ConsoleGateway,
+    console_gateway,
+    open_page,
+    region,
+)
 from tests.console_standin import CPU_NODE, MIG_NODE, RACK, TEMPORAL_UI
 
 pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
@@ -37,50 +54,6 @@ def fresh_console(browser: Any) -> None:
     browser.get_log("browser")
 
 
-def by_css(driver: Any, selector: str) -> Any:
-    from selenium.webdriver.common.by import By
-
-    return driver.find_element(By.CSS_SELECTOR, selector)
-
-
-def all_css(driver: Any, selector: str) -> list[Any]:
-    from selenium.webdriver.common.by import By
-
-    return list(driver.find_elements(By.CSS_SELECTOR, selector))
-
-
-def fill(driver: Any, selector: str, text: str, unbounded: bool = False) -> None:
-    """Type into a field the live updates may be drawing again: found and focused in one try
-    (the page leaves a focused field alone), then typed into."""
-
-    def focus() -> bool:
-        field = by_css(driver, selector)
-        if unbounded:  # past the browser's own check, to reach the server's
-            driver.execute_script("arguments[0].removeAttribute('max')", field)
-        field.click()
-        return True
-
-    from selenium.webdriver.common.keys import Keys
-
-    until(focus, selector)
-    # Not clear(): WebDriver's clear leaves the field, and the page would draw it again.
-    driver.switch_to.active_element.send_keys(Keys.CONTROL, "a")
-    driver.switch_to.active_element.send_keys(Keys.BACKSPACE, text)
-
-
-def click(driver: Any, selector: str) -> None:
-    until(lambda: by_css(driver, selector).click() or True, selector)
-
-
-def open_page(driver: Any, gateway: ConsoleGateway, page: str) -> None:
-    driver.get(f"{gateway.console}#{page}")
-    until(lambda: "Updated" in by_css(driver, "#freshness").text, "its first update")
-
-
-def region(driver: Any, page: str) -> str:
-    return str(by_css(driver, f"#{page}-data").text)
-
-
 def test_every_page_shows_the_cluster_and_keyboard_reaches_each(
     gateway: ConsoleGateway, browser: Any, tmp_path: Path
 ) -> None:
@@ -97,7 +70,7 @@ def test_every_page_shows_the_cluster_and_keyboard_reaches_each(
     body.send_keys(Keys.TAB)
     assert browser.switch_to.active_element.text == "Skip to content"
     seen = []
-    for _ in range(7):
+    for _ in range(8):
         browser.switch_to.active_element.send_keys(Keys.TAB)
         seen.append(browser.switch_to.active_element.text)
     assert seen == [
@@ -105,7 +78,8 @@ def test_every_page_shows_the_cluster_and_keyboard_reaches_each(
         "Nodes",
         "NVLink",
         "Models",
-        "Installs & fetches",
+        "Installs",
+        "Mirror & fetches",
         "Keys & usage",
         "Routing",
     ]
@@ -135,13 +109,14 @@ def test_nodes_show_gpus_mig_and_why_a_node_is_not_placeable(
     link = by_css(cpu, 'a[href*="/workflows/"]').get_attribute("href")
     assert link == f"{TEMPORAL_UI}/namespaces/default/workflows/node%3A{CPU_NODE}"
     screenshot(browser, "nodes", tmp_path)
-    # The summary's link takes keyboard focus to that node's details, on the same page.
+    # The summary's link opens the node's own page, keyboard focus on its heading.
     click(browser, f'a[data-key="goto:{CPU_NODE}"]')
     until(
         lambda: browser.switch_to.active_element.get_attribute("id") == f"node-{CPU_NODE}",
-        "the node's details focused",
+        "the node's page focused",
     )
-    assert by_css(browser, "#page-nodes").is_displayed()
+    assert by_css(browser, "#page-node").is_displayed()
+    assert not by_css(browser, "#page-nodes").is_displayed()
     assert console_errors(browser) == []
 
 
@@ -179,9 +154,11 @@ def test_models_show_why_and_the_rolling_update_and_installs_their_progress(
     open_page(browser, gateway, "installs")
     text = until(lambda: region(browser, "installs") or None, "installs")
     assert "building llama-server 45%" in text
-    assert "3.22 of 8.59 GB (37%)" in text
-    assert "model-00002.safetensors" in text
     screenshot(browser, "installs", tmp_path)
+    open_page(browser, gateway, "mirror")
+    fetches = until(lambda: by_css(browser, 'table[data-table="fetches"]').text, "the fetches")
+    assert "3.22 of 8.59 GB (37%)" in fetches
+    assert "model-00002.safetensors" in fetches
     assert console_errors(browser) == []
 
 

@@ -45,6 +45,7 @@ export const nodeCommand = (node, action, reason) =>
   call("POST", `${BASE}/nodes/${encodeURIComponent(node)}/${action}`, { reason });
 export const scaleModel = (model, replicas) =>
   call("POST", `${BASE}/models/${encodeURIComponent(model)}/scale`, { replicas });
+export const importOllama = (request) => call("POST", `${BASE}/imports/ollama`, request);
 export const putModel = (spec) =>
   call("PUT", `${BASE}/models/${encodeURIComponent(spec.name ?? "")}`, spec);
 export const createKey = (request) => call("POST", `${BASE}/keys`, request);

@@ -1,4 +1,5 @@
-// The cluster's pages: the overview, the nodes with their GPUs, and the NVLink domains.
+// The cluster's pages: the overview, the nodes with their GPUs, and the NVLink domains (each
+// tray with its fabric and IMEX state). One node's own page is node_page.js.
 
 import { actionButton, badge, h, meter, num, table, workflowLink } from "./dom.js";
 
@@ -58,7 +59,7 @@ function card(title, figure, note) {
   );
 }
 
-function gpuRows(node) {
+export function gpuRows(node) {
   return node.gpus.map((g) => {
     const used = g.memory_used_mb;
     const memory = used === null ? `${num(g.memory_mb)} MB` : `${num(used)} / ${num(g.memory_mb)} MB`;
@@ -77,7 +78,7 @@ function gpuRows(node) {
   });
 }
 
-function nodeActions(node, act) {
+export function nodeActions(node, act) {
   return h(
     "div",
     { class: "actions", role: "group", "aria-label": `Commands for node ${node.name}` },
@@ -94,7 +95,7 @@ function meanUse(node) {
   return `${num(figures.reduce((a, b) => a + b, 0) / figures.length)}%`;
 }
 
-function nodeState(node) {
+export function nodeState(node) {
   const flags = [node.cordoned && (node.draining ? "draining" : "cordoned")].filter(Boolean);
   return [badge(node.state), flags.map((f) => [" ", badge(f)])];
 }
@@ -107,7 +108,7 @@ export function nodes(data, act) {
     "All nodes",
     ["Node", "State", "CPU cores", "Memory", "GPUs", "GPU use now", "Placeable", "Commands"],
     cluster.nodes.map((node) => [
-      h("a", { href: `#node-${node.name}`, "data-key": `goto:${node.name}` }, node.name),
+      nodeLink(node.name),
       nodeState(node),
       num(node.cpu_cores),
       `${num(node.memory_mb)} MB`,
@@ -120,8 +121,8 @@ export function nodes(data, act) {
   const details = cluster.nodes.map((node) =>
     h(
       "article",
-      { class: "node", "aria-labelledby": `node-${node.name}`, "data-node": node.name },
-      h("h3", { id: `node-${node.name}`, tabindex: "-1" }, node.name, " ", nodeState(node)),
+      { class: "node", "aria-labelledby": `nodes-${node.name}`, "data-node": node.name },
+      h("h3", { id: `nodes-${node.name}` }, nodeLink(node.name, "more:"), " ", nodeState(node)),
       h(
         "dl",
         { class: "facts" },
@@ -152,7 +153,12 @@ export function nodes(data, act) {
   return [summary, ...details];
 }
 
-function fact(term, value, name) {
+// A link to the node's own page (node_page.js), keeping its focus across live updates.
+export function nodeLink(name, key = "goto:") {
+  return h("a", { href: `#node-${encodeURIComponent(name)}`, "data-key": `${key}${name}` }, name);
+}
+
+export function fact(term, value, name) {
   return [h("dt", {}, term), h("dd", { "data-fact": name }, value)];
 }
 
@@ -183,6 +189,7 @@ export function nvlink(data) {
             "li",
             { class: "tray" },
             h("span", { class: "tray-name" }, tray.node),
+            trayFabric(tray),
             h(
               "ul",
               { class: "tray-gpus", "aria-label": `GPUs of ${tray.node}` },
@@ -204,4 +211,30 @@ export function nvlink(data) {
       ),
     );
   });
+}
+
+// A tray's NVLink fabric and IMEX state, in words (the colour only repeats them).
+export function fabricWords(fabric) {
+  if (!fabric) return "no fabric reported";
+  const parts = [];
+  if (fabric.state === "not joined") parts.push(`not joined (GPU ${fabric.not_joined.join(", ")})`);
+  else if (fabric.state === "degraded") parts.push(`degraded (GPU ${fabric.degraded.join(", ")})`);
+  else if (fabric.state) parts.push("joined");
+  if (fabric.imex_up === true) parts.push(`IMEX up, ${fabric.imex_channels ?? 0} channel(s)`);
+  else if (fabric.imex_up === false) parts.push("IMEX down");
+  return parts.join(" · ");
+}
+
+function fabricKind(fabric) {
+  if (!fabric) return "unknown";
+  if (fabric.state === "not joined" || fabric.imex_up === false) return "bad";
+  return fabric.state === "degraded" ? "degraded" : "ok";
+}
+
+function trayFabric(tray) {
+  return h(
+    "span",
+    { class: `tray-fabric fabric-${fabricKind(tray.fabric)}`, "data-fabric": tray.node },
+    fabricWords(tray.fabric),
+  );
 }

@@ -6,17 +6,19 @@ import * as api from "./api.js";
 import { nodes, nvlink, overview } from "./cluster_pages.js";
 import { installs, models } from "./fleet_pages.js";
 import { keys, routing } from "./gateway_pages.js";
+import { mirror } from "./mirror_page.js";
+import { node } from "./node_page.js";
 import { replaceChildren } from "./dom.js";
 
 const POLL_MS = 2000;
-const PAGES = { overview, nodes, nvlink, models, installs, keys, routing };
+const PAGES = { overview, nodes, nvlink, models, installs, mirror, keys, routing, node };
 let latest = null;
 let drawn = "";
 
 function currentPage() {
   const name = location.hash.slice(1);
-  // #node-NAME: one node's details, on the nodes page.
-  if (name.startsWith("node-")) return "nodes";
+  // #node-NAME: one node's own page.
+  if (name.startsWith("node-")) return "node";
   return name in PAGES ? name : "overview";
 }
 
@@ -53,6 +55,9 @@ const act = {
   setLimits(name, limits) {
     run(`limits of ${name} set`, api.setLimits(name, limits));
   },
+  importOllama(request) {
+    return run(`import of ${request.reference}`, api.importOllama(request));
+  },
 };
 
 // The routing table's age changes on every poll; it alone is no reason to draw again.
@@ -67,7 +72,7 @@ function draw(force = false) {
   if (!latest) return;
   const page = currentPage();
   const region = `${page}-data`;
-  const signature = page + JSON.stringify(latest, volatile);
+  const signature = location.hash + JSON.stringify(latest, volatile);
   if (!force && signature === drawn) return;
   // Never replace a field the operator is typing in: drawn once they leave it.
   if (!force && typingIn(region)) return;
@@ -96,7 +101,8 @@ function showPage() {
     section.hidden = section.dataset.page !== page;
   }
   for (const link of document.querySelectorAll("nav a")) {
-    if (link.dataset.page === page) link.setAttribute("aria-current", "page");
+    // A node's page is reached from the nodes list: that entry stays current.
+    if (link.dataset.page === (page === "node" ? "nodes" : page)) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
   draw(true);
@@ -125,6 +131,16 @@ function wireForms() {
       say(`key ${answer.key.name} created; copy it now, it is not shown again`);
       form.reset();
     }
+  });
+  document.getElementById("import-ollama").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const form = event.target;
+    const request = {
+      reference: form.elements.reference.value.trim(),
+      name: form.elements.name.value.trim(),
+      mirror: form.elements.mirror.checked,
+    };
+    if (await act.importOllama(request)) form.reset();
   });
   document.getElementById("add-model").addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -157,7 +173,7 @@ document.getElementById("main").addEventListener("focusout", () => setTimeout(dr
 window.addEventListener("hashchange", () => {
   say("");  // an answer belongs to the page it was given on
   showPage();
-  const target = document.getElementById(location.hash.slice(1));
+  const target = document.getElementById(decodeURIComponent(location.hash.slice(1)));
   (target && target.tagName === "H3" ? target : document.getElementById("main")).focus();
 });
 wireForms();

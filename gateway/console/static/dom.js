@@ -48,6 +48,19 @@ export function num(value, digits = 0) {
   return Number(value).toLocaleString("en", { maximumFractionDigits: digits });
 }
 
+// Bytes as the fetches' progress words them: decimal kB, MB, GB.
+export function bytes(value) {
+  if (value === null || value === undefined) return "–";
+  const units = ["B", "kB", "MB", "GB", "TB"];
+  let n = Number(value);
+  let unit = 0;
+  while (n >= 1000 && unit < units.length - 1) {
+    n /= 1000;
+    unit += 1;
+  }
+  return `${n.toLocaleString("en", { maximumFractionDigits: unit ? 2 : 0 })} ${units[unit]}`;
+}
+
 // A share as a native <meter>, with its figure beside it for everyone.
 export function meter(label, value, max, text) {
   if (value === null || value === undefined || !max) return h("span", {}, "–");

@@ -1,7 +1,9 @@
-// The fleet's pages: models (replicas, states, why, rolling updates, scale) and the engines'
-// installs and the weights' fetches with their progress.
+// The fleet's pages: models (replicas, states, what each reserved against what it uses, why,
+// rolling updates, scale) and the engines' installs with their progress. The weights' fetches
+// are on the mirror page (mirror_page.js).
 
-import { badge, h, num, table, workflowLink } from "./dom.js";
+import { badge, h, table, workflowLink } from "./dom.js";
+import { RESOURCE_HEADERS, resourceRows } from "./node_page.js";
 
 export function models(data, act) {
   const cluster = data.cluster;
@@ -12,6 +14,8 @@ export function models(data, act) {
     const id = `model-${model.name}`;
     const inputId = `scale-${model.name}`;
     const rolling = model.stale.length || model.retiring.length;
+    const resources = cluster.resources.filter((r) => r.model === model.name);
+    const over = resources.filter((r) => r.over.length);
     return h(
       "article",
       { class: "model", "aria-labelledby": id, "data-model": model.name },
@@ -46,6 +50,16 @@ export function models(data, act) {
         }),
         "none running",
       ),
+      over.length
+        ? h(
+            "p",
+            { class: "over", role: "note", "data-over-model": model.name },
+            `Uses more than placement reserved: ${over.map((r) => `${r.replica} on ${r.node}: ${r.over.join("; ")}`).join(" · ")}. Raise the model's memory (or its GPU class) so placement counts what it holds.`,
+          )
+        : null,
+      resources.length
+        ? table(`Resources of ${model.name}`, RESOURCE_HEADERS, resourceRows(resources), "none placed", `resources-${model.name}`)
+        : null,
       h(
         "details",
         { class: "why", "data-key": `why:${model.name}` },
@@ -82,25 +96,8 @@ export function installs(data) {
       workflowLink(cluster, e.workflow_id),
     ]),
   );
-  const fetchRows = cluster.fetches.map((f) => [
-    f.node,
-    f.model,
-    f.artifact,
-    badge(f.state),
-    f.total
-      ? h(
-          "span",
-          { class: "with-meter" },
-          h("progress", { max: f.total, value: f.done, "aria-label": `Fetch of ${f.model} on ${f.node}` }),
-          h("span", {}, f.progress),
-        )
-      : "–",
-    f.detail,
-    workflowLink(cluster, f.workflow_id),
-  ]);
   return [
     table("Engine installs", ["Node", "Engine", "State", "Progress or detail", "Temporal"], engineRows, "no engine yet"),
-    table("Weight fetches running", ["Node", "Model", "Artifact", "State", "Progress", "Detail", "Temporal"], fetchRows, "none running"),
-    h("p", { class: "muted" }, `${num(fetchRows.length)} fetch(es) running.`),
+    h("p", { class: "muted" }, "The weights' fetches are on the mirror page."),
   ];
 }
