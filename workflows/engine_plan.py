@@ -41,6 +41,7 @@ from workflows.contracts import (
     NodeInventory,
     engine_facts,
 )
+from workflows.contracts.cuda_builds import cuda_shortfall
 
 # Re-exported: the engines' adapters and the CLI take the names and the pinned llama.cpp
 # version from here. What each engine installs from, and what it needs, is its row's
@@ -203,7 +204,26 @@ def _why_not(engine: str, config: EngineConfig, inventory: NodeInventory) -> str
             return f"{facts.title} needs an NVIDIA GPU (or a CPU package such as {engine}-cpu)"
     if facts.install_sources == (EngineSource.PATH,) and not config.path:
         return f"{facts.title} is brought by the operator: name its path for this node"
-    return ""
+    return _cuda_short(facts, config, inventory)
+
+
+def _cuda_short(facts: EngineFacts, config: EngineConfig, inventory: NodeInventory) -> str:
+    """Why the registry's GPU build of this version cannot run on the node's driver or GPUs;
+    empty when it can, or when the build is not the registry's: an operator's path or package
+    (a CPU build, a build of their own) is theirs to match."""
+    if config.path or not _has_nvidia_gpu(inventory):
+        return ""
+    if (config.package or facts.default_package) != facts.default_package:
+        return ""
+    short = cuda_shortfall(
+        facts.title,
+        config.version,
+        facts.cuda_builds,
+        inventory.nvidia_driver or "",
+        inventory.cuda_version,
+        [gpu.compute_capability for gpu in inventory.gpus if not gpu.unusable],
+    )
+    return f"{short.message}: {short.fix}" if short else ""
 
 
 def _source(engine: str, config: EngineConfig) -> EngineSource:

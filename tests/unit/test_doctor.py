@@ -338,10 +338,28 @@ def test_nvidia_smi_failing_with_a_driver_present_fails_with_the_reboot_fix() ->
 def test_old_driver_warns_for_gpu_engines() -> None:
     inv = inventory(nvidia_driver="470.256.02", cuda_version="11.4", gpus=[gpu(0)])
     findings = diagnose(facts_for(inv))
+    # No engine installed yet: each CUDA engine is judged at its oldest builds.
     cuda = by_check(findings, "cuda-version")
-    assert len(cuda) == 1
-    assert cuda[0].severity == Severity.WARN
-    assert "sglang, trtllm, vllm need a driver for CUDA 12" in cuda[0].message
+    assert [f.message.split(" needs")[0] for f in cuda] == ["SGLang", "TensorRT-LLM", "vLLM"]
+    assert all(f.severity == Severity.WARN for f in cuda)
+    assert "needs a driver for CUDA 12 or newer; driver 470.256.02 supports CUDA 11.4" in (
+        cuda[2].message
+    )
+    assert "525 or newer" in cuda[2].fix
+
+
+def test_the_cuda_an_installed_engine_needs_follows_its_version() -> None:
+    inv = inventory(nvidia_driver="550.54.15", cuda_version="12.4", gpus=[gpu(0)])
+    # vLLM 0.20.0 and later pin a PyTorch built on CUDA 13: a 12.4 driver cannot run them.
+    new = diagnose(facts_for(inv, engines=[EngineCheck(engine="vllm", version="0.32.0")]))
+    (cuda,) = by_check(new, "cuda-version")
+    assert cuda.message == (
+        "vLLM 0.32.0 needs a driver for CUDA 13 or newer; driver 550.54.15 supports CUDA 12.4"
+    )
+    assert "580 or newer" in cuda.fix
+    assert "a vLLM version before 0.20.0" in cuda.fix
+    old = diagnose(facts_for(inv, engines=[EngineCheck(engine="vllm", version="0.19.1")]))
+    assert not by_check(old, "cuda-version")
 
 
 # --- multi-node NVLink ---------------------------------------------------------------------

@@ -50,6 +50,7 @@ from workflows.contracts import (
     Route,
     engine_names,
 )
+from workflows.contracts.cuda_builds import CudaBuild
 from workflows.engine_plan import EnginesConfig, installable_engines
 from workflows.placement.ports import (
     ENGINE_INNER,
@@ -74,7 +75,7 @@ FAKE_ROW = EngineFacts(
     install_sources=(EngineSource.PIP,),
     default_package="fakeserve",
     needs_nvidia=True,
-    min_cuda_major=13,
+    cuda_builds=(CudaBuild(since="0", cuda_major=12), CudaBuild(since="2", cuda_major=13)),
     metrics=MetricNames("fake_running", "fake_waiting", None, path="/fake/metrics"),
 )
 
@@ -249,10 +250,14 @@ def test_the_doctor_checks_the_fake_engines_cuda_as_its_row_says(
     fake: pytest.MonkeyPatch,
 ) -> None:
     inv = inventory(nvidia_driver="550.54.15", cuda_version="12.4", gpus=[gpu(0)])
-    facts = facts_for(inv, engines=[EngineCheck(engine=FAKE, version="1")])
+    facts = facts_for(inv, engines=[EngineCheck(engine=FAKE, version="2.1")])
     (cuda,) = by_check(diagnose(facts), "cuda-version")
-    assert cuda.message.startswith("fakeserve need a driver for CUDA 13 or newer")
-    with_row(fake, min_cuda_major=12)
+    assert cuda.message.startswith("FakeServe 2.1 needs a driver for CUDA 13 or newer")
+    assert "a FakeServe version before 2" in cuda.fix
+    # Version 1's builds are CUDA 12 ones, which this driver runs.
+    older = facts_for(inv, engines=[EngineCheck(engine=FAKE, version="1")])
+    assert not by_check(diagnose(older), "cuda-version")
+    with_row(fake, cuda_builds=(CudaBuild(since="0", cuda_major=12),))
     assert not by_check(diagnose(facts), "cuda-version")
 
 

@@ -84,6 +84,60 @@ def test_sglang_needs_a_gpu_and_trtllm_also_an_operator_path() -> None:
     assert (trt.source, trt.path) == (EngineSource.PATH, "/opt/trt/bin/trtllm-serve")
 
 
+def old_driver_node(compute_capability: str = "9.0") -> NodeInventory:
+    gpu = GpuInfo(
+        index=0,
+        uuid="GPU-0",
+        name="NVIDIA H100",
+        gpu_class="h100-80g",
+        memory_mb=81559,
+        compute_capability=compute_capability,
+    )
+    return NodeInventory(name="old-1", nvidia_driver="550.54.15", cuda_version="12.4", gpus=[gpu])
+
+
+def test_the_cuda_a_version_needs_keeps_it_off_a_node_whose_driver_is_older() -> None:
+    # vLLM 0.32.0 pins PyTorch 2.13, built on CUDA 13; 0.19.1 pins 2.10, on CUDA 12.8.
+    new = plan({"vllm": {"version": "0.32.0"}}, old_driver_node())
+    assert new.install == []
+    detail = new.unavailable["vllm"].detail
+    assert detail.startswith("vLLM 0.32.0 needs a driver for CUDA 13 or newer; driver 550.54.15")
+    assert "580 or newer" in detail
+    assert "a vLLM version before 0.20.0" in detail
+    (old,) = plan({"vllm": {"version": "0.19.1"}}, old_driver_node()).install
+    assert old.version == "0.19.1"
+    # SGLang moved at 0.5.11; a node with a CUDA 13 driver takes either.
+    sglang = plan({"sglang": {"version": "0.5.23"}}, old_driver_node())
+    assert "SGLang 0.5.23 needs a driver for CUDA 13" in sglang.unavailable["sglang"].detail
+    assert plan({"sglang": {"version": "0.5.10"}}, old_driver_node()).install
+    assert plan({"vllm": {"version": "0.32.0"}}, gpu_node()).install
+    # An override pinning the old node to an older version is what the detail suggests.
+    pinned = {"vllm": {"version": "0.32.0", "overrides": [{"node": "old-1", "version": "0.19.1"}]}}
+    (kept,) = plan(pinned, old_driver_node()).install
+    assert kept.version == "0.19.1"
+
+
+def test_gpus_too_old_for_a_versions_builds_keep_it_off_the_node() -> None:
+    volta = old_driver_node(compute_capability="7.0").model_copy(
+        update={"nvidia_driver": "580.65", "cuda_version": "13.0"}
+    )
+    detail = plan({"vllm": {"version": "0.32.0"}}, volta).unavailable["vllm"].detail
+    assert "compute capability 7.5 or newer; this node's are 7.0" in detail
+    assert plan({"vllm": {"version": "0.19.1"}}, volta).install
+    # Not read (""): not held against the node.
+    assert plan(
+        {"vllm": {"version": "0.32.0"}},
+        old_driver_node("").model_copy(update={"nvidia_driver": "580.65", "cuda_version": "13.0"}),
+    ).install
+
+
+def test_an_operators_own_build_is_not_judged_by_the_registrys_cuda() -> None:
+    config = {"vllm": {"version": "0.32.0", "path": "/opt/vllm-cu124/bin/vllm"}}
+    assert plan(config, old_driver_node()).install
+    custom = {"vllm": {"version": "0.32.0", "package": "vllm-cu124-build"}}
+    assert plan(custom, old_driver_node()).install
+
+
 def test_overrides_by_gpu_class_node_and_labels() -> None:
     config = {
         "llamacpp": {

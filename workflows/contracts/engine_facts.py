@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from workflows.contracts.cuda_builds import CudaBuild
 from workflows.contracts.nodes import EngineSource
 
 LLAMACPP = "llamacpp"
@@ -126,9 +127,10 @@ class EngineFacts:
     # A CPU build exists (a `<engine>-cpu` package, or an operator's own path), which a node
     # without an NVIDIA GPU may install.
     cpu_build: bool = False
-    # The oldest CUDA major version its current builds target; None when it needs no CUDA
-    # (the node doctor warns on older drivers, activities/agent/doctor/gpu_checks.py).
-    min_cuda_major: int | None = None
+    # What its GPU builds need, by version, oldest first (cuda_builds.py); empty when it needs
+    # no CUDA. The install plan keeps an engine off a node whose driver or GPUs are too old for
+    # the version planned (workflows/engine_plan.py); the doctor warns about installed ones.
+    cuda_builds: tuple[CudaBuild, ...] = ()
 
     # What the agent and the gateway read from a running engine.
     # None when llmgw does not read its metrics.
@@ -181,8 +183,12 @@ ENGINE_FACTS: dict[str, EngineFacts] = {
             default_package="vllm",
             needs_nvidia=True,
             cpu_build=True,
-            # CUDA minor version compatibility lets any 12.x driver run a 12.y build.
-            min_cuda_major=12,
+            # The PyTorch each release pins: up to 2.10 (CUDA 12.8) before 0.20.0, 2.11 and
+            # later (CUDA 13.0) since. vLLM needs compute capability 7.0 (Volta) or newer.
+            cuda_builds=(
+                CudaBuild(since="0", cuda_major=12, min_compute_capability="7.0"),
+                CudaBuild(since="0.20.0", cuda_major=13, min_compute_capability="7.5"),
+            ),
             metrics=MetricNames(
                 running="vllm:num_requests_running",
                 waiting="vllm:num_requests_waiting",
@@ -201,7 +207,12 @@ ENGINE_FACTS: dict[str, EngineFacts] = {
             default_package="sglang",
             needs_nvidia=True,
             cpu_build=True,
-            min_cuda_major=12,
+            # PyTorch 2.9.1 and cuda-python 12.9 up to 0.5.10.post1; PyTorch 2.11 and
+            # cuda-python 13 from 0.5.11.
+            cuda_builds=(
+                CudaBuild(since="0", cuda_major=12),
+                CudaBuild(since="0.5.11", cuda_major=13, min_compute_capability="7.5"),
+            ),
             metrics=MetricNames(
                 running="sglang:num_running_reqs",
                 waiting="sglang:num_queue_reqs",
@@ -217,7 +228,8 @@ ENGINE_FACTS: dict[str, EngineFacts] = {
             # Brought by the operator, never installed by llmgw.
             install_sources=(EngineSource.PATH,),
             needs_nvidia=True,
-            min_cuda_major=12,
+            # Brought by the operator at a version llmgw is not told: CUDA 12 at least.
+            cuda_builds=(CudaBuild(since="0", cuda_major=12),),
             # trtllm-serve serves its Prometheus text on a path of its own.
             metrics=MetricNames(
                 running="trtllm_num_requests_running",

@@ -5,25 +5,7 @@ from __future__ import annotations
 from activities.agent.doctor.facts import DoctorFacts
 from activities.agent.doctor.findings import Finding, Severity
 from workflows.contracts import ENGINE_FACTS, GpuInfo
-
-
-def min_cuda_majors() -> dict[str, int]:
-    """Engines that run on CUDA and the oldest CUDA major version their current builds target,
-    as their rows say (workflows/contracts/engine_facts.py, min_cuda_major). CUDA minor version
-    compatibility lets any 12.x driver run a 12.y build, so the major is what decides;
-    llama.cpp's builds here are CPU builds and need none."""
-    return {
-        name: row.min_cuda_major
-        for name, row in ENGINE_FACTS.items()
-        if row.min_cuda_major is not None
-    }
-
-
-def cuda_major(version: str | None) -> int | None:
-    if not version:
-        return None
-    head = version.strip().split(".")[0]
-    return int(head) if head.isdigit() else None
+from workflows.contracts.cuda_builds import cuda_shortfall
 
 
 def card(gpu: GpuInfo) -> int:
@@ -134,30 +116,32 @@ def driver_checks(facts: DoctorFacts) -> list[Finding]:
 
 
 def _cuda_too_old(facts: DoctorFacts) -> list[Finding]:
+    """Each engine here whose builds need a newer driver or newer GPUs than the node has, as
+    its version's row says (workflows/contracts/cuda_builds.py). A GPU node with no engine yet
+    is judged for every CUDA engine at its oldest builds: what it could be given at all."""
     inv = facts.inventory
-    major = cuda_major(inv.cuda_version)
-    if major is None:
-        return []
-    # The engines installed here; a GPU node with none yet is judged for any GPU engine it
-    # might be given.
-    minimum = min_cuda_majors()
-    engines = sorted({e.engine for e in facts.engines} & minimum.keys())
-    if not engines and inv.gpus:
-        engines = sorted(minimum)
-    too_old = [e for e in engines if major < minimum[e]]
-    if not too_old:
-        return []
-    needed = max(minimum[e] for e in too_old)
-    return [
-        Finding(
-            severity=Severity.WARN,
-            check="cuda-version",
-            message=f"{', '.join(too_old)} need a driver for CUDA {needed} or newer; driver "
-            f"{inv.nvidia_driver} supports CUDA {inv.cuda_version}",
-            fix=f"upgrade the NVIDIA driver to a branch supporting CUDA {needed} (525 or newer "
-            "for CUDA 12), then reboot",
+    usable = [gpu.compute_capability for gpu in inv.gpus if not gpu.unusable]
+    installed = [(e.engine, e.version) for e in facts.engines]
+    if not any(ENGINE_FACTS[e].cuda_builds for e, _ in installed if e in ENGINE_FACTS):
+        installed = [(name, "") for name, row in ENGINE_FACTS.items() if row.cuda_builds]
+    findings: list[Finding] = []
+    for engine, version in sorted(installed):
+        row = ENGINE_FACTS.get(engine)
+        if row is None or not inv.gpus:
+            continue
+        short = cuda_shortfall(
+            row.title, version, row.cuda_builds, inv.nvidia_driver or "", inv.cuda_version, usable
         )
-    ]
+        if short is not None:
+            findings.append(
+                Finding(
+                    severity=Severity.WARN,
+                    check="cuda-version",
+                    message=short.message,
+                    fix=short.fix,
+                )
+            )
+    return findings
 
 
 def gpu_checks(facts: DoctorFacts) -> list[Finding]:
