@@ -46,9 +46,12 @@ async def run_command(args: argparse.Namespace, where: Locations) -> None:
         await model_command(args, client, where, fleet)
     elif args.command == "top":
         from workers.top.console import run_console
-        from workers.top.source import LiveSource
+        from workers.top.operate import LiveOperator
+        from workers.top.source import CatalogReader, LiveSource
 
-        await run_console(LiveSource(client, fleet, args.admin), args.every)
+        catalog = CatalogReader(client, where.mirror_dir)
+        operator = LiveOperator(client, fleet, where.mirror_dir, args.ollama_store)
+        await run_console(LiveSource(client, fleet, args.admin, catalog), args.every, operator)
 
 
 async def status(client: Client, fleet: FleetTables) -> None:

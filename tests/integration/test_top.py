@@ -1,14 +1,17 @@
 """`llmgw top` and `llmgw nodes` against a real `llmgw up` (the stand-in engine in place of
 llama-server): the console in tmux shows the node and its replica, follows traffic through the
-gateway, and quits on q; the agent's metrics carry the node and its engine's load."""
+gateway, cordons and uncordons the node, imports an Ollama model into the mirror and shows it,
+and quits on q; the agent's metrics carry the node and its engine's load."""
 
 import shutil
 import sys
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from tests.ollama_kit import ollama_store
 from tests.system import REPO, System, wait_ready
 from tests.tmux_kit import Tmux, keep_screen
 from workers.node_telemetry import parse_agent_metrics
@@ -81,3 +84,91 @@ async def test_top_shows_the_node_and_replica_follows_traffic_and_quits(
         keep_screen("live-traffic", term.until(traffic_shown, "requests per second", within_s=20))
         term.keys("q")
         term.until_exited()
+
+
+async def test_top_cordons_and_uncordons_the_node_and_imports_into_the_mirror(
+    system: System, tmp_path: Path
+) -> None:
+    """The actions from the keyboard, run as `llmgw node cordon|uncordon`, `llmgw model scale`
+    and `llmgw mirror add ollama://` run them: the ledger changes and the screen shows it. Last
+    in this module: the node is given back uncordoned."""
+    gguf = tmp_path / "tiny.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(2048))
+    ollama_store(tmp_path / "ollama", gguf, {})
+    command = (
+        f"{sys.executable} -m workers.cli top --every 1 "
+        f"--admin http://127.0.0.1:{system.admin_port} --ollama-store {tmp_path / 'ollama'}"
+    )
+
+    def node_state(screen: str) -> str:
+        """The node's STATE cell (the selected row starts with its "> " mark)."""
+        rows = [line.removeprefix("> ").split() for line in screen.splitlines()]
+        return next((r[1] for r in rows if r[:1] == [system.node]), "")
+
+    with Tmux.running(command, REPO, system.env()) as term:
+        term.until(lambda s: system.node in s, "the node", within_s=30)
+        term.keys("c")
+        term.until(lambda s: f"cordon node {system.node}; reason" in s, "the reason prompt")
+        term.keys("-l", "maintenance")
+        term.keys("Enter")
+        cordoned = term.until(lambda s: node_state(s) == "ready,cordoned", "the node cordoned")
+        assert f"node {system.node}: cordon done" in cordoned
+        assert node_state(cordoned) == "ready,cordoned"
+        assert "maintenance" in cordoned  # the reason, in the NOTE column
+        keep_screen("action-cordon", cordoned)
+        record = (await system.ledger()).nodes[system.node]
+        assert (record.cordoned, record.note) == (True, "maintenance")
+
+        term.keys("u")
+        term.until(lambda s: f"uncordon node {system.node}?" in s, "the uncordon prompt")
+        term.keys("Enter")
+        uncordoned = term.until(
+            lambda s: f"node {system.node}: uncordon done" in s and node_state(s) == "ready",
+            "the node uncordoned",
+        )
+        keep_screen("action-uncordon", uncordoned)
+        assert not (await system.ledger()).nodes[system.node].cordoned
+
+        # Models: topmetrics (the first test's) down to no replica, as `llmgw model scale`.
+        for _ in range(3):
+            term.keys("Tab")
+        term.until(lambda s: "[Models]" in s and "topmetrics" in s, "the models pane")
+        term.keys("n")
+        term.keys("-l", "x")
+        term.keys("Enter")
+        term.until(lambda s: "! the replica count is a whole number" in s, "the count refused")
+        term.keys("BSpace")
+        term.keys("0")
+        term.keys("Enter")
+
+        def scaled(screen: str) -> bool:
+            rows = [line.removeprefix("> ").split() for line in screen.splitlines()]
+            return ["topmetrics", "0", "0", "llamacpp"] in rows
+
+        models = term.until(scaled, "topmetrics at 0 wanted, 0 ready", within_s=30)
+        assert "model topmetrics: 0 replica(s) wanted" in models
+        keep_screen("action-scale", models)
+
+        term.keys("Tab")
+        term.until(lambda s: "[Mirror]" in s and "no fetch running" in s, "the mirror pane")
+        term.keys("i")
+        term.keys("-l", "../up")
+        term.keys("Enter")
+        term.until(lambda s: "is not an Ollama model name" in s, "the name refused")
+        term.keys("Escape")
+        term.until(lambda s: "import: cancelled" in s, "the prompt closed")
+        term.keys("i")
+        term.keys("-l", "smollm2:135m")
+        term.keys("Enter")
+
+        def imported(screen: str) -> bool:
+            rows = [line.split() for line in screen.splitlines()]
+            return any(r[:1] == ["smollm2-135m"] and "ollama:smollm2:135m" in r for r in rows)
+
+        mirror = term.until(imported, "the imported model in the mirror pane", within_s=30)
+        assert "imported smollm2:135m as smollm2-135m" in mirror
+        keep_screen("mirror", mirror)
+        term.keys("q")
+        term.until_exited()
+    listed = system.cli("mirror", "ls").stdout
+    assert "smollm2-135m" in listed

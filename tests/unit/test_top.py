@@ -24,7 +24,8 @@ from workers.top.data import (
     model_rates,
     queue_from_samples,
 )
-from workers.top.render import HELP, QUIT, REFRESH, Screen, UiState, handle_key, render
+from workers.top.keys import QUIT, REFRESH, UiState, handle_key
+from workers.top.render import Screen, render
 from workflows.contracts import (
     GpuInfo,
     LedgerState,
@@ -91,7 +92,9 @@ def lines_of(
 
 
 def rows(lines: list[str], first_word: str) -> list[str]:
-    return [line for line in lines if line.split() and line.split()[0] == first_word]
+    # A selected row is marked "> " in the gutter: the rows come without it.
+    unmarked = [line.removeprefix("> ") for line in lines]
+    return [line for line in unmarked if line.split()[:1] == [first_word]]
 
 
 def test_the_screen_is_exactly_the_terminals_size() -> None:
@@ -100,7 +103,9 @@ def test_the_screen_is_exactly_the_terminals_size() -> None:
         assert len(lines) == height
         assert all(len(line) == width for line in lines)
     assert render(Screen(None, []), UiState(), 0, 10) == []
-    assert lines_of(UiState())[-1].rstrip() == HELP
+    assert lines_of(UiState())[-1].rstrip() == UiState().help
+    assert UiState().help.startswith("q quit")
+    assert "c cordon" in UiState().help
 
 
 def test_nodes_show_their_gpus_now_summed_and_one_by_one() -> None:
@@ -113,17 +118,16 @@ def test_nodes_show_their_gpus_now_summed_and_one_by_one() -> None:
     (c_node,) = rows(lines, "c-node")
     assert "?" in c_node.split()
     assert "ConnectError" in c_node
-    gpu_lines = [line for line in lines if line.startswith("  gpu ")]
+    # Under their node, behind the gutter where a selected node is marked.
+    gpu_lines = [line for line in lines if line.startswith("    gpu ")]
     assert len(gpu_lines) == 3
     assert gpu_lines[0].split()[3:7] == ["10%", "10/80", "40C", "100/700"]
 
 
 def node_order(ui: UiState) -> list[str]:
-    return [
-        line.split()[0]
-        for line in lines_of(ui)
-        if line.split()[:1] != [] and line.split()[0].endswith("-node")
-    ]
+    # The selected node is marked "> " in the gutter.
+    words = [line.removeprefix("> ").split() for line in lines_of(ui)]
+    return [w[0] for w in words if w[:1] != [] and w[0].endswith("-node")]
 
 
 def test_s_sorts_nodes_by_name_utilisation_then_memory() -> None:
@@ -144,8 +148,12 @@ def test_keys_switch_panes_sort_scroll_refresh_and_quit() -> None:
     assert (ui.pane_name, action) == ("Replicas", None)
     ui, _ = handle_key(ui, curses.KEY_RIGHT)
     assert ui.pane_name == "Traffic"
-    ui, _ = handle_key(ui, curses.KEY_RIGHT)
-    assert ui.pane_name == "Nodes"
+    for name in ("Models", "Mirror", "Nodes"):
+        ui, _ = handle_key(ui, curses.KEY_RIGHT)
+        assert ui.pane_name == name
+    ui, _ = handle_key(ui, curses.KEY_LEFT)
+    assert ui.pane_name == "Mirror"
+    ui, _ = handle_key(ui, curses.KEY_LEFT)
     ui, _ = handle_key(ui, curses.KEY_LEFT)
     assert ui.pane_name == "Traffic"
     ui, _ = handle_key(ui, curses.KEY_DOWN)
@@ -392,7 +400,9 @@ def test_cluster_rows_join_the_ledger_with_the_agents_figures() -> None:
         nodes={
             "n1": record("n1", NodeState.READY, 1),
             "n2": record("n2", NodeState.UNREACHABLE, 1),
-            "cpu": record("cpu", NodeState.READY, 0),
+            "cpu": record("cpu", NodeState.READY, 0).model_copy(
+                update={"cordoned": True, "note": "disk swap"}
+            ),
         },
         routes={
             "m-0": Route(
@@ -429,12 +439,16 @@ def test_cluster_rows_join_the_ledger_with_the_agents_figures() -> None:
     assert by_name["n1"].gpus[0].warning == "throttled: hw_thermal_slowdown"
     assert by_name["n2"].telemetry_problem == "http://n2:8005/metrics: ConnectTimeout"
     assert by_name["cpu"].telemetry_problem == ""  # no GPUs: nothing is missing
+    assert (by_name["cpu"].cordoned, by_name["cpu"].note) == (True, "disk swap")
+    (cpu_row,) = rows(lines_of(UiState(), TopData(taken_at=0, nodes=nodes)), "cpu")
+    assert cpu_row.split()[1:3] == ["ready,cordoned", "0"]
+    assert cpu_row.rstrip().endswith("disk swap")
     m0, m1 = replicas
     assert (m0.running, m0.waiting) == (2, 5)
     assert (m1.running, m1.state) == (None, "ready (node unreachable)")
 
 
-@pytest.mark.parametrize("pane", [0, 1, 2])
+@pytest.mark.parametrize("pane", [0, 1, 2, 3, 4])
 def test_before_the_first_reading(pane: int) -> None:
     lines = render(Screen(None, []), UiState(pane=pane), 80, 10)
     assert lines[0].startswith("llmgw top  reading...")

@@ -39,6 +39,7 @@ class NodeRow(BaseModel):
     state: str
     cordoned: bool = False
     draining: bool = False
+    note: str = ""  # why it was cordoned or drained, or what its workflow is doing about it
     cpu_cores: int = 0
     memory_mb: int = 0
     gpus: list[GpuRow] = Field(default_factory=list)
@@ -97,6 +98,40 @@ class KeyQuota(BaseModel):
     tpm: int | None = None
 
 
+class ModelRow(BaseModel):
+    """A model in the catalog: the replicas it wants and those ready."""
+
+    name: str
+    wanted: int = 0
+    ready: int = 0
+    engine: str = ""
+    external: bool = False
+    removing: bool = False
+
+
+class ArtifactRow(BaseModel):
+    """A name in the control plane's mirror: its artifact and the models that use it."""
+
+    name: str
+    digest: str
+    size: int | None = None  # None: the manifest could not be read (`problem` says why)
+    files: int = 0
+    source: str = ""
+    models: list[str] = Field(default_factory=list)
+    problem: str = ""
+
+
+class FetchRow(BaseModel):
+    """A node's fetch of an artifact in progress (`llmgw fetches`' columns)."""
+
+    node: str
+    artifact: str
+    model: str
+    state: str
+    progress: str = ""
+    detail: str = ""
+
+
 class TopData(BaseModel):
     taken_at: float  # seconds (monotonic for a live source): only differences matter
     nodes: list[NodeRow] = Field(default_factory=list)
@@ -107,6 +142,10 @@ class TopData(BaseModel):
     waiting: list[WaitingRow] = Field(default_factory=list)  # in the gateway's fair queue
     # Replica id -> the requests the gateway sends it at once, learnt from its engine.
     replica_depths: dict[str, float] = Field(default_factory=dict)
+    catalog: list[ModelRow] = Field(default_factory=list)  # the models defined
+    mirror: list[ArtifactRow] = Field(default_factory=list)
+    mirror_dir: str = ""  # where the mirror was read ("" when it was not)
+    fetches: list[FetchRow] = Field(default_factory=list)
     # What could not be read this time, in words ("gateway admin API: ConnectError").
     problems: list[str] = Field(default_factory=list)
 
@@ -159,6 +198,7 @@ def cluster_rows(
                 state=record.state.value,
                 cordoned=record.cordoned,
                 draining=record.draining,
+                note=record.note,
                 cpu_cores=record.inventory.cpu_cores,
                 memory_mb=record.inventory.memory_mb,
                 gpus=gpus,

@@ -1,15 +1,16 @@
 """`llmgw top` drawn as text: a pure function from what was read and the operator's choices
-(pane, sort, scroll) to the screen's lines for a given width and height, and the keys that
-change those choices. workers/top/console.py puts the lines on a curses screen; tests read them.
+(pane, sort, scroll, the selected row, a prompt: workers/top/keys.py) to the screen's lines for
+a given width and height. workers/top/console.py puts the lines on a curses screen; tests read
+them.
 """
 
 from __future__ import annotations
 
-import curses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from workers.tables import table
+from workers.top.catalog_panes import GUTTER, MARK, mirror_pane, models_pane
 from workers.top.data import (
     GpuRow,
     KeyQuota,
@@ -19,60 +20,9 @@ from workers.top.data import (
     ReplicaRow,
     TopData,
 )
+from workers.top.keys import PANES, SELECTABLE, UiState
 
-PANES = ("Nodes", "Replicas", "Traffic")
-SORTS: dict[str, tuple[str, ...]] = {
-    "Nodes": ("name", "util", "memory", "temperature"),
-    "Replicas": ("name", "model", "state", "load"),
-    "Traffic": ("requests/s", "name"),
-}
-HELP = "q quit  tab/left/right pane  s sort  up/down scroll  r refresh"
 _GIB = 1024**3
-_TAB = 9
-
-
-@dataclass(frozen=True)
-class UiState:
-    pane: int = 0
-    sorts: tuple[int, ...] = (0, 0, 0)
-    scroll: int = 0
-
-    @property
-    def pane_name(self) -> str:
-        return PANES[self.pane]
-
-    @property
-    def sort_name(self) -> str:
-        return SORTS[self.pane_name][self.sorts[self.pane]]
-
-
-QUIT = "quit"
-REFRESH = "refresh"
-
-
-def handle_key(ui: UiState, key: int) -> tuple[UiState, str | None]:
-    """The new choices after a key, and QUIT or REFRESH when the key asks for one."""
-    if key in (ord("q"), ord("Q")):
-        return ui, QUIT
-    if key in (ord("r"), ord("R")):
-        return ui, REFRESH
-    if key in (_TAB, curses.KEY_RIGHT):
-        return replace(ui, pane=(ui.pane + 1) % len(PANES), scroll=0), None
-    if key in (curses.KEY_BTAB, curses.KEY_LEFT):
-        return replace(ui, pane=(ui.pane - 1) % len(PANES), scroll=0), None
-    if key in (ord("s"), ord("S")):
-        sorts = list(ui.sorts)
-        sorts[ui.pane] = (sorts[ui.pane] + 1) % len(SORTS[ui.pane_name])
-        return replace(ui, sorts=tuple(sorts), scroll=0), None
-    if key == curses.KEY_DOWN:
-        return replace(ui, scroll=ui.scroll + 1), None
-    if key == curses.KEY_UP:
-        return replace(ui, scroll=max(0, ui.scroll - 1)), None
-    if key == curses.KEY_NPAGE:
-        return replace(ui, scroll=ui.scroll + 10), None
-    if key == curses.KEY_PPAGE:
-        return replace(ui, scroll=max(0, ui.scroll - 10)), None
-    return ui, None
 
 
 @dataclass(frozen=True)
@@ -152,21 +102,26 @@ def _node_state(node: NodeRow) -> str:
     return f"{node.state},cordoned" if node.cordoned else node.state
 
 
-def _nodes(data: TopData, sort: str) -> list[str]:
+def node_order(data: TopData, sort: str) -> list[NodeRow]:
     def by(key: Callable[[NodeRow], float]) -> list[NodeRow]:
         return sorted(data.nodes, key=lambda n: (-key(n), n.name))
 
     if sort == "util":
-        nodes = by(lambda n: _node_util(n) or 0.0)
-    elif sort == "memory":
-        nodes = by(_node_memory_share)
-    elif sort == "temperature":
-        nodes = by(lambda n: _node_temp(n) or 0.0)
-    else:
-        nodes = sorted(data.nodes, key=lambda n: n.name)
+        return by(lambda n: _node_util(n) or 0.0)
+    if sort == "memory":
+        return by(_node_memory_share)
+    if sort == "temperature":
+        return by(lambda n: _node_temp(n) or 0.0)
+    return sorted(data.nodes, key=lambda n: n.name)
+
+
+def _nodes(data: TopData, sort: str, selected: int) -> tuple[list[str], int]:
+    """The pane's lines, and which of the rows below the headings is the selected node's."""
     rows = []
-    for node in nodes:
+    marks = []
+    for i, node in enumerate(node_order(data, sort)):
         cards = _cards(node)
+        marks.append(MARK if i == selected else GUTTER)
         rows.append(
             [
                 node.name,
@@ -176,11 +131,12 @@ def _nodes(data: TopData, sort: str) -> list[str]:
                 _gib(_sum([g.memory_used for g in cards]), _sum([g.memory_total for g in cards])),
                 _temp(_node_temp(node)),
                 _watts(_sum([g.power_w for g in cards]), _sum([g.power_limit_w for g in cards])),
-                node.telemetry_problem,
+                "; ".join(n for n in (node.note, node.telemetry_problem) if n),
             ]
         )
         for gpu in node.gpus:
             label = f"  gpu {gpu.index}" if gpu.parent is None else f"    mig {gpu.index}"
+            marks.append(GUTTER)
             rows.append(
                 [
                     label,
@@ -194,7 +150,18 @@ def _nodes(data: TopData, sort: str) -> list[str]:
                 ]
             )
     headers = ["NODE", "STATE", "GPUS", "UTIL", "MEM GiB", "TEMP", "POWER W", "NOTE"]
-    return table(headers, rows).splitlines()
+    lines = table(headers, rows).splitlines()
+    marked = [mark + line for mark, line in zip([GUTTER, *marks], lines, strict=True)]
+    return marked, marks.index(MARK) if MARK in marks else 0
+
+
+def selectable(data: TopData | None, ui: UiState) -> list[str]:
+    """The rows an action can pick in this pane (node or model names), in the order shown."""
+    if data is None or ui.pane_name not in SELECTABLE:
+        return []
+    if ui.pane_name == "Nodes":
+        return [n.name for n in node_order(data, ui.sort_name)]
+    return [m.name for m in data.catalog]
 
 
 def _load(replica: ReplicaRow) -> float:
@@ -361,6 +328,21 @@ def _fit(line: str, width: int) -> str:
     return line[:width].ljust(width)
 
 
+def _body(data: TopData, screen: Screen, ui: UiState) -> tuple[list[str], int | None]:
+    """The pane's lines (column headings first), and which of the rows below the headings is
+    the selected one in a pane where rows are picked (None elsewhere)."""
+    picked = min(ui.selected, max(0, len(selectable(data, ui)) - 1))
+    if ui.pane_name == "Nodes":
+        return _nodes(data, ui.sort_name, picked)
+    if ui.pane_name == "Replicas":
+        return _replicas(data, ui.sort_name), None
+    if ui.pane_name == "Traffic":
+        return _traffic(data, screen.rates, ui.sort_name), None
+    if ui.pane_name == "Models":
+        return models_pane(data, picked), picked
+    return mirror_pane(data), None
+
+
 def render(screen: Screen, ui: UiState, width: int, height: int) -> list[str]:
     """Exactly `height` lines of exactly `width` characters."""
     if width <= 0 or height <= 0:
@@ -373,21 +355,18 @@ def render(screen: Screen, ui: UiState, width: int, height: int) -> list[str]:
         head.append(f"! {problems[0]}{more}")
     else:
         head.append("")
-    if data is None:
-        body: list[str] = []
-    elif ui.pane_name == "Nodes":
-        body = _nodes(data, ui.sort_name)
-    elif ui.pane_name == "Replicas":
-        body = _replicas(data, ui.sort_name)
-    else:
-        body = _traffic(data, screen.rates, ui.sort_name)
-    room = max(0, height - len(head) - 1)
+    body, picked_line = _body(data, screen, ui) if data is not None else ([], None)
+    foot = ui.foot
+    room = max(0, height - len(head) - len(foot))
     if body:
-        # The column headings stay; the rows below them scroll.
+        # The column headings stay; the rows below them scroll (to the selected row, in a
+        # pane where rows are picked).
         heading, rows = body[0], body[1:]
-        start = min(ui.scroll, max(0, len(rows) - (room - 1)))
-        body = [heading, *rows[start : start + max(0, room - 1)]]
+        shown = max(0, room - 1)
+        start = ui.scroll if picked_line is None else max(0, picked_line - (shown - 1))
+        start = min(start, max(0, len(rows) - shown))
+        body = [heading, *rows[start : start + shown]]
     lines = [*head, *body[:room]]
-    lines += [""] * (height - 1 - len(lines))
-    lines.append(HELP)
+    lines += [""] * (height - len(foot) - len(lines))
+    lines += foot
     return [_fit(line, width) for line in lines[:height]]

@@ -1,8 +1,10 @@
 """Where `llmgw top` reads from: the cluster ledger's snapshot through Temporal (nodes,
 replicas), each node agent's /metrics (GPUs now, engines' load; workers/node_telemetry.py)
 and the gateway's admin listener on loopback (its counters and fair queue on /metrics, keys
-and usage). What
-cannot be read becomes a line in `TopData.problems`; the rest is still shown.
+and usage); for the Models and Mirror panes, the catalog through Temporal (as `llmgw model
+list`), the nodes' fetches in progress (as `llmgw fetches`) and the mirror's files in the state
+dir (as `llmgw mirror ls`). What cannot be read becomes a line in `TopData.problems`; the rest
+is still shown.
 """
 
 from __future__ import annotations
@@ -17,9 +19,13 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from temporalio.client import Client
 
+from activities.control.mirror.store import MirrorStore
 from store.fleet import FleetTables
+from workers.commands.mirror import mirror_entries
+from workers.fetch_progress import running_fetches
 from workers.node_telemetry import read_agents
 from workers.progress import ledger_snapshot
+from workers.top.catalog import artifact_rows, artifacts_used, fetch_rows, model_rows
 from workers.top.data import (
     TopData,
     cluster_rows,
@@ -27,6 +33,8 @@ from workers.top.data import (
     key_quotas,
     queue_from_samples,
 )
+from workflows.contracts import Route
+from workflows.model.client import list_models
 
 # Each read is bounded, so a refresh never hangs on a frozen server.
 LEDGER_TIMEOUT_S = 5.0
@@ -41,16 +49,58 @@ def _why(err: BaseException) -> str:
     return str(err) or type(err).__name__
 
 
+class CatalogReader:
+    """The models, the fetches in progress and the mirror in the state dir, read into a
+    `TopData` the ledger's snapshot has filled (its routes give the ready replicas)."""
+
+    def __init__(self, client: Client, mirror_dir: Path) -> None:
+        self._client = client
+        self._mirror_dir = mirror_dir
+
+    async def read(self, data: TopData, routes: list[Route]) -> None:
+        views, fetches = await asyncio.gather(
+            asyncio.wait_for(list_models(self._client), LEDGER_TIMEOUT_S),
+            asyncio.wait_for(running_fetches(self._client), LEDGER_TIMEOUT_S),
+            return_exceptions=True,
+        )
+        if isinstance(views, BaseException):
+            data.problems.append(f"models: {_why(views)}")
+            views = []
+        else:
+            data.catalog = model_rows(views, routes)
+        if isinstance(fetches, BaseException):
+            data.problems.append(f"fetches: {_why(fetches)}")
+        else:
+            data.fetches = fetch_rows(fetches)
+        data.mirror_dir = str(self._mirror_dir)
+        if not self._mirror_dir.is_dir():
+            return  # nothing added yet, or the control plane's state dir is on another machine
+        try:
+            entries = await asyncio.to_thread(mirror_entries, MirrorStore(self._mirror_dir))
+        except OSError as err:
+            data.problems.append(f"mirror at {self._mirror_dir}: {_why(err)}")
+            return
+        data.mirror = artifact_rows(entries, artifacts_used(views))
+
+
 class LiveSource:
-    def __init__(self, client: Client, fleet: FleetTables, admin_url: str) -> None:
+    def __init__(
+        self,
+        client: Client,
+        fleet: FleetTables,
+        admin_url: str,
+        catalog: CatalogReader | None = None,
+    ) -> None:
         self._client = client
         self._fleet = fleet
         self._admin = admin_url.rstrip("/")
+        self._catalog = catalog
         self._last: TopData | None = None
 
     async def read(self) -> TopData:
         problems: list[str] = []
         taken_at = time.monotonic()
+        routes: list[Route] = []
         try:
             ledger = await asyncio.wait_for(ledger_snapshot(self._fleet), LEDGER_TIMEOUT_S)
         except Exception as err:  # noqa: BLE001 - shown on screen; the console keeps going
@@ -59,7 +109,10 @@ class LiveSource:
         else:
             urls = {name: r.inventory.metrics_url for name, r in ledger.nodes.items()}
             nodes, replicas = cluster_rows(ledger, await read_agents(urls))
+            routes = list(ledger.routes.values())
         data = TopData(taken_at=taken_at, nodes=nodes, replicas=replicas, problems=problems)
+        if self._catalog is not None:
+            await self._catalog.read(data, routes)
         # The admin API refuses requests through a proxy's address (loopback only).
         async with httpx.AsyncClient(trust_env=False, timeout=ADMIN_TIMEOUT_S) as http:
             await self._gateway(http, data)
