@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -52,9 +52,10 @@ def _print_result(result: StepResult) -> None:
     )
 
 
-async def check(state: CheckState, budget_s: float) -> list[StepResult]:
+async def check(state: CheckState, budget_s: float, scale: float = 1.0) -> list[StepResult]:
+    scaled = [replace(step, timeout_s=step.timeout_s * scale) for step in steps(state)]
     try:
-        return await run_steps(steps(state), Budget(budget_s), _print_result)
+        return await run_steps(scaled, Budget(budget_s), _print_result)
     finally:
         # The engine and the gateway the serving steps left running.
         try:
@@ -86,6 +87,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--vllm-version", default=VERSION)
     parser.add_argument(
+        "--vllm-cpu",
+        action="store_true",
+        help="run the engine steps with vLLM's CPU build, to try them without a GPU",
+    )
+    parser.add_argument(
+        "--timeout-scale",
+        type=float,
+        default=1.0,
+        help="multiply every step's timeout (a slow machine, or --vllm-cpu's first install)",
+    )
+    parser.add_argument(
         "--budget", type=float, default=BUDGET_S, help="seconds for all steps together"
     )
     args = parser.parse_args(argv)
@@ -99,12 +111,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         node=args.node,
         address=args.address or machine_steps.default_address(),
         vllm_version=args.vllm_version,
+        cpu_engine=args.vllm_cpu,
     )
     print(f"gpu-check: node {state.node} ({state.address}), report in {out}", file=sys.stderr)
     began = time.monotonic()
     # Not asyncio.run: it would wait, on the way out, for a thread a timed-out step left.
     loop = asyncio.new_event_loop()
-    results = loop.run_until_complete(check(state, args.budget))
+    results = loop.run_until_complete(check(state, args.budget, args.timeout_scale))
     print(table(results))
     print(f"total {time.monotonic() - began:.0f}s; fixture: {state.fixture}; report: {out}")
     report = {

