@@ -79,7 +79,13 @@ def test_a_cross_site_page_can_neither_read_nor_command(
     other_port = {**JSON, "Origin": "http://127.0.0.1:1"}
     response = http.post("/admin/v1/models/qwen/scale", json={"replicas": 0}, headers=other_port)
     assert response.status_code == 403
+    imported = http.post(
+        "/admin/v1/imports/ollama", json={"reference": "smollm2:135m"}, headers=evil
+    )
+    assert imported.status_code == 403
     assert gateway.cluster.commands == before
+    assert gateway.cluster.imports is not None
+    assert gateway.cluster.imports.views() == []
 
 
 def test_commands_are_checked_before_they_reach_the_cluster(
@@ -93,7 +99,12 @@ def test_commands_are_checked_before_they_reach_the_cluster(
     negative = http.post("/admin/v1/models/qwen/scale", json={"replicas": -1})
     assert negative.status_code == 400
     assert "replicas" in negative.json()["error"]["message"]
+    for body in ({"reference": ""}, {"reference": "smollm2:135m", "store": "/etc"}):
+        refused = http.post("/admin/v1/imports/ollama", json=body)
+        assert refused.status_code == 400, body
     assert gateway.cluster.commands == before
+    assert gateway.cluster.imports is not None
+    assert gateway.cluster.imports.views() == []
     # What the cluster itself refuses comes back in its words.
     missing = http.post("/admin/v1/nodes/no-such-node/cordon", json={})
     assert missing.status_code == 404
@@ -131,6 +142,9 @@ class FlakyCluster:
         raise AssertionError("not asked")
 
     async def scale(self, model: str, replicas: int) -> str:
+        raise AssertionError("not asked")
+
+    async def import_ollama(self, reference: str, name: str, mirror: bool) -> str:
         raise AssertionError("not asked")
 
 

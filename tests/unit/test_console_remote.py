@@ -137,6 +137,8 @@ def test_without_a_session_nothing_is_served_but_the_login(
     assert http.get("/console/v1/console").status_code == 401
     response = http.post(f"/console/v1/nodes/{RACK[0]}/cordon", json={})
     assert response.status_code == 401
+    imported = http.post("/console/v1/imports/ollama", json={"reference": "smollm2:135m"})
+    assert imported.status_code == 401
     assert gateway.cluster.commands == before
 
 
@@ -160,6 +162,13 @@ def test_a_change_needs_the_sessions_csrf_token(
     )
     assert bad.status_code == 400
     assert "replicas" in bad.json()["error"]["message"]
+    tokenless = http.post("/console/v1/imports/ollama", json={"reference": "smollm2:135m"})
+    assert tokenless.status_code == 403
+    unknown = http.post(
+        "/console/v1/imports/ollama", json={"reference": "nothere"}, headers={"X-CSRF-Token": token}
+    )
+    assert unknown.status_code == 404
+    assert "no model nothere" in unknown.json()["error"]["message"]
     made = http.post(
         "/console/v1/keys", json={"name": "from-remote"}, headers={"X-CSRF-Token": token}
     )
