@@ -17,8 +17,9 @@ from bench.gpu_check.fixture_loader import differences, discover_fixture
 from bench.gpu_check.recorder import (
     MachineSources,
     anonymous_machine_id,
-    fixture_view,
     record_machine,
+    steady_view,
+    write_expected,
 )
 from bench.gpu_check.runner import Failed
 from bench.gpu_check.state import CheckState
@@ -77,8 +78,9 @@ async def discovery(state: CheckState) -> str:
         record_machine, state.fixture, inventory, MachineSources(), {"machine": name}
     )
     loaded = await asyncio.to_thread(discover_fixture, state.fixture, state.node)
+    write_expected(state.fixture, loaded)
     live = inventory.model_copy(update={"machine_id": anonymous_machine_id(inventory.machine_id)})
-    missing = differences(fixture_view(live), fixture_view(loaded))
+    missing = differences(steady_view(live), steady_view(loaded))
     if missing:
         raise Failed(f"the fixture {name} does not reproduce discovery: {'; '.join(missing)}")
     if inventory.problems:

