@@ -87,11 +87,16 @@ async def test_top_shows_the_node_and_replica_follows_traffic_and_quits(
 
 
 async def test_top_cordons_and_uncordons_the_node_and_imports_into_the_mirror(
-    system: System, tmp_path: Path
+    system: System, weights, tmp_path: Path
 ) -> None:
     """The actions from the keyboard, run as `llmgw node cordon|uncordon`, `llmgw model scale`
     and `llmgw mirror add ollama://` run them: the ledger changes and the screen shows it. Last
     in this module: the node is given back uncordoned."""
+    # First in the Models pane (by name), with no replica until the console scales it.
+    system.cli(
+        *("model", "add", "scaled", "--weights", str(weights), "--cpu-cores", "1"),
+        *("--replicas", "0"),
+    )
     gguf = tmp_path / "tiny.gguf"
     gguf.write_bytes(b"GGUF" + bytes(2048))
     ollama_store(tmp_path / "ollama", gguf, {})
@@ -129,24 +134,24 @@ async def test_top_cordons_and_uncordons_the_node_and_imports_into_the_mirror(
         keep_screen("action-uncordon", uncordoned)
         assert not (await system.ledger()).nodes[system.node].cordoned
 
-        # Models: topmetrics (the first test's) down to no replica, as `llmgw model scale`.
+        # Models: `scaled` up to one replica, as `llmgw model scale` does it.
         for _ in range(3):
             term.keys("Tab")
-        term.until(lambda s: "[Models]" in s and "topmetrics" in s, "the models pane")
+        term.until(lambda s: "[Models]" in s and "> scaled" in s, "the models pane")
         term.keys("n")
         term.keys("-l", "x")
         term.keys("Enter")
         term.until(lambda s: "! the replica count is a whole number" in s, "the count refused")
         term.keys("BSpace")
-        term.keys("0")
+        term.keys("1")
         term.keys("Enter")
 
         def scaled(screen: str) -> bool:
             rows = [line.removeprefix("> ").split() for line in screen.splitlines()]
-            return ["topmetrics", "0", "0", "llamacpp"] in rows
+            return ["scaled", "1", "1", "llamacpp"] in rows
 
-        models = term.until(scaled, "topmetrics at 0 wanted, 0 ready", within_s=30)
-        assert "model topmetrics: 0 replica(s) wanted" in models
+        models = term.until(scaled, "scaled: 1 wanted, 1 ready", within_s=60)
+        assert "model scaled: 1 replica(s) wanted" in models
         keep_screen("action-scale", models)
 
         term.keys("Tab")
