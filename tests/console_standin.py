@@ -18,6 +18,7 @@ is recorded here instead of reaching a model workflow.
 from __future__ import annotations
 
 import asyncio
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,8 @@ from activities.agent.gpu_parsing import (
 )
 from activities.agent.gpu_telemetry import GpuSample, parse_telemetry_xml
 from activities.agent.node_metrics import NodeReading, render
-from activities.control.mirror.add import add_source
-from activities.control.mirror.sources import parse_source
+from activities.control.mirror.add import record
+from activities.control.mirror.ingest import ingest_stream
 from activities.control.mirror.store import MirrorStore
 from gateway.console.source import ConsoleRefused
 from tests.machine_tools import MACHINES
@@ -76,6 +77,8 @@ IMEX_DOWN_TRAY = RACK[11]
 # The Ollama model the console imports, and deepseek's weights in the mirror.
 OLLAMA_MODEL = "smollm2:135m"
 MIRRORED = "deepseek"
+MIRRORED_SOURCE = "hf://deepseek-ai/DeepSeek-R1@stand-in"
+WEIGHTS_FILE = "model-00001.safetensors"
 
 
 def fixture_gpus(machine: str) -> list[GpuInfo]:
@@ -290,12 +293,15 @@ def standin_fetches(manifest: str = "sha256:" + "ab" * 32) -> list[FetchStatus]:
 
 
 def standin_mirror(root: Path) -> str:
-    """A real mirror under `root` holding deepseek's weights (a stand-in file); its digest."""
-    weights = root / "deepseek-weights" / "model-00001.safetensors"
-    weights.parent.mkdir(parents=True)
-    weights.write_bytes(b"stand-in weights " * 4096)
+    """A real mirror under `root` holding deepseek's weights (a small stand-in file, recorded
+    as taken from the Hub); its digest."""
     store = MirrorStore(root / "mirror")
-    return add_source(store, parse_source(str(weights.parent)), MIRRORED).digest
+    store.ensure()
+    data = b"stand-in weights " * 4096
+    with store.adding():
+        stored = ingest_stream(store, io.BytesIO(data), WEIGHTS_FILE, len(data))
+        added = record(store, MIRRORED, MIRRORED_SOURCE, {WEIGHTS_FILE: stored})
+    return added.digest
 
 
 def standin_ollama(root: Path) -> Path:

@@ -136,7 +136,8 @@ class OllamaImports:
             job.state, job.detail = "failed", f"the definition was refused: {err}"
         else:
             job.state = "done"
-            job.detail = f"model {plan.spec.name} defined on {plan.spec.weights}"
+            # The copy's name, not its path: the models directory is the state dir's.
+            job.detail = f"model {plan.spec.name} defined on models/{Path(plan.spec.weights).name}"
 
     def _copy(self, plan: ImportPlan, job: ImportView, ollama_store: str | None) -> None:
         """In a thread: the verified copies, every file's bytes counted into the job."""

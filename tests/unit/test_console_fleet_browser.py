@@ -133,7 +133,7 @@ def tray_fabric(browser: Any, tray: str) -> str:
 
 
 def test_the_nvlink_rack_shows_each_trays_fabric_and_imex(
-    gateway: ConsoleGateway, browser: Any, tmp_path: Path
+    gateway: ConsoleGateway, browser: Any
 ) -> None:
     open_page(browser, gateway, "nvlink")
     until(lambda: all_css(browser, ".tray-fabric"), "the trays' fabric")
@@ -146,7 +146,6 @@ def test_the_nvlink_rack_shows_each_trays_fabric_and_imex(
         for e in all_css(browser, ".tray-fabric.fabric-bad, .tray-fabric.fabric-degraded")
     }
     assert faulty == {DEGRADED_TRAY, UNJOINED_TRAY, IMEX_DOWN_TRAY}
-    screenshot(browser, "nvlink", tmp_path)
     assert console_errors(browser) == []
 
 
@@ -187,7 +186,7 @@ def test_a_node_page_from_the_nodes_list_with_its_replicas_resources_and_command
 
 
 def test_a_model_using_more_than_it_reserved_is_warned_of(
-    gateway: ConsoleGateway, browser: Any, tmp_path: Path
+    gateway: ConsoleGateway, browser: Any
 ) -> None:
     open_page(browser, gateway, "models")
     warning = until(lambda: by_css(browser, '[data-over-model="smol"]').text, "the warning")
@@ -196,5 +195,4 @@ def test_a_model_using_more_than_it_reserved_is_warned_of(
     deepseek = by_css(browser, 'table[data-table="resources-deepseek"]').text
     assert "30,720 / 65,536 MiB" in deepseek  # each shard's memory, used of reserved
     assert "deepseek" in region(browser, "models")
-    screenshot(browser, "models", tmp_path)
     assert console_errors(browser) == []
