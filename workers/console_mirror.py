@@ -3,16 +3,16 @@ artifact's size and files, the models whose weights or adapters are that artifac
 holding it whole and those fetching it now; and the imports from Ollama the console started.
 
 Pure, like workers/console_data.py: the names come from `llmgw mirror ls`' own reading
-(workers/commands/mirror.mirror_entries), read by workers/console_cluster.py.
+(workers/commands/mirror.mirror_entries), read by workers/console_cluster.py; which models use
+an artifact is `llmgw top`'s Mirror pane's own rule (workers/top/catalog.artifacts_used).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from pydantic import BaseModel, Field
 
 from workers.fetch_progress import FetchStatus
+from workers.top.catalog import artifacts_used
 from workflows.artifact_names import artifact_hint
 from workflows.contracts import ArtifactManifest, ModelView, NodeRecord
 
@@ -52,17 +52,6 @@ class ImportView(BaseModel):
     done: int = 0  # bytes of the import copied so far, every file counted
     total: int = 0
     detail: str = ""  # why it failed, or what it defined
-
-
-def artifacts_used(views: Iterable[ModelView]) -> dict[str, list[str]]:
-    """Manifest digest -> the models whose weights or LoRA adapters are that artifact."""
-    used: dict[str, set[str]] = {}
-    for view in views:
-        spec = view.spec
-        digests = {spec.artifact} | {a.artifact for p in spec.profiles for a in p.lora}
-        for digest in digests - {""}:
-            used.setdefault(digest, set()).add(spec.name)
-    return {digest: sorted(models) for digest, models in used.items()}
 
 
 def mirror_view(
