@@ -148,11 +148,15 @@ class OllamaImports:
             job.file = what
             job.done = sum(copied.values())
 
-        fetch_blobs(plan, lambda blob, done: each(str(blob), done))
+        found = plan.found
+        # Named by their part of the model, as the mirror names them, not by 64 hex digits.
+        kinds = {found.model.digest: "model.gguf"}
+        kinds |= {b.digest: "adapter.gguf" for b in found.adapters}
+        kinds |= {b.digest: "projector.gguf" for b in found.projectors}
+        fetch_blobs(plan, lambda blob, done: each(kinds.get(blob.digest, str(blob)), done))
         job.done = job.total  # a file already there is verified, not copied
         if not job.mirror:
             return
-        found = plan.found
         copied.clear()
         job.state, job.done = "mirroring", 0
         job.total = sum(b.size for b in (found.model, *found.adapters, *found.projectors))

@@ -57,6 +57,7 @@ async def test_an_import_copies_verifies_mirrors_and_defines_with_its_progress(
 ) -> None:
     kit = Imports(tmp_path)
     seen: list[tuple[str, int, int]] = []
+    files: set[str] = set()
     real = console_import.fetch_blobs
 
     def watched(plan: ImportPlan, progress: BlobProgress) -> list[str]:
@@ -64,6 +65,7 @@ async def test_an_import_copies_verifies_mirrors_and_defines_with_its_progress(
             progress(blob, done)
             (view,) = kit.imports.views()
             seen.append((view.state, view.done, view.total))
+            files.add(view.file)
 
         return real(plan, each)
 
@@ -78,6 +80,7 @@ async def test_an_import_copies_verifies_mirrors_and_defines_with_its_progress(
     assert len(done) >= 3
     assert done[-1] == kit.size
     assert all(total == kit.size for _, _, total in seen)
+    assert files == {"model.gguf"}  # the file named by its part of the model
     (view,) = kit.imports.views()
     assert (view.state, view.done, view.total) == ("done", kit.size, kit.size)
     # Defined as import-ollama defines it, on the verified copy; and into the mirror.
