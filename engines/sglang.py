@@ -10,6 +10,10 @@ process was started with, which has no key.
 
 Multi-node: every node runs the server with `--nnodes N --node-rank R --dist-init-addr
 LEADER:PORT`; only rank 0 serves HTTP.
+
+GPUs only: the command line is a GPU server's (no `--device cpu`). SGLang's CPU engine needs
+sgl-kernel's CPU build, which no package on PyPI holds and which needs AVX-512 and AMX; the
+engine plan says so to a node without a GPU (docs/nodes.md, "SGLang on a CPU node").
 """
 
 from __future__ import annotations

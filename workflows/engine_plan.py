@@ -197,7 +197,8 @@ def _why_not(engine: str, config: EngineConfig, inventory: NodeInventory) -> str
     facts = _facts(engine)
     if facts.needs_nvidia and not _has_nvidia_gpu(inventory):
         if not facts.cpu_build:
-            return f"{facts.title} needs an NVIDIA GPU"
+            why = f": {facts.no_cpu_build}" if facts.no_cpu_build else ""
+            return f"{facts.title} needs an NVIDIA GPU{why}"
         # An operator's path may hold a CPU build; a package named `-cpu` is one.
         cpu_package = is_cpu_package(config.package or facts.default_package)
         if not config.path and not cpu_package:

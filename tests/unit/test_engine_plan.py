@@ -84,6 +84,23 @@ def test_sglang_needs_a_gpu_and_trtllm_also_an_operator_path() -> None:
     assert (trt.source, trt.path) == (EngineSource.PATH, "/opt/trt/bin/trtllm-serve")
 
 
+def test_sglang_on_a_cpu_node_says_why_no_package_or_path_helps() -> None:
+    """An operator asking for SGLang without a GPU learns what is missing (sgl-kernel's CPU
+    build, not on PyPI; AVX-512 and AMX), whatever package or path is configured."""
+    for config in (
+        {"version": "0.5.23"},
+        {"version": "0.5.23", "package": "sglang-cpu"},
+        {"version": "0.5.23", "path": "/opt/sglang-cpu/venv"},
+    ):
+        result = plan({"sglang": config}, cpu_node())
+        assert result.install == []
+        detail = result.unavailable["sglang"].detail
+        assert detail.startswith("SGLang needs an NVIDIA GPU: ")
+        assert "sgl-kernel's CPU build" in detail
+        assert "AMX" in detail
+        assert "CPU package such as" not in detail  # there is none to suggest
+
+
 def old_driver_node(compute_capability: str = "9.0") -> NodeInventory:
     gpu = GpuInfo(
         index=0,

@@ -46,6 +46,20 @@ def test_names_that_could_escape_are_refused(
     assert why in status.detail
 
 
+def test_a_cpu_package_of_sglang_is_refused_with_the_reason_before_pip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # were pip asked, it would fail differently
+    progress = Lines()
+    req = EngineRequirement(engine="sglang", version="0.5.23", package="sglang-cpu")
+    status = install_python_engine(req, tmp_path / "e", tmp_path / "c", progress, nvidia=True)
+    assert status.state is EngineState.FAILED
+    assert status.detail.startswith("sglang-cpu: llmgw cannot install SGLang for the CPU: ")
+    assert "PyPI does not publish" in status.detail
+    assert progress == []  # no environment made, pip never run
+    assert not (tmp_path / "e").exists()
+
+
 def test_cpu_build_is_recognised_by_its_distribution_record(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     add_distribution_record(venv, "vllm", "0.32.0+cpu")

@@ -127,6 +127,9 @@ class EngineFacts:
     # A CPU build exists (a `<engine>-cpu` package, or an operator's own path), which a node
     # without an NVIDIA GPU may install.
     cpu_build: bool = False
+    # Why a node without an NVIDIA GPU cannot have it, where that is not plain (an engine known
+    # to have a CPU mode llmgw cannot use): said in the node's engine list and by the installer.
+    no_cpu_build: str = ""
     # What its GPU builds need, by version, oldest first (cuda_builds.py); empty when it needs
     # no CUDA. The install plan keeps an engine off a node whose driver or GPUs are too old for
     # the version planned (workflows/engine_plan.py); the doctor warns about installed ones.
@@ -206,7 +209,17 @@ ENGINE_FACTS: dict[str, EngineFacts] = {
             install_sources=(EngineSource.PIP, EngineSource.PATH),
             default_package="sglang",
             needs_nvidia=True,
-            cpu_build=True,
+            # Its CPU engine (SGLANG_USE_CPU_ENGINE=1, --device cpu) runs its KV-cache
+            # bookkeeping through sgl-kernel's CPU ops even with --attention-backend
+            # torch_native (0.5.23: mem_cache/allocation.py, assign_req_to_token_pool_cpu).
+            # Those are in no wheel on PyPI: sglang-kernel's wheels hold only CUDA builds, and
+            # the CPU build (pyproject_cpu.toml) is compiled from SGLang's source for x86-64-v4
+            # with AMX (-march=x86-64-v4 -mamx-tile ...). docs/nodes.md, "SGLang on a CPU node".
+            no_cpu_build=(
+                "SGLang's CPU engine needs sgl-kernel's CPU build, which PyPI does not publish "
+                "(sglang-kernel holds CUDA builds only; there is no sglang-cpu); built from "
+                "SGLang's source it needs AVX-512 and AMX (4th-generation Intel Xeon or newer)"
+            ),
             # PyTorch 2.9.1 and cuda-python 12.9 up to 0.5.10.post1; PyTorch 2.11 and
             # cuda-python 13 from 0.5.11.
             cuda_builds=(
