@@ -3,11 +3,12 @@ and background loop, so nothing starts at import and tests build as many apps as
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from fastapi import Depends, FastAPI, Request
@@ -57,7 +58,11 @@ from gateway.usage import UsageRecorder
 from kv.index import KvBlockIndex
 from store import Store
 from store.models import PRIORITY_CLASSES
+from workflows import otel
 from workflows.engine_keys import peer_bus_key, prefix_hash_key
+
+if TYPE_CHECKING:
+    from gateway.tracing import RequestTracing
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +133,7 @@ def create_app(
         health = StoreHealth(settings.store_outage_grace_s)
         limits = SharedLimits(store, quota, lockout, health, settings.quota_sync_interval_s)
         metrics = GatewayMetrics()
+        tracing = _tracing(settings)
         # Prefix hashes keyed by the cluster's secret: every gateway process computes the same
         # ones, so the peer bus can share what each sent where (prefix_index.py).
         router = Router(
@@ -189,6 +195,7 @@ def create_app(
                 admission=admission,
                 console=ClusterCache(cluster) if cluster is not None else None,
                 peers=peers,
+                tracing=tracing,
             )
             state.metrics.watch_kv(kv_feeds, kv_publishers)
             state.metrics.watch_store(health)
@@ -252,6 +259,10 @@ def create_app(
                 await session.close()
                 body_parser.close()
                 await admission.close()
+                if tracing is not None:
+                    # What is batched goes out before the process ends; the exporter posts
+                    # synchronously, so off the event loop.
+                    await asyncio.to_thread(otel.shutdown)
 
     app = FastAPI(
         title="llmgw gateway",
@@ -297,3 +308,13 @@ def create_app(
         }
 
     return FrontDoor(app, admin_address)
+
+
+def _tracing(settings: GatewaySettings) -> RequestTracing | None:
+    """The request path's spans when an OTLP receiver is named; OpenTelemetry is imported only
+    then (workflows/otel.py)."""
+    if not otel.start("llmgw-gateway", settings.otlp_endpoint):
+        return None
+    from gateway.tracing import RequestTracing
+
+    return RequestTracing()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import aiohttp
 from fastapi import Depends, Request
@@ -33,6 +33,11 @@ from gateway.usage import UsageRecorder
 from kv.index import KvBlockIndex
 from store import ApiKey, Store
 from workflows.contracts import Route
+
+if TYPE_CHECKING:
+    # Imported only where the gateway traces (gateway/app.py): OpenTelemetry stays out of
+    # a gateway that does not.
+    from gateway.tracing import RequestTracing
 
 EXTERNAL_ENGINE = "external"
 
@@ -83,6 +88,8 @@ class GatewayState:
     # The other gateway processes on the store and what they told this one (gateway/peers/);
     # None when settings.peer_bus is off.
     peers: PeerBus | None = None
+    # The request path's spans (gateway/tracing.py); None when the gateway does not trace.
+    tracing: RequestTracing | None = None
 
     def upstream_auth(self, route: Route) -> str | None:
         """The bearer the gateway shows this replica: an external endpoint's own key (or none),

@@ -82,6 +82,9 @@ async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, se
     outcome = Outcome()
     metrics = state.metrics
     metrics.in_flight.inc()
+    tracing = state.tracing
+    if tracing is not None:
+        span, token = tracing.start(scope)
     try:
         outcome.status = await _serve(state, scope, receive, send, started, outcome)
     except ApiError as err:
@@ -90,6 +93,8 @@ async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, se
     finally:
         metrics.in_flight.dec()
         metrics.request(outcome.model, scope["path"], outcome.status, time.perf_counter() - started)
+        if tracing is not None:
+            tracing.end(span, token, outcome.status, outcome.model)
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,8 @@ async def _serve(
     admitted = await _admit(state, scope, receive)
     key, request, limits = admitted.key, admitted.request, admitted.limits
     assert request.prompt_estimate is not None  # set by the body's preparation
+    if state.tracing is not None:
+        state.tracing.admitted(key.key_id, key.name, request.stream, request.prompt_estimate)
     # Held from before the routing table is read (a request waiting on a cold start counts) to
     # the relay's last byte or the client's leaving; a 429 here costs no quota.
     with state.key_inflight.held(
@@ -215,6 +222,8 @@ async def _serve_admitted(
             )
             if admission.waited_s:
                 snapshot = state.routes.snapshot  # the table may have changed meanwhile
+                if state.tracing is not None:
+                    state.tracing.queued(admission.waited_s, priority)
             # From here to the relay's end, whatever raises, this request's reservation is
             # settled: a reservation left open holds a key's budget until the process restarts.
             # Accounting settles once, so after the relay has settled this does nothing.

@@ -81,6 +81,7 @@ class Accounting:
         if self._done:
             return
         self._done = True
+        estimated = counts is None
         if counts is None:
             # The stream ended before the usage chunk (the client left, the engine died): the
             # prompt was processed, so its upper bound is billed, and a streamed chunk is about
@@ -89,6 +90,8 @@ class Accounting:
         prompt, completion = counts
         self.used = prompt + completion
         state = self._state
+        if state.tracing is not None:
+            state.tracing.settled(prompt, completion, estimated)
         state.usage.record(self._key.key_id, self._model, prompt, completion)
         state.metrics.tokens(self._model, prompt, completion)
         overrun = state.quota.settle(self._reservation, prompt + completion)
@@ -305,6 +308,8 @@ class Relay:
             self._state.metrics.kv_cache_error(self._model, self._predicted_cached, reported)
         if self._expected is not None:
             self._state.metrics.routing_checked(self._model, self._expected, reported)
+        if self._state.tracing is not None:
+            self._state.tracing.cached(reported)
 
     async def _relay_stream(self, send: Send, started: float) -> None:
         transport = self._watch.transport
@@ -327,7 +332,10 @@ class Relay:
                     continue
                 if first:
                     first = False
-                    self._state.metrics.first_token(self._model, time.perf_counter() - started)
+                    ttft = time.perf_counter() - started
+                    self._state.metrics.first_token(self._model, ttft)
+                    if self._state.tracing is not None:
+                        self._state.tracing.first_token(ttft)
                     self._state.router.started(self._sent)
                 if counted.saw_done and upstream.at_eof():
                     # [DONE], an engine's last event, came in the read that ended the upstream

@@ -9,6 +9,7 @@ import asyncio
 import functools
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import aiohttp
 
@@ -23,6 +24,9 @@ from gateway.routing.states import Expected, FeedState, classify, expected_cache
 from gateway.tokenize import TokensLater
 from gateway.upstream_post import closed_before_answering, post_upstream
 from workflows.contracts import Route
+
+if TYPE_CHECKING:
+    from gateway.tracing import UpstreamAttempt
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +73,7 @@ async def first_answer(
         if tried:
             state.metrics.retry(model)
         state.metrics.routed(model, decision.reason)
-        expected = _routing_state(state, model, decision, route, routing_key)
+        routed_state, expected = _routing_state(state, model, decision, route, routing_key)
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             failure = failure or "deadline"
@@ -84,13 +88,22 @@ async def first_answer(
             later.ids.add_done_callback(
                 functools.partial(_tokens_arrived, state.router, sent, route, routing_key)
             )
+        attempt: UpstreamAttempt | None = None
+        trace_headers: dict[str, str] | None = None
+        if state.tracing is not None:
+            trace_headers = {}
+            attempt = state.tracing.attempt(
+                route, decision.reason, routed_state, predicted, trace_headers
+            )
         try:
             upstream = await post_upstream(
-                state, route, request, payload.for_route(route), remaining
+                state, route, request, payload.for_route(route), remaining, trace_headers
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             state.inflight.release(route.replica_id)
             state.router.finished(sent)
+            if attempt is not None:
+                attempt.answered(None, type(exc).__name__)
             if route.replica_id not in resent and closed_before_answering(exc):
                 # Most likely a pooled connection the engine closed as idle just as the request
                 # went out. Once per replica the request goes out again, on another connection,
@@ -110,7 +123,12 @@ async def first_answer(
         except BaseException:
             state.inflight.release(route.replica_id)
             state.router.finished(sent)
+            if attempt is not None:
+                attempt.answered(None, "cancelled")
             raise
+        if attempt is not None:
+            failed = f"status_{upstream.status}" if upstream.status in RETRYABLE_STATUSES else ""
+            attempt.answered(upstream.status, failed)
         if upstream.status in RETRYABLE_STATUSES:
             detail = f"answered {upstream.status}"
             upstream.release()
@@ -171,9 +189,10 @@ async def first_answer(
 
 def _routing_state(
     state: GatewayState, model: str, decision: Decision, route: Route, key: RequestKey
-) -> Expected | None:
+) -> tuple[str, Expected | None]:
     """Count how sure the decision was of the cache, log the model's routing changing state,
-    and say what its engine should report cached (None: nothing predicted)."""
+    and say which state it routed in and what its engine should report cached (None: nothing
+    predicted)."""
     routed = classify(
         decision.reason,
         route,
@@ -188,7 +207,7 @@ def _routing_state(
     kv_tokens = decision.predicted_cached_tokens if key.token_ids and route.kv else 0
     # Blocks of the gateway's own record (prefix tree or slots), only where they chose.
     prefix_blocks = decision.matched_blocks if decision.reason == "prefix" else 0
-    return expected_cache(routed.state, kv_tokens, prefix_blocks)
+    return routed.state, expected_cache(routed.state, kv_tokens, prefix_blocks)
 
 
 def _feed_state(state: GatewayState, route: Route) -> FeedState | None:

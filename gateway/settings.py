@@ -15,6 +15,9 @@ class GatewaySettings(BaseModel):
     # The web console on the public listener too, under /console/, behind a login with an admin
     # key (gateway/console/remote.py). Off: the console is on the loopback admin listener only.
     console_remote: bool = False
+    # An OTLP/HTTP receiver for the request path's spans (docs/tracing.md), e.g.
+    # http://collector:4318; empty: the gateway does not trace.
+    otlp_endpoint: str = ""
     # How often the routing table is re-read from the ledger: a replica-state change should
     # reach every gateway within about a second.
     refresh_interval_s: float = Field(default=0.5, gt=0, le=10)

@@ -37,13 +37,21 @@ def needs_own_timer(remaining: float, read_timeout: float) -> bool:
 
 
 async def post_upstream(
-    state: GatewayState, route: Route, request: ProxiedRequest, payload: bytes, remaining: float
+    state: GatewayState,
+    route: Route,
+    request: ProxiedRequest,
+    payload: bytes,
+    remaining: float,
+    trace_headers: dict[str, str] | None = None,
 ) -> aiohttp.ClientResponse:
-    """POST one request to `route`'s engine with its key; returns once the response starts."""
+    """POST one request to `route`'s engine with its key; returns once the response starts.
+    `trace_headers`: the attempt's trace context (gateway/tracing.py), when the gateway traces."""
     headers = {
         "Content-Type": "application/json",
         "Accept": "text/event-stream" if request.stream else "application/json",
     }
+    if trace_headers:
+        headers.update(trace_headers)
     secret = state.upstream_auth(route)
     if secret:
         headers["Authorization"] = f"Bearer {secret}"

@@ -39,7 +39,7 @@ from activities.agent.node_metrics import EngineLoadSample, NodeMetricsService
 from workers.connect import connect_with_retry
 from workers.paths import Locations
 from workers.signals import stop_event, wait_or_stop
-from workflows import options
+from workflows import options, otel
 from workflows.addresses import http_base
 from workflows.contracts import (
     EngineLoadRequest,
@@ -130,6 +130,8 @@ async def run_agent(where: Locations, opts: AgentOptions) -> None:
         mirror=opts.mirror,
         install_os_packages=opts.install_os_packages,
     )
+    # Before the client connects: its interceptor traces activities when this is on.
+    otel.start("llmgw-agent")
     kv = KvService(config)
     agent = NodeAgentActivities(config, on_launch=kv.poke, own_ports=kv.listening_ports)
     # Before Temporal is reached: gateways keep reading what engines cache while it is away,

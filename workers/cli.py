@@ -214,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
         "console is on the loopback admin listener only)",
     )
     gw.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help="send the request path's traces to this OTLP/HTTP receiver, e.g. "
+        "http://collector:4318 (default: $LLMGW_OTLP_ENDPOINT; unset, no tracing)",
+    )
+    gw.add_argument(
         "--media-url-allow",
         action="append",
         default=[],
@@ -376,12 +383,14 @@ def join(where: Locations, args: argparse.Namespace) -> Locations:
 def gateway_settings(args: argparse.Namespace) -> "GatewaySettings":
     """`llmgw gateway`'s flags as the gateway's settings."""
     from gateway.settings import GatewaySettings
+    from workflows.otel import endpoint_from_env
 
     return GatewaySettings(
         host=args.host,
         port=args.port,
         admin_port=args.admin_port,
         console_remote=args.console_remote,
+        otlp_endpoint=args.otlp_endpoint if args.otlp_endpoint is not None else endpoint_from_env(),
         routing_policy=args.routing,
         media_url_allow=args.media_url_allow,
         fair_queue=args.fair_queue,

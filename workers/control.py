@@ -23,6 +23,7 @@ from workers.registry import CONTROL_WORKFLOWS
 from workers.schedules import ScheduleSettings, ensure_schedules
 from workers.search_attributes import ensure_search_attributes
 from workers.signals import stop_event
+from workflows import otel
 from workflows.names import CONTROL_TASK_QUEUE
 
 log = logging.getLogger("llmgw.control")
@@ -45,6 +46,8 @@ async def run_control(where: Locations, config_file: Path | None) -> None:
     # A broken configuration stops the worker here, with the field named, rather than failing
     # every node's engine plan later.
     config = load_server_config(config_file)
+    # Before the client connects: its interceptor traces workflows when this is on.
+    otel.start("llmgw-control")
     fleet = open_fleet(where.database_url, where.state_dir)
     await fleet.init()
     client = await connect_with_retry(where)

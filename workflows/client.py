@@ -1,6 +1,7 @@
 """How every llmgw process talks to Temporal: one place that sets the data converter (pydantic,
 with payloads encrypted when a payload key is configured: workflows/payload_codec.py) and the
-connection's security (TLS, mutual TLS, API key: workflows/temporal_security.py)."""
+connection's security (TLS, mutual TLS, API key: workflows/temporal_security.py), and
+Temporal's tracing interceptor when the process traces (workflows/otel.py)."""
 
 import dataclasses
 
@@ -8,6 +9,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
 
+from workflows import otel
 from workflows.payload_codec import EncryptionCodec, PayloadKeys
 from workflows.temporal_security import TemporalSecurity
 
@@ -29,6 +31,8 @@ async def connect(
         data_converter=data_converter(security.payload_keys()),
         tls=security.tls_config(),
         api_key=security.api_key(),
+        # Temporal's tracing interceptor, once this process traces (workflows/otel.py).
+        interceptors=otel.temporal_interceptors(),
     )
 
 
