@@ -3,10 +3,11 @@ namespace, tests/integration/netns_hosts.py) runs Temporal, the control worker a
 tests/integration/multi_host.py sets them up; host `b1` has nothing of llmgw's but the package.
 
 Bad tokens (malformed, for an unreachable control plane, one the node was not joined with) are
-refused with nothing written. Then bootstrap writes the unit and its environment file; b1 has no
-systemd, so bootstrap says so, and the test runs the unit's ExecStart with its EnvironmentFile as
-systemd would (tests/systemd_exec.py). The node joins, is ready in the fleet and in
-`llmgw nodes`, with the token in no command line; a second bootstrap changes nothing.
+refused with nothing written, and --dry-run writes nothing either. Then bootstrap writes the
+unit and its environment file; b1 has no systemd, so bootstrap says so, and the test runs the
+unit's ExecStart with its EnvironmentFile as systemd would (tests/systemd_exec.py). The node
+joins, is ready in the fleet and in `llmgw nodes`, with the token in no command line; a second
+bootstrap changes nothing.
 
 Needs root; skipped, saying why, where namespaces cannot be made, unless LLMGW_REQUIRE_NETNS=1.
 """
@@ -67,8 +68,8 @@ async def test_a_fresh_host_bootstraps_joins_and_a_second_run_changes_nothing(cl
     layout = {"--config-dir": root / "etc", "--unit-dir": root / "units",
               "--state-dir": root / "state", "--cache-dir": root / "cache"}  # fmt: skip
 
-    def bootstrap(join: str) -> tuple[int, str]:
-        cmd = [*cluster.llmgw_cmd("node", "bootstrap", "--join", join, "--user", "root"),
+    def bootstrap(join: str, *more: str) -> tuple[int, str]:
+        cmd = [*cluster.llmgw_cmd("node", "bootstrap", "--join", join, "--user", "root", *more),
                *[str(w) for pair in layout.items() for w in pair],
                "--engine-path", f"llamacpp={STANDIN_ENGINE}", "--label", "via=bootstrap",
                "--agent-arg=--heartbeat-every=1",
@@ -84,11 +85,17 @@ async def test_a_fresh_host_bootstraps_joins_and_a_second_run_changes_nothing(cl
         "cannot reach": JoinToken(NODE, f"{cluster.ctl.address}:7299", secret).encode(),
         "another token": JoinToken(NODE, cluster.temporal, b"\x01" * 32).encode(),
     }
-    answers = await asyncio.gather(*(asyncio.to_thread(bootstrap, j) for j in refusals.values()))
-    for said, (code, out) in zip(refusals, answers, strict=True):
-        assert code == 2, out
-        assert said in out, out
-        assert "Nothing was written" in out, out
+    runs = [asyncio.to_thread(bootstrap, join) for join in refusals.values()]
+    # And --dry-run, which checks as much and says what it would do.
+    runs.append(asyncio.to_thread(bootstrap, token, "--dry-run"))
+    *answers, (code, out) = await asyncio.gather(*runs)
+    for said, (refused, why) in zip(refusals, answers, strict=True):
+        assert refused == 2, why
+        assert said in why, why
+        assert "Nothing was written" in why, why
+    assert code == 0, out
+    assert f"would write {root / 'etc' / 'agent.env'} (0600 root:root; holds the join" in out
+    assert "--dry-run: nothing was changed" in out, out
     assert not root.exists()
 
     code, out = bootstrap(token)
