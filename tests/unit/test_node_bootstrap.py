@@ -2,6 +2,7 @@
 machine, that a second run plans nothing, what a change restarts, and what it refuses before
 writing anything (workers/commands/node_bootstrap/plan.py, checks.py)."""
 
+import io
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from workers.commands.node_bootstrap.checks import (
     service_user,
     token_refusal,
 )
+from workers.commands.node_bootstrap.command import Refused, read_token
 from workers.commands.node_bootstrap.plan import (
     CreateUser,
     Found,
@@ -26,6 +28,7 @@ from workers.commands.node_bootstrap.plan import (
     touched_paths,
     wanted,
 )
+from workers.join import JoinToken
 from workflows.contracts import NodeInventory, NodeRecord, NodeState, NodeView
 from workflows.temporal_security import TemporalSecurity
 
@@ -241,3 +244,14 @@ def test_extra_environment_cannot_override_what_bootstrap_sets():
     for bad in ("LLMGW_JOIN_TOKEN=x", "LLMGW_TEMPORAL_TLS_CA=/x", "1A=b", "NOEQUALS"):
         with pytest.raises(ValueError, match="--env"):
             extra_env([bad])
+
+
+def test_the_token_comes_from_the_flag_or_stdin_and_a_bad_one_stops_everything(monkeypatch):
+    token = JoinToken("gpu-01", "10.0.0.2:7233", b"\x07" * 32)
+    assert read_token(token.encode()) == token
+    monkeypatch.setattr("sys.stdin", io.StringIO(token.encode() + "\n"))
+    assert read_token("-") == token
+    with pytest.raises(Refused, match="--join TOKEN is needed"):
+        read_token(None)
+    with pytest.raises(Refused, match="malformed"):
+        read_token("llmgw-join-!!")

@@ -32,7 +32,10 @@ def add_bootstrap_parser(nsub: "argparse._SubParsersAction[argparse.ArgumentPars
     cmd = nsub.add_parser(
         "bootstrap",
         help="make this machine a node: the agent's systemd unit, settings and state, started",
-        description=__doc__,
+        description="Make this machine a node: check the join token with the control plane, "
+        "write the agent's systemd unit, its settings (the token in a 0600 file) and state "
+        "directory, and start it. Nothing is written when a check fails; a second run with the "
+        "same flags changes nothing. docs/nodes.md, 'Bootstrap a node'.",
     )
     cmd.set_defaults(runner=run_bootstrap)  # workers/cli.py dispatch runs it
     add_temporal_arguments(cmd)
