@@ -50,7 +50,7 @@ async def run_command(args: argparse.Namespace, where: Locations) -> None:
         from workers.top.source import CatalogReader, LiveSource
 
         catalog = CatalogReader(client, where.mirror_dir)
-        operator = LiveOperator(client, fleet, where.mirror_dir, args.ollama_store)
+        operator = LiveOperator(client, fleet, where, args.ollama_store)
         await run_console(LiveSource(client, fleet, args.admin, catalog), args.every, operator)
 
 

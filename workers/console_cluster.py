@@ -48,13 +48,17 @@ class TemporalClusterConsole:
         fleet: FleetTables,
         temporal_ui: str = "",
         where: Locations | None = None,
+        ollama_store: str | None = None,  # None: $OLLAMA_MODELS or ~/.ollama/models
     ) -> None:
         self._client = client
         self._fleet = fleet
         self._temporal_ui = temporal_ui.rstrip("/")
         self._where = where
-        self._imports = (
-            OllamaImports(where.models_dir, where.mirror_dir, self._apply, self._defined)
+        # Also `llmgw top`'s, so its `i` imports as the console's form does.
+        self.imports = (
+            OllamaImports(
+                where.models_dir, where.mirror_dir, self._apply, self._defined, ollama_store
+            )
             if where is not None
             else None
         )
@@ -104,8 +108,8 @@ class TemporalClusterConsole:
             readings.problems.append(f"the mirror: {_why(mirror)}")
         else:
             readings.mirror = mirror
-        if self._imports is not None:
-            readings.imports = self._imports.views()
+        if self.imports is not None:
+            readings.imports = self.imports.views()
         return cluster_view(readings).model_dump(mode="json")
 
     async def node_command(self, node: str, action: str, reason: str) -> str:
@@ -130,6 +134,6 @@ class TemporalClusterConsole:
         return f"model {view.spec.name}: {view.spec.replicas} replica(s) wanted"
 
     async def import_ollama(self, reference: str, name: str, mirror: bool) -> str:
-        if self._imports is None:
+        if self.imports is None:
             raise ConsoleRefused("this gateway has no state dir to import into", status=404)
-        return await self._imports.start(reference, name, mirror)
+        return await self.imports.start(reference, name, mirror)

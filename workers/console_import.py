@@ -1,21 +1,23 @@
-"""Imports from Ollama started from the web console: `llmgw model import-ollama NAME[:TAG]
-[--as MODEL] [--mirror]` run by the gateway, through the CLI's own steps
-(workers/commands/model.py `import_ollama`): the import's arguments parsed by the CLI's own
-parser, the plan and its checks (workers/ollama/model_import.py, the catalog's
+"""Imports from Ollama started from the web console or `llmgw top`'s `i` key: `llmgw model
+import-ollama NAME[:TAG] [--as MODEL] [--mirror]` run by the gateway (or by top), through the
+CLI's own steps (workers/commands/model.py `import_ollama`): the import's arguments parsed by
+the CLI's own parser, the plan and its checks (workers/ollama/model_import.py, the catalog's
 `validate_model`), the verified copy into `<state>/models/`, with `--mirror` the same model into
 the mirror under the model's name (workers/ollama/mirror_add.py), then the definition.
 
 Bad input is refused before anything is copied, in words: a malformed name or tag, a model or
 tag the Ollama store lacks, a definition the catalog refuses, a model name already defined or
-already being imported. The copy runs in the background (gigabytes take minutes); its progress
-(bytes of every file) and its end are kept here for the console's mirror page, the latest
-MAX_KEPT imports.
+already being imported. For the web console the copy runs in the background (gigabytes take
+minutes; `start`); its progress (bytes of every file) and its end are kept here for the
+console's mirror page, the latest MAX_KEPT imports. `llmgw top` awaits the same steps (`run`),
+its status line told the progress.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -40,6 +42,12 @@ RUNNING = ("copying", "mirroring", "defining")
 
 Apply = Callable[[ModelSpec], Awaitable[object]]
 DefinedNames = Callable[[], Awaitable[set[str]]]
+# Told the import's view as it goes (from the copy's thread).
+Told = Callable[[ImportView], None]
+
+
+class ImportStopped(Exception):
+    """Raised in the copy's thread, between two chunks, once the awaited import is cancelled."""
 
 
 def import_arguments(
@@ -59,8 +67,9 @@ def import_arguments(
 
 
 class OllamaImports:
-    """The imports this gateway process runs, by model name. `apply` defines the model (the
-    model workflow's `apply`), `defined` answers the names already defined."""
+    """The imports this process (the gateway, or `llmgw top`) runs, by model name. `apply`
+    defines the model (the model workflow's `apply`), `defined` answers the names already
+    defined."""
 
     def __init__(
         self,
@@ -83,6 +92,37 @@ class OllamaImports:
         return [job.model_copy() for job in reversed(self._jobs.values())]
 
     async def start(self, reference: str, as_name: str, mirror: bool) -> str:
+        """Check the import and start it in the background (the web console's way): the page
+        follows it in `views()`."""
+        plan, job, ollama_store = await self._checked(reference, as_name, mirror)
+        task = asyncio.create_task(self._run(plan, job, ollama_store))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return f"importing ollama {job.reference} as model {plan.spec.name}"
+
+    async def run(
+        self, reference: str, as_name: str, mirror: bool, told: Told | None = None
+    ) -> ImportView:
+        """The same import, checked the same way, awaited to its end (`llmgw top`'s way: its
+        status line follows it through `told`, from the copy's thread). Bad input raises
+        ConsoleRefused before anything is copied; a failure after is the view's state and
+        detail. Cancelled during the copy, the copy stops at its next chunk, its partial file
+        removed, rather than the caller waiting for gigabytes on its way out."""
+        plan, job, ollama_store = await self._checked(reference, as_name, mirror)
+        stop = threading.Event()
+        try:
+            await self._run(plan, job, ollama_store, told, stop)
+        except asyncio.CancelledError:
+            stop.set()
+            job.state, job.detail = "failed", "stopped"
+            raise
+        return job.model_copy()
+
+    async def _checked(
+        self, reference: str, as_name: str, mirror: bool
+    ) -> tuple[ImportPlan, ImportView, str | None]:
+        """The import's plan and its view, kept; refused in words (ConsoleRefused) before
+        anything is copied."""
         args = import_arguments(reference, as_name, mirror, self._ollama_store)
         try:
             plan = await asyncio.to_thread(plan_import, args, self._models_dir, {})
@@ -113,10 +153,7 @@ class OllamaImports:
             total=sum(b.size for b in plan.blobs),
         )
         self._keep(name, job)
-        task = asyncio.create_task(self._run(plan, job, args.store))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return f"importing ollama {job.reference} as model {name}"
+        return plan, job, args.store
 
     def _keep(self, name: str, job: ImportView) -> None:
         self._jobs.pop(name, None)
@@ -125,10 +162,19 @@ class OllamaImports:
         for old in ended[: max(0, len(self._jobs) - MAX_KEPT)]:
             del self._jobs[old]
 
-    async def _run(self, plan: ImportPlan, job: ImportView, ollama_store: str | None) -> None:
+    async def _run(
+        self,
+        plan: ImportPlan,
+        job: ImportView,
+        ollama_store: str | None,
+        told: Told | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
         try:
-            await asyncio.to_thread(self._copy, plan, job, ollama_store)
+            await asyncio.to_thread(self._copy, plan, job, ollama_store, told, stop)
             job.state, job.file = "defining", ""
+            if told is not None:
+                told(job)
             await self._apply(plan.spec)
         except (OllamaStoreError, MirrorError, OSError) as err:
             job.state, job.detail = "failed", str(err)
@@ -139,14 +185,25 @@ class OllamaImports:
             # The copy's name, not its path: the models directory is the state dir's.
             job.detail = f"model {plan.spec.name} defined on models/{Path(plan.spec.weights).name}"
 
-    def _copy(self, plan: ImportPlan, job: ImportView, ollama_store: str | None) -> None:
+    def _copy(
+        self,
+        plan: ImportPlan,
+        job: ImportView,
+        ollama_store: str | None,
+        told: Told | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
         """In a thread: the verified copies, every file's bytes counted into the job."""
         copied: dict[str, int] = {}
 
         def each(what: str, done: int, _total: int | None = None) -> None:
+            if stop is not None and stop.is_set():
+                raise ImportStopped("stopped: the import was cancelled")
             copied[what] = done
             job.file = what
             job.done = sum(copied.values())
+            if told is not None:
+                told(job)
 
         found = plan.found
         # Named by their part of the model, as the mirror names them, not by 64 hex digits.

@@ -1,10 +1,12 @@
 """`llmgw top`'s actions and its Models and Mirror panes without a terminal or a server: the
 key state machine (keys in, choices and actions out), the lines drawn, the panes' rows from
-made-up readings, the console loop on a scripted window, and the Ollama import into a real
-mirror from a made-up Ollama store."""
+made-up readings, the console loop on a scripted window, and the Ollama import through the web
+console's import code into a real state dir and mirror from a made-up Ollama store (the model
+definition recorded instead of reaching a model workflow)."""
 
 import asyncio
 import curses
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +14,17 @@ import pytest
 
 from activities.control.mirror.store import MirrorStore
 from tests.ollama_kit import ollama_store
+from workers import console_cluster, console_import
 from workers.commands.mirror import mirror_entries
 from workers.fetch_progress import FetchStatus
+from workers.ollama.model_import import BlobProgress, ImportPlan
+from workers.ollama.store import CHUNK, Blob
+from workers.paths import Locations
 from workers.top.catalog import artifact_rows, artifacts_used, fetch_rows, model_rows
 from workers.top.console import console
 from workers.top.data import ArtifactRow, FetchRow, ModelRow, NodeRow, TopData
 from workers.top.keys import QUIT, Action, Prompt, UiState, handle_key
-from workers.top.operate import ActionRefused, LiveOperator
+from workers.top.operate import ActionFailed, ActionRefused, LiveOperator
 from workers.top.render import Screen, render, selectable
 from workflows.contracts import (
     ArtifactFetchView,
@@ -138,21 +144,33 @@ def test_scale_refuses_a_count_that_is_not_one_before_sending() -> None:
     assert handle_key(ui, ENTER)[1] == Action("scale", "chat", "3")
 
 
-def test_import_refuses_a_name_ollama_cannot_have() -> None:
+def test_import_asks_ollamas_name_and_optionally_the_models_and_refuses_bad_shapes() -> None:
     ui, _ = handle_key(UiState(pane=MIRROR), ord("i"))
     assert ui.prompt == Prompt("import", "")
+    assert ui.help.startswith(
+        "import from Ollama as a model and into the mirror, NAME[:TAG] [as MODEL]: _"
+    )
     ui, action = handle_key(ui, ENTER)
     assert action is None
     assert ui.prompt is not None
     assert "name the Ollama model" in ui.prompt.error
-    ui = press(ui, "../etc")
-    ui, action = handle_key(ui, ENTER)
-    assert action is None
-    assert ui.prompt is not None
-    assert "is not an Ollama model name" in ui.prompt.error
+    for typed, words in [
+        ("../etc", "is not an Ollama model name"),
+        ("smollm2:135m smol", "type NAME[:TAG], or NAME[:TAG] as MODEL, not 'smollm2:135m smol'"),
+        ("smollm2:135m as", "type NAME[:TAG], or NAME[:TAG] as MODEL"),
+        ("../etc as smol", "is not an Ollama model name"),
+    ]:
+        ui, _ = handle_key(UiState(pane=MIRROR), ord("i"))
+        ui, action = handle_key(press(ui, typed), ENTER)
+        assert action is None, typed
+        assert ui.prompt is not None
+        assert words in ui.prompt.error, (typed, ui.prompt.error)
     ui, _ = handle_key(UiState(pane=MIRROR), ord("i"))
     ui = press(ui, " smollm2:135m ")
     assert handle_key(ui, ENTER)[1] == Action("import", "", "smollm2:135m")
+    ui, _ = handle_key(UiState(pane=MIRROR), ord("i"))
+    ui = press(ui, "smollm2:135m as smol")
+    assert handle_key(ui, ENTER)[1] == Action("import", "", "smollm2:135m as smol")
 
 
 def test_an_action_key_elsewhere_or_without_rows_says_why_it_did_nothing() -> None:
@@ -331,24 +349,127 @@ async def test_the_console_runs_a_confirmed_action_and_shows_its_outcome() -> No
     await asyncio.wait_for(running, 5)
 
 
-def test_the_ollama_import_lands_in_the_mirror_as_the_cli_puts_it(tmp_path: Path) -> None:
+class Cluster:
+    """The model workflow's side of an import: definitions recorded, names answered."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, defined: set[str]) -> None:
+        self.specs: list[ModelSpec] = []
+        self.defined = defined
+        monkeypatch.setattr(console_cluster, "apply_model", self.apply)
+        monkeypatch.setattr(console_cluster, "list_models", self.models)
+
+    async def apply(self, client: object, spec: ModelSpec) -> None:
+        self.specs.append(spec)
+
+    async def models(self, client: object) -> list[ModelView]:
+        return [ModelView(spec=ModelSpec(name=n, artifact=DIGEST)) for n in self.defined]
+
+
+def import_kit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> tuple[LiveOperator, Cluster, Locations]:
     gguf = tmp_path / "tiny.gguf"
-    gguf.write_bytes(b"GGUF" + bytes(4096))
+    gguf.write_bytes(b"GGUF" + b"\x01" * size)
     ollama_store(tmp_path / "ollama", gguf, {"temperature": 0.2})
-    mirror = tmp_path / "mirror"
-    operator = LiveOperator(None, None, mirror, str(tmp_path / "ollama"))  # type: ignore[arg-type]
-    seen: list[str] = []
-    said = asyncio.run(operator.run(Action("import", "", "smollm2:135m"), seen.append))
-    assert said == (
-        "imported smollm2:135m as smollm2-135m (4.0 KiB new); "
-        "to serve it: llmgw model add smollm2-135m --from ollama://smollm2:135m"
+    where = Locations(
+        state_dir=tmp_path / "state",
+        cache_dir=tmp_path / "cache",
+        temporal="127.0.0.1:7233",
+        namespace="default",
+        database_url=None,
     )
-    assert seen
-    assert seen[-1].startswith("importing ollama://smollm2:135m: model.gguf 100%")
-    ((name, _, manifest),) = mirror_entries(MirrorStore(mirror))
+    cluster = Cluster(monkeypatch, {"chat"})
+    operator = LiveOperator(None, None, where, str(tmp_path / "ollama"))  # type: ignore[arg-type]
+    return operator, cluster, where
+
+
+async def test_the_ollama_import_defines_the_model_and_mirrors_it_as_the_console_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    operator, cluster, where = import_kit(tmp_path, monkeypatch, 3 * CHUNK)
+    seen: list[str] = []
+    # Refused in the web console's words, before anything is copied.
+    for typed, words in [
+        ("nosuch:7b", "ollama nosuch:7b: no model nosuch:7b"),
+        ("smollm2:9b", "no tag '9b'"),
+        ("smollm2:135m as Bad!", "invalid model: name"),
+        ("smollm2:135m as chat", "a model named 'chat' is already defined"),
+    ]:
+        with pytest.raises(ActionRefused) as refused:
+            await operator.run(Action("import", "", typed), seen.append)
+        assert words in str(refused.value), str(refused.value)
+    assert not where.models_dir.exists()
+    assert not where.mirror_dir.exists()
+    assert (cluster.specs, seen) == ([], [])
+
+    said = await operator.run(Action("import", "", "smollm2:135m"), seen.append)
+    assert said == (
+        "imported ollama smollm2:135m: model smollm2-135m defined, in the mirror as smollm2-135m"
+    )
+    # The status line followed the copy into the models dir, then into the mirror, then the
+    # definition.
+    copying = [line for line in seen if ": copying model.gguf" in line]
+    assert len(copying) >= 3
+    assert copying[-1] == (
+        "importing ollama smollm2:135m as model smollm2-135m: copying model.gguf 100% of 3.0 MiB"
+    )
+    assert any(": mirroring model.gguf 100%" in line for line in seen)
+    assert seen[-1] == "importing ollama smollm2:135m as model smollm2-135m: defining"
+    (spec,) = cluster.specs
+    assert spec.name == "smollm2-135m"
+    assert Path(spec.weights).parent == where.models_dir
+    assert Path(spec.weights).is_file()
+    assert spec.profiles[0].args == ["--temp", "0.2"]  # Ollama's params, as the CLI takes them
+    ((name, _, manifest),) = mirror_entries(MirrorStore(where.mirror_dir))
     assert name == "smollm2-135m"
     assert not isinstance(manifest, str)
     assert manifest.source == "ollama:smollm2:135m"
-    missing = Action("import", "", "nosuch:7b")
-    with pytest.raises(ActionRefused, match=r"^ollama://nosuch:7b: "):
-        asyncio.run(operator.run(missing, seen.append))
+    # Under a name of the operator's.
+    await operator.run(Action("import", "", "smollm2:135m as smol"), seen.append)
+    assert [s.name for s in cluster.specs] == ["smollm2-135m", "smol"]
+
+
+async def test_quitting_during_an_import_stops_the_copy_and_leaves_no_partial_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    operator, cluster, where = import_kit(tmp_path, monkeypatch, 3 * CHUNK)
+    copying, release, ended = threading.Event(), threading.Event(), threading.Event()
+    real = console_import.fetch_blobs
+
+    def held(plan: ImportPlan, progress: BlobProgress) -> list[str]:
+        def each(blob: Blob, done: int) -> None:
+            progress(blob, done)
+            copying.set()
+            release.wait(10)
+
+        try:
+            return real(plan, each)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(console_import, "fetch_blobs", held)
+    running = asyncio.create_task(operator.run(Action("import", "", "smollm2:135m"), print))
+    assert await asyncio.to_thread(copying.wait, 10)
+    (partial,) = where.models_dir.iterdir()
+    assert partial.name.endswith(".part")
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    release.set()
+    assert await asyncio.to_thread(ended.wait, 10)
+    assert list(where.models_dir.iterdir()) == []
+    assert not where.mirror_dir.exists()
+    assert cluster.specs == []
+
+
+async def test_an_import_whose_definition_fails_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    operator, _, _ = import_kit(tmp_path, monkeypatch, 16)
+
+    async def refuse(client: object, spec: ModelSpec) -> None:  # noqa: ARG001
+        raise RuntimeError("the model workflow is gone")
+
+    monkeypatch.setattr(console_cluster, "apply_model", refuse)
+    with pytest.raises(ActionFailed, match="the definition was refused: the model workflow"):
+        await operator.run(Action("import", "", "smollm2:135m"), print)

@@ -4,8 +4,10 @@ out (quit, read now, or an action for workers/top/operate.py to run).
 
 An action is never taken on one key: the key opens a prompt naming what will be done to what,
 Enter does it, Esc cancels. Cordon and drain ask for a reason (optional, shown in `llmgw
-nodes`), scale for a replica count, the Ollama import for a model name; a count or name that
-cannot be right is refused here, in the prompt, before anything is sent.
+nodes`), scale for a replica count, the Ollama import for Ollama's NAME[:TAG] and, after `as`,
+the llmgw model's name if not the one made from Ollama's; a count or an Ollama name that cannot
+be right is refused here, in the prompt, before anything is sent (the model's name is checked
+by the import, in the web console's words).
 
 Pure: no curses screen and no I/O (the key codes are curses' constants), so every path is
 tested from key codes alone.
@@ -60,8 +62,8 @@ MAX_TEXT = 200
 @dataclass(frozen=True)
 class Action:
     """What the operator confirmed: `verb` (cordon, uncordon, drain, scale, import) on
-    `target` (a node or model; "" for import) with `value` (the reason, the replica count, the
-    Ollama model name)."""
+    `target` (a node or model; "" for import) with `value` (the reason, the replica count,
+    `NAME[:TAG]` or `NAME[:TAG] as MODEL` for the import: import_words splits it)."""
 
     verb: str
     target: str
@@ -88,7 +90,7 @@ class Prompt:
             return f"uncordon node {self.target}? "
         if self.verb == "scale":
             return f"scale model {self.target} to how many replicas: "
-        return "import from Ollama into the mirror, NAME[:TAG]: "
+        return "import from Ollama as a model and into the mirror, NAME[:TAG] [as MODEL]: "
 
     def line(self) -> str:
         said = f"{self.question()}{self.text}_" if self.asks else self.question()
@@ -208,7 +210,19 @@ def refusal(verb: str, value: str) -> str:
         if not value:
             return "name the Ollama model, as `ollama list` shows it (NAME[:TAG])"
         try:
-            parse_reference(value)
-        except OllamaStoreError as err:
+            reference, _ = import_words(value)
+            parse_reference(reference)
+        except (ValueError, OllamaStoreError) as err:
             return str(err)
     return ""
+
+
+def import_words(value: str) -> tuple[str, str]:
+    """The import prompt's text as (Ollama's NAME[:TAG], the llmgw model's name or "" for the
+    one made from Ollama's): `NAME[:TAG]` or `NAME[:TAG] as MODEL`."""
+    words = value.split()
+    if len(words) == 1:
+        return words[0], ""
+    if len(words) == 3 and words[1] == "as":
+        return words[0], words[2]
+    raise ValueError(f"type NAME[:TAG], or NAME[:TAG] as MODEL, not {value!r}")

@@ -1,40 +1,40 @@
 """What `llmgw top`'s actions do (workers/top/keys.py's `Action`), through the code the CLI and
-the web console run: cordon, uncordon and drain are `llmgw node cordon|uncordon|drain`
-(workers/commands/node.py's send_node_command), scale is `llmgw model scale`
-(workflows/model/client.py's scale_model), both reached as the web console reaches them
-(workers/console_cluster.py); the Ollama import is `llmgw mirror add ollama://NAME[:TAG]`
-(workers/ollama/mirror_add.py) into the mirror the Mirror pane shows.
+the web console run, reached as the web console reaches them (workers/console_cluster.py):
+cordon, uncordon and drain are `llmgw node cordon|uncordon|drain` (workers/commands/node.py's
+send_node_command), scale is `llmgw model scale` (workflows/model/client.py's scale_model), and
+the Ollama import is the console's `llmgw model import-ollama NAME[:TAG] [--as MODEL] --mirror`
+(workers/console_import.py): the model copied verified into the state dir, into the mirror the
+Mirror pane shows, and defined.
 
 Each returns the line the status line shows, or raises `ActionRefused` with what was refused
-and why, in the cluster's own words.
+and why, in the cluster's (or the web console's) own words.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
 
 from temporalio.client import Client
 
-from activities.control.mirror.errors import MirrorError
-from activities.control.mirror.sources import OllamaSource
-from activities.control.mirror.store import MirrorStore
 from gateway.console.source import ConsoleRefused
 from store.fleet import FleetTables
 from workers.commands.mirror import human
 from workers.console_cluster import TemporalClusterConsole
-from workers.ollama.mirror_add import add_ollama
-from workers.top.keys import NODE_ACTIONS, Action
+from workers.console_mirror import ImportView
+from workers.paths import Locations
+from workers.top.keys import NODE_ACTIONS, Action, import_words
 
 # How far an import got, as a line: the console shows the latest in its status line.
 Progress = Callable[[str], None]
 
 
 class ActionRefused(Exception):
-    """An action the cluster (or the mirror) refused, with why."""
+    """An action the cluster (or the import's checks) refused, with why."""
+
+
+class ActionFailed(Exception):
+    """An action that was taken and went wrong on its way (an import's copy or definition)."""
 
 
 class Operator(Protocol):
@@ -48,13 +48,25 @@ class NoOperator:
         raise ActionRefused("this console reads a stand-in source: there is no cluster to act on")
 
 
+def import_line(job: ImportView) -> str:
+    """The status line of an import as it goes: `importing ollama smollm2:135m as model
+    smollm2-135m: copying model.gguf 40% of 91.7 MiB`."""
+    said = f"importing ollama {job.reference} as model {job.model}: {job.state}"
+    if job.state in ("copying", "mirroring") and job.file:
+        share = f"{job.done * 100 // job.total}% of {human(job.total)}" if job.total else ""
+        said += f" {job.file} {share}".rstrip()
+    return said
+
+
 class LiveOperator:
     def __init__(
-        self, client: Client, fleet: FleetTables, mirror_dir: Path, ollama_store: str | None
+        self, client: Client, fleet: FleetTables, where: Locations, ollama_store: str | None
     ) -> None:
-        self._cluster = TemporalClusterConsole(client, fleet)
-        self._mirror_dir = mirror_dir
-        self._ollama_store = ollama_store  # None: $OLLAMA_MODELS or ~/.ollama/models
+        # The web console's own view of the cluster, its imports included (into this
+        # machine's state dir: top runs beside `llmgw up`, as the gateway's console does).
+        self._cluster = TemporalClusterConsole(
+            client, fleet, where=where, ollama_store=ollama_store
+        )
 
     async def run(self, action: Action, progress: Progress) -> str:
         try:
@@ -62,34 +74,24 @@ class LiveOperator:
                 return await self._cluster.node_command(action.target, action.verb, action.value)
             if action.verb == "scale":
                 return await self._cluster.scale(action.target, int(action.value))
+            if action.verb == "import":
+                return await self._import(action.value, progress)
         except ConsoleRefused as err:
             raise ActionRefused(str(err)) from None
-        if action.verb == "import":
-            # Hashing and copying gigabytes: in a thread, so the keys and refreshes go on.
-            stop = threading.Event()
-            try:
-                return await asyncio.to_thread(self._import, action.value, progress, stop)
-            except asyncio.CancelledError:
-                # `q` during a copy: the thread stops at its next chunk, its partial file
-                # removed, rather than the console waiting for gigabytes on its way out.
-                stop.set()
-                raise
         raise ActionRefused(f"no action {action.verb!r}")
 
-    def _import(self, reference: str, progress: Progress, stop: threading.Event) -> str:
-        def each(what: str, done: int, total: int | None) -> None:
-            if stop.is_set():
-                raise ActionRefused("stopped: the console quit")
-            share = f"{done * 100 // total}% of {human(total)}" if total else human(done)
-            progress(f"importing ollama://{reference}: {what} {share}")
-
+    async def _import(self, value: str, progress: Progress) -> str:
         try:
-            store = MirrorStore(self._mirror_dir)
-            added = add_ollama(store, OllamaSource(reference), self._ollama_store, None, each)
-        except MirrorError as err:
+            reference, as_name = import_words(value)
+        except ValueError as err:
             raise ActionRefused(str(err)) from None
-        new = f"{human(added.new_bytes)} new" if added.new_bytes else "nothing new"
-        return (
-            f"imported {reference} as {added.name} ({new}); to serve it: "
-            f"llmgw model add {added.name} --from ollama://{reference}"
-        )
+        imports = self._cluster.imports
+        assert imports is not None  # made with a state dir
+        # Awaited, the keys and refreshes going on; `q` meanwhile cancels it, and the copy
+        # stops at its next chunk, its partial file removed.
+        job = await imports.run(reference, as_name, True, lambda j: progress(import_line(j)))
+        if job.state != "done":
+            raise ActionFailed(job.detail)
+        # The model's name twice: defined under it, and the mirror's name for it.
+        model = job.model
+        return f"imported ollama {job.reference}: model {model} defined, in the mirror as {model}"
