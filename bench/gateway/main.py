@@ -52,7 +52,9 @@ from bench.gateway.stats import ArmFigures, ms, percentile
 from bench.gateway.target import KEY_FILENAME, LOOPS, MODEL
 from engines.local_port import free_port
 
-ARMS = ("direct", "hop", "llmgw", "litellm")
+# llmgw-otel: llmgw tracing every request to an OTLP receiver (bench/gateway/otlp_sink.py) on
+# the load generator's core, so the figures beside llmgw's are what tracing costs.
+ARMS = ("direct", "hop", "llmgw", "llmgw-otel", "litellm")
 PATH = "/v1/chat/completions"
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
@@ -97,18 +99,30 @@ def _serving(arm: str, options: Options, cores: Cores, upstream: str) -> Iterato
         return
     port = free_port()
     child: Child
+    extra: list[Child] = []  # processes the arm needs besides its proxy
     if arm == "hop":
         argv = [*_module("hop"), "--port", str(port), "--upstream", upstream]
         child = Child("hop", argv, options.workdir / "hop.log", cores.proxy)
         auth = "Bearer bench"
-    elif arm == "llmgw":
-        state_dir = options.workdir / "llmgw-state"
+    elif arm in ("llmgw", "llmgw-otel"):
+        state_dir = options.workdir / f"{arm}-state"
         argv = [
             *_module("target"),
             *("--port", str(port), "--upstream", upstream),
             *("--state-dir", str(state_dir), "--loop", options.gateway_loop),
         ]
-        child = Child("llmgw", argv, options.workdir / "llmgw.log", cores.proxy)
+        if arm == "llmgw-otel":
+            sink_port = free_port()
+            sink = Child(
+                "otlp-sink",
+                [*_module("otlp_sink"), "--port", str(sink_port)],
+                options.workdir / "otlp-sink.log",
+                cores.load,
+            )
+            extra.append(sink)
+            wait_until(sink, lambda: port_open(sink_port), START_TIMEOUT_S)
+            argv += ["--otlp-endpoint", f"http://{HOST}:{sink_port}"]
+        child = Child(arm, argv, options.workdir / f"{arm}.log", cores.proxy)
         auth = ""
     elif arm == "litellm":
         if isinstance(options.litellm, str):
@@ -120,7 +134,7 @@ def _serving(arm: str, options: Options, cores: Cores, upstream: str) -> Iterato
     else:
         raise ValueError(f"unknown arm {arm}")
     try:
-        if arm == "llmgw":
+        if arm in ("llmgw", "llmgw-otel"):
             wait_until(child, lambda: routes_loaded(port), START_TIMEOUT_S)
             auth = "Bearer " + wait_for_file(state_dir / KEY_FILENAME, child, START_TIMEOUT_S)
         else:
@@ -128,6 +142,8 @@ def _serving(arm: str, options: Options, cores: Cores, upstream: str) -> Iterato
         yield Endpoint(port, auth, child.process.pid)
     finally:
         child.stop()
+        for process in extra:
+            process.stop()
 
 
 def _body(stream: bool) -> dict[str, object]:

@@ -150,6 +150,23 @@ def ratio_lines(arms: Sequence[ArmFigures]) -> list[str]:
         f"{_times(of(hop, 'proxy_us_per_req'))} hop's; "
         f"per stream {_num(llmgw.proxy_us_per_stream)} us, "
         f"{_times(of(hop, 'proxy_us_per_stream'))} hop's",
+        *_tracing_lines(arm("llmgw-otel"), llmgw),
+    ]
+
+
+def _tracing_lines(traced: ArmFigures | None, llmgw: ArmFigures) -> list[str]:
+    """What tracing every request costs: the traced arm against llmgw's own, in one run."""
+    if traced is None:
+        return []
+
+    def times(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2f}x"
+
+    return [
+        f"tracing on (llmgw-otel):      proxy CPU per request "
+        f"{times(ratio(traced.proxy_us_per_req, llmgw.proxy_us_per_req))} llmgw's, "
+        f"per stream {times(ratio(traced.proxy_us_per_stream, llmgw.proxy_us_per_stream))}; "
+        f"req/s c64 {_pct(ratio(traced.rps_c64, llmgw.rps_c64))} of llmgw's"
     ]
 
 

@@ -143,12 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reuse-port", action="store_true", help="share the port (SO_REUSEPORT)")
     parser.add_argument("--no-key", action="store_true", help="do not create the bench key")
+    parser.add_argument("--otlp-endpoint", default="", help="trace to this OTLP/HTTP receiver")
     parser.add_argument(
         "--database-url", default="", help="the store (postgresql://...); else SQLite in state-dir"
     )
     args = parser.parse_args(argv)
     args.state_dir.mkdir(parents=True, exist_ok=True)
-    settings = GatewaySettings(host=args.host, port=args.port, routing_policy=args.routing)
+    settings = GatewaySettings(
+        host=args.host,
+        port=args.port,
+        routing_policy=args.routing,
+        otlp_endpoint=args.otlp_endpoint,
+    )
     store = open_store(args.database_url or None, args.state_dir)
     routes = StaticRoutes(args.upstream, args.model, args.engine, args.node, args.prompt_slots)
     config = uvicorn_config(settings, store, routes)

@@ -280,6 +280,21 @@ def test_tables_show_every_arm_and_why_one_is_missing() -> None:
     assert any("x LiteLLM" in line and "n/a" in line for line in report.ratio_lines(_figures()))
 
 
+def test_the_traced_arm_is_read_against_llmgws_own_figures() -> None:
+    figures = _figures()
+    assert not [line for line in report.ratio_lines(figures) if "tracing on" in line]
+    llmgw = next(a for a in figures if a.name == "llmgw")
+    traced = ArmFigures(
+        name="llmgw-otel",
+        rps_c64=1_800,
+        proxy_us_per_req=150.0,
+        proxy_us_per_stream=220.0,
+    )
+    (line,) = [x for x in report.ratio_lines([*figures, traced]) if "tracing on" in x]
+    assert "per request 1.50x llmgw's, per stream 1.10x; req/s c64 75% of llmgw's" in line
+    assert llmgw.rps_c64 == 2_400
+
+
 # --- the scale-out lines ----------------------------------------------------------------------
 
 
