@@ -246,6 +246,21 @@ def test_engine_that_cannot_run_fails_with_the_verification_detail(
     assert "missing libraries libgomp.so.1" in out
 
 
+def test_an_engine_that_needs_a_gpu_on_a_cpu_node_is_not_told_to_install_libraries() -> None:
+    sglang = EngineCheck(
+        engine="sglang",
+        version="0.5.23",
+        path="/var/lib/llmgw/engines/sglang/0.5.23/venv/bin/python",
+        runnable=False,
+        detail="SGLang needs an NVIDIA GPU: SGLang's CPU engine needs sgl-kernel's CPU build",
+    )
+    (finding,) = by_check(diagnose(facts_for(cpu_node(), engines=[sglang])), "engine")
+    assert finding.severity == Severity.FAIL
+    assert "cannot run here: SGLang needs an NVIDIA GPU" in finding.message
+    assert "install what it lacks" not in finding.fix
+    assert "--disable-engine sglang" in finding.fix
+
+
 def test_no_engine_installed_fails_naming_the_state_dir() -> None:
     findings = diagnose(facts_for(cpu_node(), engines=[]))
     assert findings[0].severity == Severity.FAIL

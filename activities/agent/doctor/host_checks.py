@@ -88,6 +88,16 @@ def _engine_finding(check: EngineCheck, others_ok: bool) -> Finding:
             fix="the agent retries its installs; `journalctl -u llmgw-agent` or the node's "
             "engine list (`llmgw nodes`) says why it failed",
         )
+    if check.runnable is False and "needs an NVIDIA GPU" in check.detail:
+        # No library will fix it (SGLang without a CPU build, reverify_installed).
+        return Finding(
+            severity=Severity.FAIL,
+            check="engine",
+            message=f"{name} is installed but cannot run here: {check.detail}",
+            fix=f"run {check.engine} on a node with an NVIDIA GPU and keep it off this one "
+            f"(an `engines:` override with `disabled: true`, or `--disable-engine "
+            f"{check.engine}` when adding the node), then remove {check.path}",
+        )
     if check.runnable is False:
         return Finding(
             severity=Severity.FAIL,
