@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from gateway import openai_routes
 from gateway.admin import keys as admin_keys
 from gateway.admin import models as admin_models
+from gateway.admin import observe as admin_observe
 from gateway.admin import routes as admin_routes
 from gateway.admin import usage as admin_usage
 from gateway.admin.routes import require_local
@@ -42,6 +43,8 @@ from gateway.lockout import FailedAuthLimiter
 from gateway.loops import PeriodicTask
 from gateway.media_urls import MediaPolicy
 from gateway.metrics import GatewayMetrics
+from gateway.observe.request_log import RequestLog
+from gateway.observe.series import BUCKET_S, SeriesBook
 from gateway.peers import PeerBus
 from gateway.peers.bus import advertised_host
 from gateway.peers.metrics import PeerBusCollector
@@ -196,6 +199,9 @@ def create_app(
                 console=ClusterCache(cluster) if cluster is not None else None,
                 peers=peers,
                 tracing=tracing,
+                request_log=RequestLog(settings.request_log_size)
+                if settings.request_log_size
+                else None,
             )
             state.metrics.watch_kv(kv_feeds, kv_publishers)
             state.metrics.watch_store(health)
@@ -219,6 +225,16 @@ def create_app(
                     "engine-scrape", settings.engine_scrape_interval_s, EngineScraper(state).run
                 ),
             ]
+            if state.request_log is not None:
+                # The queue's depth for the charts: twice a bucket, each keeping the most seen.
+                series = state.request_log.series
+                loops.append(
+                    PeriodicTask(
+                        "queue-sample",
+                        BUCKET_S / 2,
+                        partial(_sample_queue, series, admission),
+                    )
+                )
             if settings.fair_queue and settings.queue_exchange:
                 loops.append(
                     PeriodicTask(
@@ -282,6 +298,7 @@ def create_app(
     app.include_router(admin_models.router)
     app.include_router(admin_keys.router)
     app.include_router(admin_usage.router)
+    app.include_router(admin_observe.router)
     app.include_router(console_routes.pages)
     app.include_router(console_routes.api)
     if settings.console_remote:
@@ -308,6 +325,10 @@ def create_app(
         }
 
     return FrontDoor(app, admin_address)
+
+
+async def _sample_queue(series: SeriesBook, admission: AdmissionGate) -> None:
+    series.sample_queue(admission.waiting())
 
 
 def _tracing(settings: GatewaySettings) -> RequestTracing | None:

@@ -20,6 +20,7 @@ from gateway.kv.feeds import KvFeeds
 from gateway.kv.publishers import KvPublishers
 from gateway.lockout import FailedAuthLimiter
 from gateway.metrics import GatewayMetrics
+from gateway.observe.request_log import RequestLog
 from gateway.peers import PeerBus
 from gateway.prefix_tokens import PrefixTokens
 from gateway.quota import QuotaBook
@@ -90,6 +91,9 @@ class GatewayState:
     peers: PeerBus | None = None
     # The request path's spans (gateway/tracing.py); None when the gateway does not trace.
     tracing: RequestTracing | None = None
+    # The last requests and their charts (gateway/observe/); None when settings.request_log_size
+    # is 0, and then a request records nothing.
+    request_log: RequestLog | None = None
 
     def upstream_auth(self, route: Route) -> str | None:
         """The bearer the gateway shows this replica: an external endpoint's own key (or none),

@@ -22,7 +22,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.admission import Pass
 from gateway.admission.priority import PRIORITY_FIELD, PRIORITY_HEADER, request_priority
@@ -35,6 +35,7 @@ from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError
 from gateway.lockout import stored_group
 from gateway.lora import UpstreamBodies, ensure_adapter_served
+from gateway.observe.record import REQUEST_ID_HEADER, RequestRecord
 from gateway.quota import Denied, Reservation
 from gateway.relay import Accounting, ClientWatch
 from gateway.replica_attempts import RETRY_AFTER_S, first_answer
@@ -67,19 +68,26 @@ QUEUE_COMPLETION_GUESS = 1024
 
 
 class Outcome:
-    """What the request-level metrics need, filled in as the request goes."""
+    """What the request-level metrics need, filled in as the request goes, and the request
+    log's record of it (gateway/observe/), made only while the log is on."""
 
-    __slots__ = ("model", "status")
+    __slots__ = ("model", "record", "status")
 
-    def __init__(self) -> None:
+    def __init__(self, record: RequestRecord | None) -> None:
         self.model = "-"  # a label only once the model is known to exist: bounded cardinality
         self.status = 500
+        self.record = record
 
 
 async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, send: Send) -> None:
     """The ASGI handler for POST /v1/chat/completions, /v1/completions and /v1/embeddings."""
     started = time.perf_counter()
-    outcome = Outcome()
+    request_log = state.request_log
+    record = None
+    if request_log is not None:
+        record = RequestRecord(scope["path"])
+        send = _with_request_id(send, record.request_id)
+    outcome = Outcome(record)
     metrics = state.metrics
     metrics.in_flight.inc()
     tracing = state.tracing
@@ -89,12 +97,34 @@ async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, se
         outcome.status = await _serve(state, scope, receive, send, started, outcome)
     except ApiError as err:
         outcome.status = err.status
+        if record is not None:
+            record.error_code = err.code
         await send_error(send, err)
     finally:
         metrics.in_flight.dec()
-        metrics.request(outcome.model, scope["path"], outcome.status, time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        metrics.request(outcome.model, scope["path"], outcome.status, elapsed)
+        if record is not None:
+            assert request_log is not None
+            record.status = outcome.status
+            record.total_s = elapsed
+            # Charted under its model only once the model is known to exist (bounded series).
+            request_log.add(record, outcome.model != "-")
         if tracing is not None:
             tracing.end(span, token, outcome.status, outcome.model)
+
+
+def _with_request_id(send: Send, request_id: str) -> Send:
+    """`send` with the request log's id on the response: an operator finds a client's request
+    in GET /admin/v1/requests by it."""
+    header = (REQUEST_ID_HEADER, request_id.encode())
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), header]}
+        await send(message)
+
+    return sending
 
 
 @dataclass(frozen=True)
@@ -171,6 +201,8 @@ async def _serve(
     assert request.prompt_estimate is not None  # set by the body's preparation
     if state.tracing is not None:
         state.tracing.admitted(key.key_id, key.name, request.stream, request.prompt_estimate)
+    if outcome.record is not None:
+        outcome.record.admitted(key, request)
     # Held from before the routing table is read (a request waiting on a cold start counts) to
     # the relay's last byte or the client's leaving; a 429 here costs no quota.
     with state.key_inflight.held(
@@ -207,6 +239,7 @@ async def _serve_admitted(
     try:
         reservation, clamped = await _reserve(state, key, request, prompt_estimate)
         accounting = Accounting(state, key, request.model, reservation, prompt_estimate)
+        accounting.record = outcome.record
         routing_key: RequestKey | None = None  # built once no engine can have the prompt yet
         admission: Pass | None = None
         try:
@@ -220,6 +253,8 @@ async def _serve_admitted(
                 deadline - time.perf_counter(),
                 key.name,
             )
+            if outcome.record is not None:
+                outcome.record.queue_s = admission.waited_s
             if admission.waited_s:
                 snapshot = state.routes.snapshot  # the table may have changed meanwhile
                 if state.tracing is not None:
@@ -287,7 +322,15 @@ async def _serve_admitted(
                 tokens_later=later is not None,
             )
             relay = await first_answer(
-                state, request, snapshot, routing_key, payload, deadline, watch, later
+                state,
+                request,
+                snapshot,
+                routing_key,
+                payload,
+                deadline,
+                watch,
+                later,
+                outcome.record,
             )
             return await relay.run(send, accounting, started)
         except BaseException:

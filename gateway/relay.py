@@ -30,6 +30,7 @@ from starlette.types import Receive, Send
 from gateway.billing import stream_counts, whole_response_counts
 from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError, error_body
+from gateway.observe.record import RequestRecord
 from gateway.quota import Reservation
 from gateway.routing import Sent
 from gateway.routing.states import Expected, reported_cached
@@ -49,7 +50,16 @@ SSE_HEADERS = [
 class Accounting:
     """Settles one request: usage row, quota, token metrics. The first call wins."""
 
-    __slots__ = ("_done", "_key", "_model", "_prompt_estimate", "_reservation", "_state", "used")
+    __slots__ = (
+        "_done",
+        "_key",
+        "_model",
+        "_prompt_estimate",
+        "_reservation",
+        "_state",
+        "record",
+        "used",
+    )
 
     def __init__(
         self,
@@ -68,6 +78,8 @@ class Accounting:
         # The tokens the request was settled with (prompt plus completion): what the fair queue
         # charges its key. None until settled, and when nothing reached an engine.
         self.used: int | None = None
+        # The request log's record (gateway/observe/), told the tokens settled; None: log off.
+        self.record: RequestRecord | None = None
 
     @property
     def reservation(self) -> Reservation:
@@ -92,6 +104,9 @@ class Accounting:
         state = self._state
         if state.tracing is not None:
             state.tracing.settled(prompt, completion, estimated)
+        if self.record is not None:
+            self.record.prompt_tokens = prompt
+            self.record.completion_tokens = completion
         state.usage.record(self._key.key_id, self._model, prompt, completion)
         state.metrics.tokens(self._model, prompt, completion)
         overrun = state.quota.settle(self._reservation, prompt + completion)
@@ -215,12 +230,14 @@ class Relay:
         self._upstream = upstream
         self._stream = stream and upstream.status == 200
         self._filter = StreamFilter(client_wants_usage)
+        self._record: RequestRecord | None = None  # the request log's, from `run`'s accounting
 
     async def run(self, send: Send, accounting: Accounting, started: float) -> int:
         """Relay the response; returns the upstream's status (a client that left surfaces as a
         cancellation, which the caller records as 499; a client dropped for not reading returns
         499 itself). The upstream and the in-flight slot are released however this ends."""
         reservation = accounting.reservation
+        self._record = accounting.record
         # Several choices: count them as they stream, since the engine may report fewer.
         self._filter.usage_filter.count_choices = self._stream and reservation.choices > 1
         dropped = False
@@ -282,7 +299,11 @@ class Relay:
                     raw, self._route.engine, accounting.reservation, accounting.prompt_estimate
                 )
             )
-            if self._predicted_cached is not None or self._expected is not None:
+            if (
+                self._predicted_cached is not None
+                or self._expected is not None
+                or self._record is not None
+            ):
                 self._cached(reported_cached(raw))
         content_type = upstream.headers.get("Content-Type", "application/json").encode()
         await send(
@@ -310,6 +331,8 @@ class Relay:
             self._state.metrics.routing_checked(self._model, self._expected, reported)
         if self._state.tracing is not None:
             self._state.tracing.cached(reported)
+        if self._record is not None:
+            self._record.cached_tokens = reported
 
     async def _relay_stream(self, send: Send, started: float) -> None:
         transport = self._watch.transport
@@ -336,6 +359,8 @@ class Relay:
                     self._state.metrics.first_token(self._model, ttft)
                     if self._state.tracing is not None:
                         self._state.tracing.first_token(ttft)
+                    if self._record is not None:
+                        self._record.ttft_s = ttft
                     self._state.router.started(self._sent)
                 if counted.saw_done and upstream.at_eof():
                     # [DONE], an engine's last event, came in the read that ended the upstream

@@ -26,6 +26,7 @@ from gateway.upstream_post import closed_before_answering, post_upstream
 from workflows.contracts import Route
 
 if TYPE_CHECKING:
+    from gateway.observe.record import RequestRecord
     from gateway.tracing import UpstreamAttempt
 
 log = logging.getLogger(__name__)
@@ -45,11 +46,13 @@ async def first_answer(
     deadline: float,
     watch: ClientWatch,
     later: TokensLater | None = None,
+    record: RequestRecord | None = None,
 ) -> Relay:
     """Send to the chosen replica; while nothing has come back, a failure moves the request to
     another replica, as long as the deadline allows. Once a response has started, it is the
     answer, whatever it says. `later`: the prompt's token ids, being asked aside; the router
-    gets them when they come (Router.tokens_arrived)."""
+    gets them when they come (Router.tokens_arrived). `record`: the request log's, told each
+    replica tried."""
     model = request.model
     tried: list[str] = []
     failure: str | None = None
@@ -74,6 +77,8 @@ async def first_answer(
             state.metrics.retry(model)
         state.metrics.routed(model, decision.reason)
         routed_state, expected = _routing_state(state, model, decision, route, routing_key)
+        if record is not None:
+            record.routed(route, decision.reason, routed_state)
         remaining = deadline - time.perf_counter()
         if remaining <= 0:
             failure = failure or "deadline"

@@ -18,6 +18,10 @@ class GatewaySettings(BaseModel):
     # An OTLP/HTTP receiver for the request path's spans (docs/tracing.md), e.g.
     # http://collector:4318; empty: the gateway does not trace.
     otlp_endpoint: str = ""
+    # The last requests this gateway process keeps in memory for GET /admin/v1/requests and the
+    # console's Requests page, and the per-model and per-key charts fed by the same records
+    # (gateway/observe/). 0: neither; a request then records nothing.
+    request_log_size: int = Field(default=1000, ge=0, le=1_000_000)
     # How often the routing table is re-read from the ledger: a replica-state change should
     # reach every gateway within about a second.
     refresh_interval_s: float = Field(default=0.5, gt=0, le=10)

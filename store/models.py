@@ -47,6 +47,9 @@ class KeyLimits(BaseModel):
     # Prefix-cache isolation (gateway/cache_salt.py): the key's requests to vLLM replicas carry
     # a `cache_salt` of its own, so they never hit blocks another key's requests left cached.
     isolate_cache: bool = False
+    # The gateway's request log (gateway/observe/) keeps the text of this key's prompts, cut to
+    # a few KB; off, as for every key made before it: no prompt is kept.
+    log_prompts: bool = False
     # Fairness under saturation (the gateway's fair queue): new fields, so every key made before
     # them reads as weight 1 and "interactive", which is how every key was treated.
     # strict: a number only; JSON's true or "2" is a mistake, not a weight of 1 or 2.

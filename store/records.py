@@ -68,6 +68,8 @@ ADDED_KEY_COLUMNS: tuple[tuple[str, str], ...] = (
     # DOUBLE PRECISION: 8 bytes in PostgreSQL (its REAL is 4), a REAL in SQLite.
     ("weight", "DOUBLE PRECISION NOT NULL DEFAULT 1.0"),
     ("top_priority", "TEXT NOT NULL DEFAULT 'interactive'"),
+    # false for every key made before it: the request log keeps no prompt of theirs.
+    ("log_prompts", "BOOLEAN NOT NULL DEFAULT FALSE"),
 )
 
 

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from gateway.admin import keys as admin_keys
 from gateway.admin import models as admin_models
+from gateway.admin import observe as admin_observe
 from gateway.admin.guard import (
     WRITE_METHODS,
     check_json_body,
@@ -148,6 +149,8 @@ api.add_api_route("/models/{name}", admin_models.put_model, methods=["PUT"])
 api.add_api_route("/keys", admin_keys.create_key, methods=["POST"], response_model=None)
 api.add_api_route("/keys/{name_or_id}", admin_keys.revoke_key, methods=["DELETE"])
 api.add_api_route("/keys/{name_or_id}/limits", admin_keys.set_limits, methods=["PUT"])
+api.add_api_route("/requests", admin_observe.requests, methods=["GET"])
+api.add_api_route("/series", admin_observe.series, methods=["GET"])
 
 
 def _read(name: str) -> str:

@@ -81,6 +81,7 @@ async def test_a_created_key_is_shown_once_and_works(
         "isolate_cache": False,  # the engines' prefix cache is shared unless asked otherwise
         "weight": 1.0,  # an equal share of a saturated model
         "top_priority": "interactive",  # critical only where an operator grants it
+        "log_prompts": False,  # the request log keeps no prompt unless asked to
     }
     assert "key_hash" not in key
 
