@@ -170,6 +170,18 @@ def test_cache_isolation_is_set_shown_and_switched_off(
     assert _limits_of(state[1], "shared") == KeyLimits(tpm=500, isolate_cache=True)
 
 
+def test_prompt_logging_is_set_shown_and_switched_off(
+    capsys: pytest.CaptureFixture[str], state: list[str]
+) -> None:
+    llmgw(capsys, "key", "create", "audited", *state, "--log-prompts")
+    assert _limits_of(state[1], "audited") == KeyLimits(log_prompts=True)
+    _, audited = llmgw(capsys, "key", "list", *state).splitlines()
+    assert "log-prompts" in audited
+    out = llmgw(capsys, "key", "limit", "audited", *state, "--no-log-prompts")
+    assert "limits: none" in out
+    assert _limits_of(state[1], "audited") == KeyLimits()
+
+
 def test_weight_and_top_priority_are_set_shown_and_changed(
     capsys: pytest.CaptureFixture[str], state: list[str]
 ) -> None:

@@ -40,6 +40,7 @@ SIZE_LIMIT_FLAGS = (
 
 # Prefix-cache isolation (gateway/cache_salt.py); `--no-isolate-cache` turns it off.
 ISOLATE_FLAG = "--isolate-cache"
+LOG_PROMPTS_FLAG = "--log-prompts"
 
 
 def positive_count(text: str) -> int:
@@ -162,6 +163,13 @@ def _add_limit_flags(
         help="a prefix cache of the key's own on vLLM replicas: its prompts never hit blocks "
         f"another key's left cached (--no-isolate-cache shares it; {isolate_default_help})",
     )
+    parser.add_argument(
+        LOG_PROMPTS_FLAG,
+        dest="log_prompts",
+        action=argparse.BooleanOptionalAction,
+        help="the gateways' request logs keep the text of this key's prompts, cut to 4096 "
+        f"characters (--no-log-prompts stops it; {isolate_default_help})",
+    )
     # Fair queuing (issue 30): not limits that refuse a request, but how the gateway orders the
     # key's requests against other keys' when a model's replicas are saturated.
     parser.add_argument(
@@ -191,6 +199,7 @@ def limits_to_create(args: argparse.Namespace) -> KeyLimits:
         budget_period=args.budget_period or "day",
         **{field: getattr(args, field) for _, field, _ in SIZE_LIMIT_FLAGS},
         isolate_cache=bool(args.isolate_cache),
+        log_prompts=bool(args.log_prompts),
         **_fairness(args),
     )
 
@@ -214,6 +223,8 @@ def changed_limits(current: KeyLimits, args: argparse.Namespace) -> KeyLimits:
         changes["budget_period"] = args.budget_period
     if args.isolate_cache is not None:
         changes["isolate_cache"] = args.isolate_cache
+    if args.log_prompts is not None:
+        changes["log_prompts"] = args.log_prompts
     changes |= _fairness(args)
     if not changes:
         flags = ", ".join(
@@ -227,7 +238,9 @@ def changed_limits(current: KeyLimits, args: argparse.Namespace) -> KeyLimits:
                 "--top-priority",
             ]
         )
-        raise SystemExit(f"nothing to change: give {flags} or --[no-]isolate-cache")
+        raise SystemExit(
+            f"nothing to change: give {flags}, --[no-]isolate-cache or --[no-]log-prompts"
+        )
     return KeyLimits.model_validate(current.model_dump() | changes)
 
 
@@ -245,6 +258,8 @@ def describe_limits(limits: KeyLimits) -> str:
             parts.append(f"{flag.removeprefix('--')} {value}")
     if limits.isolate_cache:
         parts.append(ISOLATE_FLAG.removeprefix("--"))
+    if limits.log_prompts:
+        parts.append(LOG_PROMPTS_FLAG.removeprefix("--"))
     # Shown only where they differ from a new key's, like the limits above shown only when set.
     if limits.weight != KeyLimits().weight:
         parts.append(f"weight {limits.weight:.15g}")
