@@ -1,7 +1,8 @@
 """`llmgw top` and `llmgw nodes` against a real `llmgw up` (the stand-in engine in place of
 llama-server): the console in tmux shows the node and its replica, follows traffic through the
-gateway, cordons and uncordons the node, imports an Ollama model into the mirror and shows it,
-and quits on q; the agent's metrics carry the node and its engine's load."""
+gateway, cordons and uncordons the node, scales a model, imports an Ollama model as the web
+console does (defined, and into the mirror) and shows it, and quits on q; the agent's metrics
+carry the node and its engine's load."""
 
 import shutil
 import sys
@@ -86,12 +87,13 @@ async def test_top_shows_the_node_and_replica_follows_traffic_and_quits(
         term.until_exited()
 
 
-async def test_top_cordons_and_uncordons_the_node_and_imports_into_the_mirror(
+async def test_top_cordons_and_uncordons_the_node_scales_and_imports_from_ollama(
     system: System, weights, tmp_path: Path
 ) -> None:
     """The actions from the keyboard, run as `llmgw node cordon|uncordon`, `llmgw model scale`
-    and `llmgw mirror add ollama://` run them: the ledger changes and the screen shows it. Last
-    in this module: the node is given back uncordoned."""
+    and `llmgw model import-ollama REF --mirror` run them: the ledger, the catalog and the
+    mirror change and the screen shows it. Last in this module: the node is given back
+    uncordoned."""
     # First in the Models pane (by name), with no replica until the console scales it.
     system.cli(
         *("model", "add", "scaled", "--weights", str(weights), "--cpu-cores", "1"),
@@ -164,6 +166,15 @@ async def test_top_cordons_and_uncordons_the_node_and_imports_into_the_mirror(
         term.until(lambda s: "is not an Ollama model name" in s, "the name refused")
         term.keys("Escape")
         term.until(lambda s: "import: cancelled" in s, "the prompt closed")
+        # A name the catalog already has: refused before anything is copied, in the web
+        # console's words.
+        term.keys("i")
+        term.keys("-l", "smollm2:135m as scaled")
+        term.keys("Enter")
+        term.until(
+            lambda s: "import refused: a model named 'scaled' is already defined" in s,
+            "the taken name refused",
+        )
         term.keys("i")
         term.keys("-l", "smollm2:135m")
         term.keys("Enter")
@@ -173,12 +184,27 @@ async def test_top_cordons_and_uncordons_the_node_and_imports_into_the_mirror(
             return any(r[:1] == ["smollm2-135m"] and "ollama:smollm2:135m" in r for r in rows)
 
         mirror = term.until(imported, "the imported model in the mirror pane", within_s=30)
-        assert "imported smollm2:135m as smollm2-135m" in mirror
+        assert (
+            "imported ollama smollm2:135m: model smollm2-135m defined, "
+            "in the mirror as smollm2-135m"
+        ) in mirror
         keep_screen("mirror", mirror)
+        # Defined, as the web console's import defines it: in the Models pane, on llama.cpp.
+        term.keys("Left")
+
+        def defined(screen: str) -> bool:
+            rows = [line.removeprefix("> ").split() for line in screen.splitlines()]
+            return any(r[:2] == ["smollm2-135m", "1"] and "llamacpp" in r for r in rows)
+
+        keep_screen("imported-model", term.until(defined, "the imported model in Models"))
         term.keys("q")
         term.until_exited()
     listed = system.cli("mirror", "ls").stdout
     assert "smollm2-135m" in listed
-    models_listed = system.cli("model", "list").stdout.splitlines()
+    models_listed = [r.split()[:4] for r in system.cli("model", "list").stdout.splitlines()]
     # MODEL, PROFILES ("llamacpp cpu"), WANTED: as the model workflow holds it.
-    assert ["scaled", "llamacpp", "cpu", "1"] in [r.split()[:4] for r in models_listed]
+    assert ["scaled", "llamacpp", "cpu", "1"] in models_listed
+    assert ["smollm2-135m", "llamacpp", "cpu", "1"] in models_listed
+    # Its weights: the verified copy in the state dir, as `llmgw model import-ollama` makes it.
+    (copy,) = (system.state_dir / "models").glob("sha256-*.gguf")
+    assert copy.read_bytes() == gguf.read_bytes()
