@@ -102,6 +102,9 @@ class ShardLaunch:
     binary: Path
     key: str = ""  # the engine key; it goes in the environment, never on a command line
     nvidia: bool = False  # an NVIDIA driver is loaded on this node
+    # The OTLP/HTTP traces URL the agent sends its spans to; "" when it does not trace. An
+    # engine that traces itself is pointed there (vLLM: --otlp-traces-endpoint).
+    traces_url: str = ""
 
 
 class NotRunByLlmgwError(ValueError):

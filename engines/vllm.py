@@ -52,6 +52,8 @@ GPU_BLOCK_SIZE = 16
 KV_HASH_SEED = "0"
 LOOPBACK = "127.0.0.1"
 KV_HASH_ALGO = "sha256_cbor"
+# Where vLLM sends its own spans (its request spans take the gateway's traceparent as parent).
+TRACES_FLAG = "--otlp-traces-endpoint"
 
 RESERVED_FLAGS = frozenset(
     {
@@ -123,6 +125,7 @@ def command_line(
     cpu: bool,
     kv_ports: tuple[int, int] | None = None,
     kv_topic: str = "",
+    traces_url: str = "",
 ) -> list[str]:
     """argv for this shard's `vllm serve` of the model directory `model.weights`.
 
@@ -189,7 +192,18 @@ def command_line(
     if profile.lora:
         argv += ["--enable-lora", "--lora-modules"]
         argv += [f"{adapter.name}={adapter.path}" for adapter in profile.lora]
+    if traces_to(traces_url, profile) and place.rank == 0:
+        # Its request spans, under the gateway's attempt span (the traceparent it is sent).
+        argv += [TRACES_FLAG, traces_url]
     return [*argv, *profile.args]
+
+
+def traces_to(traces_url: str, profile: Profile) -> bool:
+    """Whether llmgw points the engine at the agent's trace receiver: when the agent traces,
+    unless the profile's own args name a receiver of the operator's."""
+    return bool(traces_url) and not any(
+        arg == TRACES_FLAG or arg.startswith(TRACES_FLAG + "=") for arg in profile.args
+    )
 
 
 def ray_head(ray: str, place: ShardPlace) -> list[str]:
@@ -238,12 +252,20 @@ def launch_commands(
     cpu: bool,
     kv_ports: tuple[int, int] | None = None,
     kv_topic: str = "",
+    traces_url: str = "",
 ) -> list[Command]:
     """This shard's commands, sidecars first; the last one's exit is the shard's.
 
     `ray` is found beside `vllm` in the engine's environment."""
     serve = command_line(
-        entrypoint, model, profile, place, cpu=cpu, kv_ports=kv_ports, kv_topic=kv_topic
+        entrypoint,
+        model,
+        profile,
+        place,
+        cpu=cpu,
+        kv_ports=kv_ports,
+        kv_topic=kv_topic,
+        traces_url=traces_url,
     )
     if not (place.multi_node and profile.launch == "ray"):
         return [Command(serve)]
@@ -255,7 +277,12 @@ def launch_commands(
 
 
 def engine_env(
-    key: str, profile: Profile, place: ShardPlace | None = None, *, cpu: bool
+    key: str,
+    profile: Profile,
+    place: ShardPlace | None = None,
+    *,
+    cpu: bool,
+    traces_url: str = "",
 ) -> dict[str, str]:
     """The key, no hub access (weights are local), runtime LoRA loading with adapters, and on
     the CPU a KV cache sized from the profile's memory budget: half of it, in whole GiB, at
@@ -275,6 +302,10 @@ def engine_env(
         env[name] = value
     if place is not None and place.multi_node and profile.launch == "ray":
         env["RAY_ADDRESS"] = f"{place.leader}:{place.rendezvous_port}"
+    if traces_to(traces_url, profile):
+        # The receiver speaks OTLP/HTTP (workflows/otel.py); vLLM's exporter defaults to gRPC.
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+        env["OTEL_SERVICE_NAME"] = "vllm"
     return env
 
 
@@ -295,10 +326,13 @@ class Vllm(PythonEnvEngine):
             cpu=_on_cpu(shard),
             kv_ports=kv_ports,
             kv_topic=shard.replica_id,
+            traces_url=shard.traces_url,
         )
 
     def environment(self, shard: ShardLaunch) -> dict[str, str]:
-        return engine_env(shard.key, shard.profile, shard.place, cpu=_on_cpu(shard))
+        return engine_env(
+            shard.key, shard.profile, shard.place, cpu=_on_cpu(shard), traces_url=shard.traces_url
+        )
 
     def kv_publisher(self, shard: ShardLaunch) -> KvPublisher | None:
         """The leader's publisher, when the profile asks for events (the scheduler publishing

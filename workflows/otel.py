@@ -23,6 +23,7 @@ ENDPOINT_ENV = "LLMGW_OTLP_ENDPOINT"
 TRACES_PATH = "/v1/traces"
 
 _provider: TracerProvider | None = None
+_traces_url = ""
 
 
 def endpoint_from_env() -> str:
@@ -41,7 +42,7 @@ def start(service: str, endpoint: str | None = None) -> bool:
     """Export this process's spans to `endpoint` (default: the environment's) as `service`;
     False, and nothing started, when no endpoint is given. Once per process: a second call
     keeps the first provider."""
-    global _provider
+    global _provider, _traces_url
     url = endpoint if endpoint is not None else endpoint_from_env()
     if not url:
         return False
@@ -62,12 +63,18 @@ def start(service: str, endpoint: str | None = None) -> bool:
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(url))))
     trace.set_tracer_provider(provider)
-    _provider = provider
+    _provider, _traces_url = provider, traces_url(url)
     return True
 
 
 def enabled() -> bool:
     return _provider is not None
+
+
+def current_traces_url() -> str:
+    """Where this process sends its spans; "" when it does not trace. A node agent hands it to
+    the engines that trace themselves (vLLM), so their spans reach the same receiver."""
+    return _traces_url
 
 
 def tracer(name: str) -> Any:
@@ -79,10 +86,10 @@ def tracer(name: str) -> Any:
 
 def shutdown() -> None:
     """Send what is batched and stop the exporter (at a process's orderly exit)."""
-    global _provider
+    global _provider, _traces_url
     if _provider is not None:
         _provider.shutdown()
-        _provider = None
+        _provider, _traces_url = None, ""
 
 
 def temporal_interceptors() -> list[Interceptor]:

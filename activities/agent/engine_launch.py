@@ -27,6 +27,7 @@ from engines.commands import ShardPlace
 from engines.engine_dir import installed_binary
 from engines.registry import find
 from engines.shard_env import shard_env
+from workflows import otel
 from workflows.contracts import (
     KvSource,
     LaunchRequest,
@@ -146,6 +147,7 @@ class EngineLauncher:
             binary=binary,
             key=engine_key(self._config.node_secret, req.replica_id),
             nvidia=self._config.has_nvidia,
+            traces_url=otel.current_traces_url(),
         )
         try:
             commands, own_env = engine.commands(launch), engine.environment(launch)

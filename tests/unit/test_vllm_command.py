@@ -215,3 +215,26 @@ def test_adapters_start_with_the_runtime_endpoints_turned_on() -> None:
     with_lora = profile(lora=[{"name": "sql", "path": "/a/sql"}])
     assert engine_env("k", with_lora, cpu=True)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in engine_env("k", profile(), cpu=True)
+
+
+def test_a_tracing_agent_points_the_leader_at_its_receiver_unless_the_profile_does() -> None:
+    url = "http://collector:4318/v1/traces"
+    argv = command_line("vllm", MODEL, profile(), ONE, cpu=False, traces_url=url)
+    assert pairs(argv)["--otlp-traces-endpoint"] == url
+    env = engine_env("k", profile(), ONE, cpu=False, traces_url=url)
+    assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    # Not tracing: neither flag nor environment.
+    plain = command_line("vllm", MODEL, profile(), ONE, cpu=False)
+    assert "--otlp-traces-endpoint" not in plain
+    assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in engine_env("k", profile(), ONE, cpu=False)
+    # A worker rank serves no requests: no flag there.
+    worker = command_line("vllm", MODEL, profile(), shard(1, "10.0.0.2"), cpu=False, traces_url=url)
+    assert "--otlp-traces-endpoint" not in worker
+    # The operator's own receiver (gRPC, say) is left as they named it.
+    own = profile(args=["--otlp-traces-endpoint=grpc://tempo:4317"])
+    theirs = command_line("vllm", MODEL, own, ONE, cpu=False, traces_url=url)
+    assert theirs.count("--otlp-traces-endpoint") == 0
+    assert "--otlp-traces-endpoint=grpc://tempo:4317" in theirs
+    assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" not in engine_env(
+        "k", own, ONE, cpu=False, traces_url=url
+    )
