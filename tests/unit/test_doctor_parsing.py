@@ -165,8 +165,9 @@ def _fake_python_engine(state_dir: Path, engine: str, version: str, entry_script
 
 def test_gather_verifies_every_engine_not_only_llama_cpp(tmp_path: Path) -> None:
     """vLLM and SGLang environments are checked as the agent's re-verification checks them:
-    one whose entry point answers is runnable; one that cannot import its library, or whose
-    environment lacks its package, is not, and says why."""
+    one whose entry point answers is runnable; one that cannot load its libraries is not, and
+    says why; SGLang on a machine without an NVIDIA GPU (this one) is not, whatever its
+    environment holds, saying that it needs one."""
     _fake_python_engine(tmp_path, "vllm", "0.9.2", "#!/bin/sh\necho 0.9.2\n")
     _fake_python_engine(tmp_path, "sglang", "0.4.9", "")
     facts = gather.gather_facts(tmp_path, "node-a", "127.0.0.1")
@@ -174,7 +175,7 @@ def test_gather_verifies_every_engine_not_only_llama_cpp(tmp_path: Path) -> None
     assert by_engine["vllm"].runnable is True
     assert by_engine["vllm"].detail == "vllm 0.9.2"
     assert by_engine["sglang"].runnable is False
-    assert "No module named 'sglang'" in by_engine["sglang"].detail
+    assert by_engine["sglang"].detail.startswith("SGLang needs an NVIDIA GPU")
 
     broken = (
         "#!/bin/sh\necho 'ImportError: libcudart.so.12: cannot open shared object' >&2\nexit 1\n"
