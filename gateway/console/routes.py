@@ -55,6 +55,8 @@ ASSETS = {
     "mirror_page.js": "text/javascript; charset=utf-8",
     "node_page.js": "text/javascript; charset=utf-8",
     "gateway_pages.js": "text/javascript; charset=utf-8",
+    "observe_pages.js": "text/javascript; charset=utf-8",
+    "line_chart.js": "text/javascript; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
 # Usage the keys page charts: the last month, by UTC day.

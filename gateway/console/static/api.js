@@ -54,3 +54,11 @@ export const revokeKey = (nameOrId) =>
 export const setLimits = (nameOrId, limits) =>
   call("PUT", `${BASE}/keys/${encodeURIComponent(nameOrId)}/limits`, limits);
 export const logout = () => call("POST", "/console/logout");
+
+// The request log and the charts' series (gateway/admin/observe.py); empty filters left out.
+const query = (params) => {
+  const given = Object.entries(params).filter(([, v]) => v !== "" && v !== null && v !== undefined);
+  return given.length ? `?${new URLSearchParams(given)}` : "";
+};
+export const readRequests = (filters) => call("GET", `${BASE}/requests${query(filters)}`);
+export const readSeries = (which) => call("GET", `${BASE}/series${query(which)}`);

@@ -8,10 +8,11 @@ import { installs, models } from "./fleet_pages.js";
 import { keys, routing } from "./gateway_pages.js";
 import { mirror } from "./mirror_page.js";
 import { node } from "./node_page.js";
+import { charts, pageData, requests } from "./observe_pages.js";
 import { replaceChildren } from "./dom.js";
 
 const POLL_MS = 2000;
-const PAGES = { overview, nodes, nvlink, models, installs, mirror, keys, routing, node };
+const PAGES = { overview, nodes, nvlink, models, installs, mirror, keys, routing, node, requests, charts };
 let latest = null;
 let drawn = "";
 
@@ -58,6 +59,12 @@ const act = {
   importOllama(request) {
     return run(`import of ${request.reference}`, api.importOllama(request));
   },
+  // A page's own filters changed: read its data again now, and draw it though the operator's
+  // focus is still on the filter they changed.
+  async refresh() {
+    await poll();
+    draw(true);
+  },
 };
 
 // The routing table's age changes on every poll; it alone is no reason to draw again.
@@ -87,7 +94,10 @@ function draw(force = false) {
 
 async function poll() {
   try {
-    latest = await api.readConsole();
+    const page = currentPage();
+    // The pages with data of their own (the request log, the charts) read it beside.
+    const [data, own] = await Promise.all([api.readConsole(), pageData[page]?.()]);
+    latest = { ...data, page: own ?? null };
     document.getElementById("freshness").textContent = `Updated ${new Date().toLocaleTimeString()}`;
     draw();
   } catch (err) {
@@ -173,6 +183,7 @@ document.getElementById("main").addEventListener("focusout", () => setTimeout(dr
 window.addEventListener("hashchange", () => {
   say("");  // an answer belongs to the page it was given on
   showPage();
+  if (currentPage() in pageData) poll();
   const target = document.getElementById(decodeURIComponent(location.hash.slice(1)));
   (target && target.tagName === "H3" ? target : document.getElementById("main")).focus();
 });
