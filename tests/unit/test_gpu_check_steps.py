@@ -85,3 +85,29 @@ def test_a_recording_takes_a_free_name(tmp_path: Path) -> None:
     (tmp_path / "h100_80g_x1_recorded_2").mkdir()
     assert machine_steps.free_name(tmp_path, "h100_80g_x1_recorded") == "h100_80g_x1_recorded_3"
     assert machine_steps.free_name(tmp_path, "l40s_45g_x1_recorded") == "l40s_45g_x1_recorded"
+
+
+def test_the_vllm_installed_follows_the_plans_cuda_rule() -> None:
+    def node(driver: str, cuda: str, capability: str = "9.0") -> NodeInventory:
+        gpu = GpuInfo(
+            index=0,
+            uuid="GPU-0",
+            name="H100",
+            gpu_class="h100-80g",
+            memory_mb=81559,
+            compute_capability=capability,
+        )
+        return NodeInventory(name="g", nvidia_driver=driver, cuda_version=cuda, gpus=[gpu])
+
+    # A driver for CUDA 13 takes the default as it is.
+    assert gpu_steps.gpu_vllm_version(node("580.65", "13.0"), "0.32.0") == ("0.32.0", "")
+    # One for CUDA 12: the last release built on CUDA 12, saying why.
+    version, note = gpu_steps.gpu_vllm_version(node("550.54.15", "12.4"), "0.32.0")
+    assert version == gpu_steps.LAST_CUDA12_VLLM
+    assert note.startswith("vLLM 0.32.0 needs a driver for CUDA 13 or newer")
+    # A version the operator named is theirs: one that cannot run fails with the plan's words.
+    with pytest.raises(gpu_steps.Failed, match=r"vLLM 0\.25\.0 needs a driver for CUDA 13"):
+        gpu_steps.gpu_vllm_version(node("550.54.15", "12.4"), "0.25.0")
+    # Too old a card for any build the fallback would fix: fails.
+    with pytest.raises(gpu_steps.Failed, match=r"compute capability 7\.5"):
+        gpu_steps.gpu_vllm_version(node("580.65", "13.0", capability="6.1"), "0.32.0")
