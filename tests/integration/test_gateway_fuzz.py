@@ -62,6 +62,8 @@ def test_the_spec_names_every_operation_the_gateway_serves() -> None:
         "PUT /admin/v1/models/{model}/upstream-key",
         "DELETE /admin/v1/models/{model}/upstream-key",
         "GET /admin/v1/console",
+        "GET /admin/v1/requests",
+        "GET /admin/v1/series",
         "POST /admin/v1/nodes/{name}/{action}",
         "POST /admin/v1/models/{name}/scale",
     }
