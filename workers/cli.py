@@ -53,6 +53,16 @@ def queue_deadline(value: str) -> float:
     return seconds
 
 
+def request_log_size(value: str) -> int:
+    try:
+        size = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if not 0 <= size <= 1_000_000:
+        raise argparse.ArgumentTypeError("0 (off) to 1000000 requests")
+    return size
+
+
 def refresh_interval(value: str) -> float:
     seconds = float(value)
     if not 0.5 <= seconds <= 3600:
@@ -219,6 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="send the request path's traces to this OTLP/HTTP receiver, e.g. "
         "http://collector:4318 (default: $LLMGW_OTLP_ENDPOINT; unset, no tracing)",
+    )
+    gw.add_argument(
+        "--request-log-size",
+        type=request_log_size,
+        default=1000,
+        metavar="N",
+        help="the last N requests each gateway process keeps for the console's Requests and "
+        "Charts pages and GET /admin/v1/requests (default: 1000; 0: none, and no charts)",
     )
     gw.add_argument(
         "--media-url-allow",
@@ -391,6 +409,7 @@ def gateway_settings(args: argparse.Namespace) -> "GatewaySettings":
         admin_port=args.admin_port,
         console_remote=args.console_remote,
         otlp_endpoint=args.otlp_endpoint if args.otlp_endpoint is not None else endpoint_from_env(),
+        request_log_size=args.request_log_size,
         routing_policy=args.routing,
         media_url_allow=args.media_url_allow,
         fair_queue=args.fair_queue,
