@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.settings import GatewaySettings
 from store import KeyLimits, Store
@@ -144,3 +145,20 @@ async def test_with_the_log_off_nothing_is_recorded(store: Store, tmp_path: Path
         off = await gw.client.get("/admin/v1/requests")
         assert off.status_code == 404
         assert off.json()["error"]["code"] == "request_log_off"
+
+
+async def test_the_fair_queue_is_sampled_into_the_series(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sampling task runs twice a bucket: with 0.2 s "buckets" for its interval only, the
+    # first sample comes within a tenth of a second rather than 5 s.
+    monkeypatch.setattr("gateway.app.BUCKET_S", 0.2)
+    async with served(store, tmp_path) as gw:
+        assert (await gw.chat()).status_code == 200
+        for _ in range(100):
+            columns = (await gw.client.get("/admin/v1/series", params={"model": MODEL})).json()
+            if columns["series"]["queue_depth"][-1] is not None:
+                break
+            await asyncio.sleep(0.05)
+        # Nothing waits in the queue: a sample of 0, told apart from no sample (null).
+        assert columns["series"]["queue_depth"][-1] == 0
