@@ -19,6 +19,7 @@ from gateway import openai_routes
 from gateway.admin import keys as admin_keys
 from gateway.admin import models as admin_models
 from gateway.admin import observe as admin_observe
+from gateway.admin import playground as admin_playground
 from gateway.admin import routes as admin_routes
 from gateway.admin import usage as admin_usage
 from gateway.admin.routes import require_local
@@ -299,6 +300,7 @@ def create_app(
     app.include_router(admin_keys.router)
     app.include_router(admin_usage.router)
     app.include_router(admin_observe.router)
+    app.include_router(admin_playground.router)
     app.include_router(console_routes.pages)
     app.include_router(console_routes.api)
     if settings.console_remote:

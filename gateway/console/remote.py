@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from gateway.admin import keys as admin_keys
 from gateway.admin import models as admin_models
 from gateway.admin import observe as admin_observe
+from gateway.admin import playground as admin_playground
 from gateway.admin.guard import (
     WRITE_METHODS,
     check_json_body,
@@ -151,6 +152,11 @@ api.add_api_route("/keys/{name_or_id}", admin_keys.revoke_key, methods=["DELETE"
 api.add_api_route("/keys/{name_or_id}/limits", admin_keys.set_limits, methods=["PUT"])
 api.add_api_route("/requests", admin_observe.requests, methods=["GET"])
 api.add_api_route("/series", admin_observe.series, methods=["GET"])
+# The playground: its request goes on to the OpenAI route's handler with the operator's API key.
+api.add_api_route("/playground/models", admin_playground.models, methods=["GET"])
+api.add_api_route(
+    "/playground/chat/completions", admin_playground.chat_completions, methods=["POST"]
+)
 
 
 def _read(name: str) -> str:

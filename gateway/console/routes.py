@@ -56,6 +56,7 @@ ASSETS = {
     "node_page.js": "text/javascript; charset=utf-8",
     "gateway_pages.js": "text/javascript; charset=utf-8",
     "observe_pages.js": "text/javascript; charset=utf-8",
+    "playground_page.js": "text/javascript; charset=utf-8",
     "line_chart.js": "text/javascript; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }

@@ -62,3 +62,21 @@ const query = (params) => {
 };
 export const readRequests = (filters) => call("GET", `${BASE}/requests${query(filters)}`);
 export const readSeries = (which) => call("GET", `${BASE}/series${query(which)}`);
+
+// The playground (gateway/admin/playground.py): the models it offers, and a chat request that
+// takes the OpenAI route's own path with the operator's key. The raw response is handed back:
+// the page reads its stream, its status and its x-request-id itself. The key goes in this one
+// request's header only.
+export const readPlaygroundModels = () => call("GET", `${BASE}/playground/models`);
+export function playgroundChat(apiKey, body) {
+  const headers = { "Content-Type": "application/json", Accept: "text/event-stream" };
+  if (apiKey) headers.Authorization = `Bearer ${apiKey}`;
+  if (CSRF) headers["X-CSRF-Token"] = CSRF;
+  return fetch(`${BASE}/playground/chat/completions`, {
+    method: "POST",
+    headers,
+    body: JSON.stringify(body),
+    credentials: "same-origin",
+    cache: "no-store",
+  });
+}

@@ -8,11 +8,14 @@ import { installs, models } from "./fleet_pages.js";
 import { keys, routing } from "./gateway_pages.js";
 import { mirror } from "./mirror_page.js";
 import { node } from "./node_page.js";
-import { charts, pageData, requests } from "./observe_pages.js";
+import { charts, pageData as observeData, requests } from "./observe_pages.js";
+import { playground, playgroundData, wirePlayground } from "./playground_page.js";
 import { replaceChildren } from "./dom.js";
 
 const POLL_MS = 2000;
-const PAGES = { overview, nodes, nvlink, models, installs, mirror, keys, routing, node, requests, charts };
+const PAGES = { overview, nodes, nvlink, models, installs, mirror, keys, routing, node, requests, charts, playground };
+// The pages that read data of their own on each poll, beside the console's.
+const pageData = { ...observeData, playground: playgroundData };
 let latest = null;
 let drawn = "";
 
@@ -64,7 +67,9 @@ const act = {
   async refresh() {
     await poll();
     draw(true);
+    return latest;
   },
+  latest: () => latest,
 };
 
 // The routing table's age changes on every poll; it alone is no reason to draw again.
@@ -188,6 +193,7 @@ window.addEventListener("hashchange", () => {
   (target && target.tagName === "H3" ? target : document.getElementById("main")).focus();
 });
 wireForms();
+wirePlayground(act);
 showPage();
 poll();
 setInterval(poll, POLL_MS);
