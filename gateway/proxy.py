@@ -22,7 +22,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from gateway.admission import Pass
 from gateway.admission.priority import PRIORITY_FIELD, PRIORITY_HEADER, request_priority
@@ -32,10 +32,10 @@ from gateway.billing import choices_requested, completion_length
 from gateway.body_parse import upstream_payload, with_member
 from gateway.cache_salt import salt_body, salted_prompt
 from gateway.deps import GatewayState
-from gateway.errors import SERVER_ERROR, ApiError
+from gateway.errors import REQUEST_ID_HEADER, SERVER_ERROR, ApiError
 from gateway.lockout import stored_group
 from gateway.lora import UpstreamBodies, ensure_adapter_served
-from gateway.observe.record import REQUEST_ID_HEADER, RequestRecord
+from gateway.observe.record import RequestRecord
 from gateway.quota import Denied, Reservation
 from gateway.relay import Accounting, ClientWatch
 from gateway.replica_attempts import RETRY_AFTER_S, first_answer
@@ -86,7 +86,6 @@ async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, se
     record = None
     if request_log is not None:
         record = RequestRecord(scope["path"])
-        send = _with_request_id(send, record.request_id)
     outcome = Outcome(record)
     metrics = state.metrics
     metrics.in_flight.inc()
@@ -99,6 +98,7 @@ async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, se
         outcome.status = err.status
         if record is not None:
             record.error_code = err.code
+            err.headers[REQUEST_ID_HEADER] = record.request_id
         await send_error(send, err)
     finally:
         metrics.in_flight.dec()
@@ -112,19 +112,6 @@ async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, se
             request_log.add(record, outcome.model != "-")
         if tracing is not None:
             tracing.end(span, token, outcome.status, outcome.model)
-
-
-def _with_request_id(send: Send, request_id: str) -> Send:
-    """`send` with the request log's id on the response: an operator finds a client's request
-    in GET /admin/v1/requests by it."""
-    header = (REQUEST_ID_HEADER, request_id.encode())
-
-    async def sending(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", ()), header]}
-        await send(message)
-
-    return sending
 
 
 @dataclass(frozen=True)

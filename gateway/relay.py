@@ -313,6 +313,7 @@ class Relay:
                 "headers": [
                     (b"content-type", content_type),
                     (b"content-length", str(len(raw)).encode()),
+                    *(() if self._record is None else (self._record.header(),)),
                 ],
             }
         )
@@ -338,9 +339,8 @@ class Relay:
         transport = self._watch.transport
         if transport is not None:
             transport.set_write_buffer_limits(high=STREAM_BUFFER_HIGH, low=STREAM_BUFFER_LOW)
-        await self._send(
-            send, {"type": "http.response.start", "status": 200, "headers": SSE_HEADERS}
-        )
+        headers = SSE_HEADERS if self._record is None else [*SSE_HEADERS, self._record.header()]
+        await self._send(send, {"type": "http.response.start", "status": 200, "headers": headers})
         stream_filter = self._filter
         counted = stream_filter.usage_filter
         upstream = self._upstream.content

@@ -99,6 +99,11 @@ class RequestRecord:
         self.reason = reason
         self.routing_state = routing_state
 
+    def header(self) -> tuple[bytes, bytes]:
+        """The response header that gives the client this request's id: an operator finds the
+        client's request in GET /admin/v1/requests by it."""
+        return (REQUEST_ID_HEADER, self.request_id.encode())
+
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
 
