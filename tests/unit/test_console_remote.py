@@ -111,6 +111,9 @@ def test_an_admin_key_logs_in_to_the_console(
     data = http.get("/console/v1/console").json()
     assert "ops" in [key["name"] for key in data["gateway"]["keys"]]
     assert data["cluster"]["nodes"]
+    # The Requests and Charts pages' data, at the admin API's paths under /console/v1.
+    assert http.get("/console/v1/requests").json()["size"] > 0
+    assert http.get("/console/v1/series").json()["bucket_s"] == 10
 
 
 def test_a_client_key_and_a_wrong_key_get_the_same_refusal(
@@ -133,6 +136,8 @@ def test_without_a_session_nothing_is_served_but_the_login(
     assert page.status_code == 303
     assert page.headers["location"] == "/console/login"
     assert http.get("/console/v1/console").status_code == 401
+    assert http.get("/console/v1/requests").status_code == 401
+    assert http.get("/console/v1/series").status_code == 401
     http.cookies.set(COOKIE, "made-up", domain="127.0.0.1", path="/console")
     assert http.get("/console/v1/console").status_code == 401
     response = http.post(f"/console/v1/nodes/{RACK[0]}/cordon", json={})
