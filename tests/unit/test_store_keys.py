@@ -235,3 +235,22 @@ async def test_the_admin_role_is_kept_and_travels_in_a_dump(
     assert restored is not None
     assert restored.admin is True
     assert restored.revoked_at is None
+
+
+async def test_prompt_logging_is_kept_with_the_key_and_changed_with_its_limits(
+    store: Store, open_test_store: StoreFactory
+) -> None:
+    audited, _ = await store.create_key("audited", limits=KeyLimits(log_prompts=True))
+    plain, _ = await store.create_key("plain")
+    other_process = await open_test_store()
+    reread = await other_process.get_key(audited.key_id)
+    assert reread is not None
+    assert reread.limits.log_prompts is True
+    unread = await other_process.get_key(plain.key_id)
+    assert unread is not None
+    assert unread.limits.log_prompts is False, "no prompt is kept unless the key asks"
+    updated = await store.set_key_limits("audited", KeyLimits())
+    assert updated is not None
+    assert updated.limits.log_prompts is False
+    dumped = {k.name: k.limits.log_prompts for k in (await store.export_dump()).keys}
+    assert dumped == {"audited": False, "plain": False}
