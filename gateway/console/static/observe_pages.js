@@ -104,7 +104,7 @@ export function requests(data, act) {
     h("p", { class: "hint" }, `The newest ${num(answer.data.length)} matching of the ${num(answer.held)} requests this gateway process holds (it keeps the last ${num(answer.size)}).`),
     table(
       "Requests, newest first",
-      ["Ended", "Request id", "Key", "Model", "Replica", "Routing", "Status", "TTFT", "Total", "Tokens in / out", "Prompt"],
+      ["Started", "Request id", "Key", "Model", "Replica", "Routing", "Status", "TTFT", "Total", "Tokens in / out", "Prompt"],
       rows,
       "none match.",
       "requests",
