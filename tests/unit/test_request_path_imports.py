@@ -14,8 +14,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 OWN = ("gateway", "kv", "engines", "workflows", "activities", "workers", "store", "bench")
-# 108 when this bound was set: room for a few modules more, not for a package.
-MOST_MODULES = 115
+# 108 when this bound was first set at 115; 116 once the request log and its series
+# (gateway/observe/: four modules, issue 34) joined the path, which records every request. Room
+# for a few modules more, not for a package.
+MOST_MODULES = 120
 NEVER = (
     "activities",
     "workers",
