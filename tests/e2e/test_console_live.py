@@ -173,3 +173,53 @@ async def test_the_console_on_a_live_cluster(system: System, tmp_path: Path) -> 
         )
         assert await asyncio.to_thread(ask, client)
         assert console_errors(browser) == []
+
+
+async def test_the_playground_streams_the_demo_model(system: System, tmp_path: Path) -> None:
+    """A prompt sent from the Playground page with a key that has a budget: the real model's
+    answer streamed into the page, then the replica, tokens and cost the gateway recorded."""
+    (replica,) = await wait_ready(system, DEMO_MODEL, 1, timeout=300)
+    created = system.cli("key", "create", "playground", "--budget", "100000")
+    secret = created.stdout.strip().splitlines()[-1]
+    client = openai.OpenAI(base_url=system.base_url, api_key=secret, max_retries=0)
+    assert await first_answer(client)  # the gateway has read the new key
+    console = f"http://127.0.0.1:{system.admin_port}/admin/console/"
+
+    def fact(name: str) -> str:
+        return str(css(browser, f'#pg-facts [data-fact="{name}"]').text)
+
+    with chromium() as browser:
+        show(browser, console, "playground")
+        until(lambda: DEMO_MODEL in css(browser, "#playground-data").text, "the demo model")
+        until(
+            lambda: css(browser, "#pg-model option:checked").text == DEMO_MODEL, "the model picked"
+        )
+        # A wrong key first: the API's own message, nothing streamed.
+        css(browser, "#pg-key").send_keys("sk-llmgw-wrong")
+        css(browser, "#pg-prompt").send_keys("Say hello")
+        css(browser, "#playground button[type=submit]").click()
+        until(lambda: fact("status") == "401 invalid_api_key", "the refusal")
+        assert "API key" in css(browser, "#pg-error").text
+        assert console_errors(browser, ("playground/chat/completions",)) == []
+
+        css(browser, "#pg-key").clear()
+        css(browser, "#pg-key").send_keys(secret)
+        css(browser, "#pg-max-tokens").clear()
+        css(browser, "#pg-max-tokens").send_keys("16")
+        css(browser, "#playground button[type=submit]").click()
+        until(lambda: fact("status") == "200", "the answer's facts", 120)
+        assert css(browser, "#pg-answer").text.strip(), "the model's words, streamed"
+        assert css(browser, "#pg-error").get_attribute("hidden") is not None
+        assert fact("replica") == f"{replica} on {system.node}"
+        assert fact("routing") != "\N{EN DASH}"  # what the page shows for none
+        assert fact("ttft").endswith(" ms")
+        assert fact("browser-ttft").endswith(" ms")
+        prompt, completion = (int(n.replace(",", "")) for n in fact("tokens").split()[::2][:2])
+        assert prompt > 0
+        assert 0 < completion <= 16
+        assert fact("billed") == f"{prompt + completion:,} tokens"
+        left = int(fact("budget").split()[0].replace(",", ""))
+        assert left <= 100_000 - (prompt + completion)
+        assert fact("budget").endswith("of 100,000 tokens left this day")
+        screenshot(browser, "live-playground", tmp_path)
+        assert console_errors(browser) == []
