@@ -66,6 +66,9 @@ def test_the_spec_names_every_operation_the_gateway_serves() -> None:
         "GET /admin/v1/series",
         "POST /admin/v1/nodes/{name}/{action}",
         "POST /admin/v1/models/{name}/scale",
+        "POST /admin/v1/imports/ollama",
+        "GET /admin/v1/playground/models",
+        "POST /admin/v1/playground/chat/completions",
     }
 
 
