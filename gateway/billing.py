@@ -138,6 +138,25 @@ def whole_response_counts(
     return prompt, completion
 
 
+def with_usage(raw: bytes, counts: tuple[int, int]) -> bytes:
+    """A whole answer whose `usage` says `counts` (prompt, completion), what was billed: the
+    body as it came when it already does, or is not one JSON object with a usage."""
+    try:
+        answer = json.loads(raw)
+    except (ValueError, RecursionError):
+        return raw
+    if not isinstance(answer, dict) or not isinstance(answer.get("usage"), dict):
+        return raw
+    prompt, completion = counts
+    usage = answer["usage"]
+    if (usage.get("prompt_tokens"), usage.get("completion_tokens")) == counts:
+        return raw
+    usage.update(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    )
+    return json.dumps(answer).encode()
+
+
 def stream_counts(counted: UsageFilter, reservation: Reservation) -> tuple[int, int] | None:
     """(prompt, completion) tokens to bill for a stream, None when the engine reported none.
 

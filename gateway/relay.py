@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import struct
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 import aiohttp
 from starlette.types import Receive, Send
 
-from gateway.billing import stream_counts, whole_response_counts
+from gateway.billing import stream_counts, whole_response_counts, with_usage
 from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError, error_body
 from gateway.observe.record import RequestRecord
@@ -239,7 +240,11 @@ class Relay:
         reservation = accounting.reservation
         self._record = accounting.record
         # Several choices: count them as they stream, since the engine may report fewer.
-        self._filter.usage_filter.count_choices = self._stream and reservation.choices > 1
+        counted = self._filter.usage_filter
+        counted.count_choices = self._stream and reservation.choices > 1
+        if counted.count_choices:
+            # The client's usage chunk says what is billed (gateway/sse.py).
+            counted.billed = functools.partial(stream_counts, reservation=reservation)
         dropped = False
         try:
             if self._stream:
@@ -294,11 +299,13 @@ class Relay:
                 code="upstream_auth",
             )
         if 200 <= status < 300:
-            accounting.settle(
-                whole_response_counts(
-                    raw, self._route.engine, accounting.reservation, accounting.prompt_estimate
-                )
+            counts = whole_response_counts(
+                raw, self._route.engine, accounting.reservation, accounting.prompt_estimate
             )
+            accounting.settle(counts)
+            if accounting.reservation.choices > 1:
+                # Several choices: the answer's usage says what was billed, as OpenAI's does.
+                raw = with_usage(raw, counts)
             if (
                 self._predicted_cached is not None
                 or self._expected is not None

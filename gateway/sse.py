@@ -13,6 +13,7 @@ of what the engine reported and what it saw (gateway/billing.py, `stream_counts`
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,12 @@ class UsageFilter:
     usage_prompt_sum: int = 0
     usage_prompt_max: int = 0
     usage_completion_sum: int = 0
+    # With several choices: what the request is billed, from what was counted (set by the
+    # relay: gateway/billing.py `stream_counts`). The engines' own usage chunks are then held
+    # back, and the client gets one usage chunk saying what was billed, before [DONE], as
+    # OpenAI sends one for all choices.
+    billed: Callable[[UsageFilter], tuple[int, int] | None] | None = None
+    _usage_chunk: dict[str, Any] | None = None
 
     def process(self, event: bytes) -> bytes | None:
         """The event to send on (with its blank line), or None to drop it."""
@@ -91,7 +98,7 @@ class UsageFilter:
             return event + b"\n\n"
         if data.strip() == DONE:
             self.saw_done = True
-            return event + b"\n\n"
+            return self._billed_usage() + event + b"\n\n"
         self.chunks += 1
         if self.count_choices:
             chunk = _json_object(data)
@@ -108,12 +115,31 @@ class UsageFilter:
         self.usage = chunk["usage"]
         if self.count_choices:
             self._add_usage(chunk)
-        if self.client_wants_usage:
+        if self.client_wants_usage and self.billed is None:
             return event + b"\n\n"
+        if self.client_wants_usage:
+            # Several choices: said once, as billed, before [DONE] (_billed_usage).
+            self._usage_chunk = {**chunk, "choices": []}
         if not chunk.get("choices"):
-            return None  # the usage-only chunk the client did not ask for
+            return None  # a usage-only chunk: not asked for, or said later as billed
         # Some engines put usage on the last content chunk: keep the content, drop the usage.
         del chunk["usage"]
+        return data_event(chunk)
+
+    def _billed_usage(self) -> bytes:
+        """The one usage chunk a client that asked for usage gets for several choices: the
+        last the engine sent, its counts replaced by what the request is billed."""
+        chunk, self._usage_chunk = self._usage_chunk, None
+        if chunk is None or self.billed is None:
+            return b""
+        counts = self.billed(self)
+        if counts is not None:
+            prompt, completion = counts
+            usage = dict(chunk["usage"])
+            usage.update(
+                prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+            )
+            chunk = {**chunk, "usage": usage}
         return data_event(chunk)
 
     def _count_choices(self, chunk: dict[str, Any]) -> None:

@@ -244,6 +244,10 @@ async def test_n_2_is_billed_as_two_completions(store: Store) -> None:
         assert [c["index"] for c in response.json()["choices"]] == [0, 1]
         # The engine said 3 completion tokens; the second choice is billed at its max_tokens.
         assert await gw.usage_totals(1) == (PROMPT_TOKENS, 3 + 20)
+        # And the answer says so, not the one choice's usage llama.cpp kept.
+        usage = response.json()["usage"]
+        assert (usage["prompt_tokens"], usage["completion_tokens"]) == (PROMPT_TOKENS, 23)
+        assert usage["total_tokens"] == PROMPT_TOKENS + 23
 
 
 async def test_a_budget_holds_every_choice_of_a_request(store: Store) -> None:
@@ -282,6 +286,25 @@ async def test_a_stream_with_two_choices_is_billed_for_both(store: Store) -> Non
         assert events[-1] == "[DONE]"
         # The engine reported one choice's three tokens; six went by.
         assert await gw.usage_totals(1) == (PROMPT_TOKENS, 2 * len(WORDS))
+        assert not [e for e in events[:-1] if "usage" in json.loads(e)]  # not asked for
+
+        # Asked for: one usage chunk, last before [DONE], saying what was billed.
+        options = {"stream_options": {"include_usage": True}}
+        async with gw.client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={**body, "stream": True, **options},
+            headers=gw.auth,
+        ) as response:
+            events = await sse_events(response)
+        usages = [json.loads(e)["usage"] for e in events[:-1] if "usage" in json.loads(e)]
+        assert len(usages) == 1
+        assert json.loads(events[-2])["usage"] == usages[0]
+        assert (usages[0]["prompt_tokens"], usages[0]["completion_tokens"]) == (
+            PROMPT_TOKENS,
+            2 * len(WORDS),
+        )
+        assert await gw.usage_totals(2) == (2 * PROMPT_TOKENS, 4 * len(WORDS))
 
 
 # --- a client that reads one byte a second -----------------------------------------------
