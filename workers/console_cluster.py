@@ -17,11 +17,10 @@ from temporalio.service import RPCError, RPCStatusCode
 from activities.control.mirror.store import MirrorStore
 from gateway.console.source import ConsoleRefused
 from store.fleet import FleetTables
-from workers.commands.mirror import mirror_entries
+from workers.commands.mirror import MirrorEntry, mirror_entries
 from workers.commands.node import NodeCommandRefused, send_node_command
 from workers.console_data import ClusterReadings, cluster_view
 from workers.console_import import OllamaImports
-from workers.console_mirror import MirrorEntry
 from workers.fetch_progress import running_fetches
 from workers.node_telemetry import read_agents
 from workers.paths import Locations

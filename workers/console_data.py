@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, Field
 
+from workers.commands.mirror import MirrorEntry
 from workers.commands.model import describe_profile
 from workers.commands.node import gpu_summary, why_not_placeable
-from workers.console_mirror import ImportView, MirrorEntry, MirrorView, mirror_view
+from workers.console_mirror import ImportView, MirrorView, mirror_view
 from workers.console_node import (
     FabricView,
     HardwareView,

@@ -4,20 +4,17 @@ holding it whole and those fetching it now; and the imports from Ollama the cons
 
 Pure, like workers/console_data.py: the names come from `llmgw mirror ls`' own reading
 (workers/commands/mirror.mirror_entries), read by workers/console_cluster.py; which models use
-an artifact is `llmgw top`'s Mirror pane's own rule (workers/top/catalog.artifacts_used).
+an artifact is the rule `llmgw top`'s Mirror pane uses too (workers/commands/mirror.artifacts_used).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from workers.commands.mirror import MirrorEntry, artifacts_used
 from workers.fetch_progress import FetchStatus
-from workers.top.catalog import artifacts_used
 from workflows.artifact_names import artifact_hint
-from workflows.contracts import ArtifactManifest, ModelView, NodeRecord
-
-# (name, manifest digest, manifest or why it could not be read): mirror_entries' rows.
-MirrorEntry = tuple[str, str, ArtifactManifest | str]
+from workflows.contracts import ModelView, NodeRecord
 
 
 class ArtifactView(BaseModel):

@@ -14,12 +14,15 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
+from gateway.errors import REQUEST_ID_HEADER
+
 if TYPE_CHECKING:
     from gateway.request_body import ProxiedRequest
     from store import ApiKey
     from workflows.contracts import Route
 
-REQUEST_ID_HEADER = b"x-request-id"
+# The header a JSON 500 carries its id in too (gateway/errors.py).
+_ID_HEADER = REQUEST_ID_HEADER.encode()
 # A prompt kept for a key that logs them (KeyLimits.log_prompts) is cut to this many characters.
 PROMPT_CHARS = 4096
 # What a request's `x-request-id` starts with: this process's own random part, then a count, so
@@ -102,7 +105,7 @@ class RequestRecord:
     def header(self) -> tuple[bytes, bytes]:
         """The response header that gives the client this request's id: an operator finds the
         client's request in GET /admin/v1/requests by it."""
-        return (REQUEST_ID_HEADER, self.request_id.encode())
+        return (_ID_HEADER, self.request_id.encode())
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}

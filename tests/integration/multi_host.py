@@ -9,13 +9,16 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.integration.fleet import shard_pids, token_from
-from tests.integration.netns_hosts import Host, Network
+from tests.integration.netns_hosts import Host, Network, sweep_abandoned, why_unavailable
 from tests.system import REPO, STANDIN_ENGINE
 from workers.temporal_server import temporal_binary
 from workflows.contracts import LedgerState
@@ -252,3 +255,28 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(5)
+
+
+@asynccontextmanager
+async def control_plane_in_namespaces(root: Path) -> AsyncIterator[Cluster]:
+    """A cluster's control plane on host `ctl`, the namespaces removed after (and checked
+    removed). Skipped, saying why, where namespaces cannot be made, unless
+    LLMGW_REQUIRE_NETNS=1 (`make test` as root), which fails instead."""
+    why = why_unavailable()
+    if why is not None:
+        if os.environ.get("LLMGW_REQUIRE_NETNS") == "1":
+            pytest.fail(f"no network namespaces here ({why}); LLMGW_REQUIRE_NETNS=0 skips")
+        pytest.skip(f"no network namespaces here: {why}")
+    sweep_abandoned()
+    network = Network()
+    cluster: Cluster | None = None
+    try:
+        network.create()
+        cluster = Cluster(network, root)
+        await cluster.start_control_plane()
+        yield cluster
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        problems = network.destroy()
+        assert not problems, f"the test's namespaces were not all removed: {problems}"

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.fleet import pid_alive
-from tests.integration.multi_host import Cluster
-from tests.integration.netns_hosts import Network, sweep_abandoned, why_unavailable
+from tests.integration.multi_host import Cluster, control_plane_in_namespaces
 from workflows.contracts import NodeState, ReplicaState
 
 pytestmark = pytest.mark.integration
@@ -33,26 +32,10 @@ GONE_AFTER_S = {"n1": 300, "n2": 300, "n3": 20}
 
 @pytest.fixture(scope="module")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
-    why = why_unavailable()
-    if why is not None:
-        if os.environ.get("LLMGW_REQUIRE_NETNS") == "1":
-            pytest.fail(f"no network namespaces here ({why}); LLMGW_REQUIRE_NETNS=0 skips")
-        pytest.skip(f"no network namespaces here: {why}")
-    sweep_abandoned()
-    network = Network()
-    cluster: Cluster | None = None
-    try:
-        network.create()
-        cluster = Cluster(network, tmp_path_factory.mktemp("multi-host"))
-        await cluster.start_control_plane()
+    async with control_plane_in_namespaces(tmp_path_factory.mktemp("multi-host")) as cluster:
         for octet, name in enumerate(NODES, start=11):
             cluster.add_node(name, octet, lost_after=LOST_AFTER_S, gone_after=GONE_AFTER_S[name])
         yield cluster
-    finally:
-        if cluster is not None:
-            cluster.stop()
-        problems = network.destroy()
-        assert not problems, f"the test's namespaces were not all removed: {problems}"
 
 
 async def nodes_ready(cluster: Cluster, names: tuple[str, ...]) -> bool:

@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.fleet import token_from
-from tests.integration.multi_host import Cluster, NodeHost
-from tests.integration.netns_hosts import Network, sweep_abandoned, why_unavailable
+from tests.integration.multi_host import Cluster, NodeHost, control_plane_in_namespaces
 from tests.system import STANDIN_ENGINE
 from tests.systemd_exec import service
 from workers.join import JoinToken
@@ -35,24 +34,8 @@ NODE = "b1"
 
 @pytest.fixture(scope="module")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
-    why = why_unavailable()
-    if why is not None:
-        if os.environ.get("LLMGW_REQUIRE_NETNS") == "1":
-            pytest.fail(f"no network namespaces here ({why}); LLMGW_REQUIRE_NETNS=0 skips")
-        pytest.skip(f"no network namespaces here: {why}")
-    sweep_abandoned()
-    network = Network()
-    cluster: Cluster | None = None
-    try:
-        network.create()
-        cluster = Cluster(network, tmp_path_factory.mktemp("bootstrap"))
-        await cluster.start_control_plane()
+    async with control_plane_in_namespaces(tmp_path_factory.mktemp("bootstrap")) as cluster:
         yield cluster
-    finally:
-        if cluster is not None:
-            cluster.stop()
-        problems = network.destroy()
-        assert not problems, f"the test's namespaces were not all removed: {problems}"
 
 
 def fresh_env() -> dict[str, str]:

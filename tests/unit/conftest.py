@@ -2,6 +2,7 @@
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,3 +41,20 @@ def supervisor(dirs: tuple[Path, Path]) -> Iterator[ShardSupervisor]:
     sup = ShardSupervisor(*dirs)
     yield sup
     sup.stop_all(grace_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def chromium_driver() -> Iterator[Any]:
+    """One headless Chromium for a browser test module (tests/browser_kit.py)."""
+    from tests.browser_kit import chromium
+
+    with chromium() as driver:
+        yield driver
+
+
+@pytest.fixture
+def browser(chromium_driver: Any) -> Any:
+    """The module's Chromium, its console log read away first: each test answers for its own
+    console errors only."""
+    chromium_driver.get_log("browser")
+    return chromium_driver

@@ -16,7 +16,6 @@ from tests.browser_kit import (
     all_css,
     browser_missing,
     by_css,
-    chromium,
     click,
     console_errors,
     fill,
@@ -40,18 +39,6 @@ pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browse
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleGateway]:
     with console_gateway(tmp_path_factory.mktemp("console")) as gateway:
         yield gateway
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as driver:
-        yield driver
-
-
-@pytest.fixture(autouse=True)
-def fresh_console(browser: Any) -> None:
-    """Each test answers for its own console errors only."""
-    browser.get_log("browser")
 
 
 def test_every_page_shows_the_cluster_and_keyboard_reaches_each(

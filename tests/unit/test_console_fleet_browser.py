@@ -16,7 +16,6 @@ from tests.browser_kit import (
     all_css,
     browser_missing,
     by_css,
-    chromium,
     click,
     console_errors,
     screenshot,
@@ -42,17 +41,6 @@ IMPORTED = "smollm2-135m"
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsoleGateway]:
     with console_gateway(tmp_path_factory.mktemp("console")) as gateway:
         yield gateway
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as driver:
-        yield driver
-
-
-@pytest.fixture(autouse=True)
-def fresh_console(browser: Any) -> None:
-    browser.get_log("browser")
 
 
 def said(browser: Any) -> str:

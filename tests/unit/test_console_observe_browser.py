@@ -20,7 +20,6 @@ from tests.browser_kit import (
     all_css,
     browser_missing,
     by_css,
-    chromium,
     click,
     console_errors,
     fill,
@@ -80,17 +79,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             missing = _send(client, plain, {**chat, "model": "no-such-model"})
             assert missing.status_code == 404
         yield Served(gateway, stream_id, missing.headers["x-request-id"])
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as driver:
-        yield driver
-
-
-@pytest.fixture(autouse=True)
-def fresh_console(browser: Any) -> None:
-    browser.get_log("browser")
 
 
 def choose(browser: Any, selector: str, value: str) -> None:

@@ -15,12 +15,12 @@ import pytest
 from activities.control.mirror.store import MirrorStore
 from tests.ollama_kit import ollama_store
 from workers import console_cluster, console_import
-from workers.commands.mirror import mirror_entries
+from workers.commands.mirror import artifacts_used, mirror_entries
 from workers.fetch_progress import FetchStatus
 from workers.ollama.model_import import BlobProgress, ImportPlan
 from workers.ollama.store import CHUNK, Blob
 from workers.paths import Locations
-from workers.top.catalog import artifact_rows, artifacts_used, fetch_rows, model_rows
+from workers.top.catalog import artifact_rows, fetch_rows, model_rows
 from workers.top.console import console
 from workers.top.data import ArtifactRow, FetchRow, ModelRow, NodeRow, TopData
 from workers.top.keys import QUIT, Action, Prompt, UiState, handle_key

@@ -8,6 +8,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Iterable
 from typing import TextIO
 
 from activities.control.mirror.add import Added, add_source
@@ -20,7 +21,7 @@ from workers.paths import Locations
 from workers.tables import table
 from workers.verbosity import add_verbose_argument
 from workflows.artifact_names import BadArtifact
-from workflows.contracts import ArtifactManifest
+from workflows.contracts import ArtifactManifest, ModelView
 
 MIRROR_COMMAND = "mirror"
 MIB = 1 << 20
@@ -166,16 +167,32 @@ def show_added(added: Added) -> None:
         print(f"  {f.path}  {f.digest}  {f.size} bytes")
 
 
-def mirror_entries(store: MirrorStore) -> list[tuple[str, str, ArtifactManifest | str]]:
+# A name in the mirror, its manifest's digest, and the manifest or why it could not be read.
+MirrorEntry = tuple[str, str, ArtifactManifest | str]
+
+
+def mirror_entries(store: MirrorStore) -> list[MirrorEntry]:
     """Each name in the mirror with its manifest digest and its manifest, or why that could not
-    be read: what `mirror ls` and `llmgw top`'s Mirror pane show."""
-    entries: list[tuple[str, str, ArtifactManifest | str]] = []
+    be read: what `mirror ls`, `llmgw top`'s Mirror pane and the web console's mirror page
+    show."""
+    entries: list[MirrorEntry] = []
     for name, digest in store.refs().items():
         try:
             entries.append((name, digest, store.read_manifest(digest)))
         except MirrorError as err:
             entries.append((name, digest, str(err)))
     return entries
+
+
+def artifacts_used(views: Iterable[ModelView]) -> dict[str, list[str]]:
+    """Manifest digest -> the models whose weights or LoRA adapters are that artifact."""
+    used: dict[str, set[str]] = {}
+    for view in views:
+        spec = view.spec
+        digests = {spec.artifact} | {a.artifact for p in spec.profiles for a in p.lora}
+        for digest in digests - {""}:
+            used.setdefault(digest, set()).add(spec.name)
+    return {digest: sorted(models) for digest, models in used.items()}
 
 
 def mirror_ls(store: MirrorStore) -> str:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from workers.commands.mirror import MirrorEntry
 from workers.fetch_progress import FetchStatus, fetch_row
 from workers.top.data import ArtifactRow, FetchRow, ModelRow
 from workflows.catalog import EXTERNAL
-from workflows.contracts import ArtifactManifest, ModelView, Route
+from workflows.contracts import ModelView, Route
 
 
 def model_rows(views: Iterable[ModelView], routes: Iterable[Route]) -> list[ModelRow]:
@@ -36,20 +37,7 @@ def model_rows(views: Iterable[ModelView], routes: Iterable[Route]) -> list[Mode
     return rows
 
 
-def artifacts_used(views: Iterable[ModelView]) -> dict[str, list[str]]:
-    """Manifest digest -> the models whose weights or LoRA adapters are that artifact."""
-    used: dict[str, set[str]] = {}
-    for view in views:
-        spec = view.spec
-        digests = {spec.artifact} | {a.artifact for p in spec.profiles for a in p.lora}
-        for digest in digests - {""}:
-            used.setdefault(digest, set()).add(spec.name)
-    return {digest: sorted(models) for digest, models in used.items()}
-
-
-def artifact_rows(
-    entries: Iterable[tuple[str, str, ArtifactManifest | str]], used: dict[str, list[str]]
-) -> list[ArtifactRow]:
+def artifact_rows(entries: Iterable[MirrorEntry], used: dict[str, list[str]]) -> list[ArtifactRow]:
     """`mirror_entries`' names (name, digest, manifest or why unreadable) as rows."""
     rows = []
     for name, digest, manifest in sorted(entries):

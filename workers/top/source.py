@@ -21,11 +21,11 @@ from temporalio.client import Client
 
 from activities.control.mirror.store import MirrorStore
 from store.fleet import FleetTables
-from workers.commands.mirror import mirror_entries
+from workers.commands.mirror import artifacts_used, mirror_entries
 from workers.fetch_progress import running_fetches
 from workers.node_telemetry import read_agents
 from workers.progress import ledger_snapshot
-from workers.top.catalog import artifact_rows, artifacts_used, fetch_rows, model_rows
+from workers.top.catalog import artifact_rows, fetch_rows, model_rows
 from workers.top.data import (
     TopData,
     cluster_rows,
