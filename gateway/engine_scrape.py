@@ -16,13 +16,15 @@ import aiohttp
 from engines.metrics import metrics_path
 from gateway.deps import EXTERNAL_ENGINE, GatewayState
 from gateway.routing import scrape_all
-from gateway.routing.loads import EngineUnreachable
+from gateway.routing.loads import EngineUnreachable, NoMetricsPage
 from gateway.upstream_post import upstream_url
 from workflows.contracts import Route
 
 log = logging.getLogger(__name__)
 
 SCRAPE_TIMEOUT_S = 1.0
+# What an engine without a metrics page answers for one.
+NO_METRICS_PAGE = frozenset({404, 501})
 
 
 class EngineScraper:
@@ -40,6 +42,8 @@ class EngineScraper:
             async with state.session.get(
                 upstream_url(route, metrics_path(route.engine)), headers=headers, timeout=timeout
             ) as r:
+                if r.status in NO_METRICS_PAGE:
+                    raise NoMetricsPage(f"HTTP {r.status}")
                 r.raise_for_status()
                 return await r.text()
         except aiohttp.ClientConnectionError as exc:  # refused, reset, closed: not answering
@@ -71,6 +75,8 @@ class EngineScraper:
             return
         scraped = await scrape_all(routes, self._fetch, SCRAPE_TIMEOUT_S, own=state.inflight.counts)
         router.loads.update(scraped)
+        for replica_id in scraped.ungauged:
+            state.admission.depths.ungauged(replica_id)
         state.admission.observe(
             {replica: (s.running, s.waiting) for replica, s in scraped.items()},
             {route.replica_id: route.model for route in routes},

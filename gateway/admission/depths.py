@@ -9,8 +9,11 @@ Pure. Fed with each scrape of an engine's running and waiting counts (gateway/en
   holds requests back: the depth grows, doubling until the engine has first been seen with a
   queue, by one after that (the engine then settles one request above its true depth, which
   keeps its batch full between a request's end and the next one's arrival);
-- a replica never sampled (an engine without request gauges, an external endpoint) is held
-  only to the gateway's `max_inflight_per_replica`, as before.
+- a replica not yet sampled starts at FIRST_DEPTH: a gateway that has just started, or a
+  replica that has just become ready, would otherwise fill the engine's own queue with a flood
+  for up to a scrape period (a second by default), and that queue is served in arrival order;
+- an engine whose metrics have no request gauges, and an external endpoint, are never sampled:
+  they are held only to the gateway's `max_inflight_per_replica`.
 
 A llama.cpp replica's route says how many slots it has (Route.slots, its -np): that is its
 depth, with nothing to learn and no probe above it, since the engine never runs more. A request
@@ -21,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Where a newly sampled replica starts. Small on purpose: a flood on a fresh gateway fills an
-# engine's queue by at most this before its gauges speak, and the depth doubles every scrape.
+# Where a replica starts until its gauges speak. Small on purpose: a flood on a fresh gateway
+# fills an engine's queue by at most this before then, and the depth doubles every scrape.
 FIRST_DEPTH = 4
 
 
@@ -39,8 +42,9 @@ class ReplicaDepths:
         self.first = min(first, ceiling)
         self._depths: dict[str, _Depth] = {}
 
-    def depth(self, replica_id: str, slots: int | None = None) -> int:
-        """The replica's depth; `slots`: its engine's, where its route says (Route.slots)."""
+    def depth(self, replica_id: str, slots: int | None = None, gauged: bool = True) -> int:
+        """The replica's depth; `slots`: its engine's, where its route says (Route.slots).
+        `gauged`: its engine is scraped (not an external endpoint)."""
         if slots is not None:
             depth = min(slots, self.ceiling)
             current = self._depths.get(replica_id)
@@ -48,7 +52,16 @@ class ReplicaDepths:
                 self._depths[replica_id] = _Depth(depth, known=True)
             return depth
         known = self._depths.get(replica_id)
-        return self.ceiling if known is None else known.depth
+        if known is None:
+            return self.first if gauged else self.ceiling
+        return known.depth
+
+    def ungauged(self, replica_id: str) -> None:
+        """The engine answered its metrics without request gauges: nothing will be learnt, so
+        it is held only to the ceiling (until gauges appear, which it then learns from)."""
+        known = self._depths.get(replica_id)
+        if known is None or not known.known:
+            self._depths[replica_id] = _Depth(self.ceiling)
 
     def learnt(self) -> dict[str, int]:
         return {r: d.depth for r, d in self._depths.items()}

@@ -30,6 +30,7 @@ from gateway.errors import SERVER_ERROR, ApiError
 from gateway.settings import GatewaySettings
 from store.models import PRIORITY_CLASSES
 from workflows.contracts import Route
+from workflows.contracts.engine_facts import EXTERNAL
 
 # While anything waits: how often deadlines and the engines' latest gauges are looked at.
 TICK_S = 0.1
@@ -246,7 +247,8 @@ class AdmissionGate:
 
     def _depth_and_left(self, route: Route, now: float) -> tuple[int, int]:
         """The replica's depth, and what other gateways' requests there leave of it."""
-        depth = self.depths.depth(route.replica_id, route.slots)
+        gauged = route.engine != EXTERNAL
+        depth = self.depths.depth(route.replica_id, route.slots, gauged)
         return depth, depth - (self._others(route.replica_id, now) or 0)
 
     def waiting(self) -> dict[str, dict[tuple[str, int], int]]:

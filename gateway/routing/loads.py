@@ -133,16 +133,24 @@ class EngineUnreachable(Exception):
     reset, closed): the engine is down, unlike one that answers without metrics or slowly."""
 
 
+class NoMetricsPage(Exception):
+    """Raised by a scrape's `fetch_text` when the engine answers that it has no metrics page (a
+    llama-server started without --metrics answers 501; a proxy 404)."""
+
+
 class ScrapeRound(dict[str, LoadSample]):
     """replica_id -> sample for each engine that answered, plus `failures`: replica_id -> why
-    no sample came back, for the log; and `unreachable`, those of them that nothing answered
-    for, which the breaker counts. A metrics page that errs (an engine without one answers 404
-    or 501) or is late on a loaded machine says nothing of the engine's requests."""
+    no sample came back, for the log; `unreachable`, those of them that nothing answered for,
+    which the breaker counts; and `ungauged`, those that answered with nothing to read (no
+    metrics page, or one without request gauges), which no later scrape will change until the
+    engine restarts. A metrics page that errs otherwise, or is late on a loaded machine, says
+    nothing of the engine's requests."""
 
     def __init__(self) -> None:
         super().__init__()
         self.failures: dict[str, str] = {}
         self.unreachable: set[str] = set()
+        self.ungauged: set[str] = set()
 
 
 async def scrape_all(
@@ -170,11 +178,17 @@ async def scrape_all(
         except EngineUnreachable as exc:
             result.unreachable.add(route.replica_id)
             return str(exc)
+        except NoMetricsPage as exc:
+            result.ungauged.add(route.replica_id)
+            return str(exc)
         except Exception as exc:  # noqa: BLE001 - fetch_text raises on any failure: its reason
             return f"{type(exc).__name__}: {exc}"
         mine = own.get(route.replica_id, 0) if own is not None else 0
         sample = sample_from_metrics(text, clock(), mine)
-        return "no request gauges in its metrics" if sample is None else sample
+        if sample is None:
+            result.ungauged.add(route.replica_id)
+            return "no request gauges in its metrics"
+        return sample
 
     outcomes = await asyncio.gather(*(one(route) for route in ordered))
     for route, outcome in zip(ordered, outcomes, strict=True):

@@ -126,13 +126,17 @@ async def until(check: Any, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def flood_then_chat(store: Store, fair_queue: bool) -> tuple[list[str], list[int]]:
-    """Twelve requests of one key, then one of another: the order the engine started them."""
+async def flood_then_chat(
+    store: Store, fair_queue: bool, scrape_s: float = 0.05
+) -> tuple[list[str], list[int]]:
+    """Twelve requests of one key, then one of another: the order the engine started them.
+    The gateway reads the engine's gauges every `scrape_s`, the first time only then."""
     flood, chat = await new_key(store), await new_key(store)
+    tuned = fast_settings(engine_scrape_interval_s=scrape_s, fair_queue=fair_queue)
     async with slot_engine() as engine:
         source = FakeRouteSource(route("smol-0", engine.url))
-        async with running_gateway(store, source, settings(fair_queue=fair_queue)) as gw:
-            await asyncio.sleep(0.2)  # the engine's gauges read once while idle
+        async with running_gateway(store, source, tuned) as gw:
+            await asyncio.sleep(0.2)  # the engine's gauges read while idle (at 50 ms)
             floods = [asyncio.create_task(ask(gw, flood, f"flood {i}")) for i in range(12)]
             await until(lambda: len(engine.started) >= 1)
             await asyncio.sleep(0.2)  # the flood's requests are all waiting somewhere
@@ -149,6 +153,17 @@ async def test_a_flooding_key_does_not_hold_another_keys_request_behind_its_own(
     # The flood's first four went before the gateway had learnt the engine's two slots (at
     # most two of them waited in the engine); the chat request went next, not thirteenth.
     assert started.index("chat") <= 6
+
+
+async def test_before_the_engines_gauges_are_read_a_flood_sends_it_only_a_first_depth(
+    store: Store,
+) -> None:
+    # A gateway just started (or a replica just ready) has not read the engine's gauges yet: a
+    # scrape a minute away stands for that. The flood sends the engine four (FIRST_DEPTH: two
+    # run, two wait in its arrival order), not all twelve; the chat request goes after those.
+    started, statuses = await flood_then_chat(store, fair_queue=True, scrape_s=60)
+    assert statuses == [200] * 13
+    assert started.index("chat") == 4
 
 
 async def test_without_the_fair_queue_it_waits_behind_the_whole_flood(store: Store) -> None:

@@ -3,8 +3,24 @@
 from gateway.admission import ReplicaDepths
 
 
-def test_an_unsampled_replica_is_held_only_to_the_ceiling() -> None:
-    assert ReplicaDepths(ceiling=128).depth("r") == 128
+def test_a_replica_not_yet_sampled_starts_small_and_one_never_sampled_at_the_ceiling() -> None:
+    depths = ReplicaDepths(ceiling=128, first=4)
+    # Until its engine's gauges speak: a flood fills its engine's queue by at most 4.
+    assert depths.depth("r") == 4
+    # An external endpoint is never scraped; an engine that answered without gauges never
+    # will be: both are held only to the ceiling.
+    assert depths.depth("ext", gauged=False) == 128
+    depths.ungauged("bare")
+    assert depths.depth("bare") == 128
+    # Gauges that appear later (the engine restarted with them) are learnt from.
+    depths.observe("bare", running=6, waiting=2, held_back=True)
+    assert depths.depth("bare") == 6
+
+
+def test_an_engine_without_gauges_keeps_the_slots_its_route_gives() -> None:
+    depths = ReplicaDepths(ceiling=128, first=4)
+    depths.ungauged("r")
+    assert depths.depth("r", slots=2) == 2
 
 
 def test_an_engine_with_a_queue_runs_all_it_can() -> None:

@@ -10,6 +10,7 @@ from gateway.routing.loads import (
     EngineLoadBoard,
     EngineUnreachable,
     LoadSample,
+    NoMetricsPage,
     sample_from_metrics,
     scrape_all,
 )
@@ -123,6 +124,8 @@ async def test_scrape_all_is_concurrent_and_reports_each_failure() -> None:
             raise ConnectionRefusedError("connection refused")
         if r.replica_id == "bare":
             return "# nothing useful\n"
+        if r.replica_id == "no-page":
+            raise NoMetricsPage("HTTP 501")
         if r.replica_id == "down":
             raise EngineUnreachable("ClientConnectorError: nothing listens")
         if {"slow-a", "slow-b"} <= started:
@@ -132,7 +135,7 @@ async def test_scrape_all_is_concurrent_and_reports_each_failure() -> None:
         return VLLM if r.replica_id == "slow-a" else TRTLLM
 
     routes = [route("slow-a", "vllm"), route("slow-b", "trtllm")]
-    routes += [route("hangs"), route("refuses"), route("bare"), route("down")]
+    routes += [route("hangs"), route("refuses"), route("bare"), route("down"), route("no-page")]
     loop = asyncio.get_running_loop()
     began = loop.time()
     own = {"slow-a": 3}
@@ -149,3 +152,6 @@ async def test_scrape_all_is_concurrent_and_reports_each_failure() -> None:
     # Only an engine that nothing answered for counts against its breaker: one late, without
     # gauges, or whose page errs is still answering requests.
     assert result.unreachable == {"down"}
+    # Nothing to read and nothing a later scrape will change: the gate stops waiting to learn.
+    assert result.failures["no-page"] == "HTTP 501"
+    assert result.ungauged == {"bare", "no-page"}
