@@ -1,15 +1,23 @@
 """`llmgw bench gateway` (or `python -m bench.gateway`): what the gateway costs per
-request, side by side with the floor of one Python hop and with LiteLLM's proxy.
+request, side by side with the floor of one Python hop and with two peers: LiteLLM's proxy and
+vLLM's router.
 
-A command, not a test. Four arms, each driven by the same load generator against the same
+A command, not a test. Six arms, each driven by the same load generator against the same
 stand-in upstream:
 
   direct   the load generator straight to the stand-in;
   hop      a bare aiohttp reverse proxy (hop.py): the floor of one Python hop;
   llmgw    the real gateway app (target.py): auth, model allowlist, quota, routing, in-flight
            counts, usage accounting and metrics all on, a SQLite store, served by uvicorn;
-  litellm  LiteLLM's proxy in config-file mode, no database (installed once into its own
-           virtual environment).
+  llmgw-otel
+           the same, tracing every request to an OTLP receiver (otlp_sink.py);
+  litellm  LiteLLM's proxy in config-file mode, no database;
+  vllm-router
+           vLLM's router (Rust), round robin, the stand-in as its one worker, no
+           authentication (it has none): the fastest peer (vllm_router_arm.py).
+
+Each peer is installed once into its own virtual environment (peer_venv.py); one that cannot be
+is reported unavailable, with the reason, and the other arms run.
 
 The proxy under test runs alone on one core; the stand-in and the load generator share the
 other. Per arm: latency at concurrency 1 (added = less direct's), requests/s at concurrency 16
@@ -33,7 +41,7 @@ from pathlib import Path
 
 import uvloop
 
-from bench.gateway import litellm_arm, report, scale
+from bench.gateway import litellm_arm, peer_venv, report, scale, vllm_router_arm
 from bench.gateway.loadgen import LoadResult, build_request, run_load
 from bench.gateway.procs import (
     Child,
@@ -54,7 +62,7 @@ from engines.local_port import free_port
 
 # llmgw-otel: llmgw tracing every request to an OTLP receiver (bench/gateway/otlp_sink.py) on
 # the load generator's core, so the figures beside llmgw's are what tracing costs.
-ARMS = ("direct", "hop", "llmgw", "llmgw-otel", "litellm")
+ARMS = ("direct", "hop", "llmgw", "llmgw-otel", "litellm", "vllm-router")
 PATH = "/v1/chat/completions"
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
@@ -71,8 +79,9 @@ class Options:
     workdir: Path
     # The scale-out figures (bench/gateway/scale.py) after the arms.
     scale_out: bool = True
-    # The LiteLLM executable, or why there is none.
+    # The LiteLLM and vLLM router executables, or why there is none.
     litellm: Path | str = "not installed"
+    vllm_router: Path | str = "not installed"
     # The store the quota figures' two gateways share: "" for a SQLite file.
     quota_store: str = ""
 
@@ -125,12 +134,14 @@ def _serving(arm: str, options: Options, cores: Cores, upstream: str) -> Iterato
         child = Child(arm, argv, options.workdir / f"{arm}.log", cores.proxy)
         auth = ""
     elif arm == "litellm":
-        if isinstance(options.litellm, str):
-            raise litellm_arm.Unavailable(options.litellm)
-        exe = options.litellm
+        exe = peer_venv.executable(options.litellm)
         print("starting LiteLLM (slow to start)", file=sys.stderr)
         child = litellm_arm.start(exe, upstream, port, options.workdir, cores.proxy)
         auth = f"Bearer {litellm_arm.MASTER_KEY}"
+    elif arm == "vllm-router":
+        exe = peer_venv.executable(options.vllm_router)
+        child = vllm_router_arm.start(exe, upstream, port, options.workdir, cores.proxy)
+        auth = "Bearer bench"
     else:
         raise ValueError(f"unknown arm {arm}")
     try:
@@ -219,7 +230,7 @@ class _Measure:
         kind = "SSE streams/s" if stream else "req/s"
         per = run.proxy_us_per_answer()
         print(
-            f"  {name:<8} c{concurrency:<3} {result.rate:>9,.0f} {kind:<13} "
+            f"  {name:<11} c{concurrency:<3} {result.rate:>9,.0f} {kind:<13} "
             f"p50 {ms(percentile(result.latencies_s, 50)):7.3f} ms  "
             f"p99 {ms(percentile(result.latencies_s, 99)):7.3f} ms"
             + ("" if per is None else f"  proxy CPU {per:,.0f} us each")
@@ -280,7 +291,7 @@ def bench(options: Options, cores: Cores) -> tuple[list[ArmFigures], ScaleFigure
                     with _serving(arm, options, cores, upstream) as endpoint:
                         _probe(endpoint)
                         figures.append(measure(arm, runner, options, endpoint, standin.process.pid))
-                except (StartFailed, litellm_arm.Unavailable) as exc:
+                except (StartFailed, peer_venv.Unavailable) as exc:
                     print(f"  unavailable: {exc}", file=sys.stderr)
                     figures.append(ArmFigures(name=arm, unavailable=str(exc)))
             if options.scale_out:
@@ -309,6 +320,8 @@ def setup_line(options: Options, cores: Cores) -> str:
     versions = f"Python {platform.python_version()}"
     if not isinstance(options.litellm, str):
         versions += f", LiteLLM {litellm_arm.version()}"
+    if not isinstance(options.vllm_router, str):
+        versions += f", vLLM router {vllm_router_arm.version()}"
     return (
         f"{options.warmup_s:g} s warm-up + {options.duration_s:g} s per figure; {pinning}; "
         f"SSE stream of {options.chunks} chunks + finish + usage + [DONE]; gateway loop: "
@@ -374,13 +387,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cores = Cores.pick()
     started = time.monotonic()
-    litellm: Path | str = "not asked for"
-    if "litellm" in args.only:
-        # Before pinning: the first install is long and may use every core.
-        try:
-            litellm = litellm_arm.ensure_installed()
-        except litellm_arm.Unavailable as exc:
-            litellm = str(exc)
+    # Before pinning: a first install is long and may use every core.
+    litellm = peer_venv.executable_or_reason("litellm" in args.only, litellm_arm.ensure_installed)
+    vllm_router = peer_venv.executable_or_reason(
+        "vllm-router" in args.only, vllm_router_arm.ensure_installed
+    )
     try:
         with work_directory("llmgw-bench-gateway-", args.keep) as workdir:
             options = Options(
@@ -391,6 +402,7 @@ def run(args: argparse.Namespace) -> int:
                 gateway_loop=args.gateway_loop,
                 workdir=workdir,
                 litellm=litellm,
+                vllm_router=vllm_router,
                 scale_out=not args.no_scale,
                 quota_store=args.quota_store,
             )

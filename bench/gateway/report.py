@@ -79,7 +79,8 @@ def rows(arms: Sequence[ArmFigures]) -> list[list[str]]:
 def text_table(arms: Sequence[ArmFigures]) -> str:
     body = rows(arms)
     full = [r for r in body if len(r) == len(COLUMNS)]
-    widths = [max(len(c), *(len(r[i]) for r in full)) for i, c in enumerate(COLUMNS)]
+    # max() of a list: with every arm unavailable there are no full rows, only the headings.
+    widths = [max([len(c), *(len(r[i]) for r in full)]) for i, c in enumerate(COLUMNS)]
 
     def line(cells: Sequence[str]) -> str:
         if len(cells) != len(COLUMNS):
@@ -130,6 +131,7 @@ def _times(value: float | None) -> str:
 def ratio_lines(arms: Sequence[ArmFigures]) -> list[str]:
     arm = _by_name(arms)
     llmgw, hop, litellm, direct = arm("llmgw"), arm("hop"), arm("litellm"), arm("direct")
+    router = arm("vllm-router")
     if llmgw is None:
         return []
 
@@ -150,6 +152,13 @@ def ratio_lines(arms: Sequence[ArmFigures]) -> list[str]:
         f"{_times(of(hop, 'proxy_us_per_req'))} hop's; "
         f"per stream {_num(llmgw.proxy_us_per_stream)} us, "
         f"{_times(of(hop, 'proxy_us_per_stream'))} hop's",
+        # The fastest peer: how far llmgw is from it, in throughput and in CPU per request.
+        f"llmgw as % of vLLM router:    req/s c16 {_pct(of(router, 'rps_c16'))}, "
+        f"c64 {_pct(of(router, 'rps_c64'))}; SSE/s {_pct(of(router, 'sse_c16'))}",
+        f"proxy CPU as x vLLM router's: per request {_times(of(router, 'proxy_us_per_req'))} "
+        f"(router {_num(router.proxy_us_per_req if router else None)} us), per stream "
+        f"{_times(of(router, 'proxy_us_per_stream'))} "
+        f"(router {_num(router.proxy_us_per_stream if router else None)} us)",
         *_tracing_lines(arm("llmgw-otel"), llmgw),
     ]
 

@@ -4,7 +4,9 @@ A raw asyncio Protocol speaking just enough HTTP/1.1 (keep-alive, Content-Length
 bodies): POST /v1/chat/completions answers one pre-built JSON completion with usage, or, when
 the body asks for `"stream": true`, one pre-built SSE stream (N content chunks, a finish chunk,
 a usage chunk and `data: [DONE]`) in chunked transfer encoding, written in one go. Any bearer
-is accepted, so the gateway's derived engine key and LiteLLM's dummy key both pass.
+is accepted, so the gateway's derived engine key and LiteLLM's dummy key both pass. GET /health
+answers 200 with an empty body, as vLLM's own server does: the vLLM router waits for it before it
+serves, and asks again now and then.
 
     python -m bench.gateway.standin --port P [--chunks 16]
 """
@@ -24,6 +26,7 @@ from typing_extensions import override
 MODEL = "mock"
 DEFAULT_CHUNKS = 16
 COMPLETION_PATH = b"/v1/chat/completions"
+HEALTH_PATH = b"/health"
 PROMPT_TOKENS = 9
 
 _STREAM_TRUE = re.compile(rb'"stream"\s*:\s*true')
@@ -100,6 +103,7 @@ class Answers:
     def __init__(self, chunks: int = DEFAULT_CHUNKS) -> None:
         self.plain = plain_response(completion_body(chunks))
         self.stream = chunked_sse_response(sse_events(chunks))
+        self.health = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
         self.not_found = plain_response(b'{"error":{"message":"not found"}}', "404 Not Found")
         self.bad_request = plain_response(
             b'{"error":{"message":"send the body with Content-Length"}}', "400 Bad Request"
@@ -109,6 +113,8 @@ class Answers:
         """`head` is the request line and headers, lower-cased."""
         method, _, rest = head.partition(b" ")
         path = rest.partition(b" ")[0].partition(b"?")[0]
+        if method == b"get" and path == HEALTH_PATH:
+            return self.health
         if method != b"post" or path != COMPLETION_PATH:
             return self.not_found
         return self.stream if _STREAM_TRUE.search(body) else self.plain
