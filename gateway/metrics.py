@@ -1,8 +1,10 @@
 """The gateway's Prometheus metrics, served at /metrics.
 
-One registry per app (tests build many apps in one process). Label children are looked up once
-per (model, endpoint) and kept: `.labels()` takes a lock and formats a key, which the hot path
-should not pay on every request.
+One registry per app (tests build many apps in one process). What every request moves (its
+count, duration, tokens, routing decision, the requests in flight) is kept in plain dicts
+(gateway/plain_metrics.py): no lock and no label child per update. The rest are
+prometheus_client's metrics, their label children looked up once per label set and kept:
+`.labels()` takes a lock and formats a key.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.core import Metric as Family
 from prometheus_client.exposition import generate_latest
@@ -22,6 +24,7 @@ from typing_extensions import override
 
 from gateway.kv.feeds import KvFeeds
 from gateway.kv.publishers import KvPublishers
+from gateway.plain_metrics import PlainCounter, PlainGauge, PlainHistogram
 from gateway.routing.states import Expected, Routed, StateBook, StateChange
 from gateway.store_health import StoreHealth
 
@@ -43,28 +46,28 @@ class GatewayMetrics:
         self.routing_states = StateBook()
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self._requests = Counter(
+        self._requests = PlainCounter(
             "llmgw_requests",
             "OpenAI requests answered, by model, endpoint and status code.",
             ["model", "endpoint", "status"],
-            registry=r,
+            r,
         )
-        self._latency = Histogram(
+        self._latency = PlainHistogram(
             "llmgw_request_duration_seconds",
             "From the request's arrival to the end of its response.",
             ["model", "endpoint"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            LATENCY_BUCKETS,
+            r,
         )
-        self._ttft = Histogram(
+        self._ttft = PlainHistogram(
             "llmgw_time_to_first_token_seconds",
             "Streamed requests: from arrival to the first content chunk sent.",
             ["model"],
-            buckets=TTFT_BUCKETS,
-            registry=r,
+            TTFT_BUCKETS,
+            r,
         )
-        self._tokens = Counter(
-            "llmgw_tokens", "Tokens accounted, by model and kind.", ["model", "kind"], registry=r
+        self._tokens = PlainCounter(
+            "llmgw_tokens", "Tokens accounted, by model and kind.", ["model", "kind"], r
         )
         self._upstream_errors = Counter(
             "llmgw_upstream_errors",
@@ -78,18 +81,18 @@ class GatewayMetrics:
             ["model"],
             registry=r,
         )
-        self._routing = Counter(
+        self._routing = PlainCounter(
             "llmgw_routing_decisions",
             "Replica choices, by model and why (prefix, session, least_load, ...).",
             ["model", "reason"],
-            registry=r,
+            r,
         )
-        self._routing_state = Counter(
+        self._routing_state = PlainCounter(
             "llmgw_routing_state",
             "Replica choices, by model, how sure the choice was of the cache (exact, "
             "approximate, degraded, fallback) and why (docs/routing-states.md).",
             ["model", "state", "why"],
-            registry=r,
+            r,
         )
         self._routing_predicted = Counter(
             "llmgw_routing_predicted",
@@ -114,9 +117,7 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
-        self.in_flight = Gauge(
-            "llmgw_requests_in_flight", "Requests being proxied now.", registry=r
-        )
+        self.in_flight = PlainGauge("llmgw_requests_in_flight", "Requests being proxied now.", r)
         self._tokenized = Counter(
             "llmgw_kv_tokenize",
             "Prompts sent to an engine's /tokenize for KV routing, by outcome "
@@ -174,17 +175,17 @@ class GatewayMetrics:
         return child  # type: ignore[return-value]
 
     def request(self, model: str, endpoint: str, status: int, seconds: float) -> None:
-        self._child(self._requests, model, endpoint, str(status)).inc()
-        self._child(self._latency, model, endpoint).observe(seconds)
+        self._requests.inc((model, endpoint, str(status)))
+        self._latency.observe((model, endpoint), seconds)
 
     def first_token(self, model: str, seconds: float) -> None:
-        self._child(self._ttft, model).observe(seconds)
+        self._ttft.observe((model,), seconds)
 
     def tokens(self, model: str, prompt: int, completion: int) -> None:
         if prompt:
-            self._child(self._tokens, model, "prompt").inc(prompt)
+            self._tokens.inc((model, "prompt"), prompt)
         if completion:
-            self._child(self._tokens, model, "completion").inc(completion)
+            self._tokens.inc((model, "completion"), completion)
 
     def upstream_error(self, model: str, reason: str) -> None:
         self._child(self._upstream_errors, model, reason).inc()
@@ -193,12 +194,12 @@ class GatewayMetrics:
         self._child(self._retries, model).inc()
 
     def routed(self, model: str, reason: str) -> None:
-        self._child(self._routing, model, reason).inc()
+        self._routing.inc((model, reason))
 
     def routing_state(self, model: str, routed: Routed) -> StateChange | None:
         """Count a decision's state; the change of the model's routing state it makes, if
         any, for the caller to log."""
-        self._child(self._routing_state, model, routed.state, routed.why).inc()
+        self._routing_state.inc((model, routed.state, routed.why))
         return self.routing_states.note(model, routed, self._clock())
 
     def routing_checked(self, model: str, expected: Expected, reported: int) -> None:

@@ -88,7 +88,7 @@ async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, se
         record = RequestRecord(scope["path"])
     outcome = Outcome(record)
     metrics = state.metrics
-    metrics.in_flight.inc()
+    metrics.in_flight.value += 1
     tracing = state.tracing
     if tracing is not None:
         span, token = tracing.start(scope)
@@ -101,7 +101,7 @@ async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, se
             err.headers[REQUEST_ID_HEADER] = record.request_id
         await send_error(send, err)
     finally:
-        metrics.in_flight.dec()
+        metrics.in_flight.value -= 1
         elapsed = time.perf_counter() - started
         metrics.request(outcome.model, scope["path"], outcome.status, elapsed)
         if record is not None:
