@@ -179,9 +179,11 @@ class _Run:
         warmup_s: float,
         duration_s: float,
         expect_done: bool,
+        pause_s: float = 0.0,
     ) -> None:
         self.request = request
         self.expect_done = expect_done
+        self.pause_s = pause_s
         self.result = LoadResult(concurrency=concurrency, duration_s=duration_s)
         now = time.perf_counter()
         self.measure_from = now + warmup_s
@@ -255,7 +257,13 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         if now >= run.measure_until or not reader.keep_alive:
             self._transport.close()
+        elif run.pause_s:
+            asyncio.get_running_loop().call_later(run.pause_s, self._send_paused)
         else:
+            self._send()
+
+    def _send_paused(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
             self._send()
 
     def close(self) -> None:
@@ -288,10 +296,13 @@ async def run_load(
     warmup_s: float,
     expect_done: bool = False,
     drain_timeout_s: float = 30.0,
+    pause_s: float = 0.0,
 ) -> LoadResult:
     """Keep `concurrency` requests in flight for `warmup_s` + `duration_s`; count what ends in
-    the window after the warm-up. A connection the server closes is opened again."""
-    run = _Run(request, concurrency, warmup_s, duration_s, expect_done)
+    the window after the warm-up. A connection the server closes is opened again. `pause_s`:
+    each connection waits that long after an answer before its next request (a paced load,
+    below what the server can take)."""
+    run = _Run(request, concurrency, warmup_s, duration_s, expect_done, pause_s)
     await asyncio.gather(*(_open(host, port, run) for _ in range(concurrency)))
     # Reopen what the server closed (Connection: close, keep-alive limits) until the window
     # ends; then wait for the last answers to come in.

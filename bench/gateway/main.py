@@ -41,7 +41,7 @@ from pathlib import Path
 
 import uvloop
 
-from bench.gateway import litellm_arm, peer_venv, report, scale, vllm_router_arm
+from bench.gateway import large, litellm_arm, peer_venv, report, scale, vllm_router_arm
 from bench.gateway.loadgen import LoadResult, build_request, run_load
 from bench.gateway.procs import (
     Child,
@@ -84,6 +84,8 @@ class Options:
     vllm_router: Path | str = "not installed"
     # The store the quota figures' two gateways share: "" for a SQLite file.
     quota_store: str = ""
+    # The large-prompt figures (bench/gateway/large.py) of the arms in large.ARMS.
+    large_prompts: bool = True
 
 
 @dataclass(frozen=True)
@@ -271,7 +273,18 @@ class ScaleFigures:
     quota: list[scale.QuotaFigures]
 
 
-def bench(options: Options, cores: Cores) -> tuple[list[ArmFigures], ScaleFigures]:
+def _large(
+    arm: str, runner: asyncio.Runner, options: Options, endpoint: Endpoint
+) -> large.LargeFigures:
+    target = large.Target(HOST, endpoint.port, PATH, endpoint.authorization, endpoint.pid)
+    return large.measure(
+        arm, runner, target, _body(False), MODEL, options.duration_s, options.warmup_s
+    )
+
+
+def bench(
+    options: Options, cores: Cores, large_out: list[large.LargeFigures] | None = None
+) -> tuple[list[ArmFigures], ScaleFigures]:
     port = free_port()
     standin = Child(
         "stand-in",
@@ -291,6 +304,8 @@ def bench(options: Options, cores: Cores) -> tuple[list[ArmFigures], ScaleFigure
                     with _serving(arm, options, cores, upstream) as endpoint:
                         _probe(endpoint)
                         figures.append(measure(arm, runner, options, endpoint, standin.process.pid))
+                        if large_out is not None and options.large_prompts and arm in large.ARMS:
+                            large_out.append(_large(arm, runner, options, endpoint))
                 except (StartFailed, peer_venv.Unavailable) as exc:
                     print(f"  unavailable: {exc}", file=sys.stderr)
                     figures.append(ArmFigures(name=arm, unavailable=str(exc)))
@@ -378,6 +393,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the quota figures' shared store, postgresql://... (default: a SQLite file)",
     )
     parser.add_argument(
+        "--no-large",
+        action="store_true",
+        help="skip the large-prompt figures (200 KB bodies, small requests beside them)",
+    )
+    parser.add_argument(
         "--no-scale",
         action="store_true",
         help="skip the scale-out figures (one worker vs two, quota with two gateways)",
@@ -404,10 +424,12 @@ def run(args: argparse.Namespace) -> int:
                 litellm=litellm,
                 vllm_router=vllm_router,
                 scale_out=not args.no_scale,
+                large_prompts=not args.no_large,
                 quota_store=args.quota_store,
             )
             pin_self(cores.load)
-            figures, scaled = bench(options, cores)
+            large_figures: list[large.LargeFigures] = []
+            figures, scaled = bench(options, cores, large_figures)
     except StartFailed as exc:
         print(f"the stand-in upstream did not start: {exc}", file=sys.stderr)
         return 1
@@ -419,6 +441,11 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     for line in report.error_lines(figures):
         print(line)
+    large_lines = large.lines(large_figures)
+    if large_lines:
+        print()
+        for line in large_lines:
+            print(line)
     scale_lines = scale.lines(scaled.workers, scaled.quota)
     if scale_lines:
         print()
@@ -426,7 +453,10 @@ def run(args: argparse.Namespace) -> int:
             print(line)
     print(f"\n{setup}\ntook {time.monotonic() - started:.0f} s")
     if args.markdown is not None:
-        args.markdown.write_text(report.markdown(figures, setup))
+        args.markdown.write_text(
+            report.markdown(figures, setup)
+            + ("\n" + large.markdown(large_figures) if large_figures else "")
+        )
     if args.json_out is not None:
         args.json_out.write_text(
             json.dumps(
@@ -434,6 +464,7 @@ def run(args: argparse.Namespace) -> int:
                     "setup": setup,
                     "arms": [asdict(f) for f in figures],
                     "scale": asdict(scaled),
+                    "large": [asdict(f) for f in large_figures],
                 },
                 indent=2,
             )
