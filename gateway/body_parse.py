@@ -13,6 +13,14 @@ event loop only waits on a pipe, and the parsed tree lives and dies in the worke
 back is small (the body's scalar fields, the prompt estimate, at most 64 KB of routing prompt)
 plus the body's bulky fields serialised once, which is what goes upstream; so the gateway holds
 about twice the body's bytes per large request, never its tree.
+
+A body above `inline_parse_bytes` whose bytes bound its JSON values to what an inline body may
+hold is still parsed inline (`few_values`): an agent's 200 KB context is a few long strings, which
+json.loads reads at C speed (about 0.3 ms), while the worker's round trip (pickling the body
+there and its bulk back, the pool's threads and pipes) cost 3 to 9 ms of CPU per request; and
+the client's own bytes then go upstream, with what the gateway changed spliced in
+(gateway/body_splice.py). The bound comes from the bytes alone, so the many-small-values bodies
+above still go to a worker.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gateway.body_splice import parse_with_members, spliced
 from gateway.errors import SERVER_ERROR, ApiError, bad_request
 from gateway.media_urls import MediaPolicy, pinned_urls
 from gateway.prompt_estimate import estimate_prompt_tokens
@@ -63,6 +72,22 @@ RETRY_AFTER_S = "1"
 WORKER_NICE = 10
 # How often a body-parsing worker looks whether its gateway still runs.
 ORPHAN_CHECK_S = 1.0
+# A body above the inline size is parsed inline when it is at most this many times that size
+# and holds at most one JSON value or member name per INLINE_BYTES_PER_VALUE bytes of that size
+# (8,192 with the default 64 KB): measured, a 64 KB body of the costliest shape inline today (chat
+# messages of one-letter text parts, 10,600 of them) took 14 ms to prepare; 8,192 of them take
+# about 11 ms, and a 1 MB string adds 3 to 5 ms.
+INLINE_SIZE_FACTOR = 16
+INLINE_BYTES_PER_VALUE = 8
+# Every JSON value but the outermost follows a `[`, `,` or `:`, and every member name a `{` or
+# `,`, so one more than the count of those bytes bounds the values and names together (those
+# inside strings only make the bound looser). Deleting every other byte counts them in one C
+# pass: about 0.75 ms a MB, where four bytes.count calls took twice that.
+_NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b",:[{")
+# An inline body larger than this is parsed with its top-level members' places
+# (gateway/body_splice.py), so a change goes upstream spliced into the client's bytes: walking
+# the members costs about a microsecond each, serialising 16 KB again about 30.
+SPLICE_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -103,13 +128,18 @@ def prepare(path: str, raw: bytes, check: Check | None = None, split: bool = Fal
     model: str | None = None
     adapter: str | None = None
     try:
-        body = parse_json_object(raw)
+        members = None
+        if split or len(raw) <= SPLICE_BYTES:
+            body = parse_json_object(raw)
+        else:
+            body, members = parse_with_members(raw)
         model, adapter = requested_model(body)
         request = parse_proxied_request(path, body)
         request = replace(
             request,
             prompt_estimate=estimate_prompt_tokens(body),
             routing_prompt=prompt_bytes(body),
+            members=members,
         )
         if check is not None:
             check(request)
@@ -118,6 +148,14 @@ def prepare(path: str, raw: bytes, check: Check | None = None, split: bool = Fal
     except ApiError as err:
         return Prepared(model, adapter, None, Refusal.of(err))
     return Prepared(model, adapter, request, None)
+
+
+def few_values(raw: bytes, inline_bytes: int) -> bool:
+    """Whether a body larger than `inline_bytes` may still be prepared inline: its size and the
+    bound on its JSON values that its bytes give keep it as cheap to parse as an inline body."""
+    if len(raw) > INLINE_SIZE_FACTOR * inline_bytes:
+        return False
+    return len(raw.translate(None, _NOT_STRUCTURAL)) < inline_bytes // INLINE_BYTES_PER_VALUE
 
 
 def _worker_starts(gateway_pid: int) -> None:
@@ -180,7 +218,13 @@ def _split(request: ProxiedRequest) -> ProxiedRequest:
     rest = {name: value for name, value in bulky.items() if name not in PROMPT_FIELDS}
     parts = [json.dumps(d, separators=(",", ":")).encode()[1:-1] for d in (prompt, rest) if d]
     bulk = parts[0] if len(parts) == 1 else b",".join(parts)
-    return replace(request, body=head, bulk=bulk, bulk_prompt_bytes=len(parts[0]) if prompt else 0)
+    return replace(
+        request,
+        body=head,
+        bulk=bulk,
+        bulk_prompt_bytes=len(parts[0]) if prompt else 0,
+        members=None,
+    )
 
 
 def with_urls_pinned(request: ProxiedRequest, pinned: dict[str, str]) -> ProxiedRequest:
@@ -209,10 +253,15 @@ def _is_small(value: object) -> bool:
 
 def upstream_payload(request: ProxiedRequest, raw: bytes, changed: bool) -> bytes:
     """The body to send upstream: the client's own bytes when nothing changed and the body was
-    not split (no second serialisation), else the small fields as they are now (model renamed,
-    max_tokens clamped, usage asked for) joined to the bulk serialised once by `prepare`."""
+    not split (no second serialisation); changed, a large one's changes spliced into them
+    (gateway/body_splice.py); else the small fields as they are now (model renamed, max_tokens
+    clamped, usage asked for) joined to the bulk serialised once by `prepare`."""
     if request.bulk is None:
-        return json.dumps(request.body, separators=(",", ":")).encode() if changed else raw
+        if not changed:
+            return raw
+        if request.members is not None:
+            return spliced(raw, request.members, request.body)
+        return json.dumps(request.body, separators=(",", ":")).encode()
     head = json.dumps(request.body, separators=(",", ":")).encode()  # always holds "model"
     return b"{" + request.bulk + b"," + head[1:]
 
@@ -229,7 +278,8 @@ def with_member(raw: bytes, member: bytes) -> bytes:
 
 class BodyParser:
     """Bodies up to `inline_bytes` are prepared on the event loop (a 64 KB body is at most ~16k
-    JSON values: ~10 ms); larger ones in a pool of `workers` processes, started on first use.
+    JSON values: ~10 ms), and so are larger ones of few values (`few_values`); the rest in a
+    pool of `workers` processes, started on first use.
     A large body that finds every worker busy waits up to `wait_s` for one, then gets 503 with
     Retry-After: a queue of 16 MB bodies is memory the gateway would hold while they wait."""
 
@@ -251,7 +301,7 @@ class BodyParser:
         admit_model: AdmitModel | None = None,
         check: Check | None = None,
     ) -> ProxiedRequest:
-        if len(raw) <= self.inline_bytes:
+        if len(raw) <= self.inline_bytes or few_values(raw, self.inline_bytes):
             prepared = prepare(path, raw, check)
         else:
             prepared = await self._in_worker(path, raw, check)

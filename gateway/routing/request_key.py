@@ -69,13 +69,15 @@ def prompt_bytes(body: Mapping[str, Any], limit: int = PROMPT_LIMIT) -> bytes:
             if size >= limit:
                 break  # the index never looks past `limit`: a huge conversation stops here
             content = message.get("content")
-            text = _encode(content) if isinstance(content, str) else _dumps(content)
+            # A string is cut before it is encoded: its first `limit` characters encode to at
+            # least `limit` bytes, all the cut below keeps (a 200 KB message: 64 KB encoded).
+            text = _encode(content[:limit]) if isinstance(content, str) else _dumps(content)
             parts.append(_encode(str(message.get("role", ""))) + _FIELD + text)
             size += len(parts[-1]) + 1
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            parts.append(_encode(prompt))
+            parts.append(_encode(prompt[:limit]))
         elif prompt is not None:
             parts.append(_dumps(prompt))
     return _RECORD.join(parts)[:limit]

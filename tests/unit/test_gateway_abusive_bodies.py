@@ -190,7 +190,7 @@ async def test_a_worker_keeps_the_order_of_refusals() -> None:
     def refuse_model(model: str, _adapter: str | None) -> None:
         raise ApiError(403, f"not {model}", code="model_not_allowed")
 
-    parser = BodyParser(inline_bytes=1024, workers=1, wait_s=5)
+    parser = BodyParser(inline_bytes=0, workers=1, wait_s=5)  # every body to a worker
     try:
         with pytest.raises(ApiError) as refused:
             await parser.parse("/v1/chat/completions", raw, refuse_model)

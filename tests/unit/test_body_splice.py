@@ -1,0 +1,214 @@
+"""Large prompts on the event loop: a 200 KB body of a few long strings is parsed inline, goes
+upstream as the client's own bytes, or with the gateway's changes spliced into them, and is
+refused for exactly what any other body is refused for."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from gateway.body_parse import BodyParser, few_values, prepare, upstream_payload
+from gateway.body_splice import parse_with_members, spliced
+from gateway.errors import ApiError
+from gateway.request_body import CHAT, parse_json_object
+
+INLINE = 64 * 1024
+WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "with,", "be", "not."]
+
+
+def text(size: int, seed: int = 1) -> str:
+    rng = random.Random(seed)
+    out = " ".join(rng.choice(WORDS) for _ in range(size // 3))
+    return out[:size]
+
+
+def chat(content: str, **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def compact(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def many_small_values(size: int) -> bytes:
+    head = b'{"model":"smol","input":['
+    count = (size - len(head) - 2) // 4
+    return head + b"[0]," * (count - 1) + b"[0]]}"
+
+
+# Valid and invalid bodies, each where the member walk could part from json.loads: whitespace
+# everywhere, a BOM, non-ASCII names and text, escapes, duplicates at the top and below, trailing
+# data, a trailing comma, NaN, deep nesting, bytes that are not UTF-8, a lone surrogate.
+EDGES = [
+    b' { "model" : "m" , "b" : [1, 2, {"c": null}] } \r\n',
+    b"{}",
+    b"{ }",
+    b"[]",
+    b'"x"',
+    b'{"a":1,}',
+    b'{"a":1 "b":2}',
+    b'{"a":1}x',
+    b'{"a":1}}',
+    b'{"a":[1,2]',
+    b'{"a" 1}',
+    b"{a:1}",
+    b'{"a":1,"a":2}',
+    b'{"a":{"x":1,"x":2},"a":3}',
+    b'\xef\xbb\xbf{"a":"\xc3\xa9","b":"\\ud800"}',
+    b'{"a":"\\ud83d\\ude00","\xc3\xa9":[1]}',
+    b'{"a":NaN,"b":-Infinity}',
+    b'{"a":"\x01"}',
+    b'\t{"\xe4\xb8\xad":"\xe4\xb8\xad\xe6\x96\x87","k":{"\xe4\xb8\xad":1}}\n',
+    b'{"a":' + b"[" * 5000 + b"]" * 5000 + b"}",
+    b'\xff{"a":1}',
+    b'{"a":"\xed\xa0\x80"}',
+    b'{"":1,"x\\"y":"z"}',
+]
+
+
+def outcome(parse: Any, raw: bytes) -> tuple[Any, ...]:
+    try:
+        return ("parsed", parse(raw))
+    except ApiError as err:
+        return ("refused", err.status, err.message, err.param, err.code)
+
+
+@pytest.mark.parametrize("raw", EDGES)
+def test_the_member_walk_parses_and_refuses_as_json_loads_does(raw: bytes) -> None:
+    assert outcome(lambda r: parse_with_members(r)[0], raw) == outcome(parse_json_object, raw)
+
+
+@pytest.mark.parametrize("raw", [r for r in EDGES if outcome(parse_json_object, r)[0] == "parsed"])
+def test_a_splice_of_what_changed_reads_as_the_changed_body(raw: bytes) -> None:
+    body, members = parse_with_members(raw)
+    assert members is not None
+    assert json.loads(spliced(raw, members, body)) == body
+    changed = dict(body)
+    for name in list(changed)[:1]:
+        del changed[name]  # taken out, as priority is
+    changed["model"] = "renamed"
+    changed["stream_options"] = {"include_usage": True}
+    sent = spliced(raw, members, changed)
+    assert json.loads(sent) == changed
+    assert list(json.loads(sent)) == list(changed)  # in json.dumps's order
+
+
+async def test_a_200_kb_prompt_is_parsed_inline_and_sent_as_the_client_sent_it() -> None:
+    raw = compact(chat(text(200 * 1024), max_tokens=16))
+    assert len(raw) > INLINE
+    assert few_values(raw, INLINE)
+    parser = BodyParser(INLINE, workers=1, wait_s=5)
+    try:
+        request = await parser.parse(CHAT, raw)
+        assert parser._pool is None  # no worker was started
+    finally:
+        parser.close()
+    assert request.bulk is None
+    assert upstream_payload(request, raw, changed=False) is raw
+    # What the worker's path makes of it reads the same.
+    split = prepare(CHAT, raw, split=True).request
+    assert split is not None
+    assert json.loads(upstream_payload(split, raw, changed=False)) == json.loads(raw)
+    assert request.prompt_estimate == split.prompt_estimate
+    assert request.routing_prompt == split.routing_prompt
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        chat(text(200 * 1024), max_tokens=16, stream=True, stream_options={"x": 1}),
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user" if i % 2 else "assistant", "content": text(2000, i)}
+                for i in range(100)
+            ],
+            "priority": 3,
+        },
+        chat("\u4e2d\u6587 " * 40_000 + "\U0001f600", temperature=0.5),
+    ],
+)
+def test_a_changed_large_body_goes_upstream_as_a_whole_serialisation_would(
+    body: dict[str, Any],
+) -> None:
+    """Model renamed, stream_options rewritten, priority taken out, max_tokens clamped: the
+    bytes are those json.dumps makes of the changed body (the client's were compact), and the
+    worker's path sends the same JSON."""
+    raw = compact(body)
+    paths = {}
+    for split in (False, True):
+        request = prepare(CHAT, raw, split=split).request
+        assert request is not None
+        assert (request.members is None) == split
+        sent = request.body
+        sent["model"] = "upstream-name"
+        sent["max_tokens"] = 7
+        if "stream" in body:
+            sent["stream_options"] = {**sent["stream_options"], "include_usage": True}
+        sent.pop("priority", None)
+        paths[split] = upstream_payload(request, raw, changed=True)
+    expected = dict(body, model="upstream-name", max_tokens=7)
+    expected.pop("priority", None)
+    if "stream" in body:
+        expected["stream_options"] = {"x": 1, "include_usage": True}
+    assert paths[False] == compact(expected)
+    assert json.loads(paths[True]) == expected
+
+
+def test_bodies_of_many_small_values_still_go_to_a_worker() -> None:
+    assert not few_values(many_small_values(200 * 1024), INLINE)
+    assert not few_values(many_small_values(INLINE + 100), INLINE)
+    # Few values, but too long to parse on the event loop.
+    assert not few_values(compact(chat(text(2 * 1024 * 1024))), INLINE)
+    # A threshold of 0 sends every body to a worker, as before.
+    assert not few_values(compact(chat("hi")), 0)
+
+
+@pytest.mark.parametrize(
+    ("raw", "param", "code"),
+    [
+        (
+            b'{"model":"m","messages":[{"role":"user","content":"\\udc00'
+            + b"a" * 100_000
+            + b'"}]}',
+            "messages[0].content",
+            "invalid_encoding",
+        ),
+        (
+            b'{"model":"m","messages":[{"role":"user","content":"'
+            + b"a" * 100_000
+            + b'"}],"model":"n"}',
+            "model",
+            "duplicate_key",
+        ),
+        (
+            b'{"model":"m","messages":[{"role":"user","role":"x","content":"'
+            + b"a" * 100_000
+            + b'"}]}',
+            "role",
+            "duplicate_key",
+        ),
+        (
+            b'{"model":"m","messages":[{"role":"user","content":"\xff' + b"a" * 100_000 + b'"}]}',
+            None,
+            "invalid_json",
+        ),
+    ],
+)
+async def test_a_large_body_parsed_inline_is_refused_as_before(
+    raw: bytes, param: str | None, code: str
+) -> None:
+    parser = BodyParser(INLINE, workers=1, wait_s=5)
+    try:
+        with pytest.raises(ApiError) as inline:
+            await parser.parse(CHAT, raw)
+        assert parser._pool is None
+    finally:
+        parser.close()
+    assert (inline.value.status, inline.value.param, inline.value.code) == (400, param, code)
+    worker = prepare(CHAT, raw, split=True)
+    assert worker.refusal is not None
+    assert (worker.refusal.param, worker.refusal.code) == (param, code)
