@@ -57,6 +57,7 @@ from gateway.routing.prefix_index import PrefixIndex
 from gateway.settings import GatewaySettings
 from gateway.shared_limits import SharedLimits
 from gateway.store_health import StoreHealth
+from gateway.upstream_http import UpstreamPool
 from gateway.upstream_keys import EngineKeys
 from gateway.usage import UsageRecorder
 from kv.index import KvBlockIndex
@@ -119,6 +120,11 @@ def create_app(
         master_secret = await store.master_secret()
         engine_keys = EngineKeys(master_secret)
         session = _upstream_session(settings)
+        upstream = UpstreamPool(
+            settings.upstream_connect_timeout_s,
+            settings.upstream_read_timeout_s,
+            settings.upstream_keepalive_s,
+        )
         kv_index = KvBlockIndex(settings.kv_index_max_blocks)
         # Readers start with the first routing table the engine-scrape loop hands it.
         kv_feeds = KvFeeds(kv_index, master_secret, session)
@@ -186,6 +192,7 @@ def create_app(
                 engine_keys=engine_keys,
                 cache_salts=CacheSalts(master_secret),
                 session=session,
+                upstream=upstream,
                 metrics=metrics,
                 quota=quota,
                 limits=limits,
@@ -274,6 +281,7 @@ def create_app(
                 await kv_feeds.close()  # its readers use the session
             finally:
                 await session.close()
+                await upstream.close()
                 body_parser.close()
                 await admission.close()
                 if tracing is not None:

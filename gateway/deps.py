@@ -29,6 +29,7 @@ from gateway.routing import Router
 from gateway.settings import GatewaySettings
 from gateway.shared_limits import SharedLimits
 from gateway.side_tasks import SideTasks
+from gateway.upstream_http import UpstreamPool
 from gateway.upstream_keys import EngineKeys
 from gateway.usage import UsageRecorder
 from kv.index import KvBlockIndex
@@ -57,6 +58,8 @@ class GatewayState:
     # Each key's prefix-cache salt, for keys with isolate_cache (gateway/cache_salt.py).
     cache_salts: CacheSalts
     session: aiohttp.ClientSession
+    # The proxied requests' connections to engines on plain http (gateway/upstream_http.py).
+    upstream: UpstreamPool
     metrics: GatewayMetrics
     quota: QuotaBook
     # The keys' limits as every gateway on the store shares them (leases on `quota`'s limits).

@@ -36,6 +36,7 @@ from gateway.quota import Reservation
 from gateway.routing import Sent
 from gateway.routing.states import Expected, reported_cached
 from gateway.sse import EventTooLarge, StreamFilter, data_event
+from gateway.upstream_post import UpstreamResponse
 from store import ApiKey
 from workflows.contracts import Route
 
@@ -208,7 +209,7 @@ class Relay:
         state: GatewayState,
         model: str,
         route: Route,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         stream: bool,
         client_wants_usage: bool,
         watch: ClientWatch,
@@ -312,7 +313,7 @@ class Relay:
                 or self._record is not None
             ):
                 self._cached(reported_cached(raw))
-        content_type = upstream.headers.get("Content-Type", "application/json").encode()
+        content_type = upstream.headers.get("content-type", "application/json").encode()
         await send(
             {
                 "type": "http.response.start",

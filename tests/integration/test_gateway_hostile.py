@@ -375,7 +375,10 @@ async def test_a_killed_gateway_leaves_no_body_parsing_process_behind(
     kept the forkserver up, and both ran on for good."""
     gw = start_gateway_process(state_dir, upstream.url)
     try:
-        big = chat_body(content="x" * (256 * 1024))  # past the 64 KiB parsed inline
+        # Over the 64 KiB parsed inline and of many small values (20,000 short messages), which
+        # a worker parses (gateway/body_parse.py; one long string would be parsed inline).
+        messages = [{"role": "user", "content": "hi"}] * 20_000
+        big = json.dumps({"model": MODEL, "messages": messages}).encode()
         reply = await raw_exchange(gw.url, chat(gw.auth, big), local_host=fresh_client())
         assert reply.status == 200, reply.data[:300]
         pool = descendants(gw.proc.pid)

@@ -79,7 +79,7 @@ def _populated_gateway_metrics() -> GatewayMetrics:
     metrics.routing_checked("m", Expected("approximate", 128, 64), 0)
     metrics.quota_rejected("rpm")
     metrics.auth_failed("unknown_key")
-    metrics.in_flight.inc()
+    metrics.in_flight.value += 1
     metrics.kv_tokenized("ok", 0.01)
     metrics.kv_cache_error("m", 10, 8)
     metrics.queue_waited("m", "interactive", 0.5)
