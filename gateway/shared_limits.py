@@ -113,6 +113,8 @@ class SharedLimits:
         self._demand: dict[PoolRef, int] = {}  # units asked for since the last round
         self._last_demand: dict[PoolRef, int] = {}  # ... and in the round before
         self._limits: dict[str, KeyLimits] = {}  # keys with leases: their limits as last seen
+        # key id -> (its limits, the UTC day, its pools): see _pools_of.
+        self._pool_cache: dict[str, tuple[KeyLimits, int, dict[LimitKind, PoolRef]]] = {}
         # Pools the store refused a need since the last round, as it answered then.
         self._refusals: dict[PoolRef, LeaseState] = {}
         self._lockouts_to_send: list[tuple[str, float]] = []
@@ -130,11 +132,10 @@ class SharedLimits:
         """Admit a request against the key's shared limits. `attempt` runs the quota book with
         the limits it is given (this gateway's holdings); it is called with the store's
         answer in hand, so a denial names the key's real limits."""
-        kinds = [k for k in KINDS if _limit_of(limits, k) is not None]
-        if not kinds:
+        pools = self._pools_of(key_id, limits, now)
+        if not pools:
             return attempt(HeldLimits(None, None, None, limits.budget_period))
         self._limits[key_id] = limits
-        pools = {kind: _pool(key_id, limits, kind, now) for kind in kinds}
         for pool in pools.values():
             amount = 1 if pool.kind == "rpm" else need.most
             self._demand[pool] = self._demand.get(pool, 0) + amount
@@ -159,6 +160,19 @@ class SharedLimits:
                 return verdict
         assert isinstance(verdict, Denied)
         return self._reworded(verdict, limits, need)
+
+    def _pools_of(self, key_id: str, limits: KeyLimits, now: float) -> dict[LimitKind, PoolRef]:
+        """The key's pools, by kind: the same objects while its limits (the same KeyLimits,
+        until the key cache reloads it) and the UTC day stay the same. Building them was 2.5% of
+        the gateway's CPU per request (a frozen dataclass each, a date for the budget's)."""
+        day = int(now // 86_400)  # POSIX time has no leap seconds: this is the UTC date
+        cached = self._pool_cache.get(key_id)
+        if cached is not None and cached[0] is limits and cached[1] == day:
+            return cached[2]
+        kinds = [k for k in KINDS if _limit_of(limits, k) is not None]
+        pools = {kind: _pool(key_id, limits, kind, now) for kind in kinds}
+        self._pool_cache[key_id] = (limits, day, pools)
+        return pools
 
     def _known_refusal(self, changes: list[LeaseChange]) -> LeaseState | None:
         """A pool the store refused since the last round, for a need no smaller than this

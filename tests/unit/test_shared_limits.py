@@ -142,3 +142,43 @@ async def test_without_the_store_a_gateway_spends_what_it_holds_then_refuses(
     assert refused.value.code == "store_unreachable"
     assert lost.value.status == 503
     assert limits.health.refusals == 2
+
+
+class Recording(Counting):
+    """Also notes the pools each round trip named."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.pools: list[PoolRef] = []
+
+    async def sync_leases(
+        self, holder: str, ttl_s: float, changes: Sequence[LeaseChange]
+    ) -> list[LeaseState]:
+        self.pools += [change.pool for change in changes]
+        return await super().sync_leases(holder, ttl_s, changes)
+
+
+async def test_a_daily_budget_counts_against_the_new_days_pool_after_midnight(
+    tmp_path: Path,
+) -> None:
+    # The key's pools are kept per key between requests: past midnight UTC, the same limits
+    # must lease the new day's budget, not go on spending yesterday's.
+    real = open_store(None, tmp_path)
+    await real.init()
+    record, _ = await real.create_key("daily", limits=KeyLimits(token_budget=10**6))
+    store, book = Recording(real), QuotaBook()
+    limits = shared(store, book)
+    midnight = 1_796_601_600.0  # 2026-12-07T00:00:00Z
+
+    async def at(now: float) -> Any:
+        def attempt(held: HeldLimits) -> Any:
+            return book.reserve(record.key_id, held, 10, now)
+
+        return await limits.reserve(record.key_id, record.limits, Need(10, 10), attempt, now)
+
+    assert isinstance(await at(midnight - 1), Reservation)
+    assert isinstance(await at(midnight + 1), Reservation)
+    await real.close()
+    periods = [pool.period for pool in store.pools if pool.kind == "budget"]
+    assert periods[0] == "2026-12-06"
+    assert periods[-1] == "2026-12-07"
