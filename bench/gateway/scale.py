@@ -84,9 +84,12 @@ def _target(
     workdir: Path,
     key: bool,
     database_url: str = "",
+    own_port: int | None = None,
 ) -> Child:
     argv = [sys.executable, "-m", "bench.gateway.target", "--port", str(port)]
     argv += ["--upstream", upstream, "--state-dir", str(state_dir), "--reuse-port"]
+    if own_port is not None:
+        argv += ["--own-port", str(own_port)]
     if database_url:
         argv += ["--database-url", database_url]
     if not key:
@@ -119,14 +122,26 @@ def _gateways(
     ports = [free_port()] * count if shared_port else [free_port() for _ in range(count)]
     with ExitStack() as stack:
         for index, port in enumerate(ports):
+            # On a shared port any process may answer the readiness check: each also listens on
+            # a port of its own, asked instead. (Asked on the shared port, the first worker
+            # answered for both, the load's connections all went to it before the second
+            # listened, and kept to it: two workers measured the same as one.)
+            own = free_port() if shared_port else None
             # The first makes the bench key; the others find it in the store.
             child = _target(
-                f"{label}-{index}", port, upstream, state_dir, workdir, index == 0, database_url
+                f"{label}-{index}",
+                port,
+                upstream,
+                state_dir,
+                workdir,
+                index == 0,
+                database_url,
+                own,
             )
             stack.callback(child.stop)
             if index == 0:
                 wait_for_file(state_dir / KEY_FILENAME, child, START_TIMEOUT_S)
-            wait_until(child, functools.partial(_ready, port), START_TIMEOUT_S)
+            wait_until(child, functools.partial(_ready, own or port), START_TIMEOUT_S)
         yield ports
 
 

@@ -143,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--reuse-port", action="store_true", help="share the port (SO_REUSEPORT)")
     parser.add_argument("--no-key", action="store_true", help="do not create the bench key")
+    parser.add_argument(
+        "--own-port",
+        type=int,
+        help="also listen on this port alone (with --reuse-port: to tell this process is up)",
+    )
     parser.add_argument("--otlp-endpoint", default="", help="trace to this OTLP/HTTP receiver")
     parser.add_argument(
         "--database-url", default="", help="the store (postgresql://...); else SQLite in state-dir"
@@ -161,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     server = uvicorn.Server(config)
     with asyncio.Runner(loop_factory=loop_factory(args.loop, config)) as runner:
         key_file = None if args.no_key else args.state_dir / KEY_FILENAME
-        runner.run(serve(server, store, key_file, args.model, args.reuse_port))
+        runner.run(serve(server, store, key_file, args.model, args.reuse_port, args.own_port))
     return 0
 
 
