@@ -254,17 +254,19 @@ class UpstreamPool:
         self,
         host: str,
         port: int,
+        host_header: str,
         path: str,
         headers: Mapping[str, str],
         body: bytes,
         connect_timeout_s: float | None = None,
     ) -> UpstreamAnswer:
-        """POST `body` and return once the answer's head is in."""
+        """POST `body` to `path` at `host`:`port` and return once the answer's head is in.
+        `host_header`: the Host the engine is told (with the port; an IPv6 address bracketed)."""
         key = (host, port)
         connection = self._take(key) or await self._connect(
             key, self.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
         )
-        lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
+        lines = [f"POST {path} HTTP/1.1", f"Host: {host_header}", f"Content-Length: {len(body)}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         answer = connection.send(head, body, self.read_timeout_s)

@@ -58,13 +58,13 @@ def needs_own_timer(remaining: float, read_timeout: float) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def plain_http_address(endpoint: str) -> tuple[str, int, str] | None:
-    """(host, port, Host header) of an endpoint on plain http, for the gateway's own client
-    (gateway/upstream_http.py); None for https, which aiohttp's session serves."""
+def plain_http_address(endpoint: str) -> tuple[str, int, str, str] | None:
+    """(host, port, Host header, path prefix) of an endpoint on plain http, for the gateway's
+    own client (gateway/upstream_http.py); None for https, which aiohttp's session serves."""
     parts = urlsplit(upstream_url_of(endpoint))
     if parts.scheme != "http" or parts.hostname is None:
         return None
-    return parts.hostname, parts.port or 80, parts.netloc
+    return parts.hostname, parts.port or 80, parts.netloc, parts.path
 
 
 def upstream_url_of(endpoint: str) -> str:
@@ -96,12 +96,15 @@ async def post_upstream(
     own_timer = needs_own_timer(remaining, state.settings.upstream_read_timeout_s)
     address = plain_http_address(route.endpoint)
     if address is not None:
-        host, port, _ = address
+        host, port, host_header, prefix = address
+        path = prefix + request.path
         if not own_timer:
-            return await state.upstream.post(host, port, request.path, headers, payload)
+            return await state.upstream.post(host, port, host_header, path, headers, payload)
         async with asyncio.timeout(remaining):
             connect_s = min(state.settings.upstream_connect_timeout_s, remaining)
-            return await state.upstream.post(host, port, request.path, headers, payload, connect_s)
+            return await state.upstream.post(
+                host, port, host_header, path, headers, payload, connect_s
+            )
     url = upstream_url(route, request.path)
     if not own_timer:
         # The usual case: the session's own timeouts bound the wait.

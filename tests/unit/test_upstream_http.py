@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from gateway.upstream_http import READ_BUFFER_HIGH, UpstreamConnectError, UpstreamPool
-from gateway.upstream_post import closed_before_answering
+from gateway.upstream_post import closed_before_answering, plain_http_address
 from tests.ports import free_port
 
 HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer k"}
@@ -86,7 +86,9 @@ async def test_answers_are_read_whole_and_a_kept_connection_is_reused() -> None:
     client = pool()
     async with engine(answers) as (port, accepted):
         for n in range(3):
-            answer = await client.post("127.0.0.1", port, "/v1/x", HEADERS, b'{"n":%d}' % n)
+            answer = await client.post(
+                "127.0.0.1", port, f"127.0.0.1:{port}", "/v1/x", HEADERS, b'{"n":%d}' % n
+            )
             assert answer.status == 200
             assert answer.headers["content-type"] == "application/json"
             assert await answer.read() == b'{"echo":{"n":%d}}' % n
@@ -98,9 +100,13 @@ async def test_answers_are_read_whole_and_a_kept_connection_is_reused() -> None:
 async def test_a_connection_idle_past_the_keep_alive_is_not_reused() -> None:
     client = pool(keepalive_s=0.1)
     async with engine(answers) as (port, accepted):
-        await (await client.post("127.0.0.1", port, "/v1/x", HEADERS, b"1")).read()
+        await (
+            await client.post("127.0.0.1", port, f"127.0.0.1:{port}", "/v1/x", HEADERS, b"1")
+        ).read()
         await asyncio.sleep(0.2)
-        await (await client.post("127.0.0.1", port, "/v1/x", HEADERS, b"2")).read()
+        await (
+            await client.post("127.0.0.1", port, f"127.0.0.1:{port}", "/v1/x", HEADERS, b"2")
+        ).read()
         assert accepted == [0, 1]
     await client.close()
 
@@ -116,7 +122,7 @@ async def test_a_stream_arrives_unchunked_and_ends_at_eof() -> None:
 
     client = pool()
     async with engine(streams) as (port, _):
-        answer = await client.post("127.0.0.1", port, "/v1/x", HEADERS, b"{}")
+        answer = await client.post("127.0.0.1", port, f"127.0.0.1:{port}", "/v1/x", HEADERS, b"{}")
         assert answer.headers["transfer-encoding"] == "chunked"
         got = b"".join([chunk async for chunk in answer.content.iter_any()])
         assert got == b"".join(events)
@@ -132,7 +138,7 @@ async def test_a_body_that_ends_with_the_connection_is_read_whole() -> None:
 
     client = pool()
     async with engine(http10) as (port, _):
-        answer = await client.post("127.0.0.1", port, "/v1/x", HEADERS, b"{}")
+        answer = await client.post("127.0.0.1", port, f"127.0.0.1:{port}", "/v1/x", HEADERS, b"{}")
         assert await answer.read() == b"x" * 5000
     await client.close()
 
@@ -144,7 +150,7 @@ async def test_an_engine_that_closes_before_answering_is_a_disconnect_sent_again
     client = pool()
     async with engine(hangs_up) as (port, _):
         with pytest.raises(aiohttp.ServerDisconnectedError) as caught:
-            await client.post("127.0.0.1", port, "/v1/x", HEADERS, b"{}")
+            await client.post("127.0.0.1", port, f"127.0.0.1:{port}", "/v1/x", HEADERS, b"{}")
     assert closed_before_answering(caught.value)
     await client.close()
 
@@ -152,7 +158,7 @@ async def test_an_engine_that_closes_before_answering_is_a_disconnect_sent_again
 async def test_a_refused_connection_is_not_sent_again() -> None:
     client = pool()
     with pytest.raises(UpstreamConnectError) as caught:
-        await client.post("127.0.0.1", free_port(), "/v1/x", HEADERS, b"{}")
+        await client.post("127.0.0.1", free_port(), "127.0.0.1", "/v1/x", HEADERS, b"{}")
     assert caught.value.args[0] == errno.ECONNREFUSED
     assert isinstance(caught.value, aiohttp.ClientError)
     assert not closed_before_answering(caught.value)
@@ -167,10 +173,10 @@ async def test_an_engine_silent_past_the_read_timeout_is_a_timeout() -> None:
     client = pool(read_timeout_s=0.2)
     async with engine(silent) as (port, accepted):
         with pytest.raises(TimeoutError):
-            await client.post("127.0.0.1", port, "/v1/x", HEADERS, b"{}")
+            await client.post("127.0.0.1", port, f"127.0.0.1:{port}", "/v1/x", HEADERS, b"{}")
         # The connection is not reused: what it was in the middle of is unknown.
         with pytest.raises(TimeoutError):
-            await client.post("127.0.0.1", port, "/v1/x", HEADERS, b"{}")
+            await client.post("127.0.0.1", port, f"127.0.0.1:{port}", "/v1/x", HEADERS, b"{}")
         assert accepted == [0, 1]
     await client.close()
 
@@ -183,7 +189,7 @@ async def test_an_answer_cut_short_is_a_payload_error() -> None:
 
     client = pool()
     async with engine(cuts) as (port, _):
-        answer = await client.post("127.0.0.1", port, "/v1/x", HEADERS, b"{}")
+        answer = await client.post("127.0.0.1", port, f"127.0.0.1:{port}", "/v1/x", HEADERS, b"{}")
         with pytest.raises(aiohttp.ClientPayloadError):
             await answer.read()
     await client.close()
@@ -213,7 +219,7 @@ async def test_reading_pauses_while_a_stream_is_left_unread_and_close_ends_it() 
 
     client = pool()
     async with engine(floods) as (port, _):
-        answer = await client.post("127.0.0.1", port, "/v1/x", HEADERS, b"{}")
+        answer = await client.post("127.0.0.1", port, f"127.0.0.1:{port}", "/v1/x", HEADERS, b"{}")
         await asyncio.sleep(0.5)  # nobody reads
         # What waits unread here is bounded: the engine's writes stop (the kernel's buffers
         # between hold the rest), not 16 MB in this process.
@@ -224,3 +230,42 @@ async def test_reading_pauses_while_a_stream_is_left_unread_and_close_ends_it() 
         answer.close()  # the client left: the engine sees its connection end
         await asyncio.wait_for(closed.wait(), 5)
     await client.close()
+
+
+def test_an_endpoints_address_path_prefix_and_host_header() -> None:
+    assert plain_http_address("http://10.0.0.5:18000") == ("10.0.0.5", 18000, "10.0.0.5:18000", "")
+    assert plain_http_address("10.0.0.5:18000/v1/") == ("10.0.0.5", 18000, "10.0.0.5:18000", "")
+    assert plain_http_address("http://[::1]:8000/v1") == ("::1", 8000, "[::1]:8000", "")
+    # An external endpoint behind a path: the requests' paths go under it, as aiohttp's did.
+    assert plain_http_address("http://gw.example/openai/v1") == (
+        "gw.example",
+        80,
+        "gw.example",
+        "/openai",
+    )
+    assert plain_http_address("https://api.example/v1") is None  # aiohttp's session serves it
+
+
+async def test_the_request_goes_out_with_the_given_path_host_and_headers_only() -> None:
+    seen: list[bytes] = []
+
+    async def notes(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(plain(b"{}"))
+        await writer.drain()
+
+    client = pool()
+    async with engine(notes) as (port, _):
+        answer = await client.post("127.0.0.1", port, "gw.example", "/openai/v1/x", HEADERS, b"{}")
+        assert await answer.read() == b"{}"
+    await client.close()
+    head = seen[0].split(b"\r\n\r\n")[0].split(b"\r\n")
+    assert head[0] == b"POST /openai/v1/x HTTP/1.1"
+    assert sorted(head[1:]) == sorted(
+        [
+            b"Host: gw.example",
+            b"Content-Length: 2",
+            b"Content-Type: application/json",
+            b"Authorization: Bearer k",
+        ]
+    )
