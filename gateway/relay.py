@@ -160,8 +160,9 @@ CLIENT_DROPPED = 499
 # The connection's write buffer while it streams: uvicorn's `send` waits while more than HIGH
 # bytes are queued, until fewer than LOW are. asyncio's and uvloop's defaults, stated here so
 # the bound on what a non-reading client costs the gateway is ours: HIGH plus the one chunk
-# being written (an upstream read, at most about aiohttp's 128 KiB read buffer). The kernel's
-# socket buffers come on top, sized by the OS.
+# being written (what the upstream client had buffered: up to 128 KiB and one read more, both for
+# gateway/upstream_http.py's READ_BUFFER_HIGH and aiohttp's buffer on https). The kernel's socket
+# buffers come on top, sized by the OS.
 STREAM_BUFFER_HIGH = 64 * 1024
 STREAM_BUFFER_LOW = 16 * 1024
 # How long ending a dropped connection's response may wait for uvicorn to notice the drop.
