@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytest
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 DOCS_SHOTS = Path(__file__).resolve().parents[1] / "docs" / "console"
@@ -33,6 +35,10 @@ def browser_missing() -> str | None:
     except ImportError:
         return "selenium is not installed (pip install -e '.[dev]')"
     return None
+
+
+# Every browser test module's mark: skipped, saying why, where Chromium cannot run.
+NEEDS_BROWSER = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 
 
 @contextmanager

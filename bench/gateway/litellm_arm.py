@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from bench.gateway import peer_venv
-from bench.gateway.procs import Child, environment, http_get, wait_until
+from bench.gateway.procs import Child, environment
 
 VENV_DIR = peer_venv.CACHE_DIR / "litellm-venv"
 REQUIREMENT = "litellm[proxy]"
@@ -59,12 +59,7 @@ def start(exe: Path, upstream: str, port: int, workdir: Path, cpu: int | None) -
         env.pop(name, None)
     argv = [str(exe), "--config", str(config_file), "--host", "127.0.0.1", "--port", str(port)]
     child = Child("litellm", argv, workdir / "litellm.log", cpu, env)
-    try:
-        wait_until(child, lambda: http_get(port, HEALTH_PATH)[0] == 200, START_TIMEOUT_S, 0.5)
-    except BaseException:
-        child.stop()
-        raise
-    return child
+    return peer_venv.serving(child, port, HEALTH_PATH, START_TIMEOUT_S, 0.5)
 
 
 def version(venv: Path = VENV_DIR) -> str:

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.gateway.procs import Child, http_get, wait_until
+
 CACHE_DIR = Path.home() / ".cache" / "llmgw" / "bench"
 INSTALLED_MARKER = ".installed"
 INSTALL_TIMEOUT_S = 1800.0
@@ -96,3 +98,14 @@ def version(venv: Path, distribution: str, **env: str) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "?"
     return out.stdout.strip() or "?"
+
+
+def serving(child: Child, port: int, health_path: str, timeout_s: float, poll_s: float) -> Child:
+    """A peer's process once its health path answers 200; stopped if it never does (or the
+    wait is interrupted)."""
+    try:
+        wait_until(child, lambda: http_get(port, health_path)[0] == 200, timeout_s, poll_s)
+    except BaseException:
+        child.stop()
+        raise
+    return child

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.gateway import peer_venv
-from bench.gateway.procs import Child, http_get, wait_until
+from bench.gateway.procs import Child
 from engines.local_port import free_port
 
 VENV_DIR = peer_venv.CACHE_DIR / "vllm-router-venv"
@@ -59,12 +59,7 @@ def start(exe: Path, upstream: str, port: int, workdir: Path, cpu: int | None) -
     one core (one worker thread)."""
     argv = command(exe, upstream, port, free_port())
     child = Child("vllm-router", argv, workdir / "vllm-router.log", cpu)
-    try:
-        wait_until(child, lambda: http_get(port, HEALTH_PATH)[0] == 200, START_TIMEOUT_S, 0.2)
-    except BaseException:
-        child.stop()
-        raise
-    return child
+    return peer_venv.serving(child, port, HEALTH_PATH, START_TIMEOUT_S, 0.2)
 
 
 def version(venv: Path = VENV_DIR) -> str:

@@ -15,13 +15,19 @@ from typing import Any
 import openai
 import pytest
 
-from tests.browser_kit import browser_missing, chromium, console_errors, screenshot, until
+from tests.browser_kit import (
+    NEEDS_BROWSER,
+    chromium,
+    console_errors,
+    screenshot,
+    until,
+)
 from tests.system import System, running_system, wait_ready
 from workers.demo import DEMO_MODEL
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing())),
+    NEEDS_BROWSER,
 ]
 
 

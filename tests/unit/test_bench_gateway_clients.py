@@ -17,7 +17,7 @@ async def test_every_client_reads_the_whole_answer_and_is_measured() -> None:
     try:
         figures = await clients._run_all(port, clients.CLIENTS, 2, 0.05, 0.2)
         # The plain answer is the stand-in's JSON completion, read whole.
-        post, close = await clients._client("raw", "", port)
+        post, close = await clients._client("llmgw", "", port)
         body = json.dumps({"model": "mock", "messages": clients.MESSAGES}).encode()
         assert await post(body) == len(standin.completion_body())
         await close()

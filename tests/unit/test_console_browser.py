@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from tests.browser_kit import (
+    NEEDS_BROWSER,
     all_css,
-    browser_missing,
     by_css,
     click,
     console_errors,
@@ -32,7 +32,7 @@ from tests.console_kit import (
 )
 from tests.console_standin import CPU_NODE, MIG_NODE, RACK, TEMPORAL_UI
 
-pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+pytestmark = NEEDS_BROWSER
 
 
 @pytest.fixture(scope="module")

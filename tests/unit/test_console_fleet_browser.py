@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.browser_kit import (
+    NEEDS_BROWSER,
     all_css,
-    browser_missing,
     by_css,
     click,
     console_errors,
@@ -33,7 +33,7 @@ from tests.console_standin import (
     UNJOINED_TRAY,
 )
 
-pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+pytestmark = NEEDS_BROWSER
 IMPORTED = "smollm2-135m"
 
 

@@ -17,8 +17,8 @@ import pytest
 
 from store import KeyLimits
 from tests.browser_kit import (
+    NEEDS_BROWSER,
     all_css,
-    browser_missing,
     by_css,
     click,
     console_errors,
@@ -30,7 +30,7 @@ from tests.console_kit import ConsoleGateway, console_gateway, open_page
 from tests.gateway_kit import MODEL, recording_standin_thread, route
 from workflows.contracts import RoutingTable
 
-pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+pytestmark = NEEDS_BROWSER
 
 
 @dataclass

@@ -17,7 +17,7 @@ from selenium.webdriver.support.ui import Select
 
 from store import KeyLimits
 from tests.browser_kit import (
-    browser_missing,
+    NEEDS_BROWSER,
     by_css,
     chromium,
     click,
@@ -30,7 +30,7 @@ from tests.console_kit import ConsoleGateway, console_gateway, open_page
 from tests.gateway_kit import MODEL, recording_standin_thread, route
 from workflows.contracts import RoutingTable
 
-pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+pytestmark = NEEDS_BROWSER
 
 BUDGET = 100_000
 # The browser's console logs a failed fetch as an error; these tests provoke 401s on purpose.

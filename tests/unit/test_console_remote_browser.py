@@ -10,12 +10,18 @@ from typing import Any
 
 import pytest
 
-from tests.browser_kit import browser_missing, chromium, console_errors, screenshot, until
+from tests.browser_kit import (
+    NEEDS_BROWSER,
+    chromium,
+    console_errors,
+    screenshot,
+    until,
+)
 from tests.console_kit import ConsoleGateway, console_gateway
 from tests.gateway_kit import fast_settings
 from tests.unit.test_console_browser import by_css
 
-pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
+pytestmark = NEEDS_BROWSER
 
 
 @pytest.fixture(scope="module")
