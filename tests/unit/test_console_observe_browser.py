@@ -105,6 +105,7 @@ return {
   text: figure.innerText,
   axis: [...figure.querySelectorAll("text.axis")].map((t) => t.textContent),
   line: figure.querySelector("path.series")?.getAttribute("d") ?? "",
+  lines: [...figure.querySelectorAll("path.series")].map((p) => p.getAttribute("d") ?? ""),
   dots: figure.querySelectorAll("circle.dot").length,
   label: svg?.getAttribute("aria-label") ?? "",
 };
@@ -176,8 +177,11 @@ def test_the_charts_draw_each_figure_with_its_axes(
     tokens = figure(browser, "tokens")["text"]
     assert "prompt" in tokens
     assert "completion" in tokens
-    # One bucket of TTFT so far: drawn as a dot, since a line needs two.
-    assert ttft["dots"] > 0
+    # TTFT is drawn, each run of buckets as a segment of the line and each bucket alone as a dot
+    # (a line needs two). The streams may fall in one 10 s bucket or straddle two.
+    segments = [segment for line in ttft["lines"] for segment in line.split("M")[1:]]
+    assert segments, "the streams' time to first token is drawn"
+    assert ttft["dots"] == sum("L" not in segment for segment in segments), ttft
     screenshot(browser, "charts", tmp_path)
 
     choose(browser, "select#series", "key:audited")
