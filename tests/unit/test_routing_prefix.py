@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import random
 import tracemalloc
 
 import pytest
@@ -36,6 +38,47 @@ def test_only_full_blocks_count_and_each_key_covers_its_whole_prefix() -> None:
 
 def test_a_huge_prompt_indexes_only_its_first_blocks() -> None:
     assert len(block_hashes(b"z" * BLOCK_BYTES * 10, max_blocks=4)) == 4
+
+
+def keyed_reference(prompt: bytes, block_bytes: int, max_blocks: int, key: bytes) -> list[int]:
+    """Each block's key from its definition: the keyed BLAKE2b of the whole prompt up to the
+    block's end, hashed afresh (no incremental state), as a signed little-endian integer."""
+    count = min(len(prompt) // block_bytes, max_blocks)
+    return [
+        int.from_bytes(
+            hashlib.blake2b(prompt[:end], key=key, digest_size=8).digest(), "little", signed=True
+        )
+        for end in range(block_bytes, count * block_bytes + 1, block_bytes)
+    ]
+
+
+def test_keyed_block_hashes_are_the_keyed_blake2b_of_each_prefix() -> None:
+    # Gateway processes exchange these keys (gateway/peers/), so a faster way to compute them
+    # must give the very same values: prompts shorter than a block, not a multiple of it, and
+    # past the 64 KB bound, under keys of several lengths and other block sizes.
+    rng = random.Random(35)
+    sizes = [0, 1, BLOCK_BYTES - 1, BLOCK_BYTES, BLOCK_BYTES + 1, 4000, 65_536, 70_001, 200_000]
+    for size in sizes:
+        prompt = rng.randbytes(size)
+        key = rng.randbytes(rng.choice((1, 16, 32, 64)))
+        assert block_hashes(prompt, hash_key=key) == keyed_reference(prompt, BLOCK_BYTES, 256, key)
+    for _ in range(20):
+        prompt = rng.randbytes(rng.randrange(0, 3000))
+        block_bytes, max_blocks = rng.randrange(1, 300), rng.randrange(1, 40)
+        key = rng.randbytes(rng.randrange(1, 65))
+        assert block_hashes(prompt, block_bytes, max_blocks, key) == keyed_reference(
+            prompt, block_bytes, max_blocks, key
+        )
+
+
+def test_keyed_block_hashes_match_the_values_other_gateways_compute() -> None:
+    # Values an earlier release computed: a change here splits a cluster's prefix picture.
+    prompt = b"The quick brown fox. " * 40
+    assert block_hashes(prompt, hash_key=b"k" * 32) == [
+        283370072304628047,
+        6100497097879994437,
+        -369256098478616230,
+    ]
 
 
 def test_longest_match_picks_the_replica_that_served_the_shared_system_prompt() -> None:
