@@ -35,8 +35,6 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import setitem
 from typing import Any
 
 # 256 bytes is about 64 tokens of English text at ~4 bytes a token (four of vLLM's default
@@ -191,27 +189,37 @@ class PrefixIndex:
     def insert_hashes(self, replica_id: str, keys: Sequence[int], now: float) -> None:
         """Record that `replica_id` was sent the prefix these chain keys describe."""
         nodes = self._nodes
+        get, move_to_end = nodes.get, nodes.move_to_end
         held = self._held(replica_id, keys)
-        if held:
-            # Blocks the replica already holds only get a new time: done in C (map over
-            # setitem), as a shared system prompt is most of the blocks of most requests.
-            # No claim is added here: the binary search found the replica on every one.
-            touched = map(nodes.__getitem__, keys[:held])
-            _drain(map(setitem, touched, repeat(replica_id), repeat(now)))
-        for key in keys[held:]:
-            node = nodes.get(key)
+        added = 0
+        # Deepest first, so every parent ends up more recent than its children. A block new to
+        # the index is added at the end, which is its place when the blocks go deepest first:
+        # only the blocks already there are moved (measured: a fresh 256-block prompt took about
+        # a quarter less time than when every block was moved after the loop).
+        for key in reversed(keys[held:]):
+            node = get(key)
             if node is None:
                 nodes[key] = {replica_id: now}
-                self._claims += 1
+                added += 1
                 continue
             if replica_id not in node:
-                self._claims += 1
+                added += 1
             node[replica_id] = now
-        # Deepest first, so every parent ends up more recent than its children.
-        _drain(map(nodes.move_to_end, reversed(keys)))
-        while self._claims > self.max_claims:
+            move_to_end(key)
+        if held:
+            # Blocks the replica already holds only get a new time and move (no claim is added:
+            # the binary search found the replica on every one). This is most of the blocks of
+            # most requests (a shared system prompt). A plain loop, as Python 3.11 specialises
+            # its item assignment: measured faster than a map over operator.setitem.
+            shared = keys[:held] if held < len(keys) else keys
+            for key in shared:
+                nodes[key][replica_id] = now
+            _drain(map(move_to_end, reversed(shared)))
+        claims = self._claims + added
+        while claims > self.max_claims:
             _, evicted = nodes.popitem(last=False)
-            self._claims -= len(evicted)
+            claims -= len(evicted)
+        self._claims = claims
 
     def longest_match(self, prompt: bytes, candidates: Collection[str]) -> dict[str, int]:
         return self.longest_match_hashes(self.hashes(prompt), candidates)
@@ -229,7 +237,8 @@ class PrefixIndex:
         holds and credits those that hold it; the rest stop above it."""
         matched: dict[str, int] = {}
         nodes = self._nodes
-        first = nodes.get(keys[0]) if keys else None
+        get = nodes.get
+        first = get(keys[0]) if keys else None
         if first is None:
             return matched
         pending = [replica_id for replica_id in candidates if replica_id in first]
@@ -238,7 +247,7 @@ class PrefixIndex:
             low = 1
             while low < high:
                 mid = (low + high + 1) // 2
-                node = nodes.get(keys[mid - 1])
+                node = get(keys[mid - 1])
                 if node is not None and not node.keys().isdisjoint(pending):
                     low = mid
                 else:

@@ -6,6 +6,7 @@ import hashlib
 import os
 import random
 import tracemalloc
+from collections.abc import Sequence
 
 import pytest
 
@@ -165,3 +166,63 @@ def test_forget_drops_a_departed_replica_and_keeps_the_rest() -> None:
 def test_bad_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match="block_bytes and max_blocks must be positive"):
         PrefixIndex(max_claims=0)
+
+
+class PlainInsert(PrefixIndex):
+    """`insert_hashes` written the plain way: times set, claims counted, then every block moved
+    to the end deepest first, then the oldest nodes evicted."""
+
+    def insert_hashes(self, replica_id: str, keys: Sequence[int], now: float) -> None:
+        held = self._held(replica_id, keys)
+        for key in keys[:held]:
+            self._nodes[key][replica_id] = now
+        for key in keys[held:]:
+            node = self._nodes.setdefault(key, {})
+            if replica_id not in node:
+                self._claims += 1
+            node[replica_id] = now
+        for key in reversed(keys):
+            self._nodes.move_to_end(key)
+        while self._claims > self.max_claims:
+            _, evicted = self._nodes.popitem(last=False)
+            self._claims -= len(evicted)
+
+
+def state(index: PrefixIndex, now: float) -> tuple[object, ...]:
+    """Everything an index shows: its claims in order, with their holders and times."""
+    claims = index.claims(now)
+    return (len(index), index.node_count, claims.replicas, *map(list, claims.columns))
+
+
+def test_insert_leaves_the_index_as_the_plain_algorithm_does() -> None:
+    # Prompts that share prefixes (a small alphabet, 4-byte blocks), replicas that share them,
+    # an index small enough to evict, and now and then a replica forgotten or another index's
+    # claims learned part by part (which leaves a replica holding blocks without their parents
+    # until the last part): the order of the nodes, their claims and times must all agree.
+    rng = random.Random(2)
+    fast, plain, other = (
+        kind(300, block_bytes=4, max_blocks=40) for kind in (PrefixIndex, PlainInsert, PrefixIndex)
+    )
+    replicas = ["r-a", "r-b", "r-c", "r-d"]
+    for step in range(1500):
+        now = float(step)
+        action = rng.random()
+        if action < 0.03:
+            gone = rng.choice(replicas)
+            assert fast.forget(gone) == plain.forget(gone)
+        elif action < 0.06:
+            for part in other.claims(now).parts(37):
+                fast.learn(part, now)
+                plain.learn(part, now)
+        else:
+            prompt = bytes(rng.choice(b"ab") for _ in range(rng.randrange(0, 170)))
+            replica = rng.choice(replicas)
+            target = other if action < 0.2 else None
+            if target is not None:
+                target.insert(replica, prompt, now)
+                continue
+            fast.insert(replica, prompt, now)
+            plain.insert(replica, prompt, now)
+            assert fast.longest_match(prompt, replicas) == plain.longest_match(prompt, replicas)
+        assert state(fast, now) == state(plain, now)
+    assert len(fast) == 300  # the bound was reached, so eviction was compared too
