@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import re
 import time
 import uuid
 from typing import Any
@@ -119,6 +121,58 @@ def test_the_surrogate_walk_names_the_field_and_ignores_what_only_looks_like_one
     with pytest.raises(ApiError) as raw:
         parse_json_object(b'{"model":"m","user":"\xed\xa0\x80"}')
     assert raw.value.code == "invalid_json"
+
+
+# Text pieces a large body is made of: ASCII (words, and what only looks like a surrogate's
+# escape), text that is not (Latin-1, CJK, an emoji json.dumps writes as an escaped pair), and
+# lone surrogates.
+ASCII_PIECES = ["word " * 40, "\\ud800"]
+OTHER_PIECES = ["café ", "日本語 ", "\U0001f600"]
+LONE_PIECES = ["\ud800", "\udfff"]
+
+
+def text(rng: random.Random, pieces: list[str]) -> str:
+    return "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 40)))
+
+
+def large_body(rng: random.Random) -> bytes:
+    """A chat body of 16 KB or more: a few long messages or many short ones, maybe a list of
+    many numbers, all ASCII or not, now and then a lone surrogate in a text or a name."""
+    pieces = ASCII_PIECES + (OTHER_PIECES if rng.random() < 0.5 else [])
+    lone = rng.random() < 0.5
+    turns = rng.choice((1, 3, 30, 300))
+    messages = [{"role": "user", "content": text(rng, pieces)} for _ in range(turns)]
+    body: dict[str, Any] = {"model": "m", "messages": messages}
+    if rng.random() < 0.3:
+        body["logprobs_of"] = list(range(rng.choice((10, 5000))))
+    if lone and rng.random() < 0.3:
+        body["meta"] = {text(rng, pieces + LONE_PIECES)[:8]: 1}
+    if lone and rng.random() < 0.7:
+        rng.choice(messages)["content"] += rng.choice(LONE_PIECES)
+    body["padding"] = "word " * 3300  # 16 KB at least
+    raw = json.dumps(body, ensure_ascii=lone or rng.random() < 0.5).encode()
+    # JSON's escapes may be written in upper case too.
+    return raw.replace(b"\\ud", b"\\uD") if rng.random() < 0.5 else raw
+
+
+def test_large_bodies_are_refused_for_a_lone_surrogate_as_the_escape_pattern_and_walk_say() -> None:
+    # The plain check: where the byte pattern matches, walk the parsed body for the field.
+    rng = random.Random(7)
+    outcomes = set()
+    for _ in range(300):
+        raw = large_body(rng)
+        body = json.loads(raw)
+        expected = lone_surrogate_at(body) if re.search(rb"\\u[dD][89a-fA-F]", raw) else None
+        if expected is None:
+            assert parse_json_object(raw) == body
+        else:
+            with pytest.raises(ApiError) as caught:
+                parse_json_object(raw)
+            assert (caught.value.code, caught.value.param) == ("invalid_encoding", expected)
+        outcomes.add(expected)
+    # Bodies passed, and bodies refused naming several different fields.
+    assert None in outcomes
+    assert len(outcomes) > 2
 
 
 def test_routing_never_raises_on_text() -> None:
