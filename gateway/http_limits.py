@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar
 
 import httptools
@@ -118,6 +120,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._lingering = False
         # The request answered before its body was read: its connection closes after the answer.
         self._answered_early: RequestResponseCycle | None = None
+        # The request whose handler is told when its client leaves (`watch_client`).
+        self._watched: RequestResponseCycle | None = None
+        self._on_gone: Callable[[], None] | None = None
 
     # --- connection -------------------------------------------------------------------
 
@@ -129,6 +134,31 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         super().connection_lost(exc)
+        self._tell_gone()
+
+    # --- the client leaving -----------------------------------------------------------
+
+    def watch(self, cycle: RequestResponseCycle, on_gone: Callable[[], None]) -> Callable[[], None]:
+        """Call `on_gone` once if the connection is lost before `cycle`'s response completes;
+        the function returned stops watching."""
+        if cycle.disconnected:
+            self.loop.call_soon(on_gone)
+        elif not cycle.response_complete:
+            # What the handler's next `receive` would do: read on, so that a close is seen
+            # even after a large body paused reading.
+            self.flow.resume_reading()
+            self._watched, self._on_gone = cycle, on_gone
+        return partial(self._unwatch, cycle)
+
+    def _unwatch(self, cycle: RequestResponseCycle) -> None:
+        if self._watched is cycle:
+            self._watched = self._on_gone = None
+
+    def _tell_gone(self) -> None:
+        cycle, on_gone = self._watched, self._on_gone
+        self._watched = self._on_gone = None
+        if on_gone is not None and cycle is not None and not cycle.response_complete:
+            on_gone()
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
@@ -193,6 +223,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             # The application may be running: it sees a disconnect and its writes are dropped.
             cycle.disconnected = True
             cycle.message_event.set()
+            if cycle is self._watched:
+                self._tell_gone()
             if cycle.response_started:
                 self.transport.close()
                 return
@@ -252,7 +284,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             raise _Refusal(413, *_too_large(self.limits.max_body_bytes))
         super().on_headers_complete()
         if self.cycle is not None:
-            self._close_if_answered_early(self.cycle)
+            # Before the cycle's task first runs, so the application is given this class's send.
+            self.cycle.__class__ = _LimitedCycle
             if not any(c is self.cycle for c, _ in self.pipeline):
                 self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
 
@@ -278,24 +311,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         self._cancel_body_timer()
         self._linger()
-
-    def _close_if_answered_early(self, cycle: RequestResponseCycle) -> None:
-        """Make an answer the application starts before the request's body is all read say
-        `connection: close`, and leave the closing to `on_response_complete` (uvicorn would
-        close at once, which can reset the connection before the client reads the answer)."""
-        send = cycle.send
-
-        async def send_closing_early(message: ASGISendEvent) -> None:
-            if message["type"] != "http.response.start" or not cycle.more_body:
-                await send(message)
-                return
-            headers = [*message.get("headers", ()), (b"connection", b"close")]
-            await send({**message, "headers": headers})
-            cycle.keep_alive = True  # uvicorn's flag, set by the header: closing is ours
-            self._answered_early = cycle
-
-        # run_asgi looks `send` up when the application starts, after this.
-        cycle.send = send_closing_early  # type: ignore[method-assign]
 
     # --- timers -----------------------------------------------------------------------
 
@@ -355,6 +370,42 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if name == b"content-length":
                 return int(value)
         return None
+
+
+class _LimitedCycle(RequestResponseCycle):
+    """uvicorn's request cycle, whose answer started before the request's body was all read
+    (a 401, a 413) says `connection: close` and leaves the closing to the protocol's
+    `on_response_complete` (uvicorn would close at once, which can reset the connection before
+    the client reads the answer). A class rather than a wrapper of `send` per request: that
+    wrapper and the cycle held each other, garbage only the cycle collector could free."""
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if message["type"] != "http.response.start" or not self.more_body:
+            await super().send(message)
+            return
+        headers = [*message.get("headers", ()), (b"connection", b"close")]
+        await super().send({**message, "headers": headers})
+        self.keep_alive = True  # uvicorn's flag, set by the header: closing is ours
+        protocol = getattr(self.on_response, "__self__", None)
+        if isinstance(protocol, LimitedHttpToolsProtocol):
+            protocol._answered_early = self
+
+
+def watch_client(
+    receive: Callable[[], Any], on_gone: Callable[[], None]
+) -> Callable[[], None] | None:
+    """Have `on_gone` called once if the request's client leaves before its response completes,
+    by the connection itself: no task waiting on `receive` per request (what that cost: a task
+    created and cancelled, and the cancellation's traceback left to the cycle collector). The
+    function returned stops watching; None when `receive` is not this module's server's, for
+    the caller to watch `receive` itself."""
+    cycle = getattr(receive, "__self__", None)
+    if not isinstance(cycle, _LimitedCycle):
+        return None
+    protocol = getattr(cycle.on_response, "__self__", None)
+    if not isinstance(protocol, LimitedHttpToolsProtocol):
+        return None
+    return protocol.watch(cycle, on_gone)
 
 
 def _too_large(max_bytes: int) -> tuple[str, str]:

@@ -31,6 +31,7 @@ from starlette.types import Receive, Send
 from gateway.billing import stream_counts, whole_response_counts, with_usage
 from gateway.deps import GatewayState
 from gateway.errors import SERVER_ERROR, ApiError, error_body
+from gateway.http_limits import watch_client
 from gateway.observe.record import RequestRecord
 from gateway.quota import Reservation
 from gateway.routing import Sent
@@ -132,8 +133,10 @@ class Accounting:
 class ClientWatch:
     """Cancels the request's handler when its client disconnects, so every await on the way to
     an engine (connecting, waiting for a plain answer, streaming) stops at once. Started once
-    the body is read: from then on the next ASGI message can only be the disconnect, which
-    uvicorn also sends after a complete response; hence `finished`."""
+    the body is read. Under the gateway's own protocol the connection tells it
+    (gateway/http_limits.py `watch_client`); under another ASGI server a task waits for the
+    next ASGI message, which can then only be the disconnect, and which uvicorn also sends
+    after a complete response; hence `finished`."""
 
     def __init__(self, receive: Receive) -> None:
         self.gone = False
@@ -142,16 +145,27 @@ class ClientWatch:
         self.transport = transport_of(receive)
         handler = asyncio.current_task()
         assert handler is not None
-        self._watcher = asyncio.create_task(self._watch(receive, handler))
+        self._handler = handler
+        self._watcher: asyncio.Task[None] | None = None
+        self._unwatch = watch_client(receive, self._client_gone)
+        if self._unwatch is None:
+            self._watcher = asyncio.create_task(self._watch(receive))
 
-    async def _watch(self, receive: Receive, handler: asyncio.Task[Any]) -> None:
+    async def _watch(self, receive: Receive) -> None:
         message = await receive()
-        if message["type"] == "http.disconnect" and not self.finished:
+        if message["type"] == "http.disconnect":
+            self._client_gone()
+
+    def _client_gone(self) -> None:
+        if not self.finished:
             self.gone = True
-            handler.cancel()
+            self._handler.cancel()
 
     def stop(self) -> None:
-        self._watcher.cancel()
+        if self._unwatch is not None:
+            self._unwatch()
+        if self._watcher is not None:
+            self._watcher.cancel()
 
 
 # What the request metrics record for a stream whose client was dropped for not reading:
