@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import FrozenInstanceError, replace
 from typing import Any
 
 import pytest
@@ -13,7 +14,9 @@ import pytest
 from gateway.body_parse import BodyParser, few_values, prepare, upstream_payload
 from gateway.body_splice import parse_with_members, spliced
 from gateway.errors import ApiError
-from gateway.request_body import CHAT, parse_json_object
+from gateway.prompt_estimate import estimate_prompt_tokens
+from gateway.request_body import CHAT, parse_json_object, parse_proxied_request
+from gateway.routing import prompt_bytes
 
 INLINE = 64 * 1024
 WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "with,", "be", "not."]
@@ -212,3 +215,34 @@ async def test_a_large_body_parsed_inline_is_refused_as_before(
     worker = prepare(CHAT, raw, split=True)
     assert worker.refusal is not None
     assert (worker.refusal.param, worker.refusal.code) == (param, code)
+
+
+@pytest.mark.parametrize("size", [10, 200_000])
+def test_a_prepared_request_holds_every_field_it_was_parsed_with_and_stays_frozen(
+    size: int,
+) -> None:
+    body = chat(
+        text(size),
+        stream=True,
+        stream_options={"include_usage": True},
+        user="u1",
+        max_tokens=16,
+    )
+    body["messages"].append(
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://a/b"}}]}
+    )
+    raw = compact(body)
+    request = prepare(CHAT, raw).request
+    assert request is not None
+    parsed = parse_proxied_request(CHAT, parse_json_object(raw))
+    members = parse_with_members(raw)[1] if size > 1000 else None
+    assert request == replace(
+        parsed,
+        prompt_estimate=estimate_prompt_tokens(body),
+        routing_prompt=prompt_bytes(body),
+        members=members,
+    )
+    assert (request.stream, request.wants_usage, request.user) == (True, True, "u1")
+    assert request.media_urls == (("messages[1].content[0].image_url", "https://a/b"),)
+    with pytest.raises(FrozenInstanceError):
+        request.model = "other"  # type: ignore[misc]
