@@ -32,6 +32,10 @@ connection idle for `timeout_keep_alive`. What it leaves open, and this subclass
   application had read them. They are dropped (RFC 9110 §6.5.1), and counted against the head.
 
 Refusals made here carry the same OpenAI-shaped JSON error body as the application's.
+
+Besides the bounds, the protocol tells a request's handler when its client leaves
+(`watch_client`, used by gateway/relay.py's ClientWatch), so no task per request has to wait on
+ASGI's `receive` for the disconnect.
 """
 
 from __future__ import annotations
