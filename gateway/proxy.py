@@ -293,8 +293,13 @@ async def _serve_admitted(
                 else prompt_bytes(body),
                 salt,
             )
+            # Hashed once for the router, which reads them to decide whether to ask for tokens
+            # and on every choice, retries included.
+            prompt_keys = state.router.prompt_keys(prompt)
             # For replicas that publish KV events: the prompt's tokens, from an engine.
-            asked = await request_token_ids(state, request, snapshot.ready(request.model), prompt)
+            asked = await request_token_ids(
+                state, request, snapshot.ready(request.model), prompt, prompt_keys
+            )
             tokens = asked if isinstance(asked, PromptTokens) else None
             later = asked if isinstance(asked, TokensLater) else None
             routing_key = RequestKey(
@@ -307,6 +312,7 @@ async def _serve_admitted(
                 cache_salt=cache_salt(body),
                 adapter=request.adapter,
                 tokens_later=later is not None,
+                prompt_keys=prompt_keys,
             )
             relay = await first_answer(
                 state,

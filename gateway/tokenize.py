@@ -230,14 +230,19 @@ def kv_candidates(routes: Sequence[Route]) -> list[Route]:
 
 
 async def request_token_ids(
-    state: GatewayState, request: ProxiedRequest, routes: Sequence[Route], routing_prompt: bytes
+    state: GatewayState,
+    request: ProxiedRequest,
+    routes: Sequence[Route],
+    routing_prompt: bytes,
+    prompt_keys: Sequence[int] | None = None,
 ) -> PromptTokens | TokensLater | None:
     """For gateway/proxy.py: the prompt's token ids when a ready route of the model publishes
     KV events and the request can use them (see the module's docstring); else None, at no
     cost. A chat whose leading messages the gateway has learned (gateway/prefix_tokens.py) is
     answered with theirs, without asking an engine. A request whose `routing_prompt`
     (RequestKey.prompt) starts a prefix this gateway never sent gets TokensLater: its ids are
-    asked aside, for the record of what its engine is about to store."""
+    asked aside, for the record of what its engine is about to store. `prompt_keys`: its block
+    keys, when already hashed (Router.prompt_keys)."""
     candidates = kv_candidates(routes)
     timeout_s: float = state.settings.kv_tokenize_timeout_s
     if not candidates or timeout_s <= 0:
@@ -268,7 +273,7 @@ async def request_token_ids(
             state.metrics.kv_tokenized("learned", 0.0)
             length = len(known) + tokens_after(request.body)
             return PromptTokens(known, leading_only=True, length=length)
-    if state.router.needs_no_tokens(routing_prompt, routes):
+    if state.router.needs_no_tokens(routing_prompt, routes, keys=prompt_keys):
         # This gateway never sent any replica the prompt's prefix, and no engine holds what
         # another sender left: the router places it by what each replica was sent lately,
         # which its token ids would not change, so the request waits for no engine. Its ids

@@ -132,7 +132,8 @@ class Router(PrefixChoice):
         elif self.policy == "least_load":
             chosen, reason, matched = self._least_loaded(request.model, loads), "least_load", 0
         else:
-            keys = self.index.hashes(request.prompt)
+            given = request.prompt_keys
+            keys = given if given is not None else self.index.hashes(request.prompt)
             chosen, reason, matched, found, predicted, uncached = self._by_prefix(
                 request, keys, allowed, ids, loads, now
             )
@@ -169,8 +170,19 @@ class Router(PrefixChoice):
         self.loads.retain(ready)
         self.tokens.retain(ready)
 
+    def prompt_keys(self, prompt: bytes) -> list[int] | None:
+        """The prompt's block keys where the policy routes on them ("prefix"), for
+        RequestKey.prompt_keys and `needs_no_tokens`: hashed once per request rather than at
+        each step (measured: 180 us for the 64 KB the index reads of a long prompt). None under
+        the other policies, which hash nothing to choose."""
+        return self.index.hashes(prompt) if self.policy == "prefix" else None
+
     def needs_no_tokens(
-        self, prompt: bytes, routes: Sequence[Route], now: float | None = None
+        self,
+        prompt: bytes,
+        routes: Sequence[Route],
+        now: float | None = None,
+        keys: Sequence[int] | None = None,
     ) -> bool:
         """Whether a request's token ids could not change where it goes, so none need be asked
         of an engine: under the "prefix" policy, its routing prompt (RequestKey.prompt) starts
@@ -180,13 +192,15 @@ class Router(PrefixChoice):
         or while its gauges showed requests this gateway did not send (another gateway's, or a
         client's straight to the engine): those blocks might be the prefix. Another sender's
         requests that no metrics sample (one a second) caught go unseen: a gateway's first
-        request of a prefix another one placed then misses its blocks."""
+        request of a prefix another one placed then misses its blocks. `keys`: the prompt's
+        block keys, when already hashed (`prompt_keys`)."""
         if self.policy != "prefix":
             return False
         now = self._clock() if now is None else now
         if any(self._foreign_blocks(r.replica_id, now) for r in routes if r.kv is not None):
             return False
-        keys = self.index.hashes(prompt)
+        if keys is None:
+            keys = self.index.hashes(prompt)
         ids = [r.replica_id for r in routes]
         return self._starts_prefix(keys, self.index.longest_match_hashes(keys, ids))
 
@@ -237,7 +251,7 @@ class Router(PrefixChoice):
         slot_ticket = None
         if route.prompt_slots is not None:
             keys = chosen_by.prompt_keys if chosen_by is not None else ()
-            keys = keys or self.index.hashes(request.prompt)
+            keys = keys or request.prompt_keys or self.index.hashes(request.prompt)
             slot_ticket = self.slots.sent(route.replica_id, route.prompt_slots, keys)
         if kv_ticket is None and slot_ticket is None and pending is None:
             return None

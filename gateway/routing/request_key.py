@@ -5,8 +5,8 @@ prompt's token ids and cache salt (gateway/tokenize.py)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.routing.prefix_index import BLOCK_BYTES, MAX_BLOCKS
@@ -43,6 +43,10 @@ class RequestKey:
     # gateway/tokenize.py); Router.tokens_arrived gives them to the record of what its engine is
     # about to store.
     tokens_later: bool = False
+    # The prompt's block keys as the router's prefix index hashes them (Router.prompt_keys),
+    # hashed once for every step that reads them (Router.needs_no_tokens, each choice, `sent`);
+    # None: hashed where needed. Derived from `prompt`, so no part of equality.
+    prompt_keys: Sequence[int] | None = field(default=None, compare=False)
 
 
 def prompt_bytes(body: Mapping[str, Any], limit: int = PROMPT_LIMIT) -> bytes:

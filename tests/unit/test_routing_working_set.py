@@ -137,3 +137,40 @@ def test_a_new_prefix_asks_for_tokens_where_the_engine_serves_another_senders_re
     router.choose(snap, RequestKey("m", group_prompt(3, 0)), {"a": 0, "b": 0}, now=later)
     router.choose(snap, RequestKey("m", group_prompt(4, 0)), {"a": 0, "b": 0}, now=later)
     assert router.needs_no_tokens(group_prompt(5, 0), routes, now=later + 1)
+
+
+def test_a_prompt_hashed_once_routes_as_one_hashed_at_each_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Router.prompt_keys, handed to needs_no_tokens and in the RequestKey, gives the same
+    answers and choices (a retry's included) as hashing the prompt at each step, hashed once."""
+    routes = [kv_route("a"), kv_route("b")]
+    snap = RoutingSnapshot(RoutingTable(version=1, routes=routes))
+    once, each = Router(kv_index=KvBlockIndex()), Router(kv_index=KvBlockIndex())
+    hashed = Counter[bytes]()
+    hashes = once.index.hashes
+
+    def counted(prompt: bytes) -> list[int]:
+        hashed[prompt] += 1
+        return hashes(prompt)
+
+    monkeypatch.setattr(once.index, "hashes", counted)
+    prompts = [group_prompt(g, q) for q in range(3) for g in range(4)] + [b"short"]
+    for n, prompt in enumerate(prompts):
+        now, loads = float(n), {"a": n % 3, "b": n % 2}
+        keys = once.prompt_keys(prompt)
+        assert once.needs_no_tokens(prompt, routes, now, keys) == each.needs_no_tokens(
+            prompt, routes, now
+        )
+        for exclude in ((), ("a",)):
+            keyed = once.choose(
+                snap, RequestKey("m", prompt, prompt_keys=keys), loads, exclude, now
+            )
+            plain = each.choose(snap, RequestKey("m", prompt), loads, exclude, now)
+            assert (chosen(keyed), keyed.reason, keyed.matched_blocks) == (
+                chosen(plain),
+                plain.reason,
+                plain.matched_blocks,
+            )
+    assert hashed == {prompt: 1 for prompt in prompts}
+    assert Router("least_load").prompt_keys(prompts[0]) is None
