@@ -136,9 +136,10 @@ class SharedLimits:
         if not pools:
             return attempt(HeldLimits(None, None, None, limits.budget_period))
         self._limits[key_id] = limits
+        demand = self._demand
         for pool in pools.values():
             amount = 1 if pool.kind == "rpm" else need.most
-            self._demand[pool] = self._demand.get(pool, 0) + amount
+            demand[pool] = demand.get(pool, 0) + amount
         verdict: Reservation | Denied | None = None
         for _ in range(2):  # a second round when requests in between took the new lease
             changes = self._top_ups(pools, need, now)
@@ -185,22 +186,26 @@ class SharedLimits:
         return None
 
     def _held_limits(self, limits: KeyLimits, pools: dict[LimitKind, PoolRef]) -> HeldLimits:
-        def held(kind: LimitKind) -> int | None:
-            pool = pools.get(kind)
-            return None if pool is None else self._held.get(pool, 0)
-
-        return HeldLimits(held("rpm"), held("tpm"), held("budget"), limits.budget_period)
+        held = self._held
+        rpm, tpm, budget = pools.get("rpm"), pools.get("tpm"), pools.get("budget")
+        return HeldLimits(
+            None if rpm is None else held.get(rpm, 0),
+            None if tpm is None else held.get(tpm, 0),
+            None if budget is None else held.get(budget, 0),
+            limits.budget_period,
+        )
 
     def _top_ups(
         self, pools: dict[LimitKind, PoolRef], need: Need, now: float
     ) -> list[LeaseChange]:
         changes = []
+        holdings, in_use_of = self._held, self._book.in_use
         for kind, pool in pools.items():
-            held = self._held.get(pool, 0)
-            in_use = self._book.in_use(pool.key_id, kind, now)
+            held = holdings.get(pool, 0)
+            in_use = in_use_of(pool.key_id, kind, now)
             least, most = (1, 1) if kind == "rpm" else (need.least, need.most)
-            if shortfall(held, in_use, most) == 0:
-                continue
+            if max(in_use, 0) + most <= held:
+                continue  # shortfall(held, in_use, most) is 0, without the call per pool
             changes.append(
                 LeaseChange(
                     pool,
