@@ -120,6 +120,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._body_raw_bytes = 0  # body as sent, chunk framing included
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+        # A request head begun and not ended, a body awaited: their timers are armed once the
+        # data at hand is parsed, so a request that arrives whole in one read arms none.
+        self._head_begun = False
+        self._body_awaited = False
         self._linger_timer: asyncio.TimerHandle | None = None
         self._lingering = False
         # The request answered before its body was read: its connection closes after the answer.
@@ -167,6 +171,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._lingering:
             return  # the rest of a refused body: read only so the answer is not reset
+        if self._in_head and len(data) <= self.limits.max_head_bytes - self._head_bytes:
+            # The usual case, a request (or its start) within the head's room: as below, whole.
+            self._head_bytes += len(data)
+            if self._feed(data):
+                self._arm_pending_timers()
+            return
         view = memoryview(data)
         while view and not self.transport.is_closing():
             if self._in_head:
@@ -186,6 +196,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                 piece, view = view, view[:0]
             if not self._feed(bytes(piece)):
                 return
+        self._arm_pending_timers()
 
     def _feed(self, data: bytes) -> bool:
         """uvicorn's data_received, with this class's refusals answered; False once the
@@ -246,8 +257,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._trailer_bytes = 0
         self._body_bytes = 0
         self._body_raw_bytes = 0
-        if self._head_timer is None:
-            self._arm_head_timer()
+        self._head_begun = True
 
     def on_url(self, url: bytes) -> None:
         if len(self.url) + len(url) > self.limits.max_url_bytes:
@@ -271,6 +281,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self._head_begun = False
         self._cancel_head_timer()
         self._in_head = False
         if self.parser.get_http_version() == "1.0" and self._has_transfer_encoding():
@@ -291,7 +302,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             # Before the cycle's task first runs, so the application is given this class's send.
             self.cycle.__class__ = _LimitedCycle
             if not any(c is self.cycle for c, _ in self.pipeline):
-                self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
+                self._body_awaited = True
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -300,6 +311,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._body_awaited = False
         self._cancel_body_timer()
         self._in_head = True
         self._head_bytes = 0
@@ -317,6 +329,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._linger()
 
     # --- timers -----------------------------------------------------------------------
+
+    def _arm_pending_timers(self) -> None:
+        if self.transport.is_closing():
+            return
+        if self._head_begun and self._head_timer is None:
+            self._arm_head_timer()
+        if self._body_awaited and self._body_timer is None:
+            self._body_timer = self.loop.call_later(self.limits.body_timeout_s, self._body_late)
 
     def _arm_head_timer(self) -> None:
         self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_late)

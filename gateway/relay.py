@@ -200,12 +200,19 @@ def transport_of(channel: object) -> _Abortable | None:
     everything queued. uvicorn's `receive` and `send` are methods of the request's cycle, which
     holds the transport; `receive` is taken, since middleware wraps `send` (front_door.py)."""
     transport = getattr(getattr(channel, "__self__", None), "transport", None)
+    kind = type(transport)
+    if kind in _ABORTABLE:
+        return transport
     if all(
         callable(getattr(transport, name, None))
         for name in ("abort", "set_write_buffer_limits", "get_write_buffer_size")
     ):
+        _ABORTABLE.add(kind)  # a class's methods stay: asked once per class, not per request
         return transport
     return None
+
+
+_ABORTABLE: set[type] = set()
 
 
 def reset(transport: _Abortable) -> None:
