@@ -82,13 +82,29 @@ LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "n_predict")
 def completion_length(body: dict[str, Any]) -> tuple[list[str], int | None]:
     """(the length fields to set when clamping, the longest completion the body asks for, None
     for no limit). Every field present counts, since engines disagree on which one wins."""
-    fields = [f for f in LENGTH_FIELDS if f in body] or ["max_tokens"]
-    lengths = [body.get(f) for f in fields]
-    valid = [v for v in lengths if isinstance(v, int) and not isinstance(v, bool) and v >= 1]
-    if len(valid) == len([v for v in lengths if v is not None]):
-        return fields, max(valid, default=None)
-    # A length that is not a positive count (n_predict: -1) asks for no limit.
-    return [f for f in fields if body.get(f) is not None], None
+    # One pass over the three names, no list but the answer: it runs twice per request
+    # (reservation and queue cost), and four list comprehensions took 0.9 us a call.
+    fields: list[str] = []
+    longest: int | None = None
+    unbounded = False
+    for name in LENGTH_FIELDS:
+        if name not in body:
+            continue
+        fields.append(name)
+        value = body[name]
+        if value is None:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            if longest is None or value > longest:
+                longest = value
+        else:
+            unbounded = True
+    if not fields:
+        return ["max_tokens"], None
+    if unbounded:
+        # A length that is not a positive count (n_predict: -1) asks for no limit.
+        return [f for f in fields if body[f] is not None], None
+    return fields, longest
 
 
 def whole_response_counts(

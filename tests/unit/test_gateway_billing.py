@@ -81,6 +81,31 @@ def test_llamas_n_predict_bounds_a_completion_too() -> None:
     assert completion_length({}) == (["max_tokens"], None)
 
 
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"max_tokens": None}, (["max_tokens"], None)),
+        ({"max_tokens": None, "n_predict": 5}, (["max_tokens", "n_predict"], 5)),
+        (
+            {"n_predict": 7, "max_completion_tokens": 30},
+            (["max_completion_tokens", "n_predict"], 30),
+        ),
+        # Anything but a positive count (0, a boolean, a float) asks for no limit: the fields
+        # that hold a value are clamped.
+        ({"max_completion_tokens": 0}, (["max_completion_tokens"], None)),
+        (
+            {"max_tokens": True, "max_completion_tokens": 7, "n_predict": None},
+            (["max_tokens", "max_completion_tokens"], None),
+        ),
+        ({"max_tokens": 1.5, "n_predict": None}, (["max_tokens"], None)),
+    ],
+)
+def test_every_length_field_present_is_clamped_and_the_longest_counts(
+    body: dict[str, Any], expected: tuple[list[str], int | None]
+) -> None:
+    assert completion_length(body) == expected
+
+
 def test_a_reservation_holds_max_tokens_for_every_choice_and_clamps_per_choice() -> None:
     book = QuotaBook()
     reservation = book.reserve_completion(
