@@ -3,8 +3,9 @@ writes them to the store in one batch every second or so, and shutdown writes wh
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
 from store import Store, UsageDelta
 
@@ -37,6 +38,12 @@ class UsageRecorder:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._pending: _Totals = {}
+        # Today (UTC) and the epoch seconds it spans: a request reads the clock once and
+        # compares, instead of building a datetime (datetime.now(UTC).date() cost about as much
+        # as the rest of `record`). A clock set back past midnight recomputes too.
+        self._today = date.min
+        self._today_from = 0.0
+        self._today_until = 0.0
 
     def record(
         self,
@@ -47,11 +54,27 @@ class UsageRecorder:
         requests: int = 1,
         day: date | None = None,
     ) -> None:
-        day = day or datetime.now(UTC).date()
-        counts = self._pending.setdefault((key_id, model, day), _Counts())
-        counts.requests += max(requests, 0)
-        counts.prompt_tokens += max(prompt_tokens, 0)
-        counts.completion_tokens += max(completion_tokens, 0)
+        if day is None:
+            now = time.time()
+            if not self._today_from <= now < self._today_until:
+                self._set_today(now)
+            day = self._today
+        key = (key_id, model, day)
+        counts = self._pending.get(key)
+        if counts is None:
+            counts = self._pending[key] = _Counts()
+        if requests > 0:
+            counts.requests += requests
+        if prompt_tokens > 0:
+            counts.prompt_tokens += prompt_tokens
+        if completion_tokens > 0:
+            counts.completion_tokens += completion_tokens
+
+    def _set_today(self, now: float) -> None:
+        start = datetime.fromtimestamp(now, UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        self._today = start.date()
+        self._today_from = start.timestamp()
+        self._today_until = (start + timedelta(days=1)).timestamp()
 
     def pending(self) -> list[UsageDelta]:
         return _rows(self._pending)

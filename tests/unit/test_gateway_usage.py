@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date, datetime
+from types import SimpleNamespace
 
 import pytest
 
+from gateway import usage as usage_module
 from gateway.usage import UsageRecorder
 from store import Store, UsageDelta
 
@@ -46,3 +48,23 @@ async def test_a_failed_flush_keeps_the_deltas_for_the_next_one(store: Store) ->
     assert await recorder.flush() == 1
     (row,) = await store.usage()
     assert (row.requests, row.completion_tokens) == (2, 5)
+
+
+def test_usage_counts_under_the_utc_day_the_request_was_settled_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Today is worked out once per day, not per request: the rows still change day at UTC
+    midnight, and a clock set back across midnight counts under the earlier day again."""
+    midnight = datetime(2025, 5, 2, tzinfo=UTC).timestamp()
+    now = [midnight - 1.0]
+    monkeypatch.setattr(usage_module, "time", SimpleNamespace(time=lambda: now[0]))
+    recorder = UsageRecorder(None)  # type: ignore[arg-type]
+    recorder.record("k", "m", completion_tokens=1)
+    now[0] = midnight
+    recorder.record("k", "m", completion_tokens=2)
+    now[0] = midnight + 86399.5
+    recorder.record("k", "m", completion_tokens=4)
+    now[0] = midnight - 0.5  # the clock stepped back
+    recorder.record("k", "m", completion_tokens=8)
+    rows = {row.day: row.completion_tokens for row in recorder.pending()}
+    assert rows == {date(2025, 5, 1): 9, date(2025, 5, 2): 6}
