@@ -107,9 +107,15 @@ class EngineLoadBoard:
         senders that are not on the bus (clients calling the engine, a gateway with the bus
         off) but is up to a scrape old; the peers' is fresh, so a burst they sent since the
         scrape counts at once. None with neither."""
-        sample = self.latest(replica_id, now)
-        measured = None if sample is None else sample.others
-        told = self.peers.others(replica_id) if self.peers is not None else None
+        # `latest` written out: the admission gate and the router ask this per replica for
+        # every request.
+        sample = self._latest.get(replica_id)
+        if sample is None or now - sample.taken_at > self.max_age_s:
+            measured = None
+        else:
+            measured = sample.others
+        peers = self.peers
+        told = peers.others(replica_id) if peers is not None else None
         if told is None:
             return measured
         return told if measured is None else max(told, measured)
