@@ -140,7 +140,7 @@ class AdmissionGate:
         # below MIN_WEIGHT: a key may be given any weight above 0, and 100 / 5e-324 is infinite.
         part = max(weight * self._key_part(model, key_id), MIN_WEIGHT)
         ticket = Ticket(key_id, priority, cost, part, now, deadline)
-        if not state.queue and self.room(model) > 0:
+        if not state.queue and self._room(model, now) > 0:
             state.queue.charge(ticket)
             state.admitted += 1
             state.by_key[key_id] += 1
@@ -222,12 +222,20 @@ class AdmissionGate:
 
     def room(self, model: str) -> int:
         """How many more requests this gateway may send the model's replicas now."""
-        now = self._clock()
+        return self._room(model, self._clock())
+
+    def _room(self, model: str, now: float) -> int:
+        # Each replica's depth, less what other gateways' requests there take of it; written
+        # out rather than called per replica, since every request counts the room.
+        depths, others = self.depths, self._others
         total = capacity = 0
         for route in self._ready(model):
-            depth, left = self._depth_and_left(route, now)
+            replica_id = route.replica_id
+            depth = depths.depth(replica_id, route.slots, route.engine != EXTERNAL)
             capacity += depth
-            total += max(0, left)
+            left = depth - (others(replica_id, now) or 0)
+            if left > 0:
+                total += left
         share = self._fleet_share(model)
         if share is not None:
             # A share of the model's slots: the others' requests are already out of `total`.
@@ -239,17 +247,15 @@ class AdmissionGate:
         """The replicas among `routes` that hold their depth: this gateway's requests there
         (`own`, per replica) and the other gateways' (their engine's gauges)."""
         now = self._clock()
-        return {
-            r.replica_id
-            for r in routes
-            if own.get(r.replica_id, 0) >= self._depth_and_left(r, now)[1]
-        }
-
-    def _depth_and_left(self, route: Route, now: float) -> tuple[int, int]:
-        """The replica's depth, and what other gateways' requests there leave of it."""
-        gauged = route.engine != EXTERNAL
-        depth = self.depths.depth(route.replica_id, route.slots, gauged)
-        return depth, depth - (self._others(route.replica_id, now) or 0)
+        # Written out as in _room: every request with the fair queue on asks this.
+        depths, others = self.depths, self._others
+        full = set()
+        for route in routes:
+            replica_id = route.replica_id
+            depth = depths.depth(replica_id, route.slots, route.engine != EXTERNAL)
+            if own.get(replica_id, 0) >= depth - (others(replica_id, now) or 0):
+                full.add(replica_id)
+        return full
 
     def waiting(self) -> dict[str, dict[tuple[str, int], int]]:
         """model -> (key name, class) -> requests waiting."""
@@ -316,7 +322,7 @@ class AdmissionGate:
             while (waiting := state.queue.pop(now)) is not None:
                 self._hand_over(state, waiting, counted=False)
             return
-        room = self.room(model)
+        room = self._room(model, now)
         while room > 0 and (ticket := state.queue.pop(now)) is not None:
             if self._hand_over(state, ticket, counted=True):
                 room -= 1
