@@ -59,16 +59,25 @@ async def first_answer(
     limit = state.settings.max_inflight_per_replica
     busy: set[str] = set()
     resent: set[str] = set()
+    # The snapshot never changes: its ready list (a copy) is read once, not at each attempt.
+    ready = snapshot.ready(model)
     # Replicas that do not load the requested LoRA adapter (llama.cpp): never chosen.
-    excluded = unserved(snapshot.ready(model), request.adapter)
+    excluded = unserved(ready, request.adapter)
     while True:
         # A replica holding its bound of this gateway's requests is passed over like one
         # already tried: the engine would only queue it. Nothing awaits between this count
         # and the acquire below, so concurrent requests cannot all take the last place.
-        busy = _busy(state, snapshot.ready(model), limit, tried) - set(tried)
-        busy -= excluded
+        busy = _busy(state, ready, limit, tried)  # a new set: changed in place below
+        if tried:
+            busy.difference_update(tried)
+        if excluded:
+            busy -= excluded
         decision = state.router.choose(
-            snapshot, routing_key, state.inflight.counts, [*tried, *busy, *excluded]
+            snapshot,
+            routing_key,
+            state.inflight.counts,
+            # Nothing to pass over (the usual first attempt): no list is built.
+            [*tried, *busy, *excluded] if tried or busy or excluded else (),
         )
         route = decision.route
         if route is None:
@@ -239,6 +248,8 @@ def _busy(state: GatewayState, ready: list[Route], limit: int, tried: list[str])
     if not state.admission.enabled:
         return full_replicas(ready, state.inflight.counts, limit)
     full = state.admission.at_depth(ready, state.inflight.counts)
+    if not full:
+        return full
     untried = {r.replica_id for r in ready} - set(tried)
     return set() if untried <= full else full
 
