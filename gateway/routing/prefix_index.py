@@ -118,6 +118,8 @@ def block_hashes(
     """The chain key of each full block of `prompt`: key i covers bytes [0, (i+1)*block_bytes).
     With `hash_key`, the same on every process holding that key; without, this process's own."""
     count = min(len(prompt) // block_bytes, max_blocks)
+    if not count:
+        return []  # a prompt under a block, as many chats are: no hasher set up (0.7 us)
     end = count * block_bytes
     if hash_key is not None:
         # Most of the cost is per block rather than per byte (BLAKE2b alone over 64 KB is about
