@@ -8,8 +8,7 @@ on the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 
 from gateway.errors import ApiError
 
@@ -48,12 +47,26 @@ class KeyInFlight:
             # Dropped at zero, so the table holds only keys with requests in flight.
             self._tokens.pop(key_id, None)
 
-    @contextmanager
-    def held(self, key_id: str, tokens: int, limit: int) -> Iterator[None]:
+    def held(self, key_id: str, tokens: int, limit: int) -> Held:
         """Acquire for the block (raising 429 before it runs when over `limit`), release
         after it, on every exit: an answer, an error, a cancelled task."""
-        self.acquire(key_id, tokens, limit)
-        try:
-            yield
-        finally:
-            self.release(key_id, tokens)
+        return Held(self, key_id, tokens, limit)
+
+
+class Held:
+    """KeyInFlight.held's context manager. A class rather than @contextmanager: every request
+    enters one, and a generator-based one costs about a microsecond more to make and run."""
+
+    __slots__ = ("_book", "_key_id", "_limit", "_tokens")
+
+    def __init__(self, book: KeyInFlight, key_id: str, tokens: int, limit: int) -> None:
+        self._book = book
+        self._key_id = key_id
+        self._tokens = tokens
+        self._limit = limit
+
+    def __enter__(self) -> None:
+        self._book.acquire(self._key_id, self._tokens, self._limit)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._book.release(self._key_id, self._tokens)
