@@ -25,6 +25,7 @@ BUCKETS = 360
 # count in the last bin.
 TTFT_RATIO = 1.4
 TTFT_BOUNDS = tuple(0.001 * TTFT_RATIO**i for i in range(37))
+_LAST_BIN = len(TTFT_BOUNDS) - 1  # where slower ones count
 MAX_SERIES = 200
 # The series every model (or key) past MAX_SERIES is counted in.
 OTHER = "(other)"
@@ -33,7 +34,7 @@ CLIENT_CLOSED = 499
 
 
 class Bucket:
-    """One BUCKET_S interval of one series."""
+    """One BUCKET_S interval of one series, counted by SeriesBook.add."""
 
     __slots__ = (
         "cached_prompt_tokens",
@@ -58,22 +59,6 @@ class Bucket:
         self.cached_prompt_tokens = 0
         self.ttft: list[int] | None = None  # counts per TTFT_BOUNDS bin, once one came
         self.queue_depth: int | None = None  # the most requests waiting, of the samples taken
-
-    def add(self, record: RequestRecord) -> None:
-        self.requests += 1
-        if record.status >= 400 and record.status != CLIENT_CLOSED:
-            self.errors += 1
-        prompt = record.prompt_tokens or 0
-        self.prompt_tokens += prompt
-        self.completion_tokens += record.completion_tokens or 0
-        if record.cached_tokens is not None:
-            self.cached_tokens += record.cached_tokens
-            self.cached_prompt_tokens += prompt
-        if record.ttft_s is not None:
-            if self.ttft is None:
-                self.ttft = [0] * len(TTFT_BOUNDS)
-            at = bisect.bisect_left(TTFT_BOUNDS, record.ttft_s)
-            self.ttft[min(at, len(TTFT_BOUNDS) - 1)] += 1
 
     def depth(self, waiting: int) -> None:
         self.queue_depth = waiting if self.queue_depth is None else max(self.queue_depth, waiting)
@@ -185,12 +170,43 @@ class SeriesBook:
         return found
 
     def add(self, record: RequestRecord, chart_model: bool = True) -> None:
-        at = record.started_at + record.total_s  # counted when it ended
-        self.everything.bucket(at).add(record)
-        if chart_model and record.model is not None:
-            self._of(self.models, record.model).bucket(at).add(record)
-        if record.key_name is not None:
-            self._of(self.keys, record.key_name).bucket(at).add(record)
+        """Count one request in everything's series, its model's (where `chart_model`) and its
+        key's, in the bucket of when it ended. Every request ends here: the record is read and
+        its bucket's index and TTFT bin worked out once for the three."""
+        index = int((record.started_at + record.total_s) // BUCKET_S)
+        slot = index % BUCKETS
+        status = record.status
+        error = status >= 400 and status != CLIENT_CLOSED
+        prompt = record.prompt_tokens or 0
+        completion = record.completion_tokens or 0
+        cached = record.cached_tokens
+        ttft = record.ttft_s
+        ttft_bin = -1 if ttft is None else min(bisect.bisect_left(TTFT_BOUNDS, ttft), _LAST_BIN)
+        model = record.model if chart_model else None
+        key = record.key_name
+        for series in (
+            self.everything,
+            None if model is None else self._of(self.models, model),
+            None if key is None else self._of(self.keys, key),
+        ):
+            if series is None:
+                continue
+            ring = series._ring
+            bucket = ring[slot]
+            if bucket is None or bucket.index != index:
+                bucket = ring[slot] = Bucket(index)
+            bucket.requests += 1
+            if error:
+                bucket.errors += 1
+            bucket.prompt_tokens += prompt
+            bucket.completion_tokens += completion
+            if cached is not None:
+                bucket.cached_tokens += cached
+                bucket.cached_prompt_tokens += prompt
+            if ttft_bin >= 0:
+                if bucket.ttft is None:
+                    bucket.ttft = [0] * len(TTFT_BOUNDS)
+                bucket.ttft[ttft_bin] += 1
 
     def sample_queue(self, waiting: Mapping[str, Mapping[tuple[str, int], int]]) -> None:
         """The fair queue now (AdmissionGate.waiting(): model -> (key name, class) -> count):
