@@ -13,6 +13,8 @@ with its traceback under that id, rather than the plain-text 500 the server woul
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
@@ -55,11 +57,13 @@ class FrontDoor:
             return
         started = False
 
-        async def tracked(message: Message) -> None:
+        # Not async itself: it hands back send's awaitable, so each message the response sends
+        # (a stream's many chunks) goes through no extra coroutine.
+        def tracked(message: Message) -> Awaitable[None]:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-            await send(message)
+            return send(message)
 
         try:
             await self._route(scope, receive, tracked)
