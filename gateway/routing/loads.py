@@ -73,6 +73,9 @@ class EngineLoadBoard:
     def __init__(self, max_age_s: float = DEFAULT_MAX_AGE_S) -> None:
         self.max_age_s = max_age_s
         self._latest: dict[str, LoadSample] = {}
+        # replica_id -> (its latest sample's taken_at, LoadSample.others): `others` runs for
+        # every ready replica several times a request, a sample changes once a scrape.
+        self._others: dict[str, tuple[float, int]] = {}
         # Where the other gateways say what they have in flight (gateway/peers/): fresher than
         # any engine sample (tens of milliseconds against up to a scrape period).
         self.peers: PeerLoads | None = None
@@ -82,6 +85,7 @@ class EngineLoadBoard:
         # Scrapes overlap when one is slow: never let an older answer replace a newer one.
         if current is None or sample.taken_at >= current.taken_at:
             self._latest[replica_id] = sample
+            self._others[replica_id] = (sample.taken_at, sample.others)
 
     def update(self, samples: Mapping[str, LoadSample], now: float | None = None) -> None:
         """Record a scrape round's samples; given `now`, also drop samples too old to be read
@@ -92,6 +96,7 @@ class EngineLoadBoard:
             stale = [r for r, s in self._latest.items() if now - s.taken_at > self.max_age_s]
             for replica_id in stale:
                 del self._latest[replica_id]
+                del self._others[replica_id]
 
     def latest(self, replica_id: str, now: float) -> LoadSample | None:
         """The replica's sample if it is fresh enough to trust, else None."""
@@ -107,13 +112,10 @@ class EngineLoadBoard:
         senders that are not on the bus (clients calling the engine, a gateway with the bus
         off) but is up to a scrape old; the peers' is fresh, so a burst they sent since the
         scrape counts at once. None with neither."""
-        # `latest` written out: the admission gate and the router ask this per replica for
-        # every request.
-        sample = self._latest.get(replica_id)
-        if sample is None or now - sample.taken_at > self.max_age_s:
-            measured = None
-        else:
-            measured = sample.others
+        # `latest` written out, on the counts kept with each sample: the admission gate and
+        # the router ask this per replica for every request.
+        held = self._others.get(replica_id)
+        measured = None if held is None or now - held[0] > self.max_age_s else held[1]
         peers = self.peers
         told = peers.others(replica_id) if peers is not None else None
         if told is None:
@@ -126,12 +128,14 @@ class EngineLoadBoard:
 
     def forget(self, replica_id: str) -> None:
         self._latest.pop(replica_id, None)
+        self._others.pop(replica_id, None)
 
     def retain(self, replica_ids: Iterable[str]) -> None:
         """Drop samples of replicas not in `replica_ids` (they left the routing table)."""
         keep = set(replica_ids)
         for replica_id in [r for r in self._latest if r not in keep]:
             del self._latest[replica_id]
+            del self._others[replica_id]
 
 
 class EngineUnreachable(Exception):

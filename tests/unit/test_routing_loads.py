@@ -84,11 +84,14 @@ def test_the_board_ignores_stale_samples_and_older_answers() -> None:
     board.update({"s": LoadSample(1, 0, None, 12.0)})
     board.retain(["s"])
     assert board.latest("r", 12.0) is None
+    assert board.others("r", 12.0) is None, "a replica that left has no load"
     assert board.others("s", 12.0) == 1
     # A round's `now` also clears samples of replicas no longer scraped, once too old.
     board.update({"t": LoadSample(0, 0, None, 30.0)}, now=30.0)
     assert board.age_s("s", 30.0) is None
     assert board.others("t", 30.0) == 0
+    board.forget("t")
+    assert board.others("t", 30.0) is None
 
 
 def test_a_sample_counts_only_the_requests_this_gateway_did_not_send() -> None:
