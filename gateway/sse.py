@@ -51,6 +51,9 @@ class SseSplitter:
 
 def event_data(event: bytes) -> bytes | None:
     """The joined `data:` lines of one event, None when it has none (a comment, say)."""
+    if b"\n" not in event:
+        # One line, as an engine's events are: no list to build and join.
+        return event[5:].removeprefix(b" ") if event.startswith(b"data:") else None
     lines = [line for line in event.split(b"\n") if line.startswith(b"data:")]
     if not lines:
         return None
@@ -195,13 +198,19 @@ class StreamFilter:
 
     def feed(self, chunk: bytes) -> bytes:
         """What to send on for this upstream chunk (possibly nothing)."""
-        if self.usage_filter.count_choices:
+        counted = self.usage_filter
+        if counted.count_choices:
             return self._carefully(chunk)  # every event is looked into
         if self.splitter._buffer or not chunk.endswith(b"\n\n") or b"\r" in chunk:
             return self._carefully(chunk)  # an event spans chunks, or CRLF framing
         at = chunk.find(b'"usage"')
         if at < 0:
-            return self._passed(chunk)
+            # `_passed`, written out: nearly every chunk of a stream (a token's) ends here.
+            done = chunk.endswith(b"data: [DONE]\n\n")
+            counted.chunks += chunk.count(b"\n\n") - done
+            if done:
+                counted.saw_done = True
+            return chunk
         # Only the event that mentions usage is looked into; the events around it pass as
         # they came (an engine often sends its last tokens, usage and [DONE] in one write).
         previous_end = chunk.rfind(b"\n\n", 0, at)

@@ -37,6 +37,10 @@ def test_a_runaway_event_is_refused() -> None:
 def test_event_data_joins_data_lines() -> None:
     assert event_data(b"event: x\ndata: a\ndata:b") == b"a\nb"
     assert event_data(b": comment") is None
+    # One line, the usual event: the space after the colon is dropped, only one.
+    assert event_data(b"data: [DONE]") == b"[DONE]"
+    assert event_data(b"data:  {}") == b" {}"
+    assert event_data(b"event: x") is None
 
 
 def test_usage_only_chunk_is_read_and_dropped_unless_asked_for() -> None:
