@@ -71,6 +71,23 @@ class Routed:
     why: Why
 
 
+# What `classify` answers, made once: it runs for every request sent, and making a frozen
+# dataclass costs about as much again as the classifying.
+_NO_REPLICA = Routed("fallback", "no_replica")
+_OVERLOADED = Routed("fallback", "overloaded")
+_EJECTED = Routed("fallback", "ejected")
+_POLICY = Routed("fallback", "policy")
+_NO_SNAPSHOT = Routed("degraded", "no_snapshot")
+_FEED_DOWN = Routed("degraded", "feed_down")
+_KV_EVENTS = Routed("exact", "kv_events")
+_PEERS_MISSING = Routed("degraded", "peers_missing")
+_SLOT_RECORD = Routed("approximate", "slot_record")
+_SENT_RECORD = Routed("approximate", "sent_record")
+_SESSION = Routed("approximate", "session")
+_NEW_PREFIX = Routed("approximate", "new_prefix")
+_NO_MATCH = Routed("fallback", "no_match")
+
+
 def classify(
     reason: Reason,
     route: Route | None,
@@ -84,28 +101,28 @@ def classify(
     route with `kv`). `picture_complete`: whether the record other gateways share of what they
     sent where is whole (False while a peer's is missing)."""
     if route is None or reason == "none":
-        return Routed("fallback", "no_replica")
+        return _NO_REPLICA
     if reason == "fallback_overloaded":
-        return Routed("fallback", "overloaded")
+        return _OVERLOADED
     if reason == "fallback_ejected":
-        return Routed("fallback", "ejected")
+        return _EJECTED
     if policy != "prefix" or reason == "round_robin":
-        return Routed("fallback", "policy")
+        return _POLICY
     if route.kv is not None and feed != "live":
         # The engine's events would have said where the prompt is, or that it is nowhere.
-        return Routed("degraded", "no_snapshot" if feed == "starting" else "feed_down")
+        return _NO_SNAPSHOT if feed == "starting" else _FEED_DOWN
     if reason == "kv_prefix":
         # The engine's own events: what other gateways sent there is in them too.
-        return Routed("exact", "kv_events")
+        return _KV_EVENTS
     if not picture_complete:
-        return Routed("degraded", "peers_missing")
+        return _PEERS_MISSING
     if reason == "prefix":
-        return Routed("approximate", "slot_record" if route.prompt_slots else "sent_record")
+        return _SLOT_RECORD if route.prompt_slots else _SENT_RECORD
     if reason == "session":
-        return Routed("approximate", "session")
+        return _SESSION
     if reason == "new_prefix":
-        return Routed("approximate", "new_prefix")
-    return Routed("fallback", "no_match")
+        return _NEW_PREFIX
+    return _NO_MATCH
 
 
 def log_level(state: RoutingState, why: Why) -> int:
