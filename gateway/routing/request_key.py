@@ -67,6 +67,7 @@ def prompt_bytes(body: Mapping[str, Any], limit: int = PROMPT_LIMIT) -> bytes:
         size += len(parts[-1])
     messages = body.get("messages")
     if isinstance(messages, list):
+        # _encode written out in the loop below: it runs twice per message of every request.
         for message in messages:
             if not isinstance(message, Mapping):
                 continue
@@ -75,9 +76,13 @@ def prompt_bytes(body: Mapping[str, Any], limit: int = PROMPT_LIMIT) -> bytes:
             content = message.get("content")
             # A string is cut before it is encoded: its first `limit` characters encode to at
             # least `limit` bytes, all the cut below keeps (a 200 KB message: 64 KB encoded).
-            text = _encode(content[:limit]) if isinstance(content, str) else _dumps(content)
-            parts.append(_encode(str(message.get("role", ""))) + _FIELD + text)
-            size += len(parts[-1]) + 1
+            if isinstance(content, str):
+                text = content[:limit].encode("utf-8", "surrogatepass")
+            else:
+                text = _dumps(content)
+            part = str(message.get("role", "")).encode("utf-8", "surrogatepass") + _FIELD + text
+            parts.append(part)
+            size += len(part) + 1
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, str):
