@@ -398,9 +398,13 @@ class Relay:
                     # the same write, one write less per stream.
                     last = out
                     break
-                await self._send(
-                    send, {"type": "http.response.body", "body": out, "more_body": True}
-                )
+                message = {"type": "http.response.body", "body": out, "more_body": True}
+                # `_send`, its usual case written out: a client that keeps up costs no
+                # coroutine per write (one write per upstream read).
+                if transport is not None and transport.get_write_buffer_size() <= STREAM_BUFFER_LOW:
+                    await send(message)
+                else:
+                    await self._send_timed(send, message)
             # An event the stream ended without its blank line, if any.
             last += stream_filter.finish()
             if counted.saw_done:
@@ -431,6 +435,10 @@ class Relay:
         if transport is not None and transport.get_write_buffer_size() <= STREAM_BUFFER_LOW:
             await send(message)
             return
+        await self._send_timed(send, message)
+
+    async def _send_timed(self, send: Send, message: dict[str, Any]) -> None:
+        """A write that may wait: it must complete within the write timeout."""
         try:
             async with asyncio.timeout(self._state.settings.stream_write_timeout_s):
                 await send(message)
