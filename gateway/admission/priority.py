@@ -14,6 +14,10 @@ from store.models import DEFAULT_PRIORITY, PRIORITY_CLASSES, PriorityClass
 PRIORITY_HEADER = b"x-llmgw-priority"
 PRIORITY_FIELD = "priority"
 
+# Each class's index, looked up for every request rather than searched for in the tuple.
+_INDEX: dict[str, int] = {name: i for i, name in enumerate(PRIORITY_CLASSES)}
+_DEFAULT_INDEX = _INDEX[DEFAULT_PRIORITY]
+
 
 def class_index(name: PriorityClass) -> int:
     return PRIORITY_CLASSES.index(name)
@@ -27,9 +31,11 @@ def request_priority(header: bytes | None, body: dict[str, Any], top: PriorityCl
     where = PRIORITY_FIELD
     if header is not None:
         asked, where = header.decode("latin-1").strip(), PRIORITY_HEADER.decode()
-    top_index = class_index(top)
+    top_index = _INDEX.get(top)
+    if top_index is None:
+        top_index = class_index(top)  # not a class: raises as it always did
     if asked is None:
-        return max(class_index(DEFAULT_PRIORITY), top_index)
+        return max(_DEFAULT_INDEX, top_index)
     index = _parse(asked, where)
     if index < top_index:
         raise ApiError(
