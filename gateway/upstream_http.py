@@ -40,6 +40,13 @@ import httptools
 READ_BUFFER_HIGH = 128 * 1024
 
 
+# Header names as engines send them -> as the answer's headers are keyed (lower case): an engine
+# sends the same few names on every answer, so each is decoded and lowered once. Bounded, since
+# the names come from the engine.
+_HEADER_NAMES: dict[bytes, str] = {}
+_HEADER_NAMES_KEPT = 64
+
+
 class UpstreamConnectError(aiohttp.ClientConnectionError):
     """No connection could be made (refused, unreachable): nothing was sent."""
 
@@ -220,7 +227,12 @@ class _Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.answer is not None
-        self.answer.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        key = _HEADER_NAMES.get(name)
+        if key is None:
+            key = name.decode("latin-1").lower()
+            if len(_HEADER_NAMES) < _HEADER_NAMES_KEPT:
+                _HEADER_NAMES[name] = key
+        self.answer.headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         assert self.answer is not None
@@ -267,9 +279,11 @@ class UpstreamPool:
         connection = self._take(key) or await self._connect(
             key, self.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
         )
-        lines = [f"POST {path} HTTP/1.1", f"Host: {host_header}", f"Content-Length: {len(body)}"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        # Built up as one string (a request has three or four headers): no list of lines to join.
+        text = f"POST {path} HTTP/1.1\r\nHost: {host_header}\r\nContent-Length: {len(body)}\r\n"
+        for name, value in headers.items():
+            text += f"{name}: {value}\r\n"
+        head = (text + "\r\n").encode("latin-1")
         answer = connection.send(head, body, self.read_timeout_s)
         try:
             while not answer.started:
