@@ -252,8 +252,11 @@ class Relay:
         self._model = model
         self._route = route
         self._upstream = upstream
-        self._stream = stream and upstream.status == 200
-        self._filter = StreamFilter(client_wants_usage)
+        # A stream's filter; None for a whole answer (or an error's), which reads its usage
+        # from the body and has no use for one.
+        self._filter = (
+            StreamFilter(client_wants_usage) if stream and upstream.status == 200 else None
+        )
         self._record: RequestRecord | None = None  # the request log's, from `run`'s accounting
 
     async def run(self, send: Send, accounting: Accounting, started: float) -> int:
@@ -262,17 +265,18 @@ class Relay:
         499 itself). The upstream and the in-flight slot are released however this ends."""
         reservation = accounting.reservation
         self._record = accounting.record
-        # Several choices: count them as they stream, since the engine may report fewer.
-        counted = self._filter.usage_filter
-        counted.count_choices = self._stream and reservation.choices > 1
-        if counted.count_choices:
+        stream_filter = self._filter
+        if stream_filter is not None and reservation.choices > 1:
+            # Several choices: count them as they stream, since the engine may report fewer.
+            counted = stream_filter.usage_filter
+            counted.count_choices = True
             # The client's usage chunk says what is billed (gateway/sse.py).
             counted.billed = functools.partial(stream_counts, reservation=reservation)
         dropped = False
         try:
-            if self._stream:
+            if stream_filter is not None:
                 try:
-                    await self._relay_stream(send, started)
+                    await self._relay_stream(send, started, stream_filter)
                 except ClientTooSlow:
                     dropped = True
             else:
@@ -283,8 +287,8 @@ class Relay:
             self._upstream.close()
             self._state.inflight.release(self._route.replica_id)
             self._state.router.finished(self._sent)
-            if self._stream:
-                counted = self._filter.usage_filter
+            if stream_filter is not None:
+                counted = stream_filter.usage_filter
                 accounting.settle(stream_counts(counted, reservation), chunks_seen=counted.chunks)
                 details = (counted.usage or {}).get("prompt_tokens_details")
                 if isinstance(details, dict):
@@ -365,13 +369,12 @@ class Relay:
         if self._record is not None:
             self._record.cached_tokens = reported
 
-    async def _relay_stream(self, send: Send, started: float) -> None:
+    async def _relay_stream(self, send: Send, started: float, stream_filter: StreamFilter) -> None:
         transport = self._watch.transport
         if transport is not None:
             transport.set_write_buffer_limits(high=STREAM_BUFFER_HIGH, low=STREAM_BUFFER_LOW)
         headers = SSE_HEADERS if self._record is None else [*SSE_HEADERS, self._record.header()]
         await self._send(send, {"type": "http.response.start", "status": 200, "headers": headers})
-        stream_filter = self._filter
         counted = stream_filter.usage_filter
         upstream = self._upstream.content
         first = True
