@@ -181,6 +181,48 @@ async def test_an_engine_silent_past_the_read_timeout_is_a_timeout() -> None:
     await client.close()
 
 
+@pytest.mark.parametrize("events", [3, 8])
+async def test_the_read_timeout_runs_between_two_reads_not_over_the_whole_stream(
+    events: int,
+) -> None:
+    """A stream that keeps sending is read whole, though it lasts longer in all than the read
+    timeout (8 events); once it falls silent for the read timeout, it fails, not sooner, also
+    where it fell silent before the read timeout of the wait for the answer's head passed (3)."""
+    gap_s, timeout_s = 0.1, 0.35
+
+    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        for _ in range(events):  # a read every 0.1 s
+            await asyncio.sleep(gap_s)
+            writer.write(b"a\r\ndata: {}\n\n\r\n")
+            await writer.drain()
+        await asyncio.sleep(5)
+
+    client = pool(read_timeout_s=timeout_s)
+    async with engine(stalls) as (port, _):
+        answer = await client.post("127.0.0.1", port, f"127.0.0.1:{port}", "/v1/x", HEADERS, b"{}")
+        loop = asyncio.get_running_loop()
+        got: list[bytes] = []
+        last = [loop.time()]
+
+        async def read_all() -> None:
+            async for chunk in answer.content.iter_any():
+                got.append(chunk)
+                last[0] = loop.time()
+
+        with pytest.raises(TimeoutError):
+            await read_all()
+        silent_s = loop.time() - last[0]
+        assert b"".join(got) == b"data: {}\n\n" * events
+        assert timeout_s * 0.9 <= silent_s < timeout_s + 0.5, silent_s
+        answer.close()
+    await client.close()
+
+
 async def test_an_answer_cut_short_is_a_payload_error() -> None:
     async def cuts(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
