@@ -57,7 +57,7 @@ async def engine() -> AsyncIterator[str]:
         await response.write(b"data: [DONE]\n\n")
         return response
 
-    async def metrics(request: web.Request) -> web.Response:
+    async def metrics(_request: web.Request) -> web.Response:
         # Scraped by the gateway now and then: a 404 would leave aiohttp's own cycles.
         return web.Response(text="")
 
