@@ -128,9 +128,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._lingering = False
         # The request answered before its body was read: its connection closes after the answer.
         self._answered_early: RequestResponseCycle | None = None
-        # The request whose handler is told when its client leaves (`watch_client`).
+        # The request whose handler is told when its client leaves (`watch_client`), the
+        # handler's task, and what to ask before cancelling it.
         self._watched: RequestResponseCycle | None = None
-        self._on_gone: Callable[[], None] | None = None
+        self._handler: asyncio.Task[Any] | None = None
+        self._on_gone: Callable[[], bool] | None = None
 
     # --- connection -------------------------------------------------------------------
 
@@ -146,27 +148,33 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     # --- the client leaving -----------------------------------------------------------
 
-    def watch(self, cycle: RequestResponseCycle, on_gone: Callable[[], None]) -> Callable[[], None]:
-        """Call `on_gone` once if the connection is lost before `cycle`'s response completes;
-        the function returned stops watching."""
+    def watch(self, cycle: RequestResponseCycle, on_gone: Callable[[], bool]) -> Callable[[], None]:
+        """Called from the task handling `cycle`: if the connection is lost before the response
+        completes, call `on_gone` once, and cancel that task if it answers True. The function
+        returned stops watching."""
+        # With the loop given, not looked up: asyncio's lookup asks the kernel for the process
+        # id each time (CPython 3.11), a system call per request.
+        self._handler = asyncio.current_task(self.loop)
+        self._watched, self._on_gone = cycle, on_gone
         if cycle.disconnected:
-            self.loop.call_soon(on_gone)
-        elif not cycle.response_complete:
+            self.loop.call_soon(self._tell_gone)
+        else:
             # What the handler's next `receive` would do: read on, so that a close is seen
             # even after a large body paused reading.
             self.flow.resume_reading()
-            self._watched, self._on_gone = cycle, on_gone
         return partial(self._unwatch, cycle)
 
     def _unwatch(self, cycle: RequestResponseCycle) -> None:
         if self._watched is cycle:
-            self._watched = self._on_gone = None
+            self._watched = self._handler = self._on_gone = None
 
     def _tell_gone(self) -> None:
-        cycle, on_gone = self._watched, self._on_gone
-        self._watched = self._on_gone = None
-        if on_gone is not None and cycle is not None and not cycle.response_complete:
-            on_gone()
+        cycle, handler, on_gone = self._watched, self._handler, self._on_gone
+        self._watched = self._handler = self._on_gone = None
+        if on_gone is None or cycle is None or cycle.response_complete:
+            return
+        if on_gone() and handler is not None:
+            handler.cancel()
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
@@ -416,10 +424,11 @@ class _LimitedCycle(RequestResponseCycle):
 
 
 def watch_client(
-    receive: Callable[[], Any], on_gone: Callable[[], None]
+    receive: Callable[[], Any], on_gone: Callable[[], bool]
 ) -> Callable[[], None] | None:
-    """Have `on_gone` called once if the request's client leaves before its response completes,
-    by the connection itself: no task waiting on `receive` per request (what that cost: a task
+    """From the task handling a request: have `on_gone` called once if the request's client
+    leaves before its response completes, and that task cancelled if it answers True; by the
+    connection itself, with no task waiting on `receive` per request (what that cost: a task
     created and cancelled, and the cancellation's traceback left to the cycle collector). The
     function returned stops watching; None when `receive` is not this module's server's, for
     the caller to watch `receive` itself."""

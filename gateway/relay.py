@@ -143,23 +143,25 @@ class ClientWatch:
         self.finished = False
         # The connection's transport, for a stream to drop a client that stopped reading.
         self.transport = transport_of(receive)
-        handler = asyncio.current_task()
-        assert handler is not None
-        self._handler = handler
         self._watcher: asyncio.Task[None] | None = None
         self._unwatch = watch_client(receive, self._client_gone)
         if self._unwatch is None:
-            self._watcher = asyncio.create_task(self._watch(receive))
+            handler = asyncio.current_task()
+            assert handler is not None
+            self._watcher = asyncio.create_task(self._watch(receive, handler))
 
-    async def _watch(self, receive: Receive) -> None:
+    async def _watch(self, receive: Receive, handler: asyncio.Task[Any]) -> None:
         message = await receive()
-        if message["type"] == "http.disconnect":
-            self._client_gone()
+        if message["type"] == "http.disconnect" and self._client_gone():
+            handler.cancel()
 
-    def _client_gone(self) -> None:
-        if not self.finished:
-            self.gone = True
-            self._handler.cancel()
+    def _client_gone(self) -> bool:
+        """Whether the handler is to be cancelled: its client left before its response
+        finished."""
+        if self.finished:
+            return False
+        self.gone = True
+        return True
 
     def stop(self) -> None:
         if self._unwatch is not None:

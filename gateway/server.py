@@ -111,7 +111,11 @@ def listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """A bound listening socket. `reuse_port`: several processes bind the same port and the
     kernel spreads new connections among them (SO_REUSEPORT, `llmgw gateway --workers`)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # Named IPPROTO_TCP, not left 0: asyncio's loop (which `llmgw up` runs the gateway in) sets
+    # TCP_NODELAY only on connections of such a socket, and without it a response's body
+    # waited for the client's delayed acknowledgement of its head: about 40 ms a request on a
+    # keep-alive connection (tests/unit/test_gateway_listen.py). uvloop sets it regardless.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)

@@ -118,7 +118,7 @@ class UpstreamAnswer:
         """Until the connection has more for this answer, or the read timeout passes."""
         if self._error is not None:
             raise self._error
-        loop = asyncio.get_running_loop()
+        loop = self._connection.loop
         waiter = self._waiter = loop.create_future()
         began = self._wait_began = loop.time()
         if self._timer is None:
@@ -195,6 +195,9 @@ class _Connection(asyncio.Protocol):
     def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
         self._pool = pool
         self.key = key
+        # Its loop, kept: asyncio.get_running_loop() asks the kernel for the process id each
+        # time (CPython 3.11), a system call, and a request asked three times.
+        self.loop = asyncio.get_running_loop()
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self.answer: UpstreamAnswer | None = None
@@ -319,7 +322,7 @@ class UpstreamPool:
         if self._closed:
             connection.close()
             return
-        connection.idle_since = asyncio.get_running_loop().time()
+        connection.idle_since = connection.loop.time()
         self._idle.setdefault(connection.key, []).append(connection)
 
     async def close(self) -> None:
@@ -334,7 +337,7 @@ class UpstreamPool:
         if not idle:
             return None
         # The oldest first: past the keep-alive they are closed, not reused.
-        oldest_kept = asyncio.get_running_loop().time() - self.keepalive_s
+        oldest_kept = idle[0].loop.time() - self.keepalive_s
         while idle and (idle[0].closed or idle[0].idle_since < oldest_kept):
             idle.pop(0).close()
         while idle:

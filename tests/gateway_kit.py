@@ -32,7 +32,7 @@ import uvicorn
 from aiohttp import web
 
 from gateway.http_limits import limited_protocol
-from gateway.server import http_limits, uvicorn_config
+from gateway.server import http_limits, listen, uvicorn_config
 from gateway.settings import GatewaySettings
 from store import Store, open_store
 from tests import standin_engine
@@ -215,8 +215,7 @@ async def running_gateway(
 ) -> AsyncIterator[Gateway]:
     settings = settings or fast_settings()
     record, plaintext = await store.create_key(f"test-{uuid.uuid4().hex[:8]}")
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn_config(settings, store, source))
     task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -30,7 +30,9 @@ from tests.gateway_kit import (
     serving,
 )
 
-REQUESTS = 60
+# Enough that a few objects a run touches once (an earlier test's leftovers included) are far
+# below one per ten requests.
+REQUESTS = 200
 CHUNK = 'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 USAGE = '{"prompt_tokens":4,"completion_tokens":2,"total_tokens":6}'
 
@@ -111,6 +113,7 @@ async def left_for_the_collector(url: str, authorization: str) -> int:
     async with keep_alive(url) as client:
         for request in requests:  # warm: first-use caches are not per-request garbage
             assert b"hi" in await client.send(request)
+        await asyncio.sleep(0.1)  # what was ending as this began (earlier tests' too) ends
         gc.collect()
         gc.disable()
         try:
