@@ -48,7 +48,6 @@ from functools import partial
 from typing import Any, ClassVar
 
 import httptools
-from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
@@ -56,6 +55,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from gateway.errors import error_body
+from gateway.response_cycle import ResponseCycle
 
 MIB = 1024 * 1024
 
@@ -308,7 +308,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None:
             # Before the cycle's task first runs, so the application is given this class's send.
-            self.cycle.__class__ = _LimitedCycle
+            self.cycle.__class__ = ResponseCycle
             if not any(c is self.cycle for c, _ in self.pipeline):
                 self._body_awaited = True
 
@@ -324,6 +324,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
         super().on_message_complete()
+
+    def answered_early(self, cycle: RequestResponseCycle) -> None:
+        """`cycle` answered before its request's body was all read: its connection closes after
+        the answer (gateway/response_cycle.py)."""
+        self._answered_early = cycle
 
     def on_response_complete(self) -> None:
         if self._answered_early is None or self._answered_early is not self.cycle:
@@ -404,25 +409,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         return None
 
 
-class _LimitedCycle(RequestResponseCycle):
-    """uvicorn's request cycle, whose answer started before the request's body was all read
-    (a 401, a 413) says `connection: close` and leaves the closing to the protocol's
-    `on_response_complete` (uvicorn would close at once, which can reset the connection before
-    the client reads the answer). A class rather than a wrapper of `send` per request: that
-    wrapper and the cycle held each other, garbage only the cycle collector could free."""
-
-    async def send(self, message: ASGISendEvent) -> None:
-        if message["type"] != "http.response.start" or not self.more_body:
-            await super().send(message)
-            return
-        headers = [*message.get("headers", ()), (b"connection", b"close")]
-        await super().send({**message, "headers": headers})
-        self.keep_alive = True  # uvicorn's flag, set by the header: closing is ours
-        protocol = getattr(self.on_response, "__self__", None)
-        if isinstance(protocol, LimitedHttpToolsProtocol):
-            protocol._answered_early = self
-
-
 def watch_client(
     receive: Callable[[], Any], on_gone: Callable[[], bool]
 ) -> Callable[[], None] | None:
@@ -433,7 +419,7 @@ def watch_client(
     function returned stops watching; None when `receive` is not this module's server's, for
     the caller to watch `receive` itself."""
     cycle = getattr(receive, "__self__", None)
-    if not isinstance(cycle, _LimitedCycle):
+    if not isinstance(cycle, ResponseCycle):
         return None
     protocol = getattr(cycle.on_response, "__self__", None)
     if not isinstance(protocol, LimitedHttpToolsProtocol):

@@ -1,0 +1,130 @@
+"""The gateway's request cycle (gateway/response_cycle.py) on a real uvicorn server with the
+gateway's protocol: a plain answer leaves in one write, head and body together; a HEAD request
+still gets its head; a stream's head is not held back for its first event; and an answer
+started before the body was read still closes its connection."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+
+from gateway.http_limits import HttpLimits, limited_protocol
+from gateway.server import listen
+from tests.gateway_kit import http_request
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    path = scope["path"]
+    if path == "/early":  # answers before reading the body
+        body = b'{"error": "no"}'
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"15")]
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    while (await receive()).get("more_body"):
+        pass
+    if path == "/stream":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await asyncio.sleep(0.3)  # the first event is late: the head is not
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": False})
+        return
+    body = b'{"ok": true}'
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"12")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+
+
+WRITES: list[bytes] = []  # what the server's transports were given to write, in order
+
+
+class CountedWrites:
+    """A connection's transport that keeps each write."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def write(self, data: bytes) -> None:
+        WRITES.append(bytes(data))
+        self.transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+class CountingProtocol(limited_protocol(HttpLimits())):  # type: ignore[misc]
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(CountedWrites(transport))
+
+
+@asynccontextmanager
+async def serving() -> AsyncIterator[int]:
+    WRITES.clear()
+    sock = listen("127.0.0.1", 0)
+    config = uvicorn.Config(app, http=CountingProtocol, log_level="warning")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+        sock.close()
+
+
+def reads(port: int, request: bytes, expect: int) -> list[bytes]:
+    """What each of the client's reads returned, until `expect` bytes or the connection ends."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+        client.sendall(request)
+        got: list[bytes] = []
+        while sum(map(len, got)) < expect and (data := client.recv(65536)):
+            got.append(data)
+        return got
+
+
+async def test_a_plain_answer_leaves_in_one_write() -> None:
+    async with serving() as port:
+        request = http_request("POST", "/plain", body=b"{}")
+        got = await asyncio.to_thread(reads, port, request, 1)
+    (write,) = WRITES
+    assert write.startswith(b"HTTP/1.1 200 ")
+    assert write.endswith(b'\r\n\r\n{"ok": true}'), write
+    assert b"".join(got) == write
+
+
+async def test_a_head_request_gets_its_head() -> None:
+    async with serving() as port:
+        got = await asyncio.to_thread(reads, port, http_request("HEAD", "/plain"), 1)
+        answer = b"".join(got)
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        assert b"content-length: 12" in answer
+        assert answer.endswith(b"\r\n\r\n"), "no body to a HEAD request"
+
+
+async def test_a_streams_head_is_not_held_for_its_first_event() -> None:
+    async with serving() as port:
+        request = http_request("POST", "/stream", body=b"{}")
+        got = await asyncio.to_thread(reads, port, request, 1)
+        assert got[0].startswith(b"HTTP/1.1 200 ")
+        assert b"data: 1" not in got[0], "the head came alone, before the late event"
+    assert WRITES[0].endswith(b"\r\n\r\n"), "the head in a write of its own"
+
+
+async def test_an_answer_before_the_body_closes_the_connection() -> None:
+    async with serving() as port:
+        head = http_request("POST", "/early", headers={"Content-Length": "100000"})
+        got = await asyncio.to_thread(reads, port, head, 10**9)
+        answer = b"".join(got)
+        assert answer.startswith(b"HTTP/1.1 401 "), answer
+        assert b"connection: close" in answer, answer
