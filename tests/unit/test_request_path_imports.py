@@ -15,9 +15,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 OWN = ("gateway", "kv", "engines", "workflows", "activities", "workers", "store", "bench")
 # 108 when this bound was first set at 115; 116 once the request log and its series
-# (gateway/observe/: four modules, issue 34) joined the path, which records every request. Room
-# for a few modules more, not for a package.
-MOST_MODULES = 120
+# (gateway/observe/: four modules, issue 34) joined the path, which records every request; 121
+# once issue 35 gave the path its own parts (the upstream HTTP client, plain metrics, the body
+# splice, the response cycle split out of http_limits.py). Room for a few modules more, not for
+# a package.
+MOST_MODULES = 125
 NEVER = (
     "activities",
     "workers",
