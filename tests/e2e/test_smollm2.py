@@ -133,11 +133,13 @@ async def test_a_flooding_key_does_not_hold_another_keys_request_behind_its_own(
     done_before = len(finished)
     await one(chat_key, "chat", 8, "interactive")
     await asyncio.gather(*flood)
-    # In arrival order it would follow every flood request still waiting. The gateway sends
-    # the replica no more than its two slots (its route says so), so the flood requests that
-    # end before it are at most the two running when it came.
+    # In arrival order it would follow every flood request still waiting (eight or more). The
+    # gateway sends the replica no more than its two slots (its route says so), so the flood
+    # requests that end before it are the two running when it came, and at most one more that
+    # ended while its request was on its way (the client's setup and connection: the test
+    # cannot see when the gateway queued it; seen once in a fresh-clone run).
     assert done_before < 10, "the flood was over before the chat request came"
-    assert finished.index("chat") - done_before <= 2, finished
+    assert finished.index("chat") - done_before <= 3, finished
 
 
 async def test_killed_engine_recovers(system: System, client) -> None:
