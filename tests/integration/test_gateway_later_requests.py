@@ -9,15 +9,14 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 
 from tests.gateway_kit import (
     MODEL,
     GatewayProcess,
-    Upstream,
     complete_response,
     http_request,
     recording_standin,
@@ -30,21 +29,14 @@ BODY_TIMEOUT_S = 3.0  # this gateway's
 
 
 @pytest.fixture(scope="module")
-def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("later-requests")
-
-
-@pytest.fixture(scope="module")
-async def upstream(state_dir: Path) -> AsyncIterator[Upstream]:
-    async with recording_standin(state_dir) as up:
-        yield up
-
-
-@pytest.fixture(scope="module")
-def gateway(state_dir: Path, upstream: Upstream) -> Iterator[GatewayProcess]:
-    proc = start_gateway_process(state_dir, upstream.url, body_timeout_s=BODY_TIMEOUT_S)
-    yield proc
-    proc.stop()
+async def gateway(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayProcess]:
+    state_dir = tmp_path_factory.mktemp("later-requests")
+    async with recording_standin(state_dir) as upstream:
+        proc = start_gateway_process(state_dir, upstream.url, body_timeout_s=BODY_TIMEOUT_S)
+        try:
+            yield proc
+        finally:
+            proc.stop()
 
 
 def chat_request(gateway: GatewayProcess) -> bytes:
@@ -69,6 +61,21 @@ async def answered(reader: asyncio.StreamReader, count: int = 1) -> list[bytes]:
         data += chunk
     assert data == b"", "nothing more was sent"
     return responses
+
+
+@asynccontextmanager
+async def after_one_answer(
+    gateway: GatewayProcess,
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A keep-alive connection whose first request has been answered."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    try:
+        writer.write(chat_request(gateway))
+        (response,) = await answered(reader)
+        assert response.startswith(b"HTTP/1.1 200 ")
+        yield reader, writer
+    finally:
+        writer.close()
 
 
 async def seconds_until_closed(reader: asyncio.StreamReader, limit_s: float) -> tuple[float, bytes]:
@@ -98,11 +105,7 @@ async def test_whole_requests_one_after_another_are_answered(gateway: GatewayPro
 
 
 async def test_a_later_request_trickling_its_head_is_cut_off(gateway: GatewayProcess) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
-    try:
-        writer.write(chat_request(gateway))
-        (response,) = await answered(reader)
-        assert response.startswith(b"HTTP/1.1 200 ")
+    async with after_one_answer(gateway) as (reader, writer):
         request = chat_request(gateway)
 
         async def trickle() -> None:
@@ -115,21 +118,13 @@ async def test_a_later_request_trickling_its_head_is_cut_off(gateway: GatewayPro
             held, _ = await seconds_until_closed(reader, 20)
         finally:
             feeder.cancel()
-    finally:
-        writer.close()
     assert HEAD_TIMEOUT_S - 0.5 < held < HEAD_TIMEOUT_S + 2.5, held
 
 
 async def test_a_later_request_whose_body_stops_is_cut_off(gateway: GatewayProcess) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
-    try:
-        writer.write(chat_request(gateway))
-        (response,) = await answered(reader)
-        assert response.startswith(b"HTTP/1.1 200 ")
+    async with after_one_answer(gateway) as (reader, writer):
         headers = {**gateway.auth, "Content-Type": "application/json", "Content-Length": "1000"}
         writer.write(http_request("POST", CHAT, headers=headers) + b'{"model": "smol"')
         held, data = await seconds_until_closed(reader, 20)
-    finally:
-        writer.close()
     assert BODY_TIMEOUT_S - 0.5 < held < BODY_TIMEOUT_S + 2.5, held
     assert data == b"" or data.startswith(b"HTTP/1.1 408 "), data[:200]
