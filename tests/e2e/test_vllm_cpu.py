@@ -465,8 +465,13 @@ async def test_the_gateway_sends_a_shared_prefix_to_the_engine_that_cached_it(
             # its way, and what such chats begin with is learned aside); from the second on,
             # the gateway routes on what it learned (gateway/prefix_tokens.py).
             system = {"role": "system", "content": long_text("fjord")}
+
+            async def tokenized() -> int:
+                return int(await metric(gw, "llmgw_kv_tokenize_total", outcome="ok"))
+
             for n, question in enumerate(["Where is it?", "Why so deep?", "How old?", "Who?"]):
                 held_before = await blocks_held(gw)
+                tokenized_before = await tokenized()
                 chat = await client.chat.completions.create(
                     model="tiny",
                     messages=[system, {"role": "user", "content": question}],
@@ -476,6 +481,9 @@ async def test_the_gateway_sends_a_shared_prefix_to_the_engine_that_cached_it(
                 if n == 0:
                     blocks = chat.usage.prompt_tokens // CPU_BLOCK_SIZE
                     await wait_for(lambda: blocks_held(gw), held_before + blocks, "fjord")
+                    # What the chats begin with is learned aside, after the answer: the next
+                    # chat routes on it only once it is in (seen late once in a fresh-clone run).
+                    await wait_for(tokenized, tokenized_before + 1, "fjord learned aside")
                 else:
                     assert cached_tokens(chat.usage) >= (blocks - 2) * CPU_BLOCK_SIZE, question
             assert await metric(gw, "llmgw_kv_tokenize_total", outcome="learned") == 3
