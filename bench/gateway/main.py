@@ -37,12 +37,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import uvloop
 
-from bench.gateway import large, litellm_arm, peer_venv, report, scale, vllm_router_arm
+from bench.gateway import large, litellm_arm, paired, peer_venv, report, scale, vllm_router_arm
 from bench.gateway.loadgen import LoadResult, build_request, run_load
+from bench.gateway.options import Options, add_arguments
 from bench.gateway.procs import (
     Child,
     Cores,
@@ -57,35 +57,13 @@ from bench.gateway.procs import (
     work_directory,
 )
 from bench.gateway.stats import ArmFigures, ms, percentile
-from bench.gateway.target import KEY_FILENAME, LOOPS, MODEL
+from bench.gateway.target import KEY_FILENAME, MODEL
 from engines.local_port import free_port
 
-# llmgw-otel: llmgw tracing every request to an OTLP receiver (bench/gateway/otlp_sink.py) on
-# the load generator's core, so the figures beside llmgw's are what tracing costs.
-ARMS = ("direct", "hop", "llmgw", "llmgw-otel", "litellm", "vllm-router")
 PATH = "/v1/chat/completions"
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
 MESSAGES = [{"role": "user", "content": "Say hi."}]
-
-
-@dataclass(frozen=True)
-class Options:
-    arms: tuple[str, ...]
-    duration_s: float
-    warmup_s: float
-    chunks: int
-    gateway_loop: str
-    workdir: Path
-    # The scale-out figures (bench/gateway/scale.py) after the arms.
-    scale_out: bool = True
-    # The LiteLLM and vLLM router executables, or why there is none.
-    litellm: Path | str = "not installed"
-    vllm_router: Path | str = "not installed"
-    # The store the quota figures' two gateways share: "" for a SQLite file.
-    quota_store: str = ""
-    # The large-prompt figures (bench/gateway/large.py) of the arms in large.ARMS.
-    large_prompts: bool = True
 
 
 @dataclass(frozen=True)
@@ -282,8 +260,27 @@ def _large(
     )
 
 
+def _paired(
+    runner: asyncio.Runner, options: Options, cores: Cores, upstream: str
+) -> list[paired.PairedFigures]:
+    """The hop and llmgw up at once on the proxy core, measured in turn (bench/gateway/paired)."""
+    print("paired rounds, hop and llmgw in turn:", file=sys.stderr)
+    with (
+        _serving("hop", options, cores, upstream) as hop,
+        _serving("llmgw", options, cores, upstream) as llmgw,
+    ):
+        targets = {
+            arm: paired.Target(HOST, e.port, PATH, e.authorization, e.pid or 0)
+            for arm, e in (("hop", hop), ("llmgw", llmgw))
+        }
+        return paired.measure(runner, targets, _body, options.paired_rounds, options.duration_s)
+
+
 def bench(
-    options: Options, cores: Cores, large_out: list[large.LargeFigures] | None = None
+    options: Options,
+    cores: Cores,
+    large_out: list[large.LargeFigures] | None = None,
+    paired_out: list[paired.PairedFigures] | None = None,
 ) -> tuple[list[ArmFigures], ScaleFigures]:
     port = free_port()
     standin = Child(
@@ -309,6 +306,8 @@ def bench(
                 except (StartFailed, peer_venv.Unavailable) as exc:
                     print(f"  unavailable: {exc}", file=sys.stderr)
                     figures.append(ArmFigures(name=arm, unavailable=str(exc)))
+            if paired_out is not None and options.paired_rounds and options.paired_arms:
+                paired_out += _paired(runner, options, cores, upstream)
             if options.scale_out:
                 try:
                     print("workers (not pinned):", file=sys.stderr)
@@ -344,66 +343,6 @@ def setup_line(options: Options, cores: Cores) -> str:
     )
 
 
-def _arms(text: str) -> tuple[str, ...]:
-    chosen = tuple(a.strip() for a in text.split(",") if a.strip())
-    unknown = [a for a in chosen if a not in ARMS]
-    if unknown or not chosen:
-        raise argparse.ArgumentTypeError(f"choose among {','.join(ARMS)}")
-    # Always in the table's order, so ratios read the same way in every run.
-    return tuple(a for a in ARMS if a in chosen)
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError("must be more than 0")
-    return value
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--only",
-        type=_arms,
-        default=ARMS,
-        metavar="ARMS",
-        help=f"comma-separated arms to run (default: {','.join(ARMS)})",
-    )
-    parser.add_argument(
-        "--duration", type=_seconds, default=5.0, help="seconds measured per figure (default 5)"
-    )
-    parser.add_argument(
-        "--warmup", type=_seconds, default=1.0, help="seconds of warm-up per figure (default 1)"
-    )
-    parser.add_argument(
-        "--chunks", type=int, default=16, help="content chunks per SSE stream (default 16)"
-    )
-    parser.add_argument(
-        "--gateway-loop",
-        choices=LOOPS,
-        default="uvicorn",
-        help="the gateway's event loop: uvicorn's choice (uvloop) or plain asyncio",
-    )
-    parser.add_argument("--markdown", type=Path, help="also write the table here (Markdown)")
-    parser.add_argument("--json", dest="json_out", type=Path, help="also write figures here")
-    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
-    parser.add_argument(
-        "--quota-store",
-        default="",
-        metavar="URL",
-        help="the quota figures' shared store, postgresql://... (default: a SQLite file)",
-    )
-    parser.add_argument(
-        "--no-large",
-        action="store_true",
-        help="skip the large-prompt figures (200 KB bodies, small requests beside them)",
-    )
-    parser.add_argument(
-        "--no-scale",
-        action="store_true",
-        help="skip the scale-out figures (one worker vs two, quota with two gateways)",
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     cores = Cores.pick()
     started = time.monotonic()
@@ -426,10 +365,12 @@ def run(args: argparse.Namespace) -> int:
                 scale_out=not args.no_scale,
                 large_prompts=not args.no_large,
                 quota_store=args.quota_store,
+                paired_rounds=args.paired_rounds,
             )
             pin_self(cores.load)
             large_figures: list[large.LargeFigures] = []
-            figures, scaled = bench(options, cores, large_figures)
+            paired_figures: list[paired.PairedFigures] = []
+            figures, scaled = bench(options, cores, large_figures, paired_figures)
     except StartFailed as exc:
         print(f"the stand-in upstream did not start: {exc}", file=sys.stderr)
         return 1
@@ -437,7 +378,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(report.text_table(figures))
     print()
-    for line in [*report.ratio_lines(figures), "", *report.goal_lines(figures)]:
+    goals = [*report.goal_lines(figures), *paired.lines(paired_figures)]
+    for line in [*report.ratio_lines(figures), "", *goals]:
         print(line)
     for line in report.error_lines(figures):
         print(line)
@@ -455,6 +397,7 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown is not None:
         args.markdown.write_text(
             report.markdown(figures, setup)
+            + "".join(f"- {line}\n" for line in paired.lines(paired_figures))
             + ("\n" + large.markdown(large_figures) if large_figures else "")
         )
     if args.json_out is not None:
@@ -465,6 +408,7 @@ def run(args: argparse.Namespace) -> int:
                     "arms": [asdict(f) for f in figures],
                     "scale": asdict(scaled),
                     "large": [asdict(f) for f in large_figures],
+                    "paired": [asdict(f) for f in paired_figures],
                 },
                 indent=2,
             )

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.gateway import peer_venv, report, vllm_router_arm
-from bench.gateway.main import ARMS, _arms
+from bench.gateway.options import ARMS, _arms
 from bench.gateway.standin import Answers
 from bench.gateway.stats import ArmFigures
 

@@ -1,0 +1,147 @@
+"""llmgw's CPU per request against the bare hop's, in paired rounds.
+
+On a shared VM the hop's own CPU per request moves by a third from one run to the next, more
+than a day's changes to the gateway; measured once each, minutes apart, the ratio of the two
+moves with it. Here both proxies are up at once on the proxy core and loaded one at a time:
+each round measures the hop and llmgw back to back, hop first in even rounds and llmgw first in
+odd ones, so a drift of the machine over the run falls on both alike. Each round gives a ratio;
+the figure is their median, printed with the lowest and highest.
+
+Per arm and round: a short warm-up load, then a closed loop of `duration_s`; the proxy's CPU
+(user + system, from /proc) over that loop, divided by the answers it counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from bench.gateway.loadgen import LoadResult, build_request, run_load
+from bench.gateway.procs import cpu_seconds
+
+ARMS = ("hop", "llmgw")
+ROUNDS = 5
+ROUND_S = 2.0
+WARMUP_S = 0.5
+GOAL_CPU_RATIO = 1.3
+# What is measured: (name, concurrency, streamed).
+LOADS = (("plain c64", 64, False), ("SSE c16", 16, True))
+
+
+@dataclass(frozen=True)
+class Target:
+    host: str
+    port: int
+    path: str
+    authorization: str
+    pid: int
+
+
+@dataclass
+class PairedFigures:
+    load: str
+    # Microseconds of proxy CPU per answer, one per round.
+    hop_us: list[float] = field(default_factory=list)
+    llmgw_us: list[float] = field(default_factory=list)
+    errors: int = 0
+    first_error: str | None = None
+
+    @property
+    def ratios(self) -> list[float]:
+        return [mine / hop for mine, hop in zip(self.llmgw_us, self.hop_us, strict=True) if hop]
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.ratios) if self.ratios else None
+
+
+def order(round_number: int) -> tuple[str, ...]:
+    """The arms in the order round `round_number` (from 0) loads them: hop first, then llmgw
+    first, in turn."""
+    return ARMS if round_number % 2 == 0 else ARMS[::-1]
+
+
+async def _cpu_per_answer(
+    target: Target, request: bytes, concurrency: int, stream: bool, duration_s: float
+) -> tuple[float | None, int, str | None]:
+    """(µs of CPU per answer or None, errors, the first error) of one closed loop."""
+
+    async def load(seconds: float) -> LoadResult:
+        return await run_load(
+            target.host,
+            target.port,
+            request,
+            concurrency=concurrency,
+            duration_s=seconds,
+            warmup_s=0.0,
+            expect_done=stream,
+        )
+
+    await load(WARMUP_S)
+    before = cpu_seconds(target.pid)
+    result = await load(duration_s)
+    used = cpu_seconds(target.pid) - before
+    each = used / result.answered * 1e6 if result.answered else None
+    return each, result.errors, result.first_error
+
+
+def measure(
+    runner: asyncio.Runner,
+    targets: dict[str, Target],
+    body_of: Callable[[bool], dict[str, object]],
+    rounds: int = ROUNDS,
+    duration_s: float = ROUND_S,
+    log: Callable[[str], None] = print,
+) -> list[PairedFigures]:
+    figures = []
+    for name, concurrency, stream in LOADS:
+        paired = PairedFigures(name)
+        requests = {
+            arm: build_request(t.host, t.port, t.path, body_of(stream), t.authorization)
+            for arm, t in targets.items()
+        }
+        for n in range(rounds):
+            got: dict[str, float | None] = {}
+            for arm in order(n):
+                each, errors, first = runner.run(
+                    _cpu_per_answer(targets[arm], requests[arm], concurrency, stream, duration_s)
+                )
+                got[arm] = each
+                paired.errors += errors
+                paired.first_error = paired.first_error or first
+            hop, mine = got["hop"], got["llmgw"]
+            if hop is not None and mine is not None:
+                paired.hop_us.append(hop)
+                paired.llmgw_us.append(mine)
+                log(
+                    f"  {name} round {n + 1}: hop {hop:4.0f} us, llmgw {mine:4.0f} us, "
+                    f"{mine / hop:.2f}x"
+                )
+        figures.append(paired)
+    return figures
+
+
+def lines(figures: Sequence[PairedFigures]) -> list[str]:
+    """Each load's median ratio, its range and the arms' medians; then the goal's verdict."""
+    out = []
+    for f in figures:
+        ratios = f.ratios
+        if not ratios:
+            out.append(
+                f"n/a   llmgw CPU per request <= {GOAL_CPU_RATIO}x hop's ({f.load}): "
+                "no round measured"
+            )
+            continue
+        median = statistics.median(ratios)
+        mark = "PASS" if median <= GOAL_CPU_RATIO else "MISS"
+        out.append(
+            f"{mark}  llmgw CPU per request <= {GOAL_CPU_RATIO}x hop's ({f.load}, median of "
+            f"{len(ratios)} paired rounds): {median:.2f}x (rounds {min(ratios):.2f}x to "
+            f"{max(ratios):.2f}x; llmgw {statistics.median(f.llmgw_us):.0f} us, hop "
+            f"{statistics.median(f.hop_us):.0f} us)"
+        )
+        if f.errors or f.first_error:
+            out.append(f"paired {f.load}: {f.errors} failed; first: {f.first_error}")
+    return out
