@@ -3,11 +3,15 @@ replaced on random and adversarial inputs: the answers must be the very same."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
+from gateway import request_body
 from gateway.body_parse import INLINE_BYTES_PER_VALUE, INLINE_SIZE_FACTOR, few_values
+from gateway.errors import ApiError
+from gateway.request_body import check_surrogates, lone_surrogate_at
 
 _NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b",:[{")
 
@@ -55,3 +59,38 @@ def test_few_values_sends_dense_bodies_to_a_worker() -> None:
         assert len(raw) <= one_mb
         assert not few_values(raw, inline)
         assert not few_values_before(raw, inline)
+
+
+def _surrogate_answer(raw: bytes) -> str | None:
+    """What check_surrogates says of `raw` (the refusal's message, None when it passes)."""
+    body = json.loads(raw)
+    try:
+        check_surrogates(raw, body)
+    except ApiError as err:
+        return err.message
+    return None
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_ascii_walk_answers_as_the_pattern_does(seed: int) -> None:
+    rng = random.Random(seed)
+    escapes = ["\\ud83d\\ude00", "\\ud800", "\\udfff", "\\\\ud800", "\\u00e9", "\\n", "é"]
+    messages = []
+    for _ in range(rng.choice([1, 20, 100, 300])):
+        words = [rng.choice(["word", "other", "text"]) for _w in range(rng.randint(5, 400))]
+        if rng.random() < 0.02:
+            words.insert(rng.randrange(len(words)), rng.choice(escapes))
+        messages.append('{"role":"user","content":"' + " ".join(words) + '"}')
+    raw = ('{"model":"m","messages":[' + ",".join(messages) + "]}").encode()
+    body = json.loads(raw)
+    where = lone_surrogate_at(body)
+    answer = _surrogate_answer(raw)
+    assert (answer is None) == (where is None)
+    if where is not None:
+        assert answer is not None
+        assert f"'{where}'" in answer
+    # The same answer whatever the walk's budget: it only decides whether the pattern runs.
+    for per_value in (1, 64, 512, 2048, 1 << 30):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(request_body, "ASCII_WALK_BYTES_PER_VALUE", per_value)
+            assert _surrogate_answer(raw) == answer
