@@ -178,8 +178,17 @@ class SharedLimits:
         cached = self._pool_cache.get(key_id)
         if cached is not None and cached[0] is limits and cached[1] == day:
             return cached[2]
-        kinds = [k for k in KINDS if _limit_of(limits, k) is not None]
-        pools = {kind: _pool(key_id, limits, kind, now) for kind in kinds}
+        previous = cached[2] if cached is not None else {}
+        pools = {}
+        for kind in KINDS:
+            if _limit_of(limits, kind) is None:
+                continue
+            pool = _pool(key_id, limits, kind, now)
+            # The very object as before where the pool is the same: a dict keeps the first
+            # object it was given as a key, and a lookup by another, equal one compares the two
+            # field by field (several times a request, after every reload of the key's limits).
+            same = previous.get(kind)
+            pools[kind] = same if same == pool and same is not None else pool
         self._pool_cache[key_id] = (limits, day, pools)
         return pools
 

@@ -24,7 +24,7 @@ lost with it: they were in the same memory).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 LimitKind = Literal["rpm", "tpm", "budget"]
@@ -42,6 +42,20 @@ class PoolRef:
     key_id: str
     kind: LimitKind
     period: str = ""
+    # Hashed once: a gateway looks a key's pools up in its holdings and demand several times a
+    # request, and a frozen dataclass's own __hash__ builds and hashes a tuple of the fields
+    # each time.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.key_id, self.kind, self.period)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[PoolRef], tuple[str, LimitKind, str]]:
+        # Pickled by its fields: str hashes differ between processes, so the hash is made anew.
+        return PoolRef, (self.key_id, self.kind, self.period)
 
 
 @dataclass(frozen=True, slots=True)

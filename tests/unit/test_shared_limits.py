@@ -5,6 +5,10 @@ once; what a round cannot deliver stays owed."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pickle
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -182,3 +186,44 @@ async def test_a_daily_budget_counts_against_the_new_days_pool_after_midnight(
     periods = [pool.period for pool in store.pools if pool.kind == "budget"]
     assert periods[0] == "2026-12-06"
     assert periods[-1] == "2026-12-07"
+
+
+async def test_a_reloaded_keys_limits_keep_its_pools_the_same_objects(tmp_path: Path) -> None:
+    # The holdings are keyed by the first pool objects they were given; equal but other objects
+    # after the key cache reloads the limits would be compared field by field at every lookup.
+    real = open_store(None, tmp_path)
+    await real.init()
+    try:
+        book = QuotaBook()
+        limits = shared(Counting(real), book)
+        record, _ = await real.create_key("reloaded", limits=KeyLimits(rpm=100, tpm=10_000))
+        assert isinstance(await admit(limits, book, record.key_id, record.limits), Reservation)
+        now = time.time()
+        before = limits._pools_of(record.key_id, record.limits, now)
+        reloaded = KeyLimits(rpm=100, tpm=10_000)  # what the next reload reads: equal, not it
+        after = limits._pools_of(record.key_id, reloaded, now)
+        assert after == before
+        assert all(after[kind] is before[kind] for kind in before)
+        assert isinstance(await admit(limits, book, record.key_id, reloaded), Reservation)
+        assert limits.held(before["rpm"]) > 0
+    finally:
+        await real.close()
+
+
+def test_a_pool_sent_to_another_process_hashes_there_as_its_own_do() -> None:
+    # str hashes differ between processes: a pool unpickled with this process's hash in it would
+    # miss in that process's dicts.
+    pool = PoolRef("k-1", "budget", "2026-12-01")
+    script = (
+        "import pickle, sys; from store.lease_rules import PoolRef; "
+        "sys.stdout.buffer.write(pickle.dumps(PoolRef('k-1', 'budget', '2026-12-01')))"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )
+    arrived = pickle.loads(other.stdout)
+    assert arrived == pool
+    assert {pool: "held"}[arrived] == "held"
