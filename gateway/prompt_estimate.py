@@ -36,10 +36,22 @@ def estimate_prompt_tokens(body: dict[str, Any]) -> int:
     total = REQUEST_OVERHEAD_TOKENS
     messages = body.get("messages")
     if isinstance(messages, list):
+        total += MESSAGE_OVERHEAD_TOKENS * len(messages)
+        # A message's fields counted here rather than in a function per message, and a string
+        # (a role, a content) without _string_bytes's stack: measured on a 100-message chat
+        # (shared 2-core VM), 57 us to 22.
         for message in messages:
-            total += MESSAGE_OVERHEAD_TOKENS
-            if isinstance(message, dict):
-                total += _message_tokens(message)
+            if not isinstance(message, dict):
+                continue
+            for field, value in message.items():
+                if isinstance(value, str):
+                    total += len(value) if value.isascii() else _utf8_length(value)
+                elif field == "content" and isinstance(value, list):
+                    for part in value:
+                        total += _content_part_tokens(part)
+                else:
+                    # tool_calls' names and arguments are rendered into the prompt too.
+                    total += _string_bytes(value)
     for field in ("prompt", "input", "suffix"):
         value = body.get(field)
         if value is not None:
@@ -51,18 +63,6 @@ def estimate_prompt_tokens(body: dict[str, Any]) -> int:
             # bytes for a character of at most four, so its length bounds the UTF-8 rendering.
             total += TOOLS_OVERHEAD_TOKENS + PER_TOOL_OVERHEAD_TOKENS * len(definitions)
             total += len(json.dumps(definitions))
-    return total
-
-
-def _message_tokens(message: dict[str, Any]) -> int:
-    total = 0
-    for field, value in message.items():
-        if field == "content" and isinstance(value, list):
-            for part in value:
-                total += _content_part_tokens(part)
-        else:
-            # role, name, tool_call_id and tool_calls' arguments are rendered into the prompt.
-            total += _string_bytes(value)
     return total
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 import pytest
 
-from gateway import request_body
+from gateway import prompt_estimate, request_body
 from gateway.body_parse import INLINE_BYTES_PER_VALUE, INLINE_SIZE_FACTOR, few_values
 from gateway.errors import ApiError
+from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.request_body import check_surrogates, lone_surrogate_at
 
 _NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b",:[{")
@@ -94,3 +96,66 @@ def test_the_ascii_walk_answers_as_the_pattern_does(seed: int) -> None:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(request_body, "ASCII_WALK_BYTES_PER_VALUE", per_value)
             assert _surrogate_answer(raw) == answer
+
+
+def estimate_before(body: dict[str, Any]) -> int:
+    """estimate_prompt_tokens as it was: each message through a function, each field through
+    _string_bytes (the rest of the estimate did not change)."""
+    total = prompt_estimate.REQUEST_OVERHEAD_TOKENS
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for message in messages:
+            total += prompt_estimate.MESSAGE_OVERHEAD_TOKENS
+            if isinstance(message, dict):
+                for field, value in message.items():
+                    if field == "content" and isinstance(value, list):
+                        for part in value:
+                            total += prompt_estimate._content_part_tokens(part)
+                    else:
+                        total += prompt_estimate._string_bytes(value)
+    rest = {name: value for name, value in body.items() if name != "messages"}
+    return total + estimate_prompt_tokens(rest) - prompt_estimate.REQUEST_OVERHEAD_TOKENS
+
+
+def _random_value(rng: random.Random, depth: int = 0) -> Any:
+    kinds = ["ascii", "unicode", "surrogate", "int", "none", "bool", "float"]
+    if depth < 3:
+        kinds += ["list", "dict"]
+    kind = rng.choice(kinds)
+    if kind == "ascii":
+        return "x" * rng.randint(0, 50)
+    if kind == "unicode":
+        return "é€😀" * rng.randint(1, 5)
+    if kind == "surrogate":
+        return "a\ud800b"
+    if kind == "int":
+        return rng.randint(-5, 5)
+    if kind == "none":
+        return None
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "float":
+        return rng.random()
+    if kind == "list":
+        return [_random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+    names = ["role", "content", "text", "refusal", "name", "tool_calls", "é", "type"]
+    return {rng.choice(names): _random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))}
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_prompt_estimate_is_as_before(seed: int) -> None:
+    rng = random.Random(seed)
+    messages: list[Any] = []
+    for _ in range(rng.randint(0, 30)):
+        message = _random_value(rng, depth=1)
+        if rng.random() < 0.6:
+            message = {"role": rng.choice(["user", "assistant", "tool"]), "content": message}
+        messages.append(message)
+    body: dict[str, Any] = {"model": "m", "messages": messages}
+    if rng.random() < 0.3:
+        body["tools"] = [{"type": "function", "function": {"name": "f", "description": "é"}}]
+    if rng.random() < 0.2:
+        body["messages"] = _random_value(rng)
+    if rng.random() < 0.2:
+        body["prompt"] = _random_value(rng)
+    assert estimate_prompt_tokens(body) == estimate_before(body)
