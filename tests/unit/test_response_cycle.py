@@ -1,7 +1,8 @@
 """The gateway's request cycle (gateway/response_cycle.py) on a real uvicorn server with the
 gateway's protocol: a plain answer leaves in one write, head and body together; a HEAD request
-still gets its head; a stream's head is not held back for its first event; and an answer
-started before the body was read still closes its connection."""
+still gets its head; a stream's head is not held back for its first event; an answer started
+before the body was read still closes its connection; a header value holding a line break is
+never sent; a body of unknown length is chunked."""
 
 from __future__ import annotations
 
@@ -33,6 +34,17 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     while (await receive()).get("more_body"):
         pass
+    if path == "/injected":  # a header value that would start a header of its own
+        headers = [(b"x-request-id", b"a\r\nset-cookie: stolen=1"), (b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"{}"})
+        return
+    if path == "/chunks":  # neither length nor stream header: chunked, as uvicorn frames it
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"abc", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": True})
+        await send({"type": "http.response.body", "body": b"de", "more_body": False})
+        return
     if path == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await asyncio.sleep(0.3)  # the first event is late: the head is not
@@ -128,3 +140,22 @@ async def test_an_answer_before_the_body_closes_the_connection() -> None:
         answer = b"".join(got)
         assert answer.startswith(b"HTTP/1.1 401 "), answer
         assert b"connection: close" in answer, answer
+
+
+async def test_a_header_value_with_a_line_break_is_never_sent() -> None:
+    async with serving() as port:
+        request = http_request("POST", "/injected", headers={"Connection": "close"}, body=b"{}")
+        got = await asyncio.to_thread(reads, port, request, 10**9)
+    answer = b"".join(got)
+    assert b"set-cookie" not in answer.lower(), answer
+    assert b"stolen" not in answer, answer
+
+
+async def test_a_body_of_unknown_length_is_chunked() -> None:
+    async with serving() as port:
+        request = http_request("POST", "/chunks", headers={"Connection": "close"}, body=b"{}")
+        expect = b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+        got = await asyncio.to_thread(reads, port, request, 10**9)
+    answer = b"".join(got)
+    assert b"transfer-encoding: chunked\r\n" in answer, answer
+    assert answer.endswith(b"\r\n\r\n" + expect), answer
