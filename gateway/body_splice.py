@@ -99,7 +99,9 @@ def _in_bytes(
 ) -> tuple[Member, ...]:
     """Places in `text` as places in `raw`: the same for ASCII; else counted in UTF-8 from one
     place to the next (one pass, in C), after the BOM if the body had one."""
-    if raw.isascii():
+    # As many characters as bytes: every byte decoded alone, so all are ASCII and there was no
+    # BOM. Two lengths, where raw.isascii() read the whole body (7 us for 200 KB).
+    if len(text) == len(raw):
         return tuple((name, start, end, body[name]) for name, start, end in places)
     offset = 3 if raw.startswith(b"\xef\xbb\xbf") else 0
     members = []
