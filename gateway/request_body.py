@@ -172,21 +172,20 @@ def check_surrogates(raw: bytes, body: dict[str, Any]) -> None:
             )
 
 
-# The byte pattern costs about 0.28 ns a byte (one pass of the regex engine), a body's long
-# strings included; a walk of the parsed body costs about 0.1 us a value, its strings' length
-# aside (str.isascii reads a flag). So a large body of few values (an agent's context in one or
-# a few messages) is walked first: where every string and name is ASCII, none holds a surrogate.
-# The walk gives up at the first string that is not ASCII, or past one value per
-# ASCII_WALK_BYTES_PER_VALUE bytes, and the pattern runs as before. The walk costs about 0.13 us
-# a value where a chat's messages are dicts of a role and a string, and the pattern 0.3 to 0.6
-# ns a byte (more where the text holds many escapes), so a walk within the budget of one value
-# per 512 bytes costs at most about half what the pattern would, and a walk given up at the
-# budget adds at most about as much again as the pattern alone. Measured on 200 to 240 KB chat
-# bodies (shared 2-core VM, thread CPU time): one message, 1.2 us where the pattern took 61;
-# 20 messages, 8 us (135); 100 messages (bench/gateway/large.py's transcript), 36 us (61), and
-# 37 (135) with text of many escapes, where a budget of one value per 2,048 bytes gave up and
-# ran the pattern; given up, 200 messages 190 us (141), 25 messages of text parts 130 (74).
-# Below ASCII_WALK_BYTES, the pattern only.
+# The byte pattern costs 0.3 to 0.6 ns a byte (one pass of the regex engine, slower where the
+# text holds many escapes), a body's long strings included; a walk of the parsed body costs 0.1
+# to 0.2 us a value (a message of a role and a string at the low end, text parts at the high),
+# its strings' length aside (str.isascii reads a flag). So a large body of few values (an
+# agent's context in one or a hundred messages) is walked first: where every string and name is
+# ASCII, none holds a surrogate. The walk gives up at the first string that is not ASCII, or
+# past one value per ASCII_WALK_BYTES_PER_VALUE bytes, and the pattern runs as before: a walk
+# within that budget costs at most about what the pattern would, and one given up adds about as
+# much again. Measured on 200 to 240 KB chat bodies (shared 2-core VM, thread CPU time): one
+# message, 1.2 us where the pattern took 61; 20 messages, 8 us (135); 100 messages
+# (bench/gateway/large.py's transcript), 36 us (61), and 37 (135) with text of many escapes,
+# where a budget of one value per 2,048 bytes gave up and ran the pattern; given up, 200
+# messages 190 us (141), 25 messages of text parts 130 (74). Below ASCII_WALK_BYTES, the
+# pattern only.
 ASCII_WALK_BYTES = 16 * 1024
 ASCII_WALK_BYTES_PER_VALUE = 512
 _SCALARS = (int, float, bool, type(None))
