@@ -166,10 +166,12 @@ class UpstreamAnswer:
         self._until_eof = not chunked and "content-length" not in self.headers
         self._wake()
 
-    def _body(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._buffered += len(data)
-        if self._buffered > READ_BUFFER_HIGH and self._pausable:
+    def _read_done(self) -> None:
+        """The connection has parsed one read's bytes: wake the reader once for whatever body
+        pieces they held (a stream's read often holds many events), pausing the connection when
+        more than READ_BUFFER_HIGH is buffered and more is to come (a complete answer's
+        connection may be back in the pool, serving another)."""
+        if self._buffered > READ_BUFFER_HIGH and self._pausable and not self.complete:
             self._connection.pause()
         self._wake()
 
@@ -237,11 +239,14 @@ class _Connection(asyncio.Protocol):
         if self.answer is None:  # nothing asked: an engine talking out of turn
             self.close()
             return
+        answer = self.answer
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self.answer._fail(aiohttp.ClientPayloadError(f"malformed answer: {exc}"))
+            answer._fail(aiohttp.ClientPayloadError(f"malformed answer: {exc}"))
             self.close()
+            return
+        answer._read_done()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -265,8 +270,12 @@ class _Connection(asyncio.Protocol):
         self.answer._head(self._parser.get_status_code(), chunked)
 
     def on_body(self, body: bytes) -> None:
-        assert self.answer is not None
-        self.answer._body(body)
+        # Called per piece of the body the parser finds (each chunk of a chunked stream, often
+        # many in one read): kept, and the reader woken once per read by data_received.
+        answer = self.answer
+        assert answer is not None
+        answer._chunks.append(body)
+        answer._buffered += len(body)
 
     def on_message_complete(self) -> None:
         answer = self.answer
