@@ -103,6 +103,16 @@ def test_numbers_in_range_pass_untouched() -> None:
     assert parsed.body == body
 
 
+def test_of_several_fields_out_of_range_the_first_in_the_table_is_named() -> None:
+    # The body's own order does not decide: the table's does (gateway/body_fields.py).
+    body = {**CHAT_BODY, "top_k": -5, "n_probs": 99, "temperature": 9, "max_tokens": 0}
+    assert refused(CHAT, body).param == "max_tokens"
+    del body["max_tokens"]
+    assert refused(CHAT, body).param == "temperature"
+    del body["temperature"]
+    assert refused(CHAT, body).param == "n_probs"
+
+
 @pytest.mark.parametrize(
     ("path", "field", "value"),
     [
