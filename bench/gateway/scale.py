@@ -27,7 +27,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.gateway.loadgen import build_request, run_load
-from bench.gateway.procs import Child, http_get, wait_for_file, wait_until
+from bench.gateway.procs import Child, cpu_seconds, http_get, wait_for_file, wait_until
 from bench.gateway.target import KEY_FILENAME, MODEL
 from engines.local_port import free_port
 from gateway.prompt_estimate import estimate_prompt_tokens
@@ -55,6 +55,11 @@ class WorkerFigures:
     rps_c64: float
     sse_c16: float
     errors: int
+    # At c64, all the workers together: their CPU per answer (µs), the cores they kept busy,
+    # and each worker's share of that CPU.
+    cpu_us_c64: float | None = None
+    cores_c64: float | None = None
+    shares_c64: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,8 +122,10 @@ def _gateways(
     shared_port: bool,
     label: str,
     database_url: str = "",
+    pids: list[int] | None = None,
 ) -> Iterator[list[int]]:
-    """`count` gateway processes on one store: on one port (workers) or a port each."""
+    """`count` gateway processes on one store: on one port (workers) or a port each; their
+    process ids appended to `pids`."""
     ports = [free_port()] * count if shared_port else [free_port() for _ in range(count)]
     with ExitStack() as stack:
         for index, port in enumerate(ports):
@@ -139,6 +146,8 @@ def _gateways(
                 own,
             )
             stack.callback(child.stop)
+            if pids is not None:
+                pids.append(child.process.pid)
             if index == 0:
                 wait_for_file(state_dir / KEY_FILENAME, child, START_TIMEOUT_S)
             wait_until(child, functools.partial(_ready, own or port), START_TIMEOUT_S)
@@ -152,12 +161,18 @@ def measure_workers(
     for workers in (1, 2):
         state_dir = workdir / f"workers-{workers}"
         state_dir.mkdir()
-        with _gateways(workers, upstream, state_dir, workdir, True, f"worker{workers}") as ports:
+        pids: list[int] = []
+        with _gateways(
+            workers, upstream, state_dir, workdir, True, f"worker{workers}", pids=pids
+        ) as ports:
             auth = "Bearer " + (state_dir / KEY_FILENAME).read_text().strip()
             rates = []
             errors = 0
+            used: list[float] = []
+            wall = answered = 0.0
             for concurrency, stream in ((64, False), (16, True)):
                 request = build_request(HOST, ports[0], PATH, _body(stream), auth)
+                before, started = [cpu_seconds(pid) for pid in pids], time.perf_counter()
                 result = runner.run(
                     run_load(
                         HOST,
@@ -169,9 +184,25 @@ def measure_workers(
                         expect_done=stream,
                     )
                 )
+                if not stream:
+                    wall, answered = time.perf_counter() - started, result.answered
+                    used = [cpu_seconds(pid) - b for pid, b in zip(pids, before, strict=True)]
                 rates.append(result.rate)
                 errors += result.errors
-        figures.append(WorkerFigures(workers, rates[0], rates[1], errors))
+        total = sum(used)
+        figures.append(
+            WorkerFigures(
+                workers,
+                rates[0],
+                rates[1],
+                errors,
+                # Over the whole load, warm-up included, per answer in the window: as the
+                # arms' figures are (bench/gateway/main.py), so the two compare.
+                cpu_us_c64=total / answered * 1e6 if answered else None,
+                cores_c64=total / wall if wall else None,
+                shares_c64=tuple(u / total for u in used) if total else (),
+            )
+        )
         print(
             f"  {workers} worker(s): {rates[0]:,.0f} req/s c64, {rates[1]:,.0f} SSE/s c16"
             + (f", {errors} errors" if errors else ""),
@@ -275,6 +306,15 @@ def lines(workers: list[WorkerFigures], quota: list[QuotaFigures]) -> list[str]:
             f"(x{two.rps_c64 / one.rps_c64:.2f}) and {one.sse_c16:,.0f} -> {two.sse_c16:,.0f} "
             f"SSE streams/s c16 (x{two.sse_c16 / one.sse_c16:.2f})"
         )
+        if one.cpu_us_c64 and two.cpu_us_c64 and one.cores_c64 and two.cores_c64:
+            # What the throughput cannot show on a machine whose cores the load generator and
+            # the stand-in share: whether a request costs two workers more CPU than one.
+            split = "/".join(f"{share:.0%}" for share in two.shares_c64)
+            out.append(
+                f"workers' CPU per request c64: {one.cpu_us_c64:,.0f} -> {two.cpu_us_c64:,.0f} "
+                f"us (x{two.cpu_us_c64 / one.cpu_us_c64:.2f}; split {split}); cores kept busy "
+                f"{one.cores_c64:.2f} -> {two.cores_c64:.2f} of {len(ALL_CPUS)}"
+            )
     for q in quota:
         if q.limit_name == "budget":
             spent = q.spent_tokens or 0

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from bench.gateway import report
+from bench.gateway import report, scale
 from bench.gateway.loadgen import ResponseReader, build_request, run_load
 from bench.gateway.scale import QuotaFigures, WorkerFigures, lines
 from bench.gateway.standin import (
@@ -319,3 +319,15 @@ def test_scale_lines_give_the_workers_ratio_and_flag_a_budget_overrun() -> None:
     assert "(OVER it)" in text[2]
     assert "200 of 600 admitted" in text[3]
     assert "100% of the limit" in text[3]
+
+
+def test_the_workers_lines_give_throughput_and_cpu_per_request() -> None:
+    one = scale.WorkerFigures(1, 4_000, 3_000, 0, cpu_us_c64=200, cores_c64=0.9, shares_c64=(1,))
+    two = scale.WorkerFigures(
+        2, 6_000, 4_500, 0, cpu_us_c64=210, cores_c64=1.3, shares_c64=(0.55, 0.45)
+    )
+    throughput, cpu = scale.lines([one, two], [])
+    assert "4,000 -> 6,000 req/s c64 (x1.50)" in throughput
+    assert "3,000 -> 4,500 SSE streams/s c16 (x1.50)" in throughput
+    assert cpu.startswith("workers' CPU per request c64: 200 -> 210 us (x1.05; split 55%/45%)")
+    assert "cores kept busy 0.90 -> 1.30 of" in cpu
