@@ -119,7 +119,7 @@ class Refusal:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Prepared:
     # The model and adapter, once the body got that far: the key's allowlists answer before a
     # refusal of any later field, as they do for a body parsed inline.

@@ -114,7 +114,7 @@ async def handle_proxied(state: GatewayState, scope: Scope, receive: Receive, se
             tracing.end(span, token, outcome.status, outcome.model)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Admitted:
     """A request that passed the door: who sent it, what it asks, the bytes it came as, and
     the request limits that apply to its key."""
