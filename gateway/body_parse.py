@@ -87,8 +87,10 @@ INLINE_BYTES_PER_VALUE = 8
 # bytes.replace(byte, b"", n) counts them fastest (the bytes it deleted): it goes from one
 # occurrence to the next with C's memchr, which scans many bytes per instruction, stops after n
 # of them (so at most the bound's worth of occurrences are visited, whatever the body), and
-# returns the body itself, not a copy, when the byte is absent. Measured on the 200 KB chat
-# bodies of bench/gateway/large.py (shared 2-core VM): about 60 us for the four bytes, where
+# returns the body itself, not a copy, when the byte is absent (where it is present, it copies
+# the body less what it deleted: perf put those copies at about half of this count's time inside
+# the gateway, whose whole count was about a tenth of a 200 KB request's CPU). Measured on the
+# 200 KB chat bodies of bench/gateway/large.py (shared 2-core VM): about 60 us for the four, where
 # deleting every other byte in one bytes.translate pass took 95 to 100 (and bytes.count, a
 # byte-at-a-time loop, about as long per byte); a 1 MB `[0,0,...]`, 0.1 ms where it took 0.4.
 STRUCTURAL_BYTES = (b",", b":", b"{", b"[")
