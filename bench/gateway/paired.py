@@ -7,14 +7,16 @@ each round measures the hop and llmgw back to back, hop first in even rounds and
 odd ones, so a drift of the machine over the run falls on both alike. Each round gives a ratio;
 the figure is their median, printed with the lowest and highest.
 
-Per arm and round: a short warm-up load, then a closed loop of `duration_s`; the proxy's CPU
-(user + system, from /proc) over that loop, divided by the answers it counted.
+Per arm and round: a short warm-up load, then a closed loop of `duration_s` (the benchmark's
+--duration, 5 s by default); the proxy's CPU (user + system, from /proc) over that loop,
+divided by the answers it counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import statistics
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -23,7 +25,6 @@ from bench.gateway.procs import cpu_seconds
 
 ARMS = ("hop", "llmgw")
 ROUNDS = 5
-ROUND_S = 2.0
 WARMUP_S = 0.5
 GOAL_CPU_RATIO = 1.3
 # What is measured: (name, concurrency, streamed).
@@ -55,6 +56,10 @@ class PairedFigures:
     @property
     def median(self) -> float | None:
         return statistics.median(self.ratios) if self.ratios else None
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def order(round_number: int) -> tuple[str, ...]:
@@ -91,9 +96,8 @@ def measure(
     runner: asyncio.Runner,
     targets: dict[str, Target],
     body_of: Callable[[bool], dict[str, object]],
-    rounds: int = ROUNDS,
-    duration_s: float = ROUND_S,
-    log: Callable[[str], None] = print,
+    rounds: int,
+    duration_s: float,
 ) -> list[PairedFigures]:
     figures = []
     for name, concurrency, stream in LOADS:
@@ -115,7 +119,7 @@ def measure(
             if hop is not None and mine is not None:
                 paired.hop_us.append(hop)
                 paired.llmgw_us.append(mine)
-                log(
+                _progress(
                     f"  {name} round {n + 1}: hop {hop:4.0f} us, llmgw {mine:4.0f} us, "
                     f"{mine / hop:.2f}x"
                 )
