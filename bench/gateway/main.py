@@ -270,7 +270,7 @@ def _paired(
         _serving("llmgw", options, cores, upstream) as llmgw,
     ):
         targets = {
-            arm: paired.Target(HOST, e.port, PATH, e.authorization, e.pid or 0)
+            arm: large.Target(HOST, e.port, PATH, e.authorization, e.pid)
             for arm, e in (("hop", hop), ("llmgw", llmgw))
         }
         return paired.measure(runner, targets, _body, options.paired_rounds, options.duration_s)

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from bench.gateway.large import Target
 from bench.gateway.loadgen import LoadResult, build_request, run_load
 from bench.gateway.procs import cpu_seconds
 
@@ -29,15 +30,6 @@ WARMUP_S = 0.5
 GOAL_CPU_RATIO = 1.3
 # What is measured: (name, concurrency, streamed).
 LOADS = (("plain c64", 64, False), ("SSE c16", 16, True))
-
-
-@dataclass(frozen=True)
-class Target:
-    host: str
-    port: int
-    path: str
-    authorization: str
-    pid: int
 
 
 @dataclass
@@ -84,6 +76,7 @@ async def _cpu_per_answer(
             expect_done=stream,
         )
 
+    assert target.pid is not None  # both arms are proxies of their own
     await load(WARMUP_S)
     before = cpu_seconds(target.pid)
     result = await load(duration_s)
