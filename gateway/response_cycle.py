@@ -3,17 +3,18 @@ protocol relies on (it gives each request's cycle this class)."""
 
 from __future__ import annotations
 
-import re
-
 from uvicorn._types import ASGISendEvent, HTTPResponseBodyEvent, HTTPResponseStartEvent
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    RequestResponseCycle,
+)
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
-# What a header's name and value may not hold: uvicorn's rules (a name is an RFC 9110 token; a
-# value has no control character but tab). Each is searched once over all of a response's names
-# (or values) joined by a byte the rule allows, rather than once per header.
-_BAD_NAME = re.compile(b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]')
-_BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")
+# uvicorn's rules for a header's name (an RFC 9110 token) and value (no control character but
+# tab), HEADER_RE and HEADER_VALUE_RE, each searched once over all of a response's names (or
+# values) joined by a byte the rule allows, rather than once per header.
 _NAME_JOIN = b"!"
 _VALUE_JOIN = b"\t"
 
@@ -72,12 +73,12 @@ class ResponseCycle(RequestResponseCycle):
                 self.scope["http_version"],
                 status,
             )
-        if _BAD_NAME.search(_NAME_JOIN.join([name for name, _ in headers])):
+        if HEADER_RE.search(_NAME_JOIN.join([name for name, _ in headers])):
             raise RuntimeError("Invalid HTTP header name.")
-        if _BAD_VALUE.search(_VALUE_JOIN.join([value for _, value in headers])):
+        if HEADER_VALUE_RE.search(_VALUE_JOIN.join([value for _, value in headers])):
             raise RuntimeError("Invalid HTTP header value.")
         content = [STATUS_LINE[status]]
-        closing = early
+        closing = False  # the answer's own headers say connection: close
         for name, value in headers:
             name = name.lower()
             if name == b"content-length" and self.chunked_encoding is None:

@@ -45,10 +45,6 @@ class PairedFigures:
     def ratios(self) -> list[float]:
         return [mine / hop for mine, hop in zip(self.llmgw_us, self.hop_us, strict=True) if hop]
 
-    @property
-    def median(self) -> float | None:
-        return statistics.median(self.ratios) if self.ratios else None
-
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr)
