@@ -17,7 +17,7 @@ from temporalio.api.enums.v1 import EventType as WorkflowEventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -398,6 +398,26 @@ async def activities_scheduled(client: Client, workflow_id: str, name: str) -> i
             if event.HasField("activity_task_scheduled_event_attributes"):
                 count += event.activity_task_scheduled_event_attributes.activity_type.name == name
     return count
+
+
+# How often, and how far apart, a signal refused between two runs is sent again.
+SIGNAL_TRIES = 20
+SIGNAL_RETRY_S = 0.1
+
+
+async def signal_across_runs(handle: WorkflowHandle[Any, Any], signal: Any, arg: Any) -> None:
+    """`handle.signal(signal, arg)`, sent again when the time-skipping server answers NOT_FOUND
+    "Completed workflow": it does for a signal that lands while a workflow continues as new (seen
+    in the forced continue-as-new pass), where a real server hands it to the next run."""
+    for _ in range(SIGNAL_TRIES - 1):
+        try:
+            await handle.signal(signal, arg)
+            return
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+        await asyncio.sleep(SIGNAL_RETRY_S)
+    await handle.signal(signal, arg)
 
 
 async def signals_handled(client: Client, workflow_id: str, name: str) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from tests.workflows.conftest import (
     activities_scheduled,
     eventually,
     record_history,
+    signal_across_runs,
     signals_handled,
     unique,
 )
@@ -214,14 +215,16 @@ async def old_agent(cluster: Cluster, node: str) -> None:
         await state_is(cluster, node, NodeState.READY)
         # Heartbeat signals, as agents sent before the watch, keep it ready past its grace.
         for _ in range(5):
-            await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
+            await signal_across_runs(
+                handle, NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1")
+            )
             await asyncio.sleep(1)  # a sleep on purpose: an agent's cadence
         assert set(await node_states_published(cluster.client, node)) == {NodeState.READY.value}
 
         # Silent past the grace: unreachable; a heartbeat from an earlier boot is not this
         # agent's, one from its own boot brings it back.
         await state_is(cluster, node, NodeState.UNREACHABLE)
-        await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-0"))
+        await signal_across_runs(handle, NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-0"))
 
         async def heard_out() -> bool:
             received, handled = await signals_handled(cluster.client, handle.id, "heartbeat")
@@ -234,7 +237,7 @@ async def old_agent(cluster: Cluster, node: str) -> None:
         # agent's "not registered" would read as an answer and bring the node back unheard.
         watches = await activities_scheduled(cluster.client, handle.id, NodeActivity.WATCH_LIVENESS)
         assert watches == 1
-        await handle.signal(NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
+        await signal_across_runs(handle, NodeWorkflow.heartbeat, NodeHeartbeat(boot_id="boot-1"))
         await state_is(cluster, node, NodeState.READY)
     await record_history(handle, "NodeWatchOldAgent")
 
