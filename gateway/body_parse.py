@@ -16,11 +16,11 @@ about twice the body's bytes per large request, never its tree.
 
 A body above `inline_parse_bytes` whose bytes bound its JSON values to what an inline body may
 hold is still parsed inline (`few_values`): an agent's 200 KB context is a few long strings, which
-json.loads reads at C speed (about 0.3 ms), while the worker's round trip (pickling the body
-there and its bulk back, the pool's threads and pipes) cost 3 to 9 ms of CPU per request; and
-the client's own bytes then go upstream, with what the gateway changed spliced in
-(gateway/body_splice.py). The bound comes from the bytes alone, so the many-small-values bodies
-above still go to a worker.
+orjson reads at C speed (about 0.1 ms; gateway/json_body.py), while the worker's round trip
+(pickling the body there and its bulk back, the pool's threads and pipes) cost 3 to 9 ms of CPU
+per request; and the client's own bytes then go upstream, or, where the gateway changed a field,
+the body as orjson writes it (0.02 ms for 200 KB). The bound comes from the bytes alone, so the
+many-small-values bodies above still go to a worker.
 """
 
 from __future__ import annotations
@@ -39,15 +39,16 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway.body_splice import Member, parse_with_members, spliced
+import orjson
+
 from gateway.errors import SERVER_ERROR, ApiError, bad_request
+from gateway.json_body import read_json_object
 from gateway.media_urls import MediaPolicy, pinned_urls
 from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.request_body import (
     CACHE_SALT,
     PROMPT_FIELDS,
     ProxiedRequest,
-    parse_json_object,
     parse_proxied_request,
     requested_model,
 )
@@ -94,10 +95,6 @@ INLINE_BYTES_PER_VALUE = 8
 # deleting every other byte in one bytes.translate pass took 95 to 100 (and bytes.count, a
 # byte-at-a-time loop, about as long per byte); a 1 MB `[0,0,...]`, 0.1 ms where it took 0.4.
 STRUCTURAL_BYTES = (b",", b":", b"{", b"[")
-# An inline body larger than this is parsed with its top-level members' places
-# (gateway/body_splice.py), so a change goes upstream spliced into the client's bytes: walking
-# the members costs about a microsecond each, serialising 16 KB again about 30.
-SPLICE_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -138,14 +135,10 @@ def prepare(path: str, raw: bytes, check: Check | None = None, split: bool = Fal
     model: str | None = None
     adapter: str | None = None
     try:
-        members = None
-        if split or len(raw) <= SPLICE_BYTES:
-            body = parse_json_object(raw)
-        else:
-            body, members = parse_with_members(raw)
+        body, by_orjson = read_json_object(raw)
         model, adapter = requested_model(body)
         request = parse_proxied_request(path, body)
-        request = _prepared(request, estimate_prompt_tokens(body), prompt_bytes(body), members)
+        request = _prepared(request, estimate_prompt_tokens(body), prompt_bytes(body), by_orjson)
         if check is not None:
             check(request)
         if split:
@@ -159,7 +152,7 @@ def _prepared(
     request: ProxiedRequest,
     prompt_estimate: int,
     routing_prompt: bytes,
-    members: tuple[Member, ...] | None,
+    by_orjson: bool,
 ) -> ProxiedRequest:
     """`request` with the fields `prepare` fills in, its fields dict copied: per request,
     dataclasses.replace looks the dataclass's fields up again, and a frozen class's __init__
@@ -170,7 +163,7 @@ def _prepared(
     fields.update(request.__dict__)
     fields["prompt_estimate"] = prompt_estimate
     fields["routing_prompt"] = routing_prompt
-    fields["members"] = members
+    fields["by_orjson"] = by_orjson
     return new
 
 
@@ -255,7 +248,6 @@ def _split(request: ProxiedRequest) -> ProxiedRequest:
         body=head,
         bulk=bulk,
         bulk_prompt_bytes=len(parts[0]) if prompt else 0,
-        members=None,
     )
 
 
@@ -285,14 +277,15 @@ def _is_small(value: object) -> bool:
 
 def upstream_payload(request: ProxiedRequest, raw: bytes, changed: bool) -> bytes:
     """The body to send upstream: the client's own bytes when nothing changed and the body was
-    not split (no second serialisation); changed, a large one's changes spliced into them
-    (gateway/body_splice.py); else the small fields as they are now (model renamed, max_tokens
-    clamped, usage asked for) joined to the bulk serialised once by `prepare`."""
+    not split (no second serialisation); changed, the body as it is now, written by orjson
+    where orjson read it (json may have read NaN, which orjson would write as null); else the
+    small fields as they are now (model renamed, max_tokens clamped, usage asked for) joined to
+    the bulk serialised once by `prepare`."""
     if request.bulk is None:
         if not changed:
             return raw
-        if request.members is not None:
-            return spliced(raw, request.members, request.body)
+        if request.by_orjson:
+            return orjson.dumps(request.body)
         return json.dumps(request.body, separators=(",", ":")).encode()
     head = json.dumps(request.body, separators=(",", ":")).encode()  # always holds "model"
     return b"{" + request.bulk + b"," + head[1:]

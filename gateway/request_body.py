@@ -7,10 +7,8 @@ pass through to the engine untouched (tools, response_format and the like).
 
 from __future__ import annotations
 
-import json
 import math
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +24,7 @@ from gateway.body_fields import (
     UNCOUNTED_PROMPT_FIELDS,
 )
 from gateway.errors import ApiError, bad_request
+from gateway.json_body import parse_json_object
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -40,43 +39,6 @@ MAX_MODEL_NAME = 256
 # Checked for every key, so a salt the gateway rewrites (gateway/cache_salt.py) is a string.
 CACHE_SALT = "cache_salt"
 MAX_CACHE_SALT = 1024
-
-# Strict UTF-8 cannot carry a UTF-16 surrogate, so once the body has decoded, the only way a
-# lone one gets into the parsed text is a \uD800-\uDFFF escape, which json.loads accepts. Such
-# text cannot be encoded again (UTF-8 for routing, an engine's tokenizer), so it is refused
-# here, naming the field. The byte pattern is only a fast path: it also matches valid pairs
-# (an emoji written as two escapes) and escaped backslashes ("\\ud800" is not an escape), so a
-# match means "walk the body", never "refuse".
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-class DuplicateMember(Exception):
-    """Raised by the parser's object hook; not a ValueError, so it is not read as bad JSON."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.name = name
-
-
-def unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # An object whose name repeats is ambiguous: json.loads keeps the last, an engine's parser
-    # may keep the first ("model":"a","model":"b" checked and routed as b, served as a).
-    # Measured, the hook costs about 2 us on a 500-byte chat body and 0.5 us an object on a
-    # large one (a 7.8 MB body of 200,000 objects: 167 ms to 260 ms); arrays of token ids hold
-    # no objects and cost nothing more.
-    members = dict(pairs)
-    if len(members) != len(pairs):
-        seen: set[str] = set()
-        for name, _ in pairs:
-            if name in seen:
-                raise DuplicateMember(name)
-            seen.add(name)
-    return members
-
-
-# One decoder for every body: json.loads builds a new one per call when given a hook.
-DECODER = json.JSONDecoder(object_pairs_hook=unique_members)
 
 
 @dataclass(frozen=True)
@@ -104,9 +66,8 @@ class ProxiedRequest:
     bulk: bytes | None = None
     # How many of the bulk's leading bytes are its PROMPT_FIELDS (`"messages":[...],...`).
     bulk_prompt_bytes: int = 0
-    # For a large body parsed inline, each top-level member's name, place in the client's bytes
-    # and value as parsed (gateway/body_splice.py): what changes is spliced into those bytes.
-    members: tuple[tuple[str, int, int, Any], ...] | None = None
+    # Whether orjson read the body (gateway/json_body.py): then orjson may write it again.
+    by_orjson: bool = False
     # The http(s) media URLs of a chat body, each with the field it is in, for
     # gateway/media_urls.py to check before anything is sent.
     media_urls: tuple[tuple[str, str], ...] = ()
@@ -122,137 +83,6 @@ def parse_request(
     if admit_model is not None:
         admit_model(*requested_model(body))
     return parse_proxied_request(path, body)
-
-
-def decoded(raw: bytes) -> str:
-    try:
-        # Strict UTF-8 (RFC 8259 for JSON on the wire): json.loads would decode bytes with
-        # "surrogatepass" and let an encoded lone surrogate through. A BOM is tolerated.
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise bad_request(
-            "The request body must be JSON encoded as UTF-8.", code="invalid_json"
-        ) from None
-
-
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    text = decoded(raw)
-    try:
-        body = DECODER.decode(text)
-    except DuplicateMember as dup:
-        shown = dup.name if len(dup.name) <= MAX_MODEL_NAME else dup.name[:MAX_MODEL_NAME] + "..."
-        raise bad_request(
-            f"The JSON body names '{shown}' twice in one object; each name may appear once.",
-            param=shown,
-            code="duplicate_key",
-        ) from None
-    except (ValueError, RecursionError):
-        # RecursionError: deeply nested arrays exhaust the parser's stack, not ours.
-        raise bad_request(
-            "We could not parse the JSON body of your request.", code="invalid_json"
-        ) from None
-    if not isinstance(body, dict):
-        raise bad_request("The request body must be a JSON object.", code="invalid_json")
-    check_surrogates(raw, body)
-    return body
-
-
-def check_surrogates(raw: bytes, body: dict[str, Any]) -> None:
-    """Refuse `body`, parsed from `raw`, if a string or a name in it holds a lone surrogate."""
-    if len(raw) >= ASCII_WALK_BYTES and _all_ascii(body, len(raw) // ASCII_WALK_BYTES_PER_VALUE):
-        return  # no surrogate: every string and name is ASCII
-    if _SURROGATE_ESCAPE.search(raw):
-        where = lone_surrogate_at(body)
-        if where is not None:
-            raise bad_request(
-                f"'{where}' contains a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff "
-                "escape), which is not text.",
-                param=where,
-                code="invalid_encoding",
-            )
-
-
-# The byte pattern costs 0.3 to 0.6 ns a byte (one pass of the regex engine, slower where the
-# text holds many escapes), a body's long strings included; a walk of the parsed body costs 0.1
-# to 0.2 us a value (a message of a role and a string at the low end, text parts at the high),
-# its strings' length aside (str.isascii reads a flag). So a large body of few values (an
-# agent's context in one or a hundred messages) is walked first: where every string and name is
-# ASCII, none holds a surrogate. The walk gives up at the first string that is not ASCII, or
-# past one value per ASCII_WALK_BYTES_PER_VALUE bytes, and the pattern runs as before: a walk
-# within that budget costs at most about what the pattern would, and one given up adds about as
-# much again. Measured on 200 to 240 KB chat bodies (shared 2-core VM, thread CPU time): one
-# message, 1.2 us where the pattern took 61; 20 messages, 8 us (135); 100 messages
-# (bench/gateway/large.py's transcript), 36 us (61), and 37 (135) with text of many escapes,
-# where a budget of one value per 2,048 bytes gave up and ran the pattern; given up, 200
-# messages 190 us (141), 25 messages of text parts 130 (74). Below ASCII_WALK_BYTES, the
-# pattern only.
-ASCII_WALK_BYTES = 16 * 1024
-ASCII_WALK_BYTES_PER_VALUE = 512
-_SCALARS = (int, float, bool, type(None))
-
-
-def _all_ascii(body: dict[str, Any], budget: int) -> bool:
-    """Whether every string and name in `body` is ASCII (then none holds a surrogate); False
-    also when that is not found out within `budget` values, or for a type json does not make."""
-    if type(body) is not dict:
-        return False
-    stack: list[dict[str, Any] | list[Any]] = [body]
-    while stack:
-        container = stack.pop()
-        budget -= len(container)
-        if budget < 0:
-            return False
-        if type(container) is dict:
-            if not all(map(str.isascii, container)):
-                return False
-            values: Iterable[Any] = container.values()
-        else:
-            values = container
-        for value in values:
-            kind = type(value)
-            if kind is str:
-                if not value.isascii():
-                    return False
-            elif kind is dict or kind is list:
-                stack.append(value)
-            elif kind not in _SCALARS:
-                return False
-    return True
-
-
-# A step down the parsed body: (the path to the parent, a key or an index), None at the top. A
-# linked path costs O(1) per value; the string is only built for the value at fault.
-_Path = tuple["_Path", str | int] | None
-
-
-def lone_surrogate_at(body: dict[str, Any]) -> str | None:
-    """The path ('messages[0].content', 'user') of the first string or key in `body` holding a
-    lone surrogate, or None. Iterative: json.loads nests as deep as the recursion limit, and a
-    recursive walk started a few frames down would not."""
-    stack: list[tuple[object, _Path]] = [(body, None)]
-    while stack:
-        value, path = stack.pop()
-        if isinstance(value, str) and not value.isascii() and _SURROGATE.search(value):
-            return _render(path)
-        elif isinstance(value, dict):
-            for key in value:
-                if not key.isascii() and _SURROGATE.search(key):
-                    return _render(path) or "(a field name)"
-            stack.extend(((v, (path, k)) for k, v in reversed(value.items())))
-        elif isinstance(value, list):
-            stack.extend((value[i], (path, i)) for i in range(len(value) - 1, -1, -1))
-    return None
-
-
-def _render(path: _Path) -> str:
-    steps: list[str | int] = []
-    while path is not None:
-        path, step = path
-        steps.append(step)
-    text = ""
-    for step in reversed(steps):
-        text += f"[{step}]" if isinstance(step, int) else (f".{step}" if text else step)
-    return text
 
 
 def too_large(max_bytes: int) -> ApiError:

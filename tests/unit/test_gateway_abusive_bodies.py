@@ -16,8 +16,9 @@ import pytest
 from gateway import proxy
 from gateway.body_parse import BodyParser, prepare, upstream_payload
 from gateway.errors import ApiError
+from gateway.json_body import lone_surrogate_at, parse_json_object
 from gateway.prompt_estimate import estimate_prompt_tokens
-from gateway.request_body import EMBEDDINGS, lone_surrogate_at, parse_json_object
+from gateway.request_body import EMBEDDINGS
 from gateway.routing import prompt_bytes
 from gateway.routing.affinity import owner
 from store import KeyLimits, Store

@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
-from gateway import body_splice, prompt_estimate, request_body
+from gateway import json_body, prompt_estimate
 from gateway.body_parse import INLINE_BYTES_PER_VALUE, INLINE_SIZE_FACTOR, few_values
-from gateway.body_splice import parse_with_members
 from gateway.errors import ApiError
+from gateway.json_body import check_surrogates, lone_surrogate_at
 from gateway.prompt_estimate import estimate_prompt_tokens
-from gateway.request_body import check_surrogates, lone_surrogate_at
 from gateway.routing.request_key import prompt_bytes
 
 _NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b",:[{")
@@ -97,7 +96,7 @@ def test_the_ascii_walk_answers_as_the_pattern_does(seed: int) -> None:
     # The same answer whatever the walk's budget: it only decides whether the pattern runs.
     for per_value in (1, 64, 512, 2048, 1 << 30):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(request_body, "ASCII_WALK_BYTES_PER_VALUE", per_value)
+            patch.setattr(json_body, "ASCII_WALK_BYTES_PER_VALUE", per_value)
             assert _surrogate_answer(raw) == answer
 
 
@@ -186,39 +185,3 @@ def test_prompt_bytes_reads_any_mapping_and_skips_the_rest() -> None:
     assert as_dicts == b"user\x1fa\x1e\x1fb"
     mapped = [_Message(m) if isinstance(m, dict) else m for m in messages]
     assert prompt_bytes({"messages": mapped}) == as_dicts
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_members_lie_where_they_did(seed: int) -> None:
-    rng = random.Random(seed)
-    pieces = ['"model":"m"', '"é":"ü"', '"x":"\\u00e9"', '"n":[1,{"a":"€"}]', '"s":"😀 "']
-    members = rng.sample(pieces, rng.randint(1, len(pieces)))
-    raw = ("{" + ",".join(members) + "}").encode()
-    if rng.random() < 0.3:
-        raw = b"\xef\xbb\xbf" + raw
-    if rng.random() < 0.3:
-        raw = raw.replace(b",", b" , ")
-    body, places = parse_with_members(raw)
-    assert body == json.loads(raw.decode("utf-8-sig"))
-    assert places is not None
-    for name, start, end, value in places:
-        assert raw[start:end].startswith(json.dumps(name, ensure_ascii=False).encode())
-        assert json.loads(b"{" + raw[start:end] + b"}") == {name: value}
-    assert [p[:3] for p in places] == [p[:3] for p in _places_before(raw)]
-
-
-def _places_before(raw: bytes) -> list[tuple[str, int, int]]:
-    """Where each member lies as the byte-by-byte count finds it (the way _in_bytes counts a
-    body that is not ASCII), for ASCII bodies too."""
-    text = raw.decode("utf-8-sig")
-    found = body_splice._walk(text)
-    assert found is not None
-    offset = 3 if raw.startswith(b"\xef\xbb\xbf") else 0
-    places, done = [], 0
-    for name, start, end in found[1]:
-        offset += len(text[done:start].encode())
-        first = offset
-        offset += len(text[start:end].encode())
-        done = end
-        places.append((name, first, offset))
-    return places

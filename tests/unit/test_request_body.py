@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from gateway.errors import ApiError
+from gateway.json_body import parse_json_object
 from gateway.request_body import (
     CHAT,
     COMPLETIONS,
     EMBEDDINGS,
-    parse_json_object,
     parse_proxied_request,
 )
 
