@@ -263,8 +263,9 @@ def _large(
 def _paired(
     runner: asyncio.Runner, options: Options, cores: Cores, upstream: str
 ) -> list[paired.PairedFigures]:
-    """The hop and llmgw up at once on the proxy core, measured in turn (bench/gateway/paired)."""
-    print("paired rounds, hop and llmgw in turn:", file=sys.stderr)
+    """The hop and llmgw up at once on the proxy core, measured in turn and together
+    (bench/gateway/paired)."""
+    print("paired rounds, hop and llmgw in turn and together:", file=sys.stderr)
     with (
         _serving("hop", options, cores, upstream) as hop,
         _serving("llmgw", options, cores, upstream) as llmgw,

@@ -31,7 +31,7 @@ class Options:
     quota_store: str = ""
     # The large-prompt figures (bench/gateway/large.py) of the arms in large.ARMS.
     large_prompts: bool = True
-    # Rounds of hop and llmgw measured in turn (bench/gateway/paired.py); 0: none.
+    # Rounds of hop and llmgw measured in turn and together (bench/gateway/paired.py); 0: none.
     paired_rounds: int = paired.ROUNDS
 
     @property
@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=paired.ROUNDS,
         metavar="N",
-        help="rounds of hop and llmgw measured in turn, for the CPU ratio "
+        help="rounds of hop and llmgw measured in turn and together, for the CPU ratio "
         f"(default {paired.ROUNDS}; 0 skips them)",
     )
     parser.add_argument(

@@ -2,10 +2,14 @@
 
 On a shared VM the hop's own CPU per request moves by a third from one run to the next, more
 than a day's changes to the gateway; measured once each, minutes apart, the ratio of the two
-moves with it. Here both proxies are up at once on the proxy core and loaded one at a time:
-each round measures the hop and llmgw back to back, hop first in even rounds and llmgw first in
-odd ones, so a drift of the machine over the run falls on both alike. Each round gives a ratio;
-the figure is their median, printed with the lowest and highest.
+moves with it. Here both proxies are up at once on the proxy core, and each load is measured
+two ways, five rounds each:
+- in turn: the hop and llmgw loaded back to back, hop first in even rounds and llmgw first in
+  odd ones, so a drift of the machine over the run falls on both alike;
+- together: both loaded at once over the same seconds (each with the load's connections), so
+  whatever the machine does in those seconds (another guest's burst, a slower clock) falls on
+  both: they share the core, each its CPU per answer measured over the same window.
+Each round gives a ratio; the figure is their median, printed with the lowest and highest.
 
 Per arm and round: a short warm-up load, then a closed loop of `duration_s` (the benchmark's
 --duration, 5 s by default); the proxy's CPU (user + system, from /proc) over that loop,
@@ -30,6 +34,7 @@ WARMUP_S = 0.5
 GOAL_CPU_RATIO = 1.3
 # What is measured: (name, concurrency, streamed).
 LOADS = (("plain c64", 64, False), ("SSE c16", 16, True))
+MODES = ("in turn", "together")
 
 
 @dataclass
@@ -81,6 +86,23 @@ async def _cpu_per_answer(
     return each, result.errors, result.first_error
 
 
+async def _together(
+    targets: dict[str, Target],
+    requests: dict[str, bytes],
+    concurrency: int,
+    stream: bool,
+    duration_s: float,
+) -> dict[str, tuple[float | None, int, str | None]]:
+    """Both arms loaded at once: each one's (µs per answer, errors, first error)."""
+    results = await asyncio.gather(
+        *(
+            _cpu_per_answer(targets[arm], requests[arm], concurrency, stream, duration_s)
+            for arm in ARMS
+        )
+    )
+    return dict(zip(ARMS, results, strict=True))
+
+
 def measure(
     runner: asyncio.Runner,
     targets: dict[str, Target],
@@ -89,31 +111,62 @@ def measure(
     duration_s: float,
 ) -> list[PairedFigures]:
     figures = []
-    for name, concurrency, stream in LOADS:
-        paired = PairedFigures(name)
-        requests = {
-            arm: build_request(t.host, t.port, t.path, body_of(stream), t.authorization)
-            for arm, t in targets.items()
-        }
-        for n in range(rounds):
-            got: dict[str, float | None] = {}
-            for arm in order(n):
-                each, errors, first = runner.run(
+    for mode in MODES:
+        for name, concurrency, stream in LOADS:
+            requests = {
+                arm: build_request(t.host, t.port, t.path, body_of(stream), t.authorization)
+                for arm, t in targets.items()
+            }
+            figures.append(
+                _rounds(
+                    runner,
+                    f"{name} {mode}",
+                    targets,
+                    requests,
+                    concurrency,
+                    stream,
+                    rounds,
+                    duration_s,
+                )
+            )
+    return figures
+
+
+def _rounds(
+    runner: asyncio.Runner,
+    name: str,
+    targets: dict[str, Target],
+    requests: dict[str, bytes],
+    concurrency: int,
+    stream: bool,
+    rounds: int,
+    duration_s: float,
+) -> PairedFigures:
+    paired = PairedFigures(name)
+    for n in range(rounds):
+        if name.endswith("together"):
+            results = runner.run(_together(targets, requests, concurrency, stream, duration_s))
+        else:
+            results = {
+                arm: runner.run(
                     _cpu_per_answer(targets[arm], requests[arm], concurrency, stream, duration_s)
                 )
-                got[arm] = each
-                paired.errors += errors
-                paired.first_error = paired.first_error or first
-            hop, mine = got["hop"], got["llmgw"]
-            if hop is not None and mine is not None:
-                paired.hop_us.append(hop)
-                paired.llmgw_us.append(mine)
-                _progress(
-                    f"  {name} round {n + 1}: hop {hop:4.0f} us, llmgw {mine:4.0f} us, "
-                    f"{mine / hop:.2f}x"
-                )
-        figures.append(paired)
-    return figures
+                for arm in order(n)
+            }
+        got: dict[str, float | None] = {}
+        for arm, (each, errors, first) in results.items():
+            got[arm] = each
+            paired.errors += errors
+            paired.first_error = paired.first_error or first
+        hop, mine = got["hop"], got["llmgw"]
+        if hop is not None and mine is not None:
+            paired.hop_us.append(hop)
+            paired.llmgw_us.append(mine)
+            _progress(
+                f"  {name} round {n + 1}: hop {hop:4.0f} us, llmgw {mine:4.0f} us, "
+                f"{mine / hop:.2f}x"
+            )
+    return paired
 
 
 def lines(figures: Sequence[PairedFigures]) -> list[str]:
