@@ -202,11 +202,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                         self._refuse(413, *_too_large(self.limits.max_body_bytes))
                         return
                 piece, view = view, view[:0]
-            if not self._feed(bytes(piece)):
+            # httptools reads a memoryview in place: no copy of a large body's chunks.
+            if not self._feed(piece):
                 return
         self._arm_pending_timers()
 
-    def _feed(self, data: bytes) -> bool:
+    def _feed(self, data: bytes | memoryview) -> bool:
         """uvicorn's data_received, with this class's refusals answered; False once the
         connection is done for."""
         self._unset_keepalive_if_required()
