@@ -11,11 +11,11 @@ past 1,024). So orjson's tree stands only where
   recursion limit less the frames above it, so it refuses some depths orjson reads);
 - no float in it is as large as 2**63 (where an integer orjson cannot hold as one went);
 - no name was dropped, which the bytes tell: in valid JSON a colon outside a string ends a
-  member's name, so the body's colons are its members plus the colons written in its strings.
-  A colon written in a string is a colon in the parsed string, and only a `\\u003a` escape makes
-  one without the byte. So where the bytes' colons are the tree's names plus its strings'
-  colons, and (only where its strings hold a colon) the bytes hold no `\\u003` at all, each
-  object kept every name it was given.
+  member's name. Where the bytes hold as many colons as the tree holds names, no string holds
+  one and no name was dropped. Else orjson writes the tree back (a colon after each name, each
+  colon of its strings as it is), and where the bytes write no colon as a `\\u003a` escape,
+  the bytes' colons less the writing's are the dropped names and the colons of what they held:
+  none where both count alike. `_same_names` says how the escape is ruled out.
 Everything else is read again by json, so which bodies are refused, and how, is as before
 (tests/unit/test_json_body.py compares the two on random and hostile bodies).
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -57,8 +58,9 @@ def read_json_object(raw: bytes) -> tuple[dict[str, Any], bool]:
 
 def _read_fast(raw: bytes) -> dict[str, Any] | None:
     """orjson's reading of `raw` where it is json's too (the module's docstring), else None."""
+    data = raw[3:] if raw.startswith(_BOM) else raw
     try:
-        body = orjson.loads(raw[3:] if raw.startswith(_BOM) else raw)
+        body = orjson.loads(data)
     except orjson.JSONDecodeError:
         return None
     if type(body) is not dict:
@@ -67,20 +69,46 @@ def _read_fast(raw: bytes) -> dict[str, Any] | None:
     if shape is None:
         return None
     names, strings = shape
-    # The colons in the bytes, counted by deleting them: bytes.count reads a byte at a time,
-    # replace jumps from one to the next (gateway/body_parse.py, STRUCTURAL_BYTES).
-    extra = len(raw) - len(raw.replace(b":", b"")) - names
-    if extra:
-        found = 0
-        for text in strings:
-            if ":" in text:
-                found += len(text) - len(text.replace(":", "", extra + 1 - found))
-                if found > extra:
-                    return None
-        # `in` finds one byte with memchr; the five-byte search reads about 2 GB/s.
-        if found != extra or (b"\\" in raw and b"\\u003" in raw):
-            return None
+    colons = _count(data, b":")
+    if colons != names and not _same_names(data, body, colons, strings):
+        return None
     return body
+
+
+def _count(data: bytes, byte: bytes) -> int:
+    # By deleting them: bytes.count reads a byte at a time, replace jumps from one to the next
+    # with memchr (gateway/body_parse.py, STRUCTURAL_BYTES).
+    return len(data) - len(data.replace(byte, b""))
+
+
+def _same_names(raw: bytes, body: dict[str, Any], colons: int, strings: list[str]) -> bool:
+    """Whether `raw`'s objects hold no name that `body`'s dropped, where its strings hold
+    colons (or a name was dropped); False may also mean "not found out".
+
+    orjson writes `body` back with a colon after each name and each colon of its strings as it
+    is, so where `raw` writes no colon as `\\u003a`, raw's colons less the written body's are
+    the names dropped plus the colons of what they held: none, exactly when both count alike.
+
+    No `\\u003a`: where raw has no backslash, it has no escape at all. Else orjson writes each
+    string with the fewest backslashes a writer may use (one before a quote or a control
+    character, two for a backslash), so where no string holds a backslash (one written
+    `\\u005c` would take one fewer) and raw holds as many backslashes as the written body, it
+    escapes nothing else: no `\\u003a`, and no dropped member holding one. Failing that, a
+    five-byte search, which reads about 2 GB/s (0.1 ms for 200 KB).
+
+    First of all, bytes that are the written body itself (what httpx, so the OpenAI SDK for
+    Python, and JavaScript's JSON.stringify send, floats aside) drop nothing."""
+    written = orjson.dumps(body)
+    if raw == written:
+        return True
+    if colons != _count(written, b":"):
+        return False
+    if b"\\" not in raw:
+        return True
+    no_backslash_held = not any(map(str.__contains__, strings, repeat("\\")))
+    if no_backslash_held and _count(raw, b"\\") == _count(written, b"\\"):
+        return True
+    return b"\\u003" not in raw
 
 
 def _names_and_strings(body: dict[str, Any]) -> tuple[int, list[str]] | None:

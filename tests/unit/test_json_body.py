@@ -72,6 +72,12 @@ EDGES = [
     b'{"a":"\\\\u003a:","b":1}',
     b'{"a" :1, "a" : 2}',
     b'{"t":"https://x/y","u":"https://x/y","t":"z"}',
+    # A repeated name whose dropped colon an escaped one makes up for, in the counts of colons
+    # and of backslashes both (a backslash written as \u005c takes one fewer).
+    b'{"a":"\\u003a","a":"\\u003a"}',
+    b'{"a":"x","a":"\\u003a\\u005c"}',
+    b'{"a":"x","a":"\\u003A\\\\"}',
+    b'{"a":"\\u003a\\n","b":"\\"","a":"\\u003a\\n"}',
     # Nesting around the fast path's limit and json's.
     b'{"a":' + b"[" * (FAST_DEPTH - 1) + b"]" * (FAST_DEPTH - 1) + b"}",
     b'{"a":' + b"[" * FAST_DEPTH + b"]" * FAST_DEPTH + b"}",
@@ -175,6 +181,7 @@ def test_ordinary_bodies_take_the_fast_path() -> None:
     orjson, so the speed is there where it counts."""
     bodies = [
         {"model": "m", "messages": [{"role": "user", "content": "Note: see https://a/b"}]},
+        {"model": "m", "messages": [{"role": "user", "content": 'a: "b"\n\t' * 5000}]},
         {"model": "m", "messages": [{"role": "user", "content": "中文 😀" * 1000}]},
         {
             "model": "m",
@@ -184,7 +191,11 @@ def test_ordinary_bodies_take_the_fast_path() -> None:
         },
     ]
     for body in bodies:
-        for raw in (json.dumps(body).encode(), json.dumps(body, ensure_ascii=False).encode()):
+        for raw in (
+            json.dumps(body).encode(),
+            # As httpx (so the OpenAI SDK for Python) writes a body.
+            json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode(),
+        ):
             for sent in (raw, b"\xef\xbb\xbf" + raw):
                 read, by_orjson = read_json_object(sent)
                 assert by_orjson
