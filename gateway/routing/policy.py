@@ -170,7 +170,7 @@ class Router(PrefixChoice):
         self.loads.retain(ready)
         self.tokens.retain(ready)
 
-    def prompt_keys(self, prompt: bytes) -> list[int] | None:
+    def prompt_keys(self, prompt: bytes) -> Sequence[int] | None:
         """The prompt's block keys where the policy routes on them ("prefix"), for
         RequestKey.prompt_keys and `needs_no_tokens`: hashed once per request rather than at
         each step (measured: 180 us for the 64 KB the index reads of a long prompt). None under

@@ -13,6 +13,9 @@ import pytest
 from gateway.routing.prefix_index import (
     BLOCK_BYTES,
     BYTES_PER_CLAIM,
+    MAX_BLOCKS,
+    RECENT_PROMPT_BYTES,
+    RECENT_PROMPTS,
     PrefixIndex,
     block_hashes,
 )
@@ -80,6 +83,40 @@ def test_keyed_block_hashes_match_the_values_other_gateways_compute() -> None:
         6100497097879994437,
         -369256098478616230,
     ]
+
+
+@pytest.mark.parametrize("hash_key", [None, b"k" * 32])
+def test_a_long_prompt_sent_again_gets_the_keys_it_hashed_to(hash_key: bytes | None) -> None:
+    """An agent's context resent each turn: its keys come from the recent prompts, and are the
+    keys it hashes to, whatever object holds the bytes, for prompts past the bound too."""
+    index = PrefixIndex(hash_key=hash_key)
+    rng = random.Random(7)
+    sizes = [RECENT_PROMPT_BYTES - 1, RECENT_PROMPT_BYTES, 70 * 1024, 300 * 1024]
+    prompts = [bytes(rng.getrandbits(8) for _ in range(size)) for size in sizes]
+    for _ in range(2):
+        for prompt in prompts:
+            again = bytes(bytearray(prompt))  # equal bytes, another object
+            assert list(index.hashes(again)) == block_hashes(prompt, hash_key=hash_key)
+    # The same 64 KB read, whatever follows it: one entry, the same keys.
+    longer = prompts[3] + b"more"
+    assert list(index.hashes(longer)) == block_hashes(longer, hash_key=hash_key)
+    assert len(index._recent) == 3  # the three prompts of at least RECENT_PROMPT_BYTES
+
+
+def test_the_recent_prompts_are_bounded_and_hold_only_what_the_keys_cover() -> None:
+    index = PrefixIndex()
+    for n in range(RECENT_PROMPTS * 2):
+        index.hashes(n.to_bytes(4, "big") * (MAX_BLOCKS * BLOCK_BYTES))  # 256 KB each
+    assert len(index._recent) == RECENT_PROMPTS
+    assert all(len(prompt) == MAX_BLOCKS * BLOCK_BYTES for prompt in index._recent)
+    # The least recently used went first: the earliest are gone, the latest are there.
+    first, last = (
+        n.to_bytes(4, "big") * (MAX_BLOCKS * BLOCK_BYTES // 4) for n in (0, RECENT_PROMPTS * 2 - 1)
+    )
+    held = set(index._recent)
+    assert first not in held, "the oldest prompt was kept"
+    assert last in held, "the latest prompt was not kept"
+    assert index._recent[last] == tuple(block_hashes(last))
 
 
 def test_longest_match_picks_the_replica_that_served_the_shared_system_prompt() -> None:
