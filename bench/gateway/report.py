@@ -212,7 +212,9 @@ def verdicts(arms: Sequence[ArmFigures]) -> list[Verdict]:
     out.append(
         Verdict(
             f"added p50 <= the hop's + {GOAL_ADDED_OVER_HOP_MS} ms at concurrency 1",
-            "n/a" if over_hop is None else f"the hop's + {over_hop:.3f} ms",
+            "n/a"
+            if over_hop is None
+            else f"the hop's {'+' if over_hop >= 0 else '-'} {abs(over_hop):.3f} ms",
             None if over_hop is None else over_hop <= GOAL_ADDED_OVER_HOP_MS,
         )
     )

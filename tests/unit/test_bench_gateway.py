@@ -276,6 +276,13 @@ def test_goals_are_judged_against_hop_and_direct() -> None:
     ]
 
 
+def test_a_gateway_that_adds_less_than_the_hop_reads_as_the_hop_less() -> None:
+    figures = _figures()
+    figures[2].c1_p50_ms = 0.25  # llmgw adds 0.15 ms, the hop 0.2
+    added = [v for v in report.verdicts(figures) if "the hop's +" in v.goal]
+    assert [(v.measured, v.passed) for v in added] == [("the hop's - 0.050 ms", True)]
+
+
 def test_tables_show_every_arm_and_why_one_is_missing() -> None:
     text = report.text_table(_figures())
     assert "unavailable: installing LiteLLM failed" in text
