@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterable
 from itertools import repeat
 from typing import Any
@@ -112,10 +113,12 @@ def _same_names(raw: bytes, body: dict[str, Any], colons: int, strings: list[str
     return b"\\u003" not in raw
 
 
-def _names_and_strings(body: dict[str, Any]) -> tuple[int, list[str]] | None:
+def _names_and_strings(
+    body: dict[str, Any], budget: int = sys.maxsize
+) -> tuple[int, list[str]] | None:
     """How many names the tree's objects hold, and its strings (names among them); None for a
-    tree nested past FAST_DEPTH or holding a float as large as 2**63. A level at a time, so the
-    depth is counted without a step per value."""
+    tree nested past FAST_DEPTH, holding a float as large as 2**63, or of more than `budget`
+    values. A level at a time, so the depth is counted without a step per value."""
     names = 0
     strings: list[str] = []
     keep = strings.append
@@ -127,6 +130,9 @@ def _names_and_strings(body: dict[str, Any]) -> tuple[int, list[str]] | None:
             return None
         below: list[Any] = []
         for container in level:
+            budget -= len(container)
+            if budget < 0:
+                return None
             if type(container) is dict:
                 names += len(container)
                 strings.extend(container)
@@ -237,47 +243,25 @@ def check_surrogates(raw: bytes, body: dict[str, Any]) -> None:
 # to 0.2 us a value (a message of a role and a string at the low end, text parts at the high),
 # its strings' length aside (str.isascii reads a flag). So a large body of few values (an
 # agent's context in one or a hundred messages) is walked first: where every string and name is
-# ASCII, none holds a surrogate. The walk gives up at the first string that is not ASCII, or
-# past one value per ASCII_WALK_BYTES_PER_VALUE bytes, and the pattern runs as before: a walk
-# within that budget costs at most about what the pattern would, and one given up adds about as
-# much again. Measured on 200 to 240 KB chat bodies (shared 2-core VM, thread CPU time): one
-# message, 1.2 us where the pattern took 61; 20 messages, 8 us (135); 100 messages
-# (bench/gateway/large.py's transcript), 36 us (61), and 37 (135) with text of many escapes,
-# where a budget of one value per 2,048 bytes gave up and ran the pattern; given up, 200
-# messages 190 us (141), 25 messages of text parts 130 (74). Below ASCII_WALK_BYTES, the
-# pattern only.
+# ASCII, none holds a surrogate. The walk (the fast path's `_names_and_strings`) gives up past
+# one value per ASCII_WALK_BYTES_PER_VALUE bytes or FAST_DEPTH levels, and where it gave up or a
+# string is not ASCII the pattern runs as before: a walk within that budget costs at most about
+# what the pattern would, and one given up adds about as much again. Measured on 200 to 240 KB
+# chat bodies (shared 2-core VM, thread CPU time; the walk then stopped at the first string that
+# was not ASCII, and measured the same since within the machine's noise): one message, 1.2 us
+# where the pattern took 61; 20 messages, 8 us (135); 100 messages (bench/gateway/large.py's
+# transcript), 36 us (61), and 37 (135) with text of many escapes, where a budget of one value
+# per 2,048 bytes gave up and ran the pattern; given up, 200 messages 190 us (141), 25 messages
+# of text parts 130 (74). Below ASCII_WALK_BYTES, the pattern only.
 ASCII_WALK_BYTES = 16 * 1024
 ASCII_WALK_BYTES_PER_VALUE = 512
-_SCALARS = (int, float, bool, type(None))
 
 
 def _all_ascii(body: dict[str, Any], budget: int) -> bool:
     """Whether every string and name in `body` is ASCII (then none holds a surrogate); False
-    also when that is not found out within `budget` values, or for a type json does not make."""
-    if type(body) is not dict:
-        return False
-    stack: list[dict[str, Any] | list[Any]] = [body]
-    while stack:
-        container = stack.pop()
-        budget -= len(container)
-        if budget < 0:
-            return False
-        if type(container) is dict:
-            if not all(map(str.isascii, container)):
-                return False
-            values: Iterable[Any] = container.values()
-        else:
-            values = container
-        for value in values:
-            kind = type(value)
-            if kind is str:
-                if not value.isascii():
-                    return False
-            elif kind is dict or kind is list:
-                stack.append(value)
-            elif kind not in _SCALARS:
-                return False
-    return True
+    also when that is not found out within `budget` values (or FAST_DEPTH levels)."""
+    shape = _names_and_strings(body, budget)
+    return shape is not None and all(map(str.isascii, shape[1]))
 
 
 # A step down the parsed body: (the path to the parent, a key or an index), None at the top. A
