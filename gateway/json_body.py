@@ -98,8 +98,8 @@ def _same_names(raw: bytes, body: dict[str, Any], colons: int, strings: list[str
     escapes nothing else: no `\\u003a`, and no dropped member holding one. Failing that, a
     five-byte search, which reads about 2 GB/s (0.1 ms for 200 KB).
 
-    First of all, bytes that are the written body itself (what httpx, so the OpenAI SDK for
-    Python, and JavaScript's JSON.stringify send, floats aside) drop nothing."""
+    First of all, bytes that are the written body itself (as httpx, so the OpenAI SDK for
+    Python, writes a body, floats aside) drop nothing."""
     written = orjson.dumps(body)
     if raw == written:
         return True
