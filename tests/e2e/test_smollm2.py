@@ -131,7 +131,16 @@ async def test_a_flooding_key_does_not_hold_another_keys_request_behind_its_own(
     flood = [asyncio.create_task(one(flood_key, f"flood {i}", 64, "batch")) for i in range(12)]
     await asyncio.sleep(1.5)  # the flood runs
     done_before = len(finished)
-    await one(chat_key, "chat", 8, "interactive")
+    try:
+        await one(chat_key, "chat", 8, "interactive")
+    except openai.InternalServerError as exc:
+        # On a loaded machine the two flood requests running may outlast the chat request's
+        # 60 s in the queue (seen twice in fresh-clone runs on a slow VM: 503, the replicas
+        # stayed busy). Sent again, as a client would, it must still come before the flood's
+        # waiting requests: a freed slot given to the flood instead fails the order below.
+        if exc.status_code != 503:
+            raise
+        await one(chat_key, "chat", 8, "interactive")
     await asyncio.gather(*flood)
     # In arrival order it would follow every flood request still waiting (eight or more). The
     # gateway sends the replica no more than its two slots (its route says so), so the flood
