@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import SERVER_ERROR, ApiError, bad_request
-from gateway.json_body import read_json_object
+from gateway.json_body import count_byte, read_json_object
 from gateway.media_urls import MediaPolicy, pinned_urls
 from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.request_body import (
@@ -175,9 +175,8 @@ def few_values(raw: bytes, inline_bytes: int) -> bool:
     # Fewer than inline_bytes // INLINE_BYTES_PER_VALUE structural bytes in all; `left` is how
     # many more may follow, so each count stops as soon as the body is known to have too many.
     left = inline_bytes // INLINE_BYTES_PER_VALUE
-    size = len(raw)
     for byte in STRUCTURAL_BYTES:
-        left -= size - len(raw.replace(byte, b"", left))
+        left -= count_byte(raw, byte, left)
         if left <= 0:
             return False
     return True

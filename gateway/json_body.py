@@ -71,16 +71,17 @@ def _read_fast(raw: bytes) -> dict[str, Any] | None:
     if shape is None:
         return None
     names, strings = shape
-    colons = _count(data, b":")
+    colons = count_byte(data, b":")
     if colons != names and not _same_names(data, body, colons, strings):
         return None
     return body
 
 
-def _count(data: bytes, byte: bytes) -> int:
-    # By deleting them: bytes.count reads a byte at a time, replace jumps from one to the next
-    # with memchr (gateway/body_parse.py, STRUCTURAL_BYTES).
-    return len(data) - len(data.replace(byte, b""))
+def count_byte(data: bytes, byte: bytes, limit: int = -1) -> int:
+    """How many times `byte` is in `data`, counting stopped at `limit` (-1: none). By deleting
+    them: bytes.count reads a byte at a time, replace jumps from one to the next with memchr
+    (gateway/body_parse.py, STRUCTURAL_BYTES, has the measures)."""
+    return len(data) - len(data.replace(byte, b"", limit))
 
 
 def _same_names(raw: bytes, body: dict[str, Any], colons: int, strings: list[str]) -> bool:
@@ -103,12 +104,12 @@ def _same_names(raw: bytes, body: dict[str, Any], colons: int, strings: list[str
     written = orjson.dumps(body)
     if raw == written:
         return True
-    if colons != _count(written, b":"):
+    if colons != count_byte(written, b":"):
         return False
     if b"\\" not in raw:
         return True
     no_backslash_held = not any(map(str.__contains__, strings, repeat("\\")))
-    if no_backslash_held and _count(raw, b"\\") == _count(written, b"\\"):
+    if no_backslash_held and count_byte(raw, b"\\") == count_byte(written, b"\\"):
         return True
     return b"\\u003" not in raw
 

@@ -110,31 +110,34 @@ def measure(
     rounds: int,
     duration_s: float,
 ) -> list[PairedFigures]:
-    figures = []
-    for mode in MODES:
-        for name, concurrency, stream in LOADS:
-            requests = {
-                arm: build_request(t.host, t.port, t.path, body_of(stream), t.authorization)
-                for arm, t in targets.items()
-            }
-            figures.append(
-                _rounds(
-                    runner,
-                    f"{name} {mode}",
-                    targets,
-                    requests,
-                    concurrency,
-                    stream,
-                    rounds,
-                    duration_s,
-                )
-            )
-    return figures
+    requests = {
+        stream: {
+            arm: build_request(t.host, t.port, t.path, body_of(stream), t.authorization)
+            for arm, t in targets.items()
+        }
+        for stream in (False, True)
+    }
+    return [
+        _rounds(
+            runner,
+            f"{name} {mode}",
+            mode == "together",
+            targets,
+            requests[stream],
+            concurrency,
+            stream,
+            rounds,
+            duration_s,
+        )
+        for mode in MODES
+        for name, concurrency, stream in LOADS
+    ]
 
 
 def _rounds(
     runner: asyncio.Runner,
     name: str,
+    together: bool,
     targets: dict[str, Target],
     requests: dict[str, bytes],
     concurrency: int,
@@ -144,7 +147,7 @@ def _rounds(
 ) -> PairedFigures:
     paired = PairedFigures(name)
     for n in range(rounds):
-        if name.endswith("together"):
+        if together:
             results = runner.run(_together(targets, requests, concurrency, stream, duration_s))
         else:
             results = {
