@@ -16,6 +16,7 @@ from gateway.routing.prefix_index import (
     MAX_BLOCKS,
     RECENT_PROMPT_BYTES,
     RECENT_PROMPTS,
+    REFRESH_S,
     PrefixIndex,
     block_hashes,
 )
@@ -149,6 +150,31 @@ def test_last_use_times_follow_the_latest_insert() -> None:
     assert index.last_used("r-a", keys) == 9.0
 
 
+def test_a_prompt_resent_within_the_refresh_interval_keeps_its_time_and_place() -> None:
+    # An agent resending its context: the second send within REFRESH_S changes nothing, a send
+    # after it refreshes every block, and a longer prompt refreshes at once.
+    index = PrefixIndex()
+    keys = index.hashes(SYSTEM_A)
+    index.insert("r-a", SYSTEM_A, now=100.0)
+    index.insert("r-b", SYSTEM_B, now=100.2)
+    index.insert("r-a", SYSTEM_A, now=100.0 + REFRESH_S / 2)
+    assert index.last_used("r-a", keys) == 100.0
+    oldest_first = list(index.claims(101.0).replicas)
+    assert oldest_first[0] == "r-a"  # not moved behind r-b's prompt
+    index.insert("r-a", SYSTEM_A, now=100.0 + REFRESH_S)
+    assert index.last_used("r-a", keys) == 100.0 + REFRESH_S
+    longer = SYSTEM_A + b"and the next turn " * 20
+    index.insert("r-a", longer, now=100.1 + REFRESH_S)
+    assert index.last_used("r-a", keys) == 100.1 + REFRESH_S
+    assert index.last_used("r-a", index.hashes(longer)) == 100.1 + REFRESH_S
+    # Another replica sent the same prompt is a claim of its own, refreshed or not.
+    index.insert("r-b", SYSTEM_A, now=100.2 + REFRESH_S)
+    assert index.longest_match(SYSTEM_A, ["r-a", "r-b"]) == {
+        "r-a": blocks(SYSTEM_A),
+        "r-b": blocks(SYSTEM_A),
+    }
+
+
 def test_eviction_keeps_memory_bounded_under_a_flood_of_distinct_prompts() -> None:
     index = PrefixIndex(max_claims=500)
     for n in range(5_000):
@@ -206,11 +232,15 @@ def test_bad_sizes_are_refused() -> None:
 
 
 class PlainInsert(PrefixIndex):
-    """`insert_hashes` written the plain way: times set, claims counted, then every block moved
-    to the end deepest first, then the oldest nodes evicted."""
+    """`insert_hashes` written the plain way: nothing where every block is held and the deepest
+    was sent within REFRESH_S; else times set, claims counted, then every block moved to the end
+    deepest first, then the oldest nodes evicted."""
 
     def insert_hashes(self, replica_id: str, keys: Sequence[int], now: float) -> None:
         held = self._held(replica_id, keys)
+        all_held = bool(keys) and held == len(keys)
+        if all_held and now - self._nodes[keys[-1]][replica_id] < REFRESH_S:
+            return
         for key in keys[:held]:
             self._nodes[key][replica_id] = now
         for key in keys[held:]:
@@ -232,17 +262,19 @@ def state(index: PrefixIndex, now: float) -> tuple[object, ...]:
 
 
 def test_insert_leaves_the_index_as_the_plain_algorithm_does() -> None:
-    # Prompts that share prefixes (a small alphabet, 4-byte blocks), replicas that share them,
-    # an index small enough to evict, and now and then a replica forgotten or another index's
-    # claims learned part by part (which leaves a replica holding blocks without their parents
-    # until the last part): the order of the nodes, their claims and times must all agree.
+    # Prompts that share prefixes (a small alphabet, 4-byte blocks), half of them resent soon
+    # after (within REFRESH_S or not), replicas that share them, an index small enough to
+    # evict, and now and then a replica forgotten or another index's claims learned part by
+    # part (which leaves a replica holding blocks without their parents until the last part):
+    # the order of the nodes, their claims and times must all agree.
     rng = random.Random(2)
     fast, plain, other = (
         kind(300, block_bytes=4, max_blocks=40) for kind in (PrefixIndex, PlainInsert, PrefixIndex)
     )
     replicas = ["r-a", "r-b", "r-c", "r-d"]
+    sent: list[bytes] = []
     for step in range(1500):
-        now = float(step)
+        now = step * REFRESH_S / 3  # a prompt resent within REFRESH_S now and then
         action = rng.random()
         if action < 0.03:
             gone = rng.choice(replicas)
@@ -253,6 +285,9 @@ def test_insert_leaves_the_index_as_the_plain_algorithm_does() -> None:
                 plain.learn(part, now)
         else:
             prompt = bytes(rng.choice(b"ab") for _ in range(rng.randrange(0, 170)))
+            if sent and rng.random() < 0.5:
+                prompt = rng.choice(sent[-4:])  # resent, as an agent resends its context
+            sent.append(prompt)
             replica = rng.choice(replicas)
             target = other if action < 0.2 else None
             if target is not None:
