@@ -45,7 +45,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import (
@@ -317,7 +317,14 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._body_bytes += len(body)
         if self._body_bytes > self._body_ceiling():
             raise _Refusal(413, *_too_large(self.limits.max_body_bytes))
-        super().on_body(body)
+        if (
+            self.parser.should_upgrade() and self._should_upgrade()
+        ) or self.cycle.response_complete:
+            return  # as uvicorn's on_body: a body after the answer is read and dropped
+        # Held by the cycle (this class's, on_headers_complete) until the body is whole
+        # (ResponseCycle.receive): no wake-up of the application per piece.
+        if cast(ResponseCycle, self.cycle).take_body(body):
+            self.flow.pause_reading()
 
     def on_message_complete(self) -> None:
         self._body_awaited = False

@@ -1,9 +1,15 @@
-"""The gateway's request cycle: uvicorn's, with a `send` of its own that gateway/http_limits.py's
-protocol relies on (it gives each request's cycle this class)."""
+"""The gateway's request cycle: uvicorn's, with a `send` and a `receive` of its own that
+gateway/http_limits.py's protocol relies on (it gives each request's cycle this class)."""
 
 from __future__ import annotations
 
-from uvicorn._types import ASGISendEvent, HTTPResponseBodyEvent, HTTPResponseStartEvent
+from uvicorn._types import (
+    ASGIReceiveEvent,
+    ASGISendEvent,
+    HTTPResponseBodyEvent,
+    HTTPResponseStartEvent,
+)
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -33,9 +39,60 @@ class ResponseCycle(RequestResponseCycle):
     uvicorn's wrapped: wrapping took two calls of uvicorn's `send` and a stand-in transport per
     answer, and checked each header's name and value with a regular expression apiece. A class
     rather than a wrapper of `send` per request: that wrapper and the cycle held each other,
-    garbage only the cycle collector could free."""
+    garbage only the cycle collector could free.
+
+    And its `receive` hands the request's body over whole, where uvicorn's wakes the
+    application for each piece the socket gave (a 200 KB body came in four or more, each
+    joined into a bytearray, copied out to the application, and joined again there) and
+    paused reading past 64 KB until the application asked for more. Here the pieces are kept
+    as they came and joined once; reading pauses past that mark only while no `receive` waits
+    (the body is bounded by the protocol's limit, as the application's read of it was)."""
 
     _held_head = b""
+    # The request body's pieces not yet received, their size, and whether `receive` waits.
+    _pieces: list[bytes] | None = None
+    _piece_bytes = 0
+    _receiving = False
+
+    @property
+    def held_body_bytes(self) -> int:
+        """The request body's bytes read off the socket and not yet received."""
+        return self._piece_bytes
+
+    def take_body(self, piece: bytes) -> bool:
+        """Keep a piece of the request's body; True where reading should pause: more than
+        uvicorn's high-water mark held, and no `receive` waiting for it."""
+        if self._pieces is None:
+            self._pieces = [piece]
+        else:
+            self._pieces.append(piece)
+        self._piece_bytes += len(piece)
+        return self._piece_bytes > HIGH_WATER_LIMIT and not self._receiving
+
+    async def receive(self) -> ASGIReceiveEvent:
+        if self.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting_for_100_continue = False
+        if not self.disconnected and not self.response_complete:
+            # Woken when the body is whole (the protocol's on_message_complete), the client
+            # gone, or the answer sent.
+            self.flow.resume_reading()
+            self._receiving = True
+            try:
+                await self.message_event.wait()
+            finally:
+                self._receiving = False
+            self.message_event.clear()
+        if self.disconnected or self.response_complete:
+            return {"type": "http.disconnect"}
+        pieces, self._pieces, self._piece_bytes = self._pieces, None, 0
+        if pieces is None:
+            body = b""
+        elif len(pieces) == 1:
+            body = pieces[0]  # most bodies: one piece, no copy
+        else:
+            body = b"".join(pieces)
+        return {"type": "http.request", "body": body, "more_body": self.more_body}
 
     async def send(self, message: ASGISendEvent) -> None:
         if self.flow.write_paused and not self.disconnected:

@@ -2,17 +2,20 @@
 gateway's protocol: a plain answer leaves in one write, head and body together; a HEAD request
 still gets its head; a stream's head is not held back for its first event; an answer started
 before the body was read still closes its connection; a header value holding a line break is
-never sent; a body of unknown length is chunked."""
+never sent; a body of unknown length is chunked; a request body sent in pieces reaches the
+application whole, in one message, and an application not yet reading holds reading back."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 
 from gateway.http_limits import HttpLimits, limited_protocol
 from gateway.server import listen
@@ -32,8 +35,14 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 401, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         return
-    while (await receive()).get("more_body"):
-        pass
+    if path == "/late-reader":  # asks for the body only after a while
+        await asyncio.sleep(0.3)
+        HELD_BEFORE_READING.append(receive.__self__.held_body_bytes)
+    while True:
+        message = await receive()
+        RECEIVED.append((len(message.get("body", b"")), message.get("more_body", False)))
+        if not message.get("more_body"):
+            break
     if path == "/injected":  # a header value that would start a header of its own
         headers = [(b"x-request-id", b"a\r\nset-cookie: stolen=1"), (b"content-length", b"2")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -57,6 +66,8 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 WRITES: list[bytes] = []  # what the server's transports were given to write, in order
+RECEIVED: list[tuple[int, bool]] = []  # each `receive` of a body: its size and more_body
+HELD_BEFORE_READING: list[int] = []  # /late-reader: body bytes read before it asked for any
 
 
 class CountedWrites:
@@ -81,6 +92,8 @@ class CountingProtocol(limited_protocol(HttpLimits())):  # type: ignore[misc]
 @asynccontextmanager
 async def serving() -> AsyncIterator[int]:
     WRITES.clear()
+    RECEIVED.clear()
+    HELD_BEFORE_READING.clear()
     sock = listen("127.0.0.1", 0)
     config = uvicorn.Config(app, http=CountingProtocol, log_level="warning")
     server = uvicorn.Server(config)
@@ -159,3 +172,40 @@ async def test_a_body_of_unknown_length_is_chunked() -> None:
     answer = b"".join(got)
     assert b"transfer-encoding: chunked\r\n" in answer, answer
     assert answer.endswith(b"\r\n\r\n" + expect), answer
+
+
+def send_in_pieces(port: int, request: bytes, piece: int, pause_s: float) -> bytes:
+    """The answer to `request`, sent `piece` bytes at a time with a pause between."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for start in range(0, len(request), piece):
+            client.sendall(request[start : start + piece])
+            time.sleep(pause_s)
+        client.shutdown(socket.SHUT_WR)
+        got = []
+        while data := client.recv(65536):
+            got.append(data)
+        return b"".join(got)
+
+
+async def test_a_body_sent_in_pieces_reaches_the_application_whole_in_one_message() -> None:
+    body = b"x" * 200_000
+    request = http_request("POST", "/plain", headers={"Connection": "close"}, body=body)
+    async with serving() as port:
+        answer = await asyncio.to_thread(send_in_pieces, port, request, 20_000, 0.005)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
+    assert RECEIVED == [(len(body), False)]
+
+
+async def test_an_application_not_yet_reading_holds_the_body_back() -> None:
+    # Past uvicorn's high-water mark the server stops reading until the application asks:
+    # a client's 4 MB is not all taken into memory while the request waits (one read of the
+    # socket may go past the mark).
+    body = b"y" * (4 * 1024 * 1024)
+    request = http_request("POST", "/late-reader", headers={"Connection": "close"}, body=body)
+    async with serving() as port:
+        answer = await asyncio.to_thread(reads, port, request, 10**9)
+    assert b"".join(answer).startswith(b"HTTP/1.1 200 ")
+    (held,) = HELD_BEFORE_READING
+    assert 0 < held <= HIGH_WATER_LIMIT + 512 * 1024, held
+    assert RECEIVED == [(len(body), False)]
