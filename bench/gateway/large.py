@@ -15,7 +15,9 @@ again, paced (BESIDE_PAUSE_S between requests on each connection), with the smal
 them (the small requests' p50/p99 there). llmgw's CPU per MB as a multiple of the hop's is
 the figure the gateway is held to (at most GOAL_CPU_PER_BYTE); the same less what a small
 request costs each proxy is printed beside it: the bytes' own cost, without what every request
-costs.
+costs. Measured here arm after arm, minutes apart, that ratio moves with the machine; the goal
+is judged in the paired rounds (bench/gateway/paired.py), which load the same two bodies
+through the hop and llmgw in turn and together.
 """
 
 from __future__ import annotations
@@ -294,10 +296,12 @@ def lines(arms: list[LargeFigures]) -> list[str]:
     ]
     added = cpu_ratios(arms, added=True)
     for shape, times in cpu_ratios(arms).items():
-        mark = "n/a " if times is None else ("PASS" if times <= GOAL_CPU_PER_BYTE else "MISS")
+        # Measured minutes apart, the ratio moves with the machine: the paired rounds
+        # (bench/gateway/paired.py) give the verdict on the goal.
         out.append(
-            f"{mark}  llmgw proxy CPU per byte <= {GOAL_CPU_PER_BYTE}x hop's ({shape}): "
-            f"{_x(times)} (less a small request's CPU: {_x(added.get(shape))})"
+            f"llmgw proxy CPU per byte, the hop's measured apart ({shape}): {_x(times)} "
+            f"(less a small request's CPU: {_x(added.get(shape))}; goal {GOAL_CPU_PER_BYTE}x, "
+            "judged in the paired rounds)"
         )
     for arm in arms:
         if arm.errors or arm.first_error:

@@ -274,7 +274,9 @@ def _paired(
             arm: large.Target(HOST, e.port, PATH, e.authorization, e.pid)
             for arm, e in (("hop", hop), ("llmgw", llmgw))
         }
-        return paired.measure(runner, targets, _body, options.paired_rounds, options.duration_s)
+        return paired.measure(
+            runner, targets, _body, MODEL, options.paired_rounds, options.duration_s
+        )
 
 
 def bench(

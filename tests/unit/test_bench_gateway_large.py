@@ -48,20 +48,18 @@ def figures(name: str, cpu_s_per_mb: float, added: float) -> large.LargeFigures:
     return large.LargeFigures(name, 0.3, 1.0, shapes)
 
 
-def test_the_lines_judge_llmgws_cpu_per_byte_against_the_hops() -> None:
+def test_the_lines_give_llmgws_cpu_per_byte_against_the_hops() -> None:
     arms = [
         large.LargeFigures("direct", 0.02, 0.05, [large.ShapeFigures("one string", 205_000)]),
         figures("hop", 0.002, 0.0005),
         figures("llmgw", 0.0029, 0.001),
     ]
     text = "\n".join(large.lines(arms))
-    assert "PASS  llmgw proxy CPU per byte <= 1.5x hop's (one string): 1.45x" in text
-    assert "(less a small request's CPU: 2.00x)" in text
+    assert "llmgw proxy CPU per byte, the hop's measured apart (one string): 1.45x" in text
+    assert "(less a small request's CPU: 2.00x; goal 1.5x, judged in the paired rounds)" in text
     arms[2] = figures("llmgw", 0.004, 0.001)
-    assert "MISS  llmgw proxy CPU per byte <= 1.5x hop's (transcript): 2.00x" in "\n".join(
-        large.lines(arms)
-    )
+    assert "the hop's measured apart (transcript): 2.00x" in "\n".join(large.lines(arms))
     markdown = large.markdown(arms)
     assert markdown.count("| hop |") == 2
-    assert "- MISS" in markdown
+    assert "- llmgw proxy CPU per byte" in markdown
     assert large.lines([]) == []

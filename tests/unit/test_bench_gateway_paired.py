@@ -39,3 +39,16 @@ def test_a_load_with_no_round_measured_says_so() -> None:
     (line,) = paired.lines([paired.PairedFigures("plain c64")])
     assert line.startswith("n/a")
     assert "no round measured" in line
+
+
+def test_the_large_prompts_are_paired_against_their_own_goal() -> None:
+    large_loads = [load for load in paired.LOADS if load.shape is not None]
+    assert {load.shape for load in large_loads} == {"one string", "transcript"}
+    assert all(load.goal == 1.5 and not load.stream for load in large_loads)
+    figures = paired.PairedFigures(
+        "200 KB one string c4 together", hop_us=[700.0], llmgw_us=[1_000.0], goal=1.5
+    )
+    (line,) = paired.lines([figures])
+    assert line.startswith("PASS  llmgw CPU per request <= 1.5x hop's (200 KB one string c4")
+    figures.llmgw_us = [1_100.0]
+    assert paired.lines([figures])[0].startswith("MISS")
