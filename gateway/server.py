@@ -11,6 +11,7 @@ import socket
 
 import uvicorn
 
+from gateway.allocator import tune_allocator
 from gateway.app import create_app
 from gateway.console.source import ClusterConsole
 from gateway.http_limits import HttpLimits, limited_protocol
@@ -143,6 +144,7 @@ async def serve(
         raise RuntimeError(f"the admin API listens on loopback only, not {settings.admin_host}")
     raise_open_files_limit()
     tune_collector()
+    tune_allocator()
     public = listen(settings.host, settings.port, reuse_port)
     admin = listen(settings.admin_host, settings.admin_port)
     admin_address = admin.getsockname()[:2]
