@@ -14,13 +14,15 @@ back is small (the body's scalar fields, the prompt estimate, at most 64 KB of r
 plus the body's bulky fields serialised once, which is what goes upstream; so the gateway holds
 about twice the body's bytes per large request, never its tree.
 
-A body above `inline_parse_bytes` whose bytes bound its JSON values to what an inline body may
-hold is still parsed inline (`few_values`): an agent's 200 KB context is a few long strings, which
-orjson reads at C speed (about 0.1 ms; gateway/json_body.py), while the worker's round trip
+A body above `inline_parse_bytes` of no more JSON values than an inline body may hold is still
+parsed inline: up to a few times that size, read by orjson first and its tree's items counted
+(`read_first`); else where its bytes bound its values (`few_values`). An agent's 200 KB context
+is a few long strings, which orjson reads at C speed (about 0.1 ms; gateway/json_body.py),
+while the worker's round trip
 (pickling the body there and its bulk back, the pool's threads and pipes) cost 3 to 9 ms of CPU
 per request; and the client's own bytes then go upstream, or, where the gateway changed a field,
-the body as orjson writes it (0.02 ms for 200 KB). The bound comes from the bytes alone, so the
-many-small-values bodies above still go to a worker.
+the body as orjson writes it (0.02 ms for 200 KB). The many-small-values bodies above still go
+to a worker.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import SERVER_ERROR, ApiError, bad_request
-from gateway.json_body import count_byte, read_json_object
+from gateway.json_body import count_byte, read_fast, read_json_object
 from gateway.media_urls import MediaPolicy, pinned_urls
 from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.request_body import (
@@ -95,6 +97,16 @@ INLINE_BYTES_PER_VALUE = 8
 # deleting every other byte in one bytes.translate pass took 95 to 100 (and bytes.count, a
 # byte-at-a-time loop, about as long per byte); a 1 MB `[0,0,...]`, 0.1 ms where it took 0.4.
 STRUCTURAL_BYTES = (b",", b":", b"{", b"[")
+# A body above the inline size and at most READ_FIRST_FACTOR times it is first read by orjson on
+# the loop, where its bytes hold fewer `{` and `[` than the inline bound of values, and kept
+# inline where the tree holds at most half that bound of items (each member is a name and a
+# value): the tree's own count, without `few_values`' count of the commas, which was about a
+# tenth of a 200 KB request's CPU (py-spy). Bounded so that orjson's reading of a body that
+# then goes to a worker costs the loop no more than an inline body may: measured, orjson takes
+# 0.7 to 1.3 ms for 256 KB of `[0,0,...]` and 3 ms of short strings; the costliest shapes are
+# containers (10 ms for 256 KB of `[[],[],...]`), which the count of `{` and `[` keeps out.
+READ_FIRST_FACTOR = 4
+CONTAINER_BYTES = (b"{", b"[")
 
 
 @dataclass(frozen=True)
@@ -128,14 +140,20 @@ class Prepared:
     refusal: Refusal | None
 
 
-def prepare(path: str, raw: bytes, check: Check | None = None, split: bool = False) -> Prepared:
+def prepare(
+    path: str,
+    raw: bytes,
+    check: Check | None = None,
+    split: bool = False,
+    read: dict[str, Any] | None = None,
+) -> Prepared:
     """Parse, validate, estimate and run `check`; with `split`, keep only the small fields in
-    `request.body` and serialise the rest into `request.bulk`. Pure: runs inline or in a
-    worker."""
+    `request.body` and serialise the rest into `request.bulk`. `read`: the body's tree, where
+    orjson has read it already (`read_first`). Pure: runs inline or in a worker."""
     model: str | None = None
     adapter: str | None = None
     try:
-        body, by_orjson = read_json_object(raw)
+        body, by_orjson = (read, True) if read is not None else read_json_object(raw)
         model, adapter = requested_model(body)
         request = parse_proxied_request(path, body)
         request = _prepared(request, estimate_prompt_tokens(body), prompt_bytes(body), by_orjson)
@@ -165,6 +183,20 @@ def _prepared(
     fields["routing_prompt"] = routing_prompt
     fields["by_orjson"] = by_orjson
     return new
+
+
+def read_first(raw: bytes, inline_bytes: int) -> dict[str, Any] | None:
+    """orjson's tree of a body larger than `inline_bytes` that may be prepared inline
+    (READ_FIRST_FACTOR), else None: too large, too many containers or items, or not one that
+    orjson reads as json would (json_body.read_fast)."""
+    if len(raw) > READ_FIRST_FACTOR * inline_bytes:
+        return None
+    left = inline_bytes // INLINE_BYTES_PER_VALUE
+    for byte in CONTAINER_BYTES:
+        left -= count_byte(raw, byte, left)
+        if left <= 0:
+            return None
+    return read_fast(raw, inline_bytes // INLINE_BYTES_PER_VALUE // 2)
 
 
 def few_values(raw: bytes, inline_bytes: int) -> bool:
@@ -302,8 +334,8 @@ def with_member(raw: bytes, member: bytes) -> bytes:
 
 class BodyParser:
     """Bodies up to `inline_bytes` are prepared on the event loop (a 64 KB body is at most ~16k
-    JSON values: ~10 ms), and so are larger ones of few values (`few_values`); the rest in a
-    pool of `workers` processes, started on first use.
+    JSON values: ~10 ms), and so are larger ones of few values (`read_first`, `few_values`);
+    the rest in a pool of `workers` processes, started on first use.
     A large body that finds every worker busy waits up to `wait_s` for one, then gets 503 with
     Retry-After: a queue of 16 MB bodies is memory the gateway would hold while they wait."""
 
@@ -325,7 +357,11 @@ class BodyParser:
         admit_model: AdmitModel | None = None,
         check: Check | None = None,
     ) -> ProxiedRequest:
-        if len(raw) <= self.inline_bytes or few_values(raw, self.inline_bytes):
+        if len(raw) <= self.inline_bytes:
+            prepared = prepare(path, raw, check)
+        elif (read := read_first(raw, self.inline_bytes)) is not None:
+            prepared = prepare(path, raw, check, read=read)
+        elif few_values(raw, self.inline_bytes):
             prepared = prepare(path, raw, check)
         else:
             prepared = await self._in_worker(path, raw, check)

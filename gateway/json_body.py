@@ -52,14 +52,15 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 def read_json_object(raw: bytes) -> tuple[dict[str, Any], bool]:
     """`raw` as a JSON object, and whether orjson read it (then orjson writes it back as it
     came: json may have read NaN or Infinity, which orjson writes as null)."""
-    body = _read_fast(raw)
+    body = read_fast(raw)
     if body is not None:
         return body, True
     return _read_strictly(raw), False
 
 
-def _read_fast(raw: bytes) -> dict[str, Any] | None:
-    """orjson's reading of `raw` where it is json's too (the module's docstring), else None."""
+def read_fast(raw: bytes, budget: int = sys.maxsize) -> dict[str, Any] | None:
+    """orjson's reading of `raw` where it is json's too (the module's docstring), else None;
+    None also for a tree of more than `budget` items (a list's values, an object's members)."""
     data = raw[3:] if raw.startswith(_BOM) else raw
     try:
         body = orjson.loads(data)
@@ -67,7 +68,7 @@ def _read_fast(raw: bytes) -> dict[str, Any] | None:
         return None
     if type(body) is not dict:
         return None
-    shape = _names_and_strings(body)
+    shape = _names_and_strings(body, budget)
     if shape is None:
         return None
     names, strings = shape
@@ -119,7 +120,8 @@ def _names_and_strings(
 ) -> tuple[int, list[str]] | None:
     """How many names the tree's objects hold, and its strings (names among them); None for a
     tree nested past FAST_DEPTH, holding a float as large as 2**63, or of more than `budget`
-    values. A level at a time, so the depth is counted without a step per value."""
+    items (a list's values and an object's members, each counted once). A level at a time, so
+    the depth is counted without a step per value."""
     names = 0
     strings: list[str] = []
     keep = strings.append

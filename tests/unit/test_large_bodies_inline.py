@@ -11,11 +11,18 @@ from typing import Any
 
 import pytest
 
-from gateway.body_parse import BodyParser, few_values, prepare, upstream_payload
+from gateway.body_parse import (
+    READ_FIRST_FACTOR,
+    BodyParser,
+    few_values,
+    prepare,
+    read_first,
+    upstream_payload,
+)
 from gateway.errors import ApiError
 from gateway.json_body import parse_json_object
 from gateway.prompt_estimate import estimate_prompt_tokens
-from gateway.request_body import CHAT, parse_proxied_request
+from gateway.request_body import CHAT, COMPLETIONS, parse_proxied_request
 from gateway.routing import prompt_bytes
 
 INLINE = 64 * 1024
@@ -112,6 +119,59 @@ def test_bodies_of_many_small_values_still_go_to_a_worker() -> None:
     assert not few_values(compact(chat(text(2 * 1024 * 1024))), INLINE)
     # A threshold of 0 sends every body to a worker, as before.
     assert not few_values(compact(chat("hi")), 0)
+
+
+def transcript(turns: int, turn_bytes: int) -> dict[str, Any]:
+    roles = ("user", "assistant")
+    messages = [{"role": roles[i % 2], "content": text(turn_bytes, i)} for i in range(turns)]
+    return {"model": "m", "messages": messages, "max_tokens": 16}
+
+
+@pytest.mark.parametrize("shape", ["one string", "transcript"])
+async def test_an_agents_context_is_read_once_by_orjson_and_prepared_as_before(shape: str) -> None:
+    body = chat(text(200 * 1024)) if shape == "one string" else transcript(100, 2048)
+    raw = compact(body)
+    assert INLINE < len(raw) <= READ_FIRST_FACTOR * INLINE
+    read = read_first(raw, INLINE)
+    assert read == json.loads(raw)
+    parser = BodyParser(INLINE, workers=1, wait_s=5)
+    try:
+        request = await parser.parse(CHAT, raw)
+        assert parser._pool is None
+    finally:
+        parser.close()
+    assert request == prepare(CHAT, raw).request
+    assert request.by_orjson
+
+
+def many_scalars(size: int) -> bytes:
+    head = b'{"model":"smol","prompt":"x","logit_bias":{"1":0},"stop":['
+    count = (size - len(head) - 2) // 4
+    return head + b'"a",' * (count - 1) + b'"a"]}'
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        many_small_values(200 * 1024),  # more `[` than the bound: not even read
+        many_scalars(200 * 1024),  # few containers, too many values: read, then left
+        compact(chat(text(READ_FIRST_FACTOR * INLINE + 1))),  # too long to read first
+    ],
+)
+def test_bodies_read_first_only_within_the_inline_bounds(raw: bytes) -> None:
+    assert read_first(raw, INLINE) is None
+
+
+async def test_a_body_of_few_containers_but_many_values_goes_to_a_worker() -> None:
+    raw = many_scalars(200 * 1024)
+    parser = BodyParser(INLINE, workers=1, wait_s=30)
+    try:
+        request = await parser.parse(COMPLETIONS, raw)
+        assert parser._pool is not None
+    finally:
+        parser.close()
+    assert request.bulk is not None  # a worker's split body: its bulk serialised there
+    assert json.loads(upstream_payload(request, raw, changed=False)) == json.loads(raw)
 
 
 @pytest.mark.parametrize(
