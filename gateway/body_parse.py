@@ -189,25 +189,26 @@ def read_first(raw: bytes, inline_bytes: int) -> dict[str, Any] | None:
     """orjson's tree of a body larger than `inline_bytes` that may be prepared inline
     (READ_FIRST_FACTOR), else None: too large, too many containers or items, or not one that
     orjson reads as json would (json_body.read_fast)."""
-    if len(raw) > READ_FIRST_FACTOR * inline_bytes:
+    if not _bounded(raw, inline_bytes, READ_FIRST_FACTOR, CONTAINER_BYTES):
         return None
-    left = inline_bytes // INLINE_BYTES_PER_VALUE
-    for byte in CONTAINER_BYTES:
-        left -= count_byte(raw, byte, left)
-        if left <= 0:
-            return None
     return read_fast(raw, inline_bytes // INLINE_BYTES_PER_VALUE // 2)
 
 
 def few_values(raw: bytes, inline_bytes: int) -> bool:
     """Whether a body larger than `inline_bytes` may still be prepared inline: its size and the
     bound on its JSON values that its bytes give keep it as cheap to parse as an inline body."""
-    if len(raw) > INLINE_SIZE_FACTOR * inline_bytes:
+    return _bounded(raw, inline_bytes, INLINE_SIZE_FACTOR, STRUCTURAL_BYTES)
+
+
+def _bounded(raw: bytes, inline_bytes: int, size_factor: int, counted: tuple[bytes, ...]) -> bool:
+    """Whether `raw` is at most `size_factor` times `inline_bytes` long and holds fewer than
+    inline_bytes // INLINE_BYTES_PER_VALUE of the `counted` bytes in all."""
+    if len(raw) > size_factor * inline_bytes:
         return False
-    # Fewer than inline_bytes // INLINE_BYTES_PER_VALUE structural bytes in all; `left` is how
-    # many more may follow, so each count stops as soon as the body is known to have too many.
+    # `left` is how many more may follow, so each count stops as soon as the body is known to
+    # have too many.
     left = inline_bytes // INLINE_BYTES_PER_VALUE
-    for byte in STRUCTURAL_BYTES:
+    for byte in counted:
         left -= count_byte(raw, byte, left)
         if left <= 0:
             return False
