@@ -18,11 +18,10 @@ A body above `inline_parse_bytes` of no more JSON values than an inline body may
 parsed inline: up to a few times that size, read by orjson first and its tree's items counted
 (`read_first`); else where its bytes bound its values (`few_values`). An agent's 200 KB context
 is a few long strings, which orjson reads at C speed (about 0.1 ms; gateway/json_body.py),
-while the worker's round trip
-(pickling the body there and its bulk back, the pool's threads and pipes) cost 3 to 9 ms of CPU
-per request; and the client's own bytes then go upstream, or, where the gateway changed a field,
-the body as orjson writes it (0.02 ms for 200 KB). The many-small-values bodies above still go
-to a worker.
+while the worker's round trip (pickling the body there and its bulk back, the pool's threads
+and pipes) cost 3 to 9 ms of CPU per request; and the client's own bytes then go upstream, or,
+where the gateway changed a field, the body as orjson writes it (0.02 ms for 200 KB). The
+many-small-values bodies above still go to a worker.
 """
 
 from __future__ import annotations
