@@ -108,6 +108,13 @@ def tune_collector() -> None:
     gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, older, oldest)
 
 
+def tune_process() -> None:
+    """What a serving process sets for itself: the cycle collector and the C allocator
+    (gateway/allocator.py)."""
+    tune_collector()
+    tune_allocator()
+
+
 def listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """A bound listening socket. `reuse_port`: several processes bind the same port and the
     kernel spreads new connections among them (SO_REUSEPORT, `llmgw gateway --workers`)."""
@@ -143,8 +150,7 @@ async def serve(
     if not ipaddress.ip_address(settings.admin_host).is_loopback:
         raise RuntimeError(f"the admin API listens on loopback only, not {settings.admin_host}")
     raise_open_files_limit()
-    tune_collector()
-    tune_allocator()
+    tune_process()
     public = listen(settings.host, settings.port, reuse_port)
     admin = listen(settings.admin_host, settings.admin_port)
     admin_address = admin.getsockname()[:2]

@@ -26,9 +26,8 @@ from pathlib import Path
 
 import uvicorn
 
-from gateway.allocator import tune_allocator
 from gateway.routing.decisions import POLICIES
-from gateway.server import listen, tune_collector, uvicorn_config
+from gateway.server import listen, tune_process, uvicorn_config
 from gateway.settings import GatewaySettings
 from store import KeyLimits, KeyNameTaken, Store, open_store
 from workflows.contracts import ReplicaState, Route, RoutingTable
@@ -165,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     routes = StaticRoutes(args.upstream, args.model, args.engine, args.node, args.prompt_slots)
     config = uvicorn_config(settings, store, routes)
     server = uvicorn.Server(config)
-    tune_collector()  # as gateway.server.serve does, with the allocator
-    tune_allocator()
+    tune_process()  # as gateway.server.serve does
     with asyncio.Runner(loop_factory=loop_factory(args.loop, config)) as runner:
         key_file = None if args.no_key else args.state_dir / KEY_FILENAME
         runner.run(serve(server, store, key_file, args.model, args.reuse_port, args.own_port))
