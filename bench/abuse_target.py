@@ -25,7 +25,7 @@ from pathlib import Path
 import uvicorn
 
 from bench.gateway.target import GENEROUS_LIMITS, MODEL, StaticRoutes, loop_factory
-from gateway.server import uvicorn_config
+from gateway.server import tune_process, uvicorn_config
 from gateway.settings import GatewaySettings
 from store import KeyLimits, Store, open_store
 
@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     store = open_store(None, args.state_dir)
     config = uvicorn_config(settings, store, StaticRoutes([args.upstream]))
     server = uvicorn.Server(config)
+    tune_process()  # as gateway.server.serve does
     with asyncio.Runner(loop_factory=loop_factory("uvicorn", config)) as runner:
         runner.run(serve(server, store, args.state_dir / KEYS_FILENAME))
     return 0
