@@ -21,7 +21,7 @@ up: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy workflows kv engines store activities gateway workers bench
+	$(BIN)/mypy workflows kv engines store activities gateway workers bench tests
 
 test: lint browser prometheus
 	$(BIN)/python -m tests.run

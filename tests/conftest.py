@@ -44,7 +44,8 @@ def pytest_runtest_makereport(
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadFileScheduling
 
-    class FilesWithE2eTogether(LoadFileScheduling):
+    # xdist ships no type hints, so its scheduler is Any to mypy.
+    class FilesWithE2eTogether(LoadFileScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             return "tests/e2e" if path.startswith("tests/e2e/") else path

@@ -3,6 +3,7 @@ not merely that the end state looks right."""
 
 import base64
 import json
+from typing import Any
 
 from temporalio.client import Client
 
@@ -13,7 +14,7 @@ async def node_states_published(client: Client, node: str) -> list[str]:
     """Every node state the node's workflow wrote to the fleet tables, in order, over all its
     runs (the inputs of its ledger_upsert_node activities): a state it held only for a moment
     is here too."""
-    events: list[dict] = []
+    events: list[dict[str, Any]] = []
     run_id: str | None = None
     while True:  # every run, oldest first, following continue-as-new back from the latest
         handle = client.get_workflow_handle(node_workflow_id(node), run_id=run_id)

@@ -19,7 +19,9 @@ def ollama_store(root: Path, gguf: Path, params: dict[str, object]) -> str:
     blobs = root / "blobs"
     blobs.mkdir(parents=True)
 
-    def blob(media_type: str, data: bytes | None = None, source: Path | None = None):
+    def blob(
+        media_type: str, data: bytes | None = None, source: Path | None = None
+    ) -> dict[str, object]:
         digest = hashlib.sha256()
         if source is not None:
             with source.open("rb") as f:

@@ -47,12 +47,13 @@ async def test_an_imported_ollama_model_serves_with_its_stop_words(
 
     client = openai.OpenAI(base_url=system.base_url, api_key=system.api_key, max_retries=0)
 
-    def ask(**extra: object) -> str:
+    def ask(stop: list[str] | openai.Omit = openai.omit) -> str:
+        # Omitted, `stop` is not in the request at all: llama-server's defaults apply.
         reply = client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": QUESTION}],
             max_tokens=32,
-            **extra,  # type: ignore[arg-type]
+            stop=stop,
         )
         assert reply.model == MODEL
         assert reply.usage is not None

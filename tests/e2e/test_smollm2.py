@@ -59,7 +59,9 @@ def test_the_banner_tells_a_new_user_what_to_type(system: System) -> None:
     assert DEMO_MODEL in text
 
 
-async def test_plain_and_streamed_chat_with_usage_recorded(system: System, client) -> None:
+async def test_plain_and_streamed_chat_with_usage_recorded(
+    system: System, client: openai.OpenAI
+) -> None:
     await wait_ready(system, DEMO_MODEL, 1)
     assert ask(client, "What is the capital of France?").strip()
 
@@ -151,7 +153,7 @@ async def test_a_flooding_key_does_not_hold_another_keys_request_behind_its_own(
     assert finished.index("chat") - done_before <= 3, finished
 
 
-async def test_killed_engine_recovers(system: System, client) -> None:
+async def test_killed_engine_recovers(system: System, client: openai.OpenAI) -> None:
     await wait_ready(system, DEMO_MODEL, 1)
     replica = f"{DEMO_MODEL}-0"
     first = system.engine_pid(replica)
@@ -163,7 +165,7 @@ async def test_killed_engine_recovers(system: System, client) -> None:
     assert len(system.engine_processes(str(demo_weights()))) == 1
 
 
-async def test_killed_control_worker_recovers(system: System, client) -> None:
+async def test_killed_control_worker_recovers(system: System, client: openai.OpenAI) -> None:
     await wait_ready(system, DEMO_MODEL, 1)
     os.kill(system.child_pid("control"), signal.SIGKILL)
     wait_for(lambda: any("control exited" in line for line in system.output), 30, "a restart")
@@ -281,7 +283,9 @@ def test_the_second_gateway_left_no_peer_row_behind(system: System) -> None:
     gateway lists no peer within the 3 s a stale row would otherwise last."""
 
     def alone() -> bool:
-        peers = httpx.get(f"http://127.0.0.1:{system.admin_port}/healthz", timeout=2).json()
+        peers: dict[str, object] = httpx.get(
+            f"http://127.0.0.1:{system.admin_port}/healthz", timeout=2
+        ).json()
         return peers["peers"] == {}
 
     wait_for(alone, 5, "the first gateway to list no peer")

@@ -18,13 +18,14 @@ import json
 import shutil
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionSystemMessageParam
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
@@ -101,7 +102,7 @@ async def temporal() -> AsyncIterator[Client]:
 
 
 @pytest.fixture(scope="module")
-def agent(tmp_path_factory: pytest.TempPathFactory) -> NodeAgentActivities:
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeAgentActivities]:
     state = tmp_path_factory.mktemp("vllm-state")
     config = AgentConfig(
         node=NODE,
@@ -405,7 +406,9 @@ async def test_an_adapter_added_later_is_loaded_into_the_running_engine_by_the_a
             gone = await http.post("/v1/unload_lora_adapter", json={"lora_name": "nobody"})
             assert gone.status_code == 404
             assert "error" in gone.json()
-        assert agent.supervisor.read_spec(replica).pid == launched.pid  # never restarted
+        spec = agent.supervisor.read_spec(replica)
+        assert spec is not None
+        assert spec.pid == launched.pid  # never restarted
     finally:
         await env.run(agent.stop_engine, ShardRef(replica_id=replica))
 
@@ -464,7 +467,10 @@ async def test_the_gateway_sends_a_shared_prefix_to_the_engine_that_cached_it(
             # Chats sharing a system prompt: the first starts a new prefix (it asks no engine on
             # its way, and what such chats begin with is learned aside); from the second on,
             # the gateway routes on what it learned (gateway/prefix_tokens.py).
-            system = {"role": "system", "content": long_text("fjord")}
+            system: ChatCompletionSystemMessageParam = {
+                "role": "system",
+                "content": long_text("fjord"),
+            }
 
             async def tokenized() -> int:
                 return int(await metric(gw, "llmgw_kv_tokenize_total", outcome="ok"))

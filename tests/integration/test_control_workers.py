@@ -55,8 +55,8 @@ def model_entries(state: LedgerState) -> tuple[list[str], list[str]]:
 
 
 async def test_killing_one_of_two_control_workers_mid_scale_loses_nothing(
-    system, weights, tmp_path
-):
+    system: System, weights: Path, tmp_path: Path
+) -> None:
     system.cli("model", "add", MODEL, "--weights", str(weights), "--cpu-cores", "1")
     first = (await wait_ready(system, MODEL, 1))[0]
     engine = system.engine_pid(first)
@@ -118,7 +118,9 @@ async def test_killing_one_of_two_control_workers_mid_scale_loses_nothing(
     await system.until(lambda: system.released(MODEL), 60, "the model's allocations released")
 
 
-async def test_killing_ups_own_control_worker_mid_scale_loses_nothing(system, weights, tmp_path):
+async def test_killing_ups_own_control_worker_mid_scale_loses_nothing(
+    system: System, weights: Path, tmp_path: Path
+) -> None:
     """The other way round: the second worker stays, `up`'s own is killed (and restarted by
     `up`) part-way through a scale-up."""
     add = ("model", "add", MODEL, "--weights", str(weights), "--cpu-cores", "1")

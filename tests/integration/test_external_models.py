@@ -20,6 +20,7 @@ import openai
 import pytest
 import zmq
 from aiohttp import web
+from openai.types.chat import ChatCompletionFunctionToolParam
 
 from tests.ports import free_port
 from tests.system import System, wait_for
@@ -136,7 +137,7 @@ def test_an_external_model_serves_the_openai_client_unchanged(
 
     wait_for(routed, 30, "the external model in /v1/models")
 
-    tools = [
+    tools: list[ChatCompletionFunctionToolParam] = [
         {
             "type": "function",
             "function": {
@@ -149,7 +150,7 @@ def test_an_external_model_serves_the_openai_client_unchanged(
     reply = client.chat.completions.create(
         model="mock",
         messages=[{"role": "user", "content": "what is the answer?"}],
-        tools=tools,  # type: ignore[arg-type]
+        tools=tools,
         tool_choice="auto",
         response_format={"type": "json_object"},
     )
@@ -248,7 +249,8 @@ def test_an_external_models_kv_events_reach_the_gateway(
 
         def indexed() -> bool:
             shown.update(admin.get("/admin/v1/kv").json())
-            return shown["replicas"].get("fleet/ext-0") == 3
+            sizes: dict[str, int] = shown["replicas"]  # blocks indexed, by replica
+            return sizes.get("fleet/ext-0") == 3
 
         wait_for(indexed, 30, "the external engine's blocks in GET /admin/v1/kv")
         (subscription,) = [p for p in shown["publishers"] if p["publisher"] == endpoint]

@@ -4,6 +4,7 @@ the whole system. Afterwards nothing is lost and nothing runs twice."""
 import base64
 import os
 import signal
+from pathlib import Path
 
 import openai
 import pytest
@@ -24,7 +25,7 @@ def chat(system: System, model: str) -> str:
     return reply.choices[0].message.content or ""
 
 
-async def test_killed_engine_is_restarted_and_serves_again(system, weights):
+async def test_killed_engine_is_restarted_and_serves_again(system: System, weights: Path) -> None:
     system.cli("model", "add", "phoenix", "--weights", str(weights), "--cpu-cores", "1")
     await wait_ready(system, "phoenix", 1)
     first = system.engine_pid("phoenix-0")
@@ -45,8 +46,8 @@ async def test_killed_engine_is_restarted_and_serves_again(system, weights):
 
 
 async def test_control_worker_killed_during_replica_start_loses_and_duplicates_nothing(
-    system, weights, tmp_path
-):
+    system: System, weights: Path, tmp_path: Path
+) -> None:
     # Weights of its own, so its engine processes can be counted on their command line.
     own = tmp_path / "twice.gguf"
     own.write_bytes(weights.read_bytes())
@@ -69,7 +70,9 @@ async def test_control_worker_killed_during_replica_start_loses_and_duplicates_n
     wait_for(lambda: not system.engine_processes(str(own)), 30, "its engine to stop")
 
 
-async def test_no_secret_stands_in_workflow_history_or_the_temporal_database(system, weights):
+async def test_no_secret_stands_in_workflow_history_or_the_temporal_database(
+    system: System, weights: Path
+) -> None:
     system.cli("model", "add", "echo", "--weights", str(weights), "--cpu-cores", "1")
     await wait_ready(system, "echo", 1)
     assert chat(system, "echo")
@@ -113,7 +116,9 @@ def decoded_payloads(node: object) -> bytes:
     return b""
 
 
-async def test_temporal_killed_is_restarted_and_nothing_is_lost(system, weights, tmp_path):
+async def test_temporal_killed_is_restarted_and_nothing_is_lost(
+    system: System, weights: Path, tmp_path: Path
+) -> None:
     own = tmp_path / "durable.gguf"
     own.write_bytes(weights.read_bytes())
     system.cli("model", "add", "durable", "--weights", str(own), "--cpu-cores", "1")

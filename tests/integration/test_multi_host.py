@@ -83,7 +83,7 @@ def engine_tokens(metrics: str, replica: str) -> float:
     return 0.0
 
 
-async def test_agents_join_over_the_network(cluster):
+async def test_agents_join_over_the_network(cluster: Cluster) -> None:
     await cluster.until(lambda: nodes_ready(cluster, NODES), 120, "three ready nodes")
     state = await cluster.ledger()
     for name in NODES:
@@ -97,7 +97,9 @@ async def test_agents_join_over_the_network(cluster):
         assert line.rstrip().endswith("yes"), listing
 
 
-async def test_replicas_spread_over_hosts_and_serve_through_the_gateway(cluster, tmp_path):
+async def test_replicas_spread_over_hosts_and_serve_through_the_gateway(
+    cluster: Cluster, tmp_path: Path
+) -> None:
     weights = tmp_path / "standin.gguf"
     weights.write_bytes(b"GGUF stand-in weights")
     cluster.cli("model", "add", MODEL, "--weights", str(weights), "--replicas", "3",
@@ -123,7 +125,9 @@ async def test_replicas_spread_over_hosts_and_serve_through_the_gateway(cluster,
     await cluster.until(every_host_served, 30, "every host's engine to count tokens")
 
 
-async def test_a_model_from_the_mirror_is_fetched_by_its_hosts_over_the_network(cluster, tmp_path):
+async def test_a_model_from_the_mirror_is_fetched_by_its_hosts_over_the_network(
+    cluster: Cluster, tmp_path: Path
+) -> None:
     weights = tmp_path / "mirrored.gguf"
     weights.write_bytes(b"GGUF " + os.urandom(256 * 1024))
     cluster.cli("model", "add", MIRRORED, "--from", str(weights), "--replicas", "2",
@@ -149,8 +153,8 @@ async def test_a_model_from_the_mirror_is_fetched_by_its_hosts_over_the_network(
 
 
 async def test_a_cut_off_host_is_withdrawn_and_after_the_heal_serves_from_the_same_engine(
-    cluster,
-):
+    cluster: Cluster,
+) -> None:
     [replica] = (await ready_by_node(cluster))["n2"]
     engine = cluster.nodes["n2"].engine_pids()[replica]
 
@@ -179,7 +183,9 @@ async def test_a_cut_off_host_is_withdrawn_and_after_the_heal_serves_from_the_sa
     assert await chats(cluster, 6, "healed") == [200] * 6
 
 
-async def test_a_host_gone_past_its_grace_has_its_replica_placed_elsewhere(cluster):
+async def test_a_host_gone_past_its_grace_has_its_replica_placed_elsewhere(
+    cluster: Cluster,
+) -> None:
     [replica] = (await ready_by_node(cluster))["n3"]
     orphan = cluster.nodes["n3"].engine_pids()[replica]
 

@@ -43,7 +43,9 @@ def fresh_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
 
 
-async def test_a_fresh_host_bootstraps_joins_and_a_second_run_changes_nothing(cluster, tmp_path):
+async def test_a_fresh_host_bootstraps_joins_and_a_second_run_changes_nothing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
     host = cluster.network.add_host(NODE, 21)
     added = cluster.cli("node", "add", NODE, "--join-address", cluster.temporal)
     token = token_from(added.stdout)

@@ -4,6 +4,7 @@ ports cannot collide. One agent is killed; its replicas move; it comes back and 
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -23,9 +24,12 @@ from workflows.names import ENGINE_REVERIFY_SCHEDULE_ID
 
 pytestmark = pytest.mark.integration
 
+# `llmgw up`'s system and the joined agents, by node name.
+Fleet = tuple[System, dict[str, Agent]]
+
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[System, dict[str, Agent]]]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     with running_fleet(tmp_path_factory) as running:
         yield running
 
@@ -39,7 +43,7 @@ async def chat(http: httpx.AsyncClient, system: System, model: str) -> int:
     return response.status_code
 
 
-async def test_joined_agents_register_with_their_labels(fleet):
+async def test_joined_agents_register_with_their_labels(fleet: Fleet) -> None:
     system, _ = fleet
     everyone = [system.node, "n2", "n3"]
     await system.until(lambda: nodes_ready(system, everyone), 90, "three ready nodes")
@@ -54,7 +58,7 @@ async def test_joined_agents_register_with_their_labels(fleet):
         assert line.rstrip().endswith("yes"), listing
 
 
-async def test_a_token_for_another_node_is_refused(fleet, tmp_path):
+async def test_a_token_for_another_node_is_refused(fleet: Fleet, tmp_path: Path) -> None:
     system, _ = fleet
     forged = JoinToken(node="n2", temporal=f"127.0.0.1:{system.temporal_port}", secret=b"x" * 32)
     impostor = Agent(system, "n2", "127.0.0.9", tmp_path / "impostor")
@@ -66,7 +70,9 @@ async def test_a_token_for_another_node_is_refused(fleet, tmp_path):
     assert state.nodes["n2"].inventory.address == "127.0.0.2"
 
 
-async def test_killed_agent_node_is_lost_its_replicas_move_and_it_reconciles(fleet, weights):
+async def test_killed_agent_node_is_lost_its_replicas_move_and_it_reconciles(
+    fleet: Fleet, weights: Path
+) -> None:
     system, agents = fleet
     await system.until(lambda: nodes_ready(system, [system.node, "n2", "n3"]), 90, "nodes")
     system.cli("model", "add", "spread", "--weights", str(weights), "--replicas", "3",
@@ -101,7 +107,7 @@ async def test_killed_agent_node_is_lost_its_replicas_move_and_it_reconciles(fle
     assert sum(len(v) for v in (await replicas_by_node(system, "spread")).values()) == 3
 
 
-async def test_drain_moves_replicas_without_failing_a_request(fleet):
+async def test_drain_moves_replicas_without_failing_a_request(fleet: Fleet) -> None:
     system, _ = fleet
     await system.until(lambda: nodes_ready(system, ["n3"]), 60, "n3 ready")
     placed = await replicas_by_node(system, "spread")
@@ -148,7 +154,7 @@ async def test_drain_moves_replicas_without_failing_a_request(fleet):
     )
 
 
-async def test_the_fleet_schedules_exist_and_reverify_every_node(fleet):
+async def test_the_fleet_schedules_exist_and_reverify_every_node(fleet: Fleet) -> None:
     system, _ = fleet
     client = await system.client()
     handle = client.get_schedule_handle(ENGINE_REVERIFY_SCHEDULE_ID)
@@ -171,7 +177,7 @@ async def test_the_fleet_schedules_exist_and_reverify_every_node(fleet):
     await system.until(verified_again, 60, "every ready node re-verified")
 
 
-async def test_a_removed_nodes_agent_stops_its_engines_and_exits(fleet):
+async def test_a_removed_nodes_agent_stops_its_engines_and_exits(fleet: Fleet) -> None:
     """Last in this module: it takes n2 out of the fleet. The agent learns of the removal only
     by asking Temporal once its liveness watch has stopped coming (workers/agent.py)."""
     system, agents = fleet

@@ -5,6 +5,7 @@ every workflow runs again by itself (the model's once it is applied again, as do
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 from temporalio.client import Client, WorkflowExecutionStatus
@@ -36,7 +37,9 @@ async def back(client: Client, workflow_id: str, old_run: str | None, timeout: f
         await asyncio.sleep(0.5)
 
 
-async def test_terminate_and_cancel_stop_no_engine_and_fail_no_request(system: System, weights):
+async def test_terminate_and_cancel_stop_no_engine_and_fail_no_request(
+    system: System, weights: Path
+) -> None:
     system.cli("model", "add", MODEL, "--weights", str(weights), "--cpu-cores", "1")
     await wait_ready(system, MODEL, 1)
     engine = system.engine_pid(f"{MODEL}-0")

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -69,7 +70,9 @@ async def node_state(system: System) -> NodeState:
     return view.record.state
 
 
-async def test_control_plane_outages_restart_nothing_and_fail_no_request(system, weights):
+async def test_control_plane_outages_restart_nothing_and_fail_no_request(
+    system: System, weights: Path
+) -> None:
     system.cli("model", "add", MODEL, "--weights", str(weights), "--cpu-cores", "1")
     await wait_ready(system, MODEL, 1)
     engine = system.engine_pid(f"{MODEL}-0")

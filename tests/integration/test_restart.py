@@ -1,16 +1,20 @@
 """Ctrl-C stops everything, engines included; `llmgw up` again finds the same models, keys and
 usage, and serves again."""
 
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
 
-from tests.system import wait_for, wait_ready
+from tests.system import System, wait_for, wait_ready
 
 pytestmark = pytest.mark.integration
 
 
-async def test_ctrl_c_leaves_nothing_and_up_again_finds_everything(system, weights):
+async def test_ctrl_c_leaves_nothing_and_up_again_finds_everything(
+    system: System, weights: Path
+) -> None:
     system.cli("model", "add", "keep", "--weights", str(weights), "--cpu-cores", "1")
     await wait_ready(system, "keep", 1)
     client = openai.OpenAI(base_url=system.base_url, api_key=system.api_key, max_retries=0)

@@ -2,17 +2,20 @@
 OpenAI-shaped errors."""
 
 import re
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-from tests.system import wait_for, wait_ready
+from tests.system import System, wait_for, wait_ready
 
 pytestmark = pytest.mark.integration
 
 
-async def test_model_defined_by_cli_serves_plain_and_streamed_chat_with_usage(system, weights):
+async def test_model_defined_by_cli_serves_plain_and_streamed_chat_with_usage(
+    system: System, weights: Path
+) -> None:
     system.cli("model", "add", "echo", "--weights", str(weights), "--cpu-cores", "1")
     await wait_ready(system, "echo", 1)
     client = openai.OpenAI(base_url=system.base_url, api_key=system.api_key)
@@ -47,7 +50,7 @@ async def test_model_defined_by_cli_serves_plain_and_streamed_chat_with_usage(sy
 
 
 @pytest.mark.usefixtures("weights")
-async def test_bad_requests_get_openai_shaped_errors(system):
+async def test_bad_requests_get_openai_shaped_errors(system: System) -> None:
     await wait_ready(system, "echo", 1)
     url = f"{system.base_url}/chat/completions"
     good = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
@@ -73,7 +76,9 @@ async def test_bad_requests_get_openai_shaped_errors(system):
         assert redirect.status_code == 400
 
 
-async def test_a_loading_replica_is_not_routed_and_the_client_is_told_to_retry(system, weights):
+async def test_a_loading_replica_is_not_routed_and_the_client_is_told_to_retry(
+    system: System, weights: Path
+) -> None:
     system.cli(
         "model", "add", "slow", "--weights", str(weights), "--cpu-cores", "1",
         "--arg=--load-delay", "--arg=600",

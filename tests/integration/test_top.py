@@ -23,7 +23,7 @@ pytestmark = [
 ]
 
 
-async def test_the_agents_metrics_and_llmgw_nodes(system: System, weights) -> None:
+async def test_the_agents_metrics_and_llmgw_nodes(system: System, weights: Path) -> None:
     system.cli("model", "add", "topmetrics", "--weights", str(weights), "--cpu-cores", "1")
     (replica,) = await wait_ready(system, "topmetrics", 1)
     url = f"http://127.0.0.1:{system.agent_metrics_port}/metrics"
@@ -51,7 +51,7 @@ async def test_the_agents_metrics_and_llmgw_nodes(system: System, weights) -> No
 
 
 async def test_top_shows_the_node_and_replica_follows_traffic_and_quits(
-    system: System, weights
+    system: System, weights: Path
 ) -> None:
     system.cli("model", "add", "toptraffic", "--weights", str(weights), "--cpu-cores", "1")
     (replica,) = await wait_ready(system, "toptraffic", 1)
@@ -88,7 +88,7 @@ async def test_top_shows_the_node_and_replica_follows_traffic_and_quits(
 
 
 async def test_top_cordons_and_uncordons_the_node_scales_and_imports_from_ollama(
-    system: System, weights, tmp_path: Path
+    system: System, weights: Path, tmp_path: Path
 ) -> None:
     """The actions from the keyboard, run as `llmgw node cordon|uncordon`, `llmgw model scale`
     and `llmgw model import-ollama REF --mirror` run them: the ledger, the catalog and the

@@ -51,7 +51,8 @@ class StandinPublisher:
 
     def payload(self, seq: int, blocks: list[int]) -> bytes:
         stored = {"type": "BlockStored", "block_hashes": blocks, "token_ids": [1], "block_size": 1}
-        return msgpack.packb([float(seq), [stored], 0])
+        packed: bytes = msgpack.packb([float(seq), [stored], 0])
+        return packed
 
     async def publish(self, seq: int, block: int | list[int], send: bool = True) -> None:
         self.buffer[seq] = self.payload(seq, block if isinstance(block, list) else [block])

@@ -38,7 +38,7 @@ def gpu(index: int, cls: str = "h100-80g", **kw: object) -> GpuInfo:
         gpu_class=cls,
         memory_mb=81920,
         compute_capability=CLASSES.get(cls.split("-mig-")[0], "9.0"),
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 
@@ -116,12 +116,12 @@ def gpu_profile(cls: str = "h100-80g", per_node: int = 1, nodes: int = 1, **kw: 
         nodes=nodes,
         cpu_cores=4,
         memory_mb=8192,
-        **kw,  # type: ignore[arg-type]
+        **kw,
     )
 
 
 def cpu_profile(cores: int = 1, **kw: object) -> Profile:
-    return Profile(engine="llamacpp", cpu_cores=cores, memory_mb=64, **kw)  # type: ignore[arg-type]
+    return Profile(engine="llamacpp", cpu_cores=cores, memory_mb=64, **kw)
 
 
 def req(replica_id: str, *profiles: Profile, exclude: list[str] | None = None) -> PlacementRequest:

@@ -24,9 +24,10 @@ def pulse_on(inventory: NodeInventory) -> NodePulse:
     return pulse
 
 
-async def test_a_probe_is_answered_at_once_with_nothing_new():
+async def test_a_probe_is_answered_at_once_with_nothing_new() -> None:
     machine = NodeInventory(name="gpu-01", cpu_cores=8, memory_mb=16384)
-    pulse, beats = pulse_on(machine), []
+    pulse = pulse_on(machine)
+    beats: list[str] = []
     report = await environment(beats).run(
         pulse.watch, NodeWatch(node="gpu-01", report_after_s=0, inventory_digest=machine.digest())
     )
@@ -35,9 +36,10 @@ async def test_a_probe_is_answered_at_once_with_nothing_new():
     assert beats == [f"node gpu-01 (boot {pulse.boot_id[:8]}): 2 engine(s) running"]
 
 
-async def test_a_changed_machine_is_reported_without_waiting_out_the_watch():
+async def test_a_changed_machine_is_reported_without_waiting_out_the_watch() -> None:
     machine = NodeInventory(name="gpu-01", cpu_cores=8, memory_mb=16384)
-    pulse, beats = pulse_on(machine), []
+    pulse = pulse_on(machine)
+    beats: list[str] = []
     request = NodeWatch(node="gpu-01", report_after_s=3600, inventory_digest=machine.digest())
     watching = asyncio.create_task(environment(beats).run(pulse.watch, request))
     while len(beats) < 3:  # it heartbeats (several times per heartbeat timeout) meanwhile
@@ -49,7 +51,7 @@ async def test_a_changed_machine_is_reported_without_waiting_out_the_watch():
     assert report.inventory == bigger
 
 
-async def test_a_machine_the_workflow_does_not_know_yet_is_reported_at_once():
+async def test_a_machine_the_workflow_does_not_know_yet_is_reported_at_once() -> None:
     machine = NodeInventory(name="gpu-01", cpu_cores=8, memory_mb=16384)
     older = machine.model_copy(update={"cpu_cores": 4})
     pulse = pulse_on(machine)
@@ -58,9 +60,10 @@ async def test_a_machine_the_workflow_does_not_know_yet_is_reported_at_once():
     assert report.inventory == machine
 
 
-async def test_a_stopping_agent_says_so_and_hands_over():
+async def test_a_stopping_agent_says_so_and_hands_over() -> None:
     machine = NodeInventory(name="gpu-01", cpu_cores=8, memory_mb=16384)
-    pulse, beats = pulse_on(machine), []
+    pulse = pulse_on(machine)
+    beats: list[str] = []
     request = NodeWatch(node="gpu-01", report_after_s=3600, inventory_digest=machine.digest())
     watching = asyncio.create_task(environment(beats).run(pulse.watch, request))
     while not beats:
@@ -78,7 +81,7 @@ async def test_a_stopping_agent_says_so_and_hands_over():
     assert again.stopping is False
 
 
-def test_what_only_counts_as_a_change_of_the_machine():
+def test_what_only_counts_as_a_change_of_the_machine() -> None:
     machine = NodeInventory(name="gpu-01", cpu_cores=8, memory_mb=16384)
     assert machine.digest() == machine.model_copy().digest()
     assert machine.digest() != machine.model_copy(update={"memory_mb": 8192}).digest()

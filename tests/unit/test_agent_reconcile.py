@@ -88,7 +88,9 @@ def not_found() -> RPCError:
         (TimeoutError(), Ownership.UNKNOWN),
     ],
 )
-async def test_only_a_definite_answer_makes_an_engine_an_orphan(answer, expected):
+async def test_only_a_definite_answer_makes_an_engine_an_orphan(
+    answer: WorkflowExecutionStatus | BaseException, expected: Ownership
+) -> None:
     client = FakeClient({"replica:m:0": answer})
     assert await ownership(client, "replica:m:0") == expected  # type: ignore[arg-type]
 
@@ -102,19 +104,21 @@ async def test_only_a_definite_answer_makes_an_engine_an_orphan(answer, expected
         (unavailable(), Ownership.UNKNOWN),
     ],
 )
-async def test_a_terminated_replicas_engine_is_kept_while_its_model_may_want_it(model, expected):
+async def test_a_terminated_replicas_engine_is_kept_while_its_model_may_want_it(
+    model: WorkflowExecutionStatus | BaseException, expected: Ownership
+) -> None:
     client = FakeClient({"replica:m:0": WorkflowExecutionStatus.TERMINATED, "model:m": model})
     assert await ownership(client, "replica:m:0") == expected  # type: ignore[arg-type]
 
 
-async def test_an_unreachable_temporal_stops_no_engine():
+async def test_an_unreachable_temporal_stops_no_engine() -> None:
     supervisor = FakeSupervisor({"m-0": "replica:m:0", "m-1": "replica:m:1"})
     client = FakeClient({"replica:m:0": unavailable(), "replica:m:1": TimeoutError()})
     await reconcile_shards(client, FakeAgent(supervisor))  # type: ignore[arg-type]
     assert supervisor.stopped == []
 
 
-async def test_an_engine_whose_workflow_closed_or_never_existed_is_stopped():
+async def test_an_engine_whose_workflow_closed_or_never_existed_is_stopped() -> None:
     supervisor = FakeSupervisor({"m-0": "replica:m:0", "m-1": "replica:m:1", "m-2": "replica:m:2"})
     client = FakeClient(
         {
@@ -127,7 +131,7 @@ async def test_an_engine_whose_workflow_closed_or_never_existed_is_stopped():
     assert sorted(supervisor.stopped) == ["m-1", "m-2"]
 
 
-async def test_a_dead_engine_is_forgotten_only_when_its_workflow_is_gone():
+async def test_a_dead_engine_is_forgotten_only_when_its_workflow_is_gone() -> None:
     """An engine that died unwatched is reported to its workflow; while Temporal cannot be
     reached its record is kept, so the report is made at the next look."""
     supervisor = FakeSupervisor({})

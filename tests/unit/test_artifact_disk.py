@@ -32,7 +32,9 @@ def test_the_free_space_of_the_stores_file_system_is_reported(tmp_path: Path, ro
     assert reported > 0
 
 
-def test_a_disk_that_cannot_be_read_is_not_known(tmp_path: Path, monkeypatch) -> None:
+def test_a_disk_that_cannot_be_read_is_not_known(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def refuse(_path: object) -> os.statvfs_result:
         raise PermissionError("statvfs refused")
 

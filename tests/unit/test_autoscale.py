@@ -35,14 +35,14 @@ class Run:
         return self.replicas
 
 
-def test_a_burst_shorter_than_the_sustained_period_adds_nothing():
+def test_a_burst_shorter_than_the_sustained_period_adds_nothing() -> None:
     run = Run(replicas=1)
     assert run.look(engines(waiting=20, running=2, work=10)) == 1
     assert run.look(engines(waiting=0, running=2, work=20)) == 1  # the queue drained
     assert run.look(engines(waiting=20, running=2, work=30)) == 1
 
 
-def test_sustained_queueing_adds_one_replica_per_sustained_period_up_to_max():
+def test_sustained_queueing_adds_one_replica_per_sustained_period_up_to_max() -> None:
     run = Run(replicas=1, max_replicas=3)
     counts = [run.look(engines(waiting=40, running=4, work=10.0 * i, n=1)) for i in range(12)]
     assert counts[:2] == [1, 1]
@@ -52,7 +52,7 @@ def test_sustained_queueing_adds_one_replica_per_sustained_period_up_to_max():
     assert "40 requests waiting" in run.reasons[0]
 
 
-def test_quiet_replicas_go_one_at_a_time_but_not_below_the_floor():
+def test_quiet_replicas_go_one_at_a_time_but_not_below_the_floor() -> None:
     run = Run(replicas=3, min_replicas=1)
     counts = []
     for i in range(60):  # 15 minutes of a trickle: running, nothing waiting
@@ -63,7 +63,7 @@ def test_quiet_replicas_go_one_at_a_time_but_not_below_the_floor():
     assert all(a - b in (0, 1) for a, b in itertools.pairwise(counts))
 
 
-def test_an_idle_model_goes_to_zero_and_only_a_request_brings_it_back():
+def test_an_idle_model_goes_to_zero_and_only_a_request_brings_it_back() -> None:
     run = Run(replicas=1)
     run.look(engines(running=1, work=5))  # served a request
     counts = [run.look(engines(work=5)) for _ in range(61)]  # 15 minutes with nothing
@@ -72,12 +72,12 @@ def test_an_idle_model_goes_to_zero_and_only_a_request_brings_it_back():
     assert run.look([]) == 0  # at zero, the autoscaler itself never starts one
 
 
-def test_min_replicas_above_zero_never_goes_to_zero():
+def test_min_replicas_above_zero_never_goes_to_zero() -> None:
     run = Run(replicas=2, min_replicas=2)
     assert all(run.look(engines(work=1)) == 2 for _ in range(200))
 
 
-def test_unseen_engines_are_not_taken_for_idle_ones():
+def test_unseen_engines_are_not_taken_for_idle_ones() -> None:
     run = Run(replicas=1)
     run.look(engines(running=1, work=1))
     blind = [EngineLoad(replica_id="m-0", seen=False)]

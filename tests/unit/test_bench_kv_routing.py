@@ -49,7 +49,7 @@ async def test_the_oracle_pins_every_request_of_a_group_to_replica_g_mod_n() -> 
     work = Workload(groups=6, per_group=3, system_words=150)
     sessions = pinning_sessions(work.groups, ids)
     router = Router("prefix")
-    reasons = Counter()
+    reasons: Counter[str] = Counter()
     for request in requests(work):
         body = {"model": "m", "messages": request.messages}
         key = RequestKey("m", prompt_bytes(body), sessions[request.group])

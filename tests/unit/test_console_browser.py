@@ -264,7 +264,7 @@ def test_routing_shows_decisions_by_reason(
     gateway.state.metrics.routed("deepseek", "prefix")
     gateway.state.metrics.routed("deepseek", "least_load")
     text = until(
-        lambda: "prefix" in region(browser, "routing") and region(browser, "routing"),
+        lambda: ("prefix" in region(browser, "routing") and region(browser, "routing")) or None,
         "the decisions",
     )
     assert "deepseek 2 1 50%" in text  # two choices, one to a replica holding the prefix

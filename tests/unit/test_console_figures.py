@@ -18,6 +18,7 @@ from tests.console_standin import (
     standin_models,
     with_fabric,
 )
+from workers.commands.mirror import MirrorEntry
 from workers.console_data import ClusterReadings, cluster_view
 from workers.console_mirror import mirror_view
 from workers.console_node import FROM_AGENT, FROM_INVENTORY, fabric_view, resource_views
@@ -44,7 +45,7 @@ def test_each_mirror_name_says_its_size_models_and_the_nodes_holding_or_fetching
     models[1].spec.profiles[0].lora = [lora]  # qwen's adapter
     for tray in RACK[0:2]:
         ledger.nodes[tray].inventory.artifacts = [artifact_hint(WEIGHTS)]
-    entries = [
+    entries: list[MirrorEntry] = [
         ("deepseek", WEIGHTS, manifest(("a", SHARED_BLOB, 700), ("b", "sha256:" + "4" * 64, 300))),
         ("qwen.lora.style", ADAPTER, manifest(("a.gguf", SHARED_BLOB, 700))),
         ("broken", "sha256:" + "5" * 64, "manifest sha256:555 is not in the mirror"),
@@ -121,8 +122,9 @@ def test_the_rack_carries_each_trays_fabric_and_each_gpu_its_own() -> None:
     view = cluster_view(ClusterReadings(ledger=standin_ledger(), telemetry=telemetry()))
     (domain,) = view.domains
     trays = {t.node: t for t in domain.trays}
-    assert trays[DEGRADED_TRAY].fabric is not None
-    assert trays[DEGRADED_TRAY].fabric.state == "degraded"
+    fabric = trays[DEGRADED_TRAY].fabric
+    assert fabric is not None
+    assert fabric.state == "degraded"
     gpus = {g.index: g for g in trays[DEGRADED_TRAY].gpus}
     assert (gpus[3].fabric_joined, gpus[3].fabric_degraded) == (True, True)
     assert gpus[0].fabric_degraded is False

@@ -16,7 +16,7 @@ from gateway.console.source import ConsoleRefused
 from tests.ollama_kit import ollama_store
 from workers import console_import
 from workers.console_import import OllamaImports
-from workers.ollama.model_import import BlobProgress, ImportPlan
+from workers.ollama.model_import import BlobProgress, ImportPlan, fetch_blobs
 from workers.ollama.store import CHUNK, Blob
 from workflows.contracts import ModelSpec
 
@@ -58,7 +58,7 @@ async def test_an_import_copies_verifies_mirrors_and_defines_with_its_progress(
     kit = Imports(tmp_path)
     seen: list[tuple[str, int, int]] = []
     files: set[str] = set()
-    real = console_import.fetch_blobs
+    real = fetch_blobs  # the one console_import calls, replaced below
 
     def watched(plan: ImportPlan, progress: BlobProgress) -> list[str]:
         def each(blob: Blob, done: int) -> None:
@@ -116,7 +116,7 @@ async def test_bad_input_is_refused_in_words_before_anything_is_copied(
     # Under another name it goes ahead; a second import of it while it runs is refused.
     copying = threading.Event()
     release = threading.Event()
-    real = console_import.fetch_blobs
+    real = fetch_blobs  # the one console_import calls, replaced below
 
     def held(plan: ImportPlan, progress: BlobProgress) -> list[str]:
         copying.set()

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -85,7 +85,11 @@ def choose(browser: Any, selector: str, value: str) -> None:
     """Pick an option of a select the live updates may be drawing again."""
     from selenium.webdriver.support.ui import Select
 
-    until(lambda: Select(by_css(browser, selector)).select_by_value(value) or True, selector)
+    def chosen() -> bool:
+        Select(by_css(browser, selector)).select_by_value(value)
+        return True
+
+    until(chosen, selector)
 
 
 ROWS_TEXT = (
@@ -129,7 +133,10 @@ def test_the_request_log_shows_each_request_and_filters_it(
     served: Served, browser: Any, tmp_path: Path
 ) -> None:
     open_page(browser, served.gateway, "requests")
-    rows = until(lambda: len(_rows(browser)) >= 9 and _rows(browser), "the requests")
+    # `until` returns only a truthy answer: here the rows, never False.
+    rows = cast(
+        list[str], until(lambda: len(_rows(browser)) >= 9 and _rows(browser), "the requests")
+    )
     newest_stream = next(row for row in rows if served.stream_id in row)
     assert all(text in newest_stream for text in ("web-app", MODEL, "smol-0 on node-a", "200"))
     assert " ms" in newest_stream, "a stream shows its time to first token"
@@ -142,9 +149,12 @@ def test_the_request_log_shows_each_request_and_filters_it(
 
     choose(browser, "select#status", "4xx")
     # The 404, and any 401 a request got before the gateway had read its new key.
-    refused = until(
-        lambda: all(re.search(r"(^|\s)40\d", row) for row in _rows(browser)) and _rows(browser),
-        "the 4xx filter",
+    refused = cast(
+        list[str],
+        until(
+            lambda: all(re.search(r"(^|\s)40\d", row) for row in _rows(browser)) and _rows(browser),
+            "the 4xx filter",
+        ),
     )
     (missing,) = [row for row in refused if served.missing_id in row]
     assert "404 model_not_found" in missing

@@ -263,7 +263,8 @@ def test_repeated_failures_lock_the_client_out(tmp_path_factory: pytest.TempPath
 
 
 def test_the_gateway_flag_turns_the_remote_console_on() -> None:
-    from workers.cli import build_parser, gateway_settings
+    from workers.cli import build_parser
+    from workers.commands.gateway_flags import gateway_settings
 
     assert not gateway_settings(build_parser().parse_args(["gateway"])).console_remote
     on = gateway_settings(build_parser().parse_args(["gateway", "--console-remote"]))

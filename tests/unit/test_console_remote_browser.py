@@ -12,6 +12,7 @@ import pytest
 
 from tests.browser_kit import (
     NEEDS_BROWSER,
+    by_css,
     chromium,
     console_errors,
     screenshot,
@@ -19,7 +20,6 @@ from tests.browser_kit import (
 )
 from tests.console_kit import ConsoleGateway, console_gateway
 from tests.gateway_kit import fast_settings
-from tests.unit.test_console_browser import by_css
 
 pytestmark = NEEDS_BROWSER
 

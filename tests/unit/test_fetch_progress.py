@@ -11,7 +11,7 @@ def view() -> ArtifactFetchView:
     return ArtifactFetchView(node="gpu-1", manifest=DIGEST, model="llama-8b")
 
 
-def test_the_heartbeat_is_read_back_as_its_line_and_its_numbers():
+def test_the_heartbeat_is_read_back_as_its_line_and_its_numbers() -> None:
     report = FetchProgressReport(done=5, total=10, current="model.gguf", note="fetching")
     line = "fetching (model.gguf): 0.00 of 0.00 GB (50%)"
     assert read_heartbeat([line, report.model_dump()]) == (line, report)
@@ -24,7 +24,7 @@ def test_the_heartbeat_is_read_back_as_its_line_and_its_numbers():
     assert read_heartbeat([{"done": -1}]) == ("", None)
 
 
-def test_progress_is_bytes_done_of_total():
+def test_progress_is_bytes_done_of_total() -> None:
     assert progress_text(FetchProgressReport(done=3 << 30, total=8 << 30)) == (
         "3.22 of 8.59 GB (38%)"
     )
@@ -33,7 +33,7 @@ def test_progress_is_bytes_done_of_total():
     assert progress_text(None) == ""
 
 
-def test_a_row_names_node_artifact_model_progress_and_what_it_does():
+def test_a_row_names_node_artifact_model_progress_and_what_it_does() -> None:
     report = FetchProgressReport(done=1 << 30, total=4 << 30, current="model.gguf", note="fetching")
     row = fetch_row(FetchStatus(workflow_id="fetch:x", view=view(), report=report))
     assert row == [
@@ -46,7 +46,7 @@ def test_a_row_names_node_artifact_model_progress_and_what_it_does():
     ]
 
 
-def test_a_retried_fetch_says_which_attempt_and_why_the_last_failed():
+def test_a_retried_fetch_says_which_attempt_and_why_the_last_failed() -> None:
     report = FetchProgressReport(done=1, total=4, note="checking what was already downloaded")
     status = FetchStatus(
         workflow_id="fetch:x",
@@ -61,6 +61,6 @@ def test_a_retried_fetch_says_which_attempt_and_why_the_last_failed():
     )
 
 
-def test_an_older_agent_shows_its_line():
+def test_an_older_agent_shows_its_line() -> None:
     status = FetchStatus(workflow_id="fetch:x", view=view(), line="fetching: 1.20 of 4.00 GB (30%)")
     assert fetch_row(status)[4:] == ["", "fetching: 1.20 of 4.00 GB (30%)"]

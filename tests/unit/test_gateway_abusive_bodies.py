@@ -19,7 +19,7 @@ from gateway.errors import ApiError
 from gateway.json_body import lone_surrogate_at, parse_json_object
 from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.request_body import EMBEDDINGS
-from gateway.routing import prompt_bytes
+from gateway.routing import RequestKey, prompt_bytes
 from gateway.routing.affinity import owner
 from store import KeyLimits, Store
 from tests.gateway_kit import (
@@ -96,7 +96,7 @@ async def test_an_exception_after_the_reservation_releases_it(
             raise failures.pop()
         return proxy_request_key(**fields)
 
-    proxy_request_key = proxy.RequestKey
+    proxy_request_key = RequestKey  # what the proxy builds its keys with
     monkeypatch.setattr(proxy, "RequestKey", breaking_key)
     async with (
         recording_upstream() as upstream,

@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from store import Store, open_store
-from tests.unit.test_gateway_http import FakeRouteSource, assert_openai_error, running_gateway
+from tests.gateway_kit import FakeRouteSource, assert_openai_error, running_gateway
 from workflows.contracts import ModelSpec, ModelView, Profile
 
 JSON = "application/json"
@@ -33,7 +33,7 @@ async def store(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Store
     await store.close()
 
 
-async def test_a_model_put_as_json_is_defined_and_listed(store):
+async def test_a_model_put_as_json_is_defined_and_listed(store: Store) -> None:
     source = CatalogSource()
     async with running_gateway(store, source) as gw:
         put = await gw.client.put("/admin/v1/models/smol", content=GOOD.model_dump_json(),
@@ -44,7 +44,7 @@ async def test_a_model_put_as_json_is_defined_and_listed(store):
     assert [m["spec"]["name"] for m in listed["data"]] == ["smol"]
 
 
-async def test_an_invalid_definition_is_refused_naming_the_field(store):
+async def test_an_invalid_definition_is_refused_naming_the_field(store: Store) -> None:
     source = CatalogSource()
     bad = GOOD.model_copy(update={"profiles": [Profile(engine="sglang", memory_mb=512)]})
     async with running_gateway(store, source) as gw:
@@ -75,7 +75,9 @@ async def test_an_invalid_definition_is_refused_naming_the_field(store):
         ),
     ],
 )
-async def test_a_change_a_browser_page_could_send_is_refused(store, headers, status, code):
+async def test_a_change_a_browser_page_could_send_is_refused(
+    store: Store, headers: dict[str, str], status: int, code: str
+) -> None:
     source = CatalogSource()
     async with running_gateway(store, source) as gw:
         reply = await gw.client.put("/admin/v1/models/smol", content=GOOD.model_dump_json(),

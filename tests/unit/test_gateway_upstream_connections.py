@@ -82,8 +82,10 @@ class KeepAliveEngine:
 
 
 @asynccontextmanager
-async def keep_alive_engine(**script: bool) -> AsyncIterator[KeepAliveEngine]:
-    engine = KeepAliveEngine(**script)
+async def keep_alive_engine(
+    close_reused: bool = False, close_all: bool = False
+) -> AsyncIterator[KeepAliveEngine]:
+    engine = KeepAliveEngine(close_reused=close_reused, close_all=close_all)
     server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
     engine.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     async with server:

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from store import Store, open_store
-from tests.unit.test_gateway_http import (
+from tests.gateway_kit import (
     MODEL,
     FakeRouteSource,
     assert_openai_error,
@@ -16,7 +16,7 @@ from tests.unit.test_gateway_http import (
     route,
     running_gateway,
 )
-from workflows.contracts import RoutingTable
+from workflows.contracts import Route, RoutingTable
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ async def store(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Store
 class WakingSource(FakeRouteSource):
     """A ledger whose model is idle until woken; the replica is ready `delay_s` after the wake."""
 
-    def __init__(self, ready_route, delay_s: float) -> None:
+    def __init__(self, ready_route: Route, delay_s: float) -> None:
         super().__init__()
         self.table = RoutingTable(version=1, idle_models=[MODEL])
         self.ready_route = ready_route
@@ -48,7 +48,7 @@ class WakingSource(FakeRouteSource):
             asyncio.get_running_loop().create_task(come_up())
 
 
-async def test_requests_for_an_idle_model_wait_for_the_replica_it_wakes(store):
+async def test_requests_for_an_idle_model_wait_for_the_replica_it_wakes(store: Store) -> None:
     async with recording_upstream() as upstream:
         source = WakingSource(route("smol-0", upstream.url), delay_s=0.6)
         async with running_gateway(store, source) as gw:
@@ -61,7 +61,9 @@ async def test_requests_for_an_idle_model_wait_for_the_replica_it_wakes(store):
     assert len(upstream.seen) == 5
 
 
-async def test_a_model_that_does_not_come_up_in_time_gets_503_with_retry_after(store):
+async def test_a_model_that_does_not_come_up_in_time_gets_503_with_retry_after(
+    store: Store,
+) -> None:
     source = WakingSource(route("smol-0", "http://127.0.0.1:9"), delay_s=3600)
     settings = fast_settings(cold_start_timeout_s=0.5)
     async with running_gateway(store, source, settings) as gw:
@@ -71,7 +73,7 @@ async def test_a_model_that_does_not_come_up_in_time_gets_503_with_retry_after(s
     assert source.wakes == [MODEL]
 
 
-async def test_an_unknown_model_is_still_404_and_wakes_nothing(store):
+async def test_an_unknown_model_is_still_404_and_wakes_nothing(store: Store) -> None:
     source = WakingSource(route("smol-0", "http://127.0.0.1:9"), delay_s=3600)
     async with running_gateway(store, source) as gw:
         reply = await gw.chat(model="not-there")

@@ -10,7 +10,7 @@ import pytest
 
 from bench.gpu_check import gpu_steps, machine_steps
 from bench.gpu_check.recorder import read_expected
-from bench.gpu_check.runner import Budget, Outcome, Step, run_steps
+from bench.gpu_check.runner import Budget, Failed, Outcome, Step, run_steps
 from bench.gpu_check.state import NO_GPU, CheckState
 from workflows.contracts import GpuInfo, NodeInventory
 
@@ -106,8 +106,8 @@ def test_the_vllm_installed_follows_the_plans_cuda_rule() -> None:
     assert version == gpu_steps.LAST_CUDA12_VLLM
     assert note.startswith("vLLM 0.32.0 needs a driver for CUDA 13 or newer")
     # A version the operator named is theirs: one that cannot run fails with the plan's words.
-    with pytest.raises(gpu_steps.Failed, match=r"vLLM 0\.25\.0 needs a driver for CUDA 13"):
+    with pytest.raises(Failed, match=r"vLLM 0\.25\.0 needs a driver for CUDA 13"):
         gpu_steps.gpu_vllm_version(node("550.54.15", "12.4"), "0.25.0")
     # Too old a card for any build the fallback would fix: fails.
-    with pytest.raises(gpu_steps.Failed, match=r"compute capability 7\.5"):
+    with pytest.raises(Failed, match=r"compute capability 7\.5"):
         gpu_steps.gpu_vllm_version(node("580.65", "13.0", capability="6.1"), "0.32.0")

@@ -10,6 +10,7 @@ import tarfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -23,7 +24,8 @@ from engines.verify import parse_devices
 from workflows.contracts import EngineRequirement, EngineSource, EngineState
 
 TAG = "b4242"
-NAME = asset_name(TAG, platform.machine(), nvidia=False)
+# Known by construction: a CPU archive is published for every machine the tests run on.
+NAME = cast(str, asset_name(TAG, platform.machine(), nvidia=False))
 SERVER = b"#!/bin/sh\necho 'version: 4242 (release)' >&2\n"
 
 
@@ -55,18 +57,22 @@ def release_archive(extra: tarfile.TarInfo | None = None) -> bytes:
     return tar_bytes(members, payloads)
 
 
+# The `mirror` fixture: (base_url, root, requested paths).
+Mirror = tuple[str, Path, list[str]]
+
+
 @pytest.fixture
-def mirror(tmp_path: Path) -> Iterator[tuple[str, Path, list[str]]]:
+def mirror(tmp_path: Path) -> Iterator[Mirror]:
     """A directory served over HTTP on loopback; yields (base_url, root, requested paths)."""
     root = tmp_path / "mirror"
     root.mkdir()
     requested: list[str] = []
 
     class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, directory=str(root), **kwargs)
 
-        def log_message(self, *args) -> None:  # type: ignore[no-untyped-def]
+        def log_message(self, *args: object) -> None:
             requested.append(self.path)
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -86,7 +92,7 @@ def publish(root: Path, data: bytes, sha_file: str | None = None) -> str:
     return digest
 
 
-def req(base_url: str, **kw) -> EngineRequirement:  # type: ignore[no-untyped-def]
+def req(base_url: str, **kw: object) -> EngineRequirement:
     return EngineRequirement(
         engine="llamacpp", version=TAG, source=EngineSource.RELEASE, base_url=base_url, **kw
     )
@@ -97,7 +103,9 @@ class Lines(list[str]):
         self.append(line)
 
 
-def test_archive_with_configured_digest_installs_and_verifies(mirror, tmp_path: Path) -> None:
+def test_archive_with_configured_digest_installs_and_verifies(
+    mirror: Mirror, tmp_path: Path
+) -> None:
     base_url, root, _ = mirror
     digest = publish(root, release_archive())
     progress = Lines()
@@ -114,7 +122,9 @@ def test_archive_with_configured_digest_installs_and_verifies(mirror, tmp_path: 
 
 
 @pytest.mark.parametrize("form", ["{digest}  {name}\n", "sha256:{digest}\n"])
-def test_digest_file_beside_the_archive_is_accepted(mirror, tmp_path: Path, form: str) -> None:
+def test_digest_file_beside_the_archive_is_accepted(
+    mirror: Mirror, tmp_path: Path, form: str
+) -> None:
     base_url, root, requested = mirror
     publish(root, release_archive(), sha_file=form)
     status = install_llamacpp(req(base_url), tmp_path / "e", tmp_path / "c", Lines(), nvidia=False)
@@ -123,7 +133,7 @@ def test_digest_file_beside_the_archive_is_accepted(mirror, tmp_path: Path, form
 
 
 def test_digest_mismatch_fails_with_both_digests_and_installs_nothing(
-    mirror, tmp_path: Path
+    mirror: Mirror, tmp_path: Path
 ) -> None:
     base_url, root, _ = mirror
     actual = publish(root, release_archive())
@@ -138,7 +148,7 @@ def test_digest_mismatch_fails_with_both_digests_and_installs_nothing(
     assert not (tmp_path / "c" / "llamacpp" / "archives" / NAME).exists()
 
 
-def test_no_digest_anywhere_is_refused(mirror, tmp_path: Path) -> None:
+def test_no_digest_anywhere_is_refused(mirror: Mirror, tmp_path: Path) -> None:
     base_url, root, _ = mirror
     publish(root, release_archive())
     status = install_llamacpp(req(base_url), tmp_path / "e", tmp_path / "c", Lines(), nvidia=False)
@@ -161,7 +171,7 @@ def _member(name: str, link: str | None = None) -> tarfile.TarInfo:
     ],
 )
 def test_hostile_archive_with_a_good_digest_is_still_refused(
-    mirror, tmp_path: Path, extra: tarfile.TarInfo, why: str
+    mirror: Mirror, tmp_path: Path, extra: tarfile.TarInfo, why: str
 ) -> None:
     base_url, root, _ = mirror
     digest = publish(root, release_archive(extra))
@@ -176,7 +186,7 @@ def test_hostile_archive_with_a_good_digest_is_still_refused(
 
 
 def test_missing_archive_falls_back_to_a_source_build(
-    mirror, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mirror: Mirror, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base_url, _, _ = mirror  # nothing published: 404
     # The source build's download fails fast offline; reaching it proves the fallback.
@@ -190,7 +200,7 @@ def test_missing_archive_falls_back_to_a_source_build(
 
 
 def test_nvidia_node_has_no_linux_cuda_archive_and_builds_with_cuda(
-    mirror, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mirror: Mirror, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base_url, _, requested = mirror
     monkeypatch.setenv("PIP_NO_INDEX", "1")
@@ -202,7 +212,9 @@ def test_nvidia_node_has_no_linux_cuda_archive_and_builds_with_cuda(
     assert (tmp_path / "c" / "llamacpp" / "4242.0.0-cuda").is_dir()
 
 
-def test_operator_archive_in_the_mirror_is_used_on_nvidia_nodes(mirror, tmp_path: Path) -> None:
+def test_operator_archive_in_the_mirror_is_used_on_nvidia_nodes(
+    mirror: Mirror, tmp_path: Path
+) -> None:
     base_url, root, _ = mirror
     data = release_archive()
     (root / TAG).mkdir()

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TypedDict, Unpack
 
 import aiohttp
 from aiohttp import web
@@ -34,7 +35,17 @@ from workflows.contracts import KvSource, ReplicaState, Route, RoutingTable
 from workflows.engine_keys import kv_feed_token, node_secret
 
 TOKEN = "feed-token"
-FAST = {"quiet_s": 2.0, "first_backoff_s": 0.01, "max_backoff_s": 0.05}
+
+
+class Timing(TypedDict, total=False):
+    """The readers' timing keywords (KvFeedReader, KvFeeds)."""
+
+    quiet_s: float
+    first_backoff_s: float
+    max_backoff_s: float
+
+
+FAST: Timing = {"quiet_s": 2.0, "first_backoff_s": 0.01, "max_backoff_s": 0.05}
 
 
 async def until(condition: Callable[[], bool], timeout: float = 5.0, what: str = "") -> None:
@@ -128,10 +139,11 @@ async def feed_server(token: str = TOKEN) -> AsyncIterator[FeedServer]:
 
 @asynccontextmanager
 async def reader_of(
-    server: FeedServer, index: KvBlockIndex, token: str = TOKEN, **options: float
+    server: FeedServer, index: KvBlockIndex, token: str = TOKEN, **options: Unpack[Timing]
 ) -> AsyncIterator[KvFeedReader]:
     async with aiohttp.ClientSession() as session:
-        reader = KvFeedReader(server.url, "node-a", token, index, session, **{**FAST, **options})
+        timing: Timing = {**FAST, **options}
+        reader = KvFeedReader(server.url, "node-a", token, index, session, **timing)
         reader.start()
         try:
             yield reader

@@ -2,9 +2,12 @@
 upstream key read from a file or the environment into the store, never into the spec; a model
 added from a file defined by its artifact and size; and `why` on weights in the mirror."""
 
+import argparse
 from pathlib import Path
+from typing import cast
 
 import pytest
+from temporalio.client import Client
 
 from workers.cli import build_parser
 from workers.commands import model as model_commands
@@ -25,13 +28,15 @@ from workflows.contracts import (
 )
 
 KEY = "sk-upstream-0123456789"
+# The commands here only reach the client through the stand-ins below, which never use it.
+NO_CLIENT = cast(Client, None)
 
 
-def parse(*argv: str):
+def parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["model", *argv])
 
 
-def test_model_add_external_builds_one_profile_with_a_replica_per_url():
+def test_model_add_external_builds_one_profile_with_a_replica_per_url() -> None:
     args = parse(
         "add", "mock", "--engine", "external",
         "--url", "http://127.0.0.1:9000", "--url", "http://127.0.0.1:9001/v1",
@@ -44,7 +49,7 @@ def test_model_add_external_builds_one_profile_with_a_replica_per_url():
     assert upstream_key_from_args(args) is None
 
 
-def test_model_add_external_takes_the_name_the_endpoint_knows_the_model_by():
+def test_model_add_external_takes_the_name_the_endpoint_knows_the_model_by() -> None:
     args = parse(
         "add", "small", "--engine", "external", "--url", "https://api.example.com/v1",
         "--upstream-model", "org/Hosted-8B",
@@ -58,7 +63,7 @@ def test_model_add_external_takes_the_name_the_endpoint_knows_the_model_by():
         spec_from_args(parse("add", "m", "--weights", "/w/m.gguf", "--upstream-model", "x"))
 
 
-def test_model_add_external_names_what_it_does_not_take():
+def test_model_add_external_names_what_it_does_not_take() -> None:
     args = parse("add", "mock", "--engine", "external", "--url", "http://h:1", "--tp", "2")
     with pytest.raises(SystemExit, match=r"profiles\[0\].tensor_parallel: external endpoints"):
         spec_from_args(args)
@@ -66,14 +71,14 @@ def test_model_add_external_names_what_it_does_not_take():
         spec_from_args(parse("add", "mock", "--engine", "external"))
 
 
-def test_other_engines_still_need_weights_and_refuse_urls():
+def test_other_engines_still_need_weights_and_refuse_urls() -> None:
     with pytest.raises(SystemExit, match="weights: engine llamacpp needs"):
         spec_from_args(parse("add", "m"))
     with pytest.raises(SystemExit, match=r"profiles\[0\].urls: only engine external"):
         spec_from_args(parse("add", "m", "--weights", "/w/m.gguf", "--url", "http://h:1"))
 
 
-def test_upstream_key_file_is_read_and_its_newline_stripped(tmp_path):
+def test_upstream_key_file_is_read_and_its_newline_stripped(tmp_path: Path) -> None:
     key_file = tmp_path / "upstream.key"
     key_file.write_text(KEY + "\n")
     args = parse(
@@ -84,7 +89,7 @@ def test_upstream_key_file_is_read_and_its_newline_stripped(tmp_path):
     assert KEY not in spec_from_args(args).model_dump_json()
 
 
-def test_upstream_key_env_is_read(monkeypatch):
+def test_upstream_key_env_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MOCK_KEY", KEY)
     args = parse(
         "add", "mock", "--engine", "external", "--url", "http://h:1", "--upstream-key-env",
@@ -99,7 +104,9 @@ def test_upstream_key_env_is_read(monkeypatch):
 @pytest.mark.parametrize(
     ("text", "expected"), [("\n", "is empty"), ("two words\n", "one line of visible ASCII")]
 )
-def test_an_unusable_key_file_is_refused_without_quoting_it(tmp_path, text, expected):
+def test_an_unusable_key_file_is_refused_without_quoting_it(
+    tmp_path: Path, text: str, expected: str
+) -> None:
     key_file = tmp_path / "upstream.key"
     key_file.write_text(text)
     args = parse(
@@ -111,7 +118,7 @@ def test_an_unusable_key_file_is_refused_without_quoting_it(tmp_path, text, expe
     assert "words" not in str(refused.value)
 
 
-def test_no_flag_takes_the_key_itself_and_other_engines_take_none(tmp_path):
+def test_no_flag_takes_the_key_itself_and_other_engines_take_none(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         parse("add", "mock", "--engine", "external", "--url", "http://h:1", "--upstream-key", KEY)
     with pytest.raises(SystemExit):
@@ -123,7 +130,9 @@ def test_no_flag_takes_the_key_itself_and_other_engines_take_none(tmp_path):
         upstream_key_from_args(args)
 
 
-def test_a_yaml_file_names_the_key_file_relative_to_itself(tmp_path, monkeypatch):
+def test_a_yaml_file_names_the_key_file_relative_to_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "keys").mkdir()
     (tmp_path / "keys" / "mock.key").write_text(KEY + "\n")
     monkeypatch.setenv("OTHER_KEY", "sk-other")
@@ -151,7 +160,7 @@ def test_a_yaml_file_names_the_key_file_relative_to_itself(tmp_path, monkeypatch
     assert (local.spec.weights, local.upstream_key) == (str(tmp_path / "m.gguf"), None)
 
 
-def test_a_yaml_file_may_not_hold_the_key_itself(tmp_path):
+def test_a_yaml_file_may_not_hold_the_key_itself(tmp_path: Path) -> None:
     models = tmp_path / "models.yaml"
     models.write_text(
         f"- name: mock\n  engine: external\n  urls: [http://h:1]\n  upstream_key: {KEY}\n"
@@ -178,7 +187,7 @@ class FakeStore:
 
 
 @pytest.fixture
-def calls(monkeypatch, tmp_path) -> list[tuple[str, ...]]:
+def calls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[str, ...]]:
     """Stand-ins for the store and the model client; what each was asked, in order."""
     calls: list[tuple[str, ...]] = []
 
@@ -205,7 +214,9 @@ def calls(monkeypatch, tmp_path) -> list[tuple[str, ...]]:
     return calls
 
 
-async def test_add_stores_the_key_before_the_model_and_rm_deletes_it(calls, tmp_path):
+async def test_add_stores_the_key_before_the_model_and_rm_deletes_it(
+    calls: list[tuple[str, ...]], tmp_path: Path
+) -> None:
     where = Locations.resolve(state_dir=str(tmp_path))
     key_file = tmp_path / "upstream.key"
     key_file.write_text(KEY + "\n")
@@ -213,13 +224,13 @@ async def test_add_stores_the_key_before_the_model_and_rm_deletes_it(calls, tmp_
         "add", "mock", "--engine", "external", "--url", "http://127.0.0.1:9000",
         "--upstream-key-file", str(key_file),
     )  # fmt: skip
-    await model_commands.model_command(args, client=None, where=where)
+    await model_commands.model_command(args, client=NO_CLIENT, where=where)
     assert [c[0] for c in calls] == ["init", "set_upstream_key", "close", "apply"]
     assert calls[1] == ("set_upstream_key", "mock", KEY)
     assert KEY not in calls[3][1]
 
     calls.clear()
-    await model_commands.model_command(parse("rm", "mock"), client=None, where=where)
+    await model_commands.model_command(parse("rm", "mock"), client=NO_CLIENT, where=where)
     assert calls == [
         ("remove", "mock"),
         ("init",),
@@ -228,12 +239,14 @@ async def test_add_stores_the_key_before_the_model_and_rm_deletes_it(calls, tmp_
     ]
 
 
-async def test_add_from_a_file_records_the_artifacts_size_for_placement(calls, tmp_path):
+async def test_add_from_a_file_records_the_artifacts_size_for_placement(
+    calls: list[tuple[str, ...]], tmp_path: Path
+) -> None:
     weights = tmp_path / "tiny.gguf"
     weights.write_bytes(b"GGUF" + bytes(5000))
     where = Locations.resolve(state_dir=str(tmp_path))
     args = parse("add", "tiny", "--from", str(weights), "--memory-mb", "1024")
-    await model_commands.model_command(args, client=None, where=where)
+    await model_commands.model_command(args, client=NO_CLIENT, where=where)
     [applied] = [ModelSpec.model_validate_json(c[1]) for c in calls if c[0] == "apply"]
     assert applied.artifact.startswith("sha256:")
     assert (applied.weights, applied.artifact_size) == ("tiny.gguf", 5004)
@@ -254,8 +267,8 @@ def fleet_node(name: str, free_mb: int | None, held: list[str]) -> NodeRecord:
 
 
 async def test_model_why_says_which_nodes_hold_the_weights_and_which_lack_the_disk(
-    monkeypatch, capsys, tmp_path
-):
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     spec = ModelSpec(
         name="big",
         weights="model.gguf",
@@ -281,7 +294,7 @@ async def test_model_why_says_which_nodes_hold_the_weights_and_which_lack_the_di
     monkeypatch.setattr(model_commands, "list_models", list_models)
     monkeypatch.setattr(model_commands, "ledger_snapshot", ledger_snapshot)
     where = Locations.resolve(state_dir=str(tmp_path))
-    await model_commands.model_command(parse("why", "big"), client=None, where=where)
+    await model_commands.model_command(parse("why", "big"), client=NO_CLIENT, where=where)
     passed_over = "fits, but would fetch the weights (2.0 GB): passed over for a node holding them"
     assert capsys.readouterr().out.splitlines() == [
         "profile 1 (llamacpp cpu): would go to holder",

@@ -2,6 +2,7 @@
 before anything is downloaded."""
 
 from argparse import Namespace
+from typing import cast
 
 import pytest
 
@@ -17,7 +18,7 @@ def manifest(*paths: str) -> ArtifactManifest:
     )
 
 
-def test_the_only_file_or_the_only_gguf_is_run():
+def test_the_only_file_or_the_only_gguf_is_run() -> None:
     assert weights_inside(manifest("model.Q4.gguf"), None, "llamacpp") == "model.Q4.gguf"
     two = manifest("README.md", "model.gguf")
     assert weights_inside(two, None, "llamacpp") == "model.gguf"
@@ -25,7 +26,7 @@ def test_the_only_file_or_the_only_gguf_is_run():
     assert weights_inside(manifest("config.json", "model.safetensors"), None, "vllm") == ""
 
 
-def test_a_named_file_must_be_in_the_artifact_and_several_ggufs_need_a_name():
+def test_a_named_file_must_be_in_the_artifact_and_several_ggufs_need_a_name() -> None:
     both = manifest("a.gguf", "b.gguf")
     assert weights_inside(both, "b.gguf", "llamacpp") == "b.gguf"
     with pytest.raises(SystemExit, match="2 GGUF files: name one with --weights"):
@@ -34,7 +35,7 @@ def test_a_named_file_must_be_in_the_artifact_and_several_ggufs_need_a_name():
         weights_inside(both, "c.gguf", "llamacpp")
 
 
-def test_the_definition_is_checked_with_the_path_inside_before_any_download():
+def test_the_definition_is_checked_with_the_path_inside_before_any_download() -> None:
     spec = ModelSpec(name="m", memory_mb=2048)
     assert check_model(with_source(spec, "model.gguf", from_source=True)) == []
     assert with_source(spec, None, from_source=True).artifact == DIGEST_UNKNOWN_YET
@@ -42,7 +43,7 @@ def test_the_definition_is_checked_with_the_path_inside_before_any_download():
     assert any(p.startswith("weights: with an artifact, a path") for p in problems)
 
 
-def test_adapters_from_sources_are_checked_before_the_downloads():
+def test_adapters_from_sources_are_checked_before_the_downloads() -> None:
     spec = ModelSpec(
         name="m",
         memory_mb=2048,
@@ -60,7 +61,7 @@ def test_adapters_from_sources_are_checked_before_the_downloads():
         lora_sources(Namespace(lora_from=["sql"]))
 
 
-def test_a_replica_fetches_its_weights_and_its_profiles_adapters_once_each():
+def test_a_replica_fetches_its_weights_and_its_profiles_adapters_once_each() -> None:
     adapter = "sha256:" + "2" * 64
     weights = "sha256:" + "3" * 64
     spec = ModelSpec(
@@ -76,10 +77,16 @@ def test_a_replica_fetches_its_weights_and_its_profiles_adapters_once_each():
     assert artifacts_to_fetch(ModelSpec(name="m", weights="/w.gguf"), 0) == []
 
 
-def test_an_adapter_without_an_artifact_keeps_its_fingerprint():
+def fingerprinted_adapters(profile: Profile) -> list[dict[str, str]]:
+    """The profile's adapters as its fingerprint sees them: each LoraAdapter dumped, every
+    field a string."""
+    return cast(list[dict[str, str]], profile.fingerprint_fields()["lora"])
+
+
+def test_an_adapter_without_an_artifact_keeps_its_fingerprint() -> None:
     # Adapters defined before artifacts existed: their fingerprint, and so the running
     # replicas, must not change when llmgw is upgraded.
     profile = Profile(lora=[LoraAdapter(name="a", path="/a.gguf")])
-    assert "artifact" not in profile.fingerprint_fields()["lora"][0]
+    assert "artifact" not in fingerprinted_adapters(profile)[0]
     fetched = Profile(lora=[LoraAdapter(name="a", path="a.gguf", artifact="sha256:" + "4" * 64)])
-    assert fetched.fingerprint_fields()["lora"][0]["artifact"].startswith("sha256:")
+    assert fingerprinted_adapters(fetched)[0]["artifact"].startswith("sha256:")

@@ -427,9 +427,10 @@ async def test_a_replica_without_a_shard_here_is_refused(
 def test_a_machine_named_like_external_models_routes_still_gets_a_node_name(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(paths.socket, "gethostname", lambda: "External")
+    # The socket module workers.paths calls gethostname() through.
+    monkeypatch.setattr(socket, "gethostname", lambda: "External")
     assert paths.default_node_name() == "external-node"
-    monkeypatch.setattr(paths.socket, "gethostname", lambda: "gpu-07.lab")
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu-07.lab")
     assert paths.default_node_name() == "gpu-07-lab"
 
 

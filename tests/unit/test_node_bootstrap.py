@@ -70,11 +70,11 @@ def after(machine: Machine, done: Plan) -> Machine:
         if isinstance(action, CreateUser):
             user_group = action.name
         elif isinstance(action, MakeDir):
-            t = action.target
-            paths[t.path] = Found("dir", 0o40000 | t.mode, t.owner, t.group)
+            d = action.target
+            paths[d.path] = Found("dir", 0o40000 | d.mode, d.owner, d.group)
         elif isinstance(action, WriteFile):
-            t = action.target
-            paths[t.path] = Found("file", 0o100000 | t.mode, t.owner, t.group, t.content)
+            f = action.target
+            paths[f.path] = Found("file", 0o100000 | f.mode, f.owner, f.group, f.content)
         elif action.args[0] in ("enable", "start", "restart"):
             enabled, active = enabled or action.args[0] == "enable", True
     return replace(machine, paths=paths, user_group=user_group, enabled=enabled, active=active)
@@ -84,7 +84,7 @@ def described(done: Plan) -> list[str]:
     return [action.describe() for action in done.actions]
 
 
-def test_a_fresh_machine_gets_a_user_directories_settings_unit_and_a_started_service():
+def test_a_fresh_machine_gets_a_user_directories_settings_unit_and_a_started_service() -> None:
     done = plan(REQUEST, FRESH)
     assert described(done) == [
         "create the system user llmgw (home /var/lib/llmgw, no login)",
@@ -108,7 +108,7 @@ def test_a_fresh_machine_gets_a_user_directories_settings_unit_and_a_started_ser
     assert "--label pool=batch" in files[UNIT]
 
 
-def test_a_second_run_plans_nothing():
+def test_a_second_run_plans_nothing() -> None:
     first = plan(REQUEST, FRESH)
     second = plan(REQUEST, after(FRESH, first))
     assert second.actions == []
@@ -117,7 +117,7 @@ def test_a_second_run_plans_nothing():
     assert {str(ENV), str(UNIT), "/var/lib/llmgw"} <= set(second.in_place)
 
 
-def test_a_changed_setting_rewrites_the_env_file_and_restarts_without_a_reload():
+def test_a_changed_setting_rewrites_the_env_file_and_restarts_without_a_reload() -> None:
     running = after(FRESH, plan(REQUEST, FRESH))
     moved = plan(replace(REQUEST, address="10.0.0.12"), running)
     assert described(moved) == [
@@ -132,7 +132,7 @@ def test_a_changed_setting_rewrites_the_env_file_and_restarts_without_a_reload()
     ]
 
 
-def test_a_stopped_service_is_started_and_a_loose_env_file_made_private_again():
+def test_a_stopped_service_is_started_and_a_loose_env_file_made_private_again() -> None:
     running = after(FRESH, plan(REQUEST, FRESH))
     loose = dict(running.paths)
     loose[ENV] = replace(loose[ENV], mode=0o100644)
@@ -143,7 +143,7 @@ def test_a_stopped_service_is_started_and_a_loose_env_file_made_private_again():
     ]
 
 
-def test_without_systemd_or_with_no_service_it_writes_and_starts_nothing():
+def test_without_systemd_or_with_no_service_it_writes_and_starts_nothing() -> None:
     for machine, request in ((replace(FRESH, systemd=False), REQUEST),
                              (FRESH, replace(REQUEST, service=False))):  # fmt: skip
         done = plan(request, machine)
@@ -152,7 +152,7 @@ def test_without_systemd_or_with_no_service_it_writes_and_starts_nothing():
         assert plan(request, after(machine, done)).actions == []
 
 
-def test_an_existing_config_dir_is_left_as_the_operator_made_it():
+def test_an_existing_config_dir_is_left_as_the_operator_made_it() -> None:
     machine = replace(FRESH, user_group="llmgw", paths={
         **FRESH.paths, Path("/etc/llmgw"): Found("dir", 0o40750, "root", "llmgw"),
     })  # fmt: skip
@@ -162,13 +162,13 @@ def test_an_existing_config_dir_is_left_as_the_operator_made_it():
     assert not any(isinstance(a, CreateUser) for a in done.actions)
 
 
-def test_something_in_the_way_stops_the_plan():
+def test_something_in_the_way_stops_the_plan() -> None:
     machine = replace(FRESH, paths={**FRESH.paths, Path("/var/lib/llmgw"): Found("file")})
     with pytest.raises(ValueError, match="/var/lib/llmgw is in the way"):
         plan(REQUEST, machine)
 
 
-def test_tls_files_are_copied_the_keys_private_to_the_service_user():
+def test_tls_files_are_copied_the_keys_private_to_the_service_user() -> None:
     security = TemporalSecurity(
         ca_file=Path("/home/op/ca.pem"), cert_file=Path("/home/op/llmgw.pem"),
         key_file=Path("/home/op/llmgw.key"), server_name="temporal",
@@ -199,7 +199,7 @@ def view(state: NodeState, identity: str = IDENTITY, machine: str = "m-1") -> No
     return NodeView(record=NodeRecord(inventory=inventory, state=state), identity=identity)
 
 
-def test_a_token_the_control_plane_would_refuse_is_refused_with_what_to_do():
+def test_a_token_the_control_plane_would_refuse_is_refused_with_what_to_do() -> None:
     def refusal(v: NodeView | None, machine: str = "m-1") -> str | None:
         return token_refusal("gpu-01", "10.0.0.2:7233", IDENTITY, v, machine)
 
@@ -216,7 +216,7 @@ def test_a_token_the_control_plane_would_refuse_is_refused_with_what_to_do():
     assert refusal(view(NodeState.READY, "0f" * 32)) is None
 
 
-def test_the_service_user_and_os_package_consent():
+def test_the_service_user_and_os_package_consent() -> None:
     assert service_user(None, False) == "llmgw"
     assert service_user(None, True) == "root"
     assert service_user("svc", False) == "svc"
@@ -224,7 +224,7 @@ def test_the_service_user_and_os_package_consent():
         service_user("svc", True)
 
 
-def test_agent_flags_pass_through_and_refuse_what_the_unit_cannot_hold():
+def test_agent_flags_pass_through_and_refuse_what_the_unit_cannot_hold() -> None:
     flags = agent_flags(["pool=a"], {"llamacpp": "/opt/ls"}, "http://ctl:8004", True,
                         "10.0.0.2:7233", ["--heartbeat-every=5"])  # fmt: skip
     assert flags == ("--label", "pool=a", "--engine-path", "llamacpp=/opt/ls",
@@ -238,7 +238,7 @@ def test_agent_flags_pass_through_and_refuse_what_the_unit_cannot_hold():
         agent_flags([], {}, "", False, None, ["--join=llmgw-join-x"])
 
 
-def test_extra_environment_cannot_override_what_bootstrap_sets():
+def test_extra_environment_cannot_override_what_bootstrap_sets() -> None:
     assert extra_env(["PIP_INDEX_URL=https://mirror/simple", "A=1"]) == (
         ("A", "1"), ("PIP_INDEX_URL", "https://mirror/simple"))  # fmt: skip
     for bad in ("LLMGW_JOIN_TOKEN=x", "LLMGW_TEMPORAL_TLS_CA=/x", "1A=b", "NOEQUALS"):
@@ -246,7 +246,9 @@ def test_extra_environment_cannot_override_what_bootstrap_sets():
             extra_env([bad])
 
 
-def test_the_token_comes_from_the_flag_or_stdin_and_a_bad_one_stops_everything(monkeypatch):
+def test_the_token_comes_from_the_flag_or_stdin_and_a_bad_one_stops_everything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     token = JoinToken("gpu-01", "10.0.0.2:7233", b"\x07" * 32)
     assert read_token(token.encode()) == token
     monkeypatch.setattr("sys.stdin", io.StringIO(token.encode() + "\n"))

@@ -32,7 +32,7 @@ print(json.dumps({{"argv": sys.argv[1:], "umask": umask,
 """
 
 
-def test_the_deploy_example_is_the_template_rendered():
+def test_the_deploy_example_is_the_template_rendered() -> None:
     example = (DEPLOY / "systemd" / "llmgw-agent.service").read_text()
     assert example == render_unit(DEPLOY_EXAMPLE), (
         "deploy/systemd/llmgw-agent.service differs from its template: run "
@@ -57,8 +57,8 @@ def write_env(tmp_path: Path, extra: list[tuple[str, str]] = []) -> None:  # noq
 
 
 def test_what_systemd_runs_is_a_command_line_the_cli_takes_with_the_token_in_the_environment(
-    tmp_path,
-):
+    tmp_path: Path,
+) -> None:
     unit = render_unit(settings(tmp_path))
     assert TOKEN not in unit
     write_env(tmp_path)
@@ -76,7 +76,7 @@ def test_what_systemd_runs_is_a_command_line_the_cli_takes_with_the_token_in_the
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the start command is run as root")
-def test_the_start_command_without_systemd_runs_what_systemd_would(tmp_path):
+def test_the_start_command_without_systemd_runs_what_systemd_would(tmp_path: Path) -> None:
     reporter = tmp_path / "llmgw"
     reporter.write_text(REPORTER.format(python=sys.executable))
     reporter.chmod(0o755)
@@ -96,7 +96,7 @@ def test_the_start_command_without_systemd_runs_what_systemd_would(tmp_path):
     assert TOKEN not in line
 
 
-def test_env_values_are_quoted_for_systemd_and_sh_alike_or_refused():
+def test_env_values_are_quoted_for_systemd_and_sh_alike_or_refused() -> None:
     assert env_value("10.0.0.11") == "10.0.0.11"
     assert env_value("a b$c") == "'a b$c'"
     for bad in ("it's", "two\nlines", "back\\slash"):

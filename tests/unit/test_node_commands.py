@@ -5,7 +5,7 @@ from workers.commands.node import artifacts_line
 from workflows.contracts import NodeInventory
 
 
-def test_node_show_says_what_the_node_holds_and_its_room_for_more():
+def test_node_show_says_what_the_node_holds_and_its_room_for_more() -> None:
     held = ["sha256:0123456789abcdef", "sha256:fedcba9876543210"]
     inventory = NodeInventory(name="n1", artifacts=held, artifact_disk_free_mb=45_000)
     assert artifacts_line(inventory) == "2 held, 45 GB free for more"

@@ -2,19 +2,21 @@
 blobs as Ollama lays them out, a few bytes standing in for the GGUF) read, verified and copied
 into llmgw's content-addressed models directory, and the model definition built from it."""
 
+import argparse
 import hashlib
 import json
 import os
 import re
 import struct
 from pathlib import Path
+from typing import cast
 
 import pytest
+from temporalio.client import Client
 
 from engines.llamacpp import command_line
 from workers.cli import build_parser
 from workers.commands import model as model_commands
-from workers.ollama import blobs as ollama_blobs
 from workers.ollama import store as ollama_store
 from workers.ollama.gguf_header import gguf_has_chat_template
 from workers.ollama.model_import import (
@@ -101,6 +103,8 @@ class FakeStore:
 
 
 WEIGHTS = gguf()
+# The command's client only reaches apply_model, which the command tests replace.
+NO_CLIENT = cast(Client, None)
 PARAMS_JSON = {"stop": ["<|im_start|>", "<|im_end|>"], "temperature": 0.2, "num_ctx": 2048}
 
 
@@ -121,7 +125,7 @@ def fake(tmp_path: Path) -> FakeStore:
     return fake
 
 
-def parse_import(*argv: str):
+def parse_import(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["model", "import-ollama", *argv])
 
 
@@ -141,7 +145,7 @@ def parse_import(*argv: str):
         ("localhost:5000/team/m:t", Reference("localhost:5000", "team", "m", "t")),
     ],
 )
-def test_name_forms_resolve_to_host_namespace_model_and_tag(text, expected):
+def test_name_forms_resolve_to_host_namespace_model_and_tag(text: str, expected: Reference) -> None:
     assert parse_reference(text) == expected
 
 
@@ -165,12 +169,14 @@ def test_name_forms_resolve_to_host_namespace_model_and_tag(text, expected):
         "m\0",
     ],
 )
-def test_names_that_could_leave_the_manifests_directory_or_are_not_names_are_refused(text):
+def test_names_that_could_leave_the_manifests_directory_or_are_not_names_are_refused(
+    text: str,
+) -> None:
     with pytest.raises(OllamaStoreError):
         parse_reference(text)
 
 
-def test_each_name_form_finds_its_manifest(fake):
+def test_each_name_form_finds_its_manifest(fake: FakeStore) -> None:
     fake.manifest("plain", [fake.layer(MODEL, WEIGHTS)])
     fake.manifest("coder", [fake.layer(MODEL, WEIGHTS)], namespace="team", tag="v1")
     fake.manifest("m", [fake.layer(MODEL, WEIGHTS)], host="hf.co", namespace="org", tag="Q4")
@@ -180,7 +186,7 @@ def test_each_name_form_finds_its_manifest(fake):
         assert found.model.path == fake.path_of(found.model.name).resolve()
 
 
-def test_default_llmgw_names_are_valid_model_names():
+def test_default_llmgw_names_are_valid_model_names() -> None:
     cases = {
         "smollm2:135m": "smollm2-135m",
         "llama3": "llama3",
@@ -208,14 +214,14 @@ def test_default_llmgw_names_are_valid_model_names():
         None,
     ],
 )
-def test_a_layer_digest_of_the_wrong_form_is_refused(fake, digest):
-    bad = {"mediaType": MODEL, "digest": digest, "size": 4}
+def test_a_layer_digest_of_the_wrong_form_is_refused(fake: FakeStore, digest: str | None) -> None:
+    bad: dict[str, object] = {"mediaType": MODEL, "digest": digest, "size": 4}
     fake.manifest("bad", [bad])
     with pytest.raises(OllamaStoreError, match=r"layers\[0\].*digest"):
         OllamaStore(fake.root).load(parse_reference("bad"))
 
 
-def test_an_upper_case_digest_names_the_same_blob(fake):
+def test_an_upper_case_digest_names_the_same_blob(fake: FakeStore) -> None:
     layer = fake.layer(MODEL, WEIGHTS)
     layer["digest"] = str(layer["digest"]).upper().replace("SHA256", "sha256")
     fake.manifest("upper", [layer])
@@ -223,7 +229,9 @@ def test_an_upper_case_digest_names_the_same_blob(fake):
     assert found.model.digest == hashlib.sha256(WEIGHTS).hexdigest()
 
 
-def test_a_blob_linked_out_of_the_store_is_refused_and_one_linked_inside_is_read(tmp_path, fake):
+def test_a_blob_linked_out_of_the_store_is_refused_and_one_linked_inside_is_read(
+    tmp_path: Path, fake: FakeStore
+) -> None:
     outside = tmp_path / "outside.gguf"
     outside.write_bytes(WEIGHTS)
     layer = fake.layer(MODEL, WEIGHTS)
@@ -242,7 +250,7 @@ def test_a_blob_linked_out_of_the_store_is_refused_and_one_linked_inside_is_read
     assert store.load(parse_reference("linked")).model.path == inside.resolve()
 
 
-def test_a_manifest_linked_out_of_the_store_is_refused(tmp_path, fake):
+def test_a_manifest_linked_out_of_the_store_is_refused(tmp_path: Path, fake: FakeStore) -> None:
     target = fake.manifest("real", [fake.layer(MODEL, WEIGHTS)])
     outside = tmp_path / "manifest.json"
     outside.write_text(target.read_text())
@@ -253,7 +261,7 @@ def test_a_manifest_linked_out_of_the_store_is_refused(tmp_path, fake):
         OllamaStore(fake.root).load(parse_reference("evil"))
 
 
-def test_a_blob_that_is_not_a_regular_file_is_refused(fake):
+def test_a_blob_that_is_not_a_regular_file_is_refused(fake: FakeStore) -> None:
     layer = {"mediaType": MODEL, "digest": "sha256:" + "ab" * 32, "size": 4}
     os.mkfifo(fake.path_of(str(layer["digest"])))
     fake.manifest("fifo", [layer])
@@ -261,7 +269,7 @@ def test_a_blob_that_is_not_a_regular_file_is_refused(fake):
         OllamaStore(fake.root).load(parse_reference("fifo"))
 
 
-def test_a_corrupt_text_layer_is_refused_naming_its_digest(fake):
+def test_a_corrupt_text_layer_is_refused_naming_its_digest(fake: FakeStore) -> None:
     layer = fake.layer(TEMPLATE, b"{{ .Prompt }}")
     fake.path_of(str(layer["digest"])).write_bytes(b"{{ .Evil!! }}")  # the same length
     fake.manifest("corrupt", [fake.layer(MODEL, WEIGHTS), layer])
@@ -269,7 +277,7 @@ def test_a_corrupt_text_layer_is_refused_naming_its_digest(fake):
         OllamaStore(fake.root).load(parse_reference("corrupt"))
 
 
-def test_a_blob_of_another_size_than_declared_is_refused(fake):
+def test_a_blob_of_another_size_than_declared_is_refused(fake: FakeStore) -> None:
     layer = fake.layer(MODEL, WEIGHTS)
     layer["size"] = len(WEIGHTS) + 1
     fake.manifest("short", [layer])
@@ -277,13 +285,13 @@ def test_a_blob_of_another_size_than_declared_is_refused(fake):
         OllamaStore(fake.root).load(parse_reference("short"))
 
 
-def test_a_model_layer_that_is_not_gguf_is_refused(fake):
+def test_a_model_layer_that_is_not_gguf_is_refused(fake: FakeStore) -> None:
     fake.manifest("notgguf", [fake.layer(MODEL, b"PK\x03\x04 a zip")])
     with pytest.raises(OllamaStoreError, match="not a GGUF file"):
         OllamaStore(fake.root).load(parse_reference("notgguf"))
 
 
-def test_a_manifest_without_exactly_one_model_layer_is_refused(fake):
+def test_a_manifest_without_exactly_one_model_layer_is_refused(fake: FakeStore) -> None:
     fake.manifest("none", [fake.layer(TEMPLATE, b"x")])
     fake.manifest("two", [fake.layer(MODEL, WEIGHTS), fake.layer(MODEL, gguf(None))])
     store = OllamaStore(fake.root)
@@ -293,7 +301,7 @@ def test_a_manifest_without_exactly_one_model_layer_is_refused(fake):
         store.load(parse_reference("two"))
 
 
-def test_an_oversized_or_malformed_manifest_is_refused(fake):
+def test_an_oversized_or_malformed_manifest_is_refused(fake: FakeStore) -> None:
     path = fake.manifest("huge", [fake.layer(MODEL, WEIGHTS)])
     path.write_bytes(b" " * (ollama_store.MAX_MANIFEST_BYTES + 1))
     store = OllamaStore(fake.root)
@@ -305,7 +313,7 @@ def test_an_oversized_or_malformed_manifest_is_refused(fake):
             store.load(parse_reference("huge"))
 
 
-def test_an_absent_model_tag_or_store_is_named(tmp_path, fake):
+def test_an_absent_model_tag_or_store_is_named(tmp_path: Path, fake: FakeStore) -> None:
     store = OllamaStore(fake.root)
     with pytest.raises(NotInStore, match=r"no model nope:latest .*ollama pull nope:latest"):
         store.load(parse_reference("nope"))
@@ -315,7 +323,9 @@ def test_an_absent_model_tag_or_store_is_named(tmp_path, fake):
         OllamaStore(tmp_path / "absent")
 
 
-def test_the_store_defaults_to_ollama_models_then_home(monkeypatch, tmp_path):
+def test_the_store_defaults_to_ollama_models_then_home(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "m"))
     assert ollama_store.default_store() == tmp_path / "m"
     monkeypatch.delenv("OLLAMA_MODELS")
@@ -326,7 +336,7 @@ def test_the_store_defaults_to_ollama_models_then_home(monkeypatch, tmp_path):
 # --- the layers -----------------------------------------------------------------------------
 
 
-def test_the_layers_are_read_and_verified(fake):
+def test_the_layers_are_read_and_verified(fake: FakeStore) -> None:
     found = OllamaStore(fake.root).load(parse_reference("smollm2:135m"))
     assert found.model.digest == hashlib.sha256(WEIGHTS).hexdigest()
     assert found.model.size == len(WEIGHTS)
@@ -336,7 +346,7 @@ def test_the_layers_are_read_and_verified(fake):
     assert gguf_has_chat_template(found.model.path) is True
 
 
-def test_the_gguf_header_says_whether_it_embeds_a_chat_template(tmp_path):
+def test_the_gguf_header_says_whether_it_embeds_a_chat_template(tmp_path: Path) -> None:
     with_one, without, broken = tmp_path / "a", tmp_path / "b", tmp_path / "c"
     with_one.write_bytes(gguf("{% for m in messages %}{% endfor %}"))
     without.write_bytes(gguf(None))
@@ -346,7 +356,7 @@ def test_the_gguf_header_says_whether_it_embeds_a_chat_template(tmp_path):
     assert gguf_has_chat_template(broken) is None
 
 
-def test_ollama_params_become_llama_server_defaults():
+def test_ollama_params_become_llama_server_defaults() -> None:
     got = engine_defaults(
         {
             "stop": ["<|im_end|>", "", "<|im_end|>", "--port"],
@@ -372,7 +382,7 @@ def test_ollama_params_become_llama_server_defaults():
 @pytest.mark.parametrize(
     "params", [{"temperature": "hot"}, {"top_k": 4.5}, {"stop": [1]}, {"seed": True}]
 )
-def test_malformed_params_are_refused_naming_the_param(params):
+def test_malformed_params_are_refused_naming_the_param(params: dict[str, object]) -> None:
     with pytest.raises(OllamaStoreError, match=f"params: {next(iter(params))}"):
         engine_defaults(params)
 
@@ -380,7 +390,9 @@ def test_malformed_params_are_refused_naming_the_param(params):
 # --- the import -----------------------------------------------------------------------------
 
 
-def test_the_import_defines_a_llamacpp_model_on_the_content_addressed_copy(tmp_path, fake):
+def test_the_import_defines_a_llamacpp_model_on_the_content_addressed_copy(
+    tmp_path: Path, fake: FakeStore
+) -> None:
     models = tmp_path / "state" / "models"
     plan = plan_import(
         parse_import("smollm2:135m", "--store", str(fake.root), "--cpu-cores", "1"), models, {}
@@ -412,7 +424,7 @@ def test_the_import_defines_a_llamacpp_model_on_the_content_addressed_copy(tmp_p
     assert final.read_bytes() == WEIGHTS
 
 
-def test_the_flags_win_over_ollama_and_as_names_the_model(tmp_path, fake):
+def test_the_flags_win_over_ollama_and_as_names_the_model(tmp_path: Path, fake: FakeStore) -> None:
     args = parse_import(
         "smollm2:135m", "--store", str(fake.root), "--as", "tiny", "--context-size", "1024",
         "--memory-mb", "700", "--no-params", "--arg=--top-k", "--arg=5",
@@ -424,7 +436,7 @@ def test_the_flags_win_over_ollama_and_as_names_the_model(tmp_path, fake):
     assert profile.args == ["--top-k", "5"]
 
 
-def test_a_cpu_replica_s_memory_follows_the_weights_size(tmp_path, fake):
+def test_a_cpu_replica_s_memory_follows_the_weights_size(tmp_path: Path, fake: FakeStore) -> None:
     small = plan_import(parse_import("smollm2:135m", "--store", str(fake.root)), tmp_path, {})
     assert small.spec.profiles[0].memory_mb == 1024  # as `model add` assumes
     gib = 1 << 30
@@ -438,7 +450,9 @@ def test_a_cpu_replica_s_memory_follows_the_weights_size(tmp_path, fake):
     assert default_memory_mb(big, "h100-80g") == 1024  # on GPUs the weights go to the GPUs
 
 
-def test_a_corrupt_model_blob_is_refused_and_leaves_nothing_at_the_final_path(tmp_path, fake):
+def test_a_corrupt_model_blob_is_refused_and_leaves_nothing_at_the_final_path(
+    tmp_path: Path, fake: FakeStore
+) -> None:
     layer = fake.layer(MODEL, WEIGHTS)
     blob = fake.path_of(str(layer["digest"]))
     blob.write_bytes(WEIGHTS[:-1] + b"X")  # the same size, another content
@@ -450,20 +464,25 @@ def test_a_corrupt_model_blob_is_refused_and_leaves_nothing_at_the_final_path(tm
     assert list(models.iterdir()) == []
 
 
-def test_a_copy_that_fails_midway_leaves_nothing_at_the_final_path(tmp_path, fake, monkeypatch):
+def test_a_copy_that_fails_midway_leaves_nothing_at_the_final_path(
+    tmp_path: Path, fake: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     models = tmp_path / "models"
     plan = plan_import(parse_import("smollm2:135m", "--store", str(fake.root)), models, {})
 
     def full_disk(*_paths: str) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ollama_blobs.os, "replace", full_disk)
+    # blobs moves the verified copy into place with os.replace (the one os module).
+    monkeypatch.setattr(os, "replace", full_disk)
     with pytest.raises(OSError, match="No space left"):
         fetch_blobs(plan)
     assert list(models.iterdir()) == []
 
 
-def test_a_damaged_copy_already_there_is_replaced_by_a_verified_one(tmp_path, fake):
+def test_a_damaged_copy_already_there_is_replaced_by_a_verified_one(
+    tmp_path: Path, fake: FakeStore
+) -> None:
     models = tmp_path / "models"
     plan = plan_import(parse_import("smollm2:135m", "--store", str(fake.root)), models, {})
     fetch_blobs(plan)
@@ -473,7 +492,9 @@ def test_a_damaged_copy_already_there_is_replaced_by_a_verified_one(tmp_path, fa
     assert final.read_bytes() == WEIGHTS
 
 
-def test_adapters_become_lora_adapters_and_a_projector_is_served_with_mmproj(tmp_path, fake):
+def test_adapters_become_lora_adapters_and_a_projector_is_served_with_mmproj(
+    tmp_path: Path, fake: FakeStore
+) -> None:
     adapter = gguf(None, b"lora")
     projector = gguf(None, b"mmproj")
     fake.manifest(
@@ -503,7 +524,9 @@ def test_adapters_become_lora_adapters_and_a_projector_is_served_with_mmproj(tmp
     assert argv[argv.index("--mmproj") + 1] == str(projector_path)
 
 
-def test_an_operators_projector_wins_and_a_second_one_is_warned_about(tmp_path, fake):
+def test_an_operators_projector_wins_and_a_second_one_is_warned_about(
+    tmp_path: Path, fake: FakeStore
+) -> None:
     fake.manifest(
         "two",
         [
@@ -521,7 +544,9 @@ def test_an_operators_projector_wins_and_a_second_one_is_warned_about(tmp_path, 
     assert len(plan.blobs) == 1  # the weights: the operator's projector is not copied
 
 
-def test_a_model_without_an_embedded_chat_template_is_warned_about(tmp_path, fake):
+def test_a_model_without_an_embedded_chat_template_is_warned_about(
+    tmp_path: Path, fake: FakeStore
+) -> None:
     fake.manifest("bare", [fake.layer(MODEL, gguf(None))])
     plan = plan_import(parse_import("bare", "--store", str(fake.root)), tmp_path / "m", {})
     assert any("embeds no chat template" in w for w in plan.warnings)
@@ -531,8 +556,11 @@ def test_a_model_without_an_embedded_chat_template_is_warned_about(tmp_path, fak
 
 
 async def test_the_command_copies_then_defines_the_model_as_model_add_does(
-    tmp_path, fake, monkeypatch, capsys
-):
+    tmp_path: Path,
+    fake: FakeStore,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     applied: list[ModelSpec] = []
 
     async def apply_model(_client: object, spec: ModelSpec) -> ModelView:
@@ -544,7 +572,7 @@ async def test_the_command_copies_then_defines_the_model_as_model_add_does(
     monkeypatch.setattr(model_commands, "apply_model", apply_model)
     where = Locations.resolve(state_dir=str(tmp_path / "state"))
     args = parse_import("smollm2:135m", "--store", str(fake.root), "--env", "A=b")
-    await model_commands.model_command(args, client=None, where=where)
+    await model_commands.model_command(args, client=NO_CLIENT, where=where)
     (spec,) = applied
     assert Path(spec.weights).parent == where.models_dir
     assert spec.profiles[0].env == {"A": "b"}
@@ -554,7 +582,9 @@ async def test_the_command_copies_then_defines_the_model_as_model_add_does(
     assert "warning: system" in out.err
 
 
-async def test_the_command_refuses_with_the_reason_and_defines_nothing(tmp_path, fake, monkeypatch):
+async def test_the_command_refuses_with_the_reason_and_defines_nothing(
+    tmp_path: Path, fake: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def apply_model(_client: object, _spec: ModelSpec) -> ModelView:
         raise AssertionError("nothing may be defined")
 
@@ -567,5 +597,5 @@ async def test_the_command_refuses_with_the_reason_and_defines_nothing(tmp_path,
         (("smollm2:135m", "--store", str(fake.root), "--env", "LD_PRELOAD=x"), "LD_PRELOAD"),
     ]:
         with pytest.raises(SystemExit, match=re.escape(reason)):
-            await model_commands.model_command(parse_import(*argv), client=None, where=where)
+            await model_commands.model_command(parse_import(*argv), client=NO_CLIENT, where=where)
     assert not where.models_dir.exists()

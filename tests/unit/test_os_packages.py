@@ -3,6 +3,7 @@ operator's consent: the packages named, the command said or run, and the whole p
 binary that ldd finds a library missing for (the package manager a stand-in that puts it back),
 and the command simulated by this machine's own apt."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -50,11 +51,12 @@ def test_with_consent_the_nodes_package_manager_installs_them(
         ran.append(argv)
         return subprocess.CompletedProcess(argv, 0, "", "")
 
-    monkeypatch.setattr(os_packages.os, "geteuid", lambda: 0)
+    # os_packages asks os.geteuid (the one os module) whether it runs as root.
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     outcome = install_missing(["libnuma.so.1"], True, "dnf", run=run)
     assert outcome.installed
     assert ran == [["dnf", "install", "-y", "numactl-libs"]]
-    monkeypatch.setattr(os_packages.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     refused = install_missing(["libnuma.so.1"], True, "dnf", run=run)
     assert not refused.installed
     assert "needs root" in refused.detail
@@ -117,7 +119,7 @@ def test_a_missing_library_is_installed_with_consent_and_the_binary_verified_aga
     packages = {**os_packages.LIBRARY_PACKAGES, "libllmgwhelper.so.1": ("llmgw-helper", "h")}
     monkeypatch.setattr(os_packages, "LIBRARY_PACKAGES", packages)
     monkeypatch.setattr(os_packages, "package_manager", lambda: "apt-get")
-    monkeypatch.setattr(os_packages.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
     ran: list[list[str]] = []
 
     def apt(argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -3,7 +3,8 @@ without one."""
 
 import pytest
 
-from workers.cli import build_parser, gateway_settings
+from workers.cli import build_parser
+from workers.commands.gateway_flags import gateway_settings
 from workflows import otel
 
 

@@ -141,7 +141,8 @@ async def test_an_outbox_that_overflowed_makes_the_peers_ask_for_a_snapshot(stor
 
 
 def test_the_gateways_flags_set_where_its_bus_is_reached() -> None:
-    from workers.cli import build_parser, gateway_settings
+    from workers.cli import build_parser
+    from workers.commands.gateway_flags import gateway_settings
 
     plain = gateway_settings(build_parser().parse_args(["gateway"]))
     assert plain.peer_bus

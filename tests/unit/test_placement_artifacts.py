@@ -31,7 +31,7 @@ def for_artifact(request: PlacementRequest) -> PlacementRequest:
     return request.model_copy(update={"artifact": ARTIFACT})
 
 
-def test_a_cpu_replica_goes_where_its_weights_are_even_against_spreading():
+def test_a_cpu_replica_goes_where_its_weights_are_even_against_spreading() -> None:
     # "a" runs a replica already, so spreading alone would pick "b" or "c".
     state = LedgerState(nodes={"a": holding(node("a", 8)), "b": node("b", 8), "c": node("c", 8)})
     placed(state, req("other-0", cpu_profile(2)))
@@ -39,7 +39,7 @@ def test_a_cpu_replica_goes_where_its_weights_are_even_against_spreading():
     assert placed(state, for_artifact(req("m-0", cpu_profile(2)))).node == "a"
 
 
-def test_a_gpu_replica_prefers_the_holder_then_bin_packs():
+def test_a_gpu_replica_prefers_the_holder_then_bin_packs() -> None:
     def cluster() -> LedgerState:
         return LedgerState(
             nodes={"a": holding(node("a", 64, h100s(8))), "b": node("b", 64, h100s(4))}
@@ -50,7 +50,7 @@ def test_a_gpu_replica_prefers_the_holder_then_bin_packs():
     assert placed(cluster(), for_artifact(req("m-0", gpu_profile(per_node=2)))).node == "a"
 
 
-def test_a_holder_that_cannot_take_it_is_passed_over():
+def test_a_holder_that_cannot_take_it_is_passed_over() -> None:
     state = LedgerState(nodes={"a": holding(node("a", 2)), "b": node("b", 8)})
     assert placed(state, for_artifact(req("m-0", cpu_profile(4)))).node == "b"
 
@@ -69,7 +69,7 @@ def sized(request: PlacementRequest, size: int) -> PlacementRequest:
     return request.model_copy(update={"artifact": ARTIFACT, "artifact_size": size})
 
 
-def test_a_node_without_the_disk_to_fetch_the_weights_is_refused_with_the_numbers():
+def test_a_node_without_the_disk_to_fetch_the_weights_is_refused_with_the_numbers() -> None:
     # 1 GB of weights needs 1 GB and the 0.5 GB margin: "a" has 0.4 GB, "b" 1.5 GB.
     state = LedgerState(
         nodes={"a": with_free_disk(node("a", 8), 410), "b": with_free_disk(node("b", 8), 1500)}
@@ -88,7 +88,7 @@ def test_a_node_without_the_disk_to_fetch_the_weights_is_refused_with_the_number
     }
 
 
-def test_the_margin_is_a_tenth_of_large_weights():
+def test_the_margin_is_a_tenth_of_large_weights() -> None:
     # 40 GB of weights need 44 GB free.
     state = LedgerState(nodes={"a": with_free_disk(node("a", 8), 43_999)})
     reasons = refused(state, sized(req("m-0", cpu_profile(2)), 40 * GB))
@@ -97,12 +97,12 @@ def test_the_margin_is_a_tenth_of_large_weights():
     assert placed(state, sized(req("m-0", cpu_profile(2)), 40 * GB)).node == "a"
 
 
-def test_a_node_holding_the_weights_needs_no_disk_for_them():
+def test_a_node_holding_the_weights_needs_no_disk_for_them() -> None:
     state = LedgerState(nodes={"a": with_free_disk(holding(node("a", 8)), 0)})
     assert placed(state, sized(req("m-0", cpu_profile(2)), 40 * GB)).node == "a"
 
 
-def test_what_is_not_known_refuses_nothing():
+def test_what_is_not_known_refuses_nothing() -> None:
     # An agent from before free space was reported, and a model defined without a size.
     old_agent = LedgerState(nodes={"a": with_free_disk(node("a", 8), None)})
     assert placed(old_agent, sized(req("m-0", cpu_profile(2)), 40 * GB)).node == "a"
@@ -112,7 +112,7 @@ def test_what_is_not_known_refuses_nothing():
     assert placed(full, req("plain-0", cpu_profile(2))).node == "a"
 
 
-def test_a_refusal_for_disk_is_summarised_across_nodes_like_any_other():
+def test_a_refusal_for_disk_is_summarised_across_nodes_like_any_other() -> None:
     nodes = {f"n{i}": with_free_disk(node(f"n{i}", 8), 12_000 + 1000 * i) for i in range(3)}
     state = LedgerState(nodes=nodes)
     reasons = refused(state, sized(req("m-0", cpu_profile(2)), 40 * GB))
@@ -121,7 +121,7 @@ def test_a_refusal_for_disk_is_summarised_across_nodes_like_any_other():
     )
 
 
-def test_model_why_says_who_holds_the_weights_who_would_fetch_them_and_who_lacks_the_disk():
+def test_model_why_says_who_holds_the_weights_who_would_fetch_them_and_who_lacks_the_disk() -> None:
     state = LedgerState(
         nodes={
             "a": holding(node("a", 8)),

@@ -10,7 +10,7 @@ def two_by_four() -> Profile:
     return gpu_profile(per_node=4, nodes=2)
 
 
-def test_a_two_node_replica_lands_in_the_nvlink_domain_before_infiniband():
+def test_a_two_node_replica_lands_in_the_nvlink_domain_before_infiniband() -> None:
     state = LedgerState(
         nodes={
             "a": node("a", 64, h100s(4), ports=[IB]),
@@ -31,7 +31,7 @@ def test_a_two_node_replica_lands_in_the_nvlink_domain_before_infiniband():
     assert (second.fabric, [s.node for s in second.shards]) == ("infiniband", ["a", "b"])
 
 
-def test_a_domain_with_imex_down_is_skipped_with_the_reason():
+def test_a_domain_with_imex_down_is_skipped_with_the_reason() -> None:
     down = ImexInfo(installed=True, running=False, detail="nvidia-imex.service: failed")
     nodes = {
         n: node(n, 64, h100s(4), domain="rack-1", imex=down, ports=[ROCE] if n in "cd" else [])
@@ -52,7 +52,7 @@ def test_a_domain_with_imex_down_is_skipped_with_the_reason():
     )
 
 
-def test_fabrics_and_domains_are_never_mixed():
+def test_fabrics_and_domains_are_never_mixed() -> None:
     state = LedgerState(
         nodes={
             "a": node("a", 64, h100s(4), domain="rack-1", ports=[IB]),

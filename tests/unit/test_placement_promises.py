@@ -2,6 +2,7 @@
 an operator relies on (nothing handed out twice, every constraint kept, spreading and
 bin-packing). No Temporal here."""
 
+import random
 from collections import Counter
 
 from hypothesis import HealthCheck, event, given, settings
@@ -153,7 +154,9 @@ def requests(draw: st.DrawFn) -> PlacementRequest:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters(), st.lists(requests(), min_size=5, max_size=25), st.randoms(use_true_random=False))
-def test_placement_keeps_its_promises(state, reqs, rnd):
+def test_placement_keeps_its_promises(
+    state: LedgerState, reqs: list[PlacementRequest], rnd: random.Random
+) -> None:
     check_cluster(state)
     for i, request in enumerate(reqs):
         request = request.model_copy(update={"replica_id": f"m-{i}"})
@@ -211,7 +214,9 @@ def gpu_racks(draw: st.DrawFn) -> LedgerState:
         max_size=20,
     ),
 )
-def test_multi_node_replicas_keep_to_one_fabric(state, shapes):
+def test_multi_node_replicas_keep_to_one_fabric(
+    state: LedgerState, shapes: list[tuple[int, int]]
+) -> None:
     for i, (per_node, count) in enumerate(shapes):
         request = req(f"m-{i}", gpu_profile(per_node=per_node, nodes=count))
         decision = place(state, request)
@@ -226,7 +231,7 @@ def test_multi_node_replicas_keep_to_one_fabric(state, shapes):
 
 
 @given(st.lists(st.integers(4, 32), min_size=1, max_size=5), st.integers(1, 20))
-def test_identical_cpu_requests_spread_evenly_over_nodes(cores, count):
+def test_identical_cpu_requests_spread_evenly_over_nodes(cores: list[int], count: int) -> None:
     state = LedgerState(nodes={f"n{i}": node(f"n{i}", c) for i, c in enumerate(cores)})
     for i in range(count):
         decision = place(state, req(f"m-{i}", cpu_profile()))
@@ -246,7 +251,7 @@ def test_identical_cpu_requests_spread_evenly_over_nodes(cores, count):
         assert all(per_node[n] <= max(counts) + 1 for n in state.nodes)
 
 
-def test_fifty_sequential_placements_on_a_small_cluster_never_double_book():
+def test_fifty_sequential_placements_on_a_small_cluster_never_double_book() -> None:
     state = LedgerState(
         nodes={
             "a": node("a", 32, h100s(8), domain="rack-1", ports=[IB]),
@@ -262,7 +267,7 @@ def test_fifty_sequential_placements_on_a_small_cluster_never_double_book():
         gpu_profile(MIG),
         cpu_profile(2),
     ]
-    outcomes = Counter()
+    outcomes: Counter[str] = Counter()
     for i in range(50):
         request = req(f"m-{i}", shapes[i % len(shapes)])
         decision = place(state, request)

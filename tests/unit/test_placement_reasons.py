@@ -23,13 +23,13 @@ from workflows.contracts import (
 from workflows.placement import CLUSTER, NodeUsage, explain, node_usage, why_not
 
 
-def test_an_empty_cluster_says_no_node_has_registered():
+def test_an_empty_cluster_says_no_node_has_registered() -> None:
     assert refused(LedgerState(), req("m-0", cpu_profile())) == {
         CLUSTER: "no nodes have registered"
     }
 
 
-def test_refusal_reasons_name_what_is_missing():
+def test_refusal_reasons_name_what_is_missing() -> None:
     installing = node("b", 8)
     installing.engines["llamacpp"] = EngineStatus(
         engine="llamacpp", version="1", state=EngineState.INSTALLING, detail="building 45%"
@@ -73,7 +73,7 @@ def test_refusal_reasons_name_what_is_missing():
     assert why_not(h, gpu_profile(per_node=4), NodeUsage()) == "no h100-80g GPUs"
 
 
-def test_reasons_say_which_profile_they_are_for():
+def test_reasons_say_which_profile_they_are_for() -> None:
     state = LedgerState(nodes={"a": node("a", 2, h100s(2))})
     reasons = refused(state, req("m-0", gpu_profile(per_node=4), cpu_profile(4)))
     assert reasons == {
@@ -82,7 +82,7 @@ def test_reasons_say_which_profile_they_are_for():
     }
 
 
-def test_the_second_profile_is_used_when_the_first_fits_nowhere():
+def test_the_second_profile_is_used_when_the_first_fits_nowhere() -> None:
     state = LedgerState(nodes={"a": node("a", 64, h100s(2)), "b": node("b", 64)})
     alloc = placed(state, req("m-0", gpu_profile(per_node=4), gpu_profile(per_node=2)))
     assert (alloc.profile_index, alloc.node, alloc.shards[0].gpus) == (1, "a", [0, 1])
@@ -90,7 +90,7 @@ def test_the_second_profile_is_used_when_the_first_fits_nowhere():
     assert placed(state, req("m-1", cpu_profile(), gpu_profile())).profile_index == 0
 
 
-def test_an_allocation_from_before_shards_still_counts():
+def test_an_allocation_from_before_shards_still_counts() -> None:
     state = LedgerState(nodes={"a": node("a", 2, port_max=18000)})
     state.allocations["old"] = Allocation(
         replica_id="old", node="a", address="x", port=18000, cpu_cores=1, memory_mb=64
@@ -100,7 +100,7 @@ def test_an_allocation_from_before_shards_still_counts():
     assert refused(state, req("m-0", cpu_profile())) == {"a": "no free engine port"}
 
 
-def test_explain_reserves_nothing_and_says_why_for_every_node():
+def test_explain_reserves_nothing_and_says_why_for_every_node() -> None:
     state = LedgerState(nodes={"a": node("a", 64, h100s(2)), "b": node("b", 2)})
     spec = ModelSpec(name="m", weights="w", profiles=[gpu_profile(per_node=4), cpu_profile(2)])
     assert explain(state, spec) == [

@@ -34,10 +34,16 @@ def test_the_key_is_the_leading_part_and_what_shapes_its_rendering() -> None:
     assert key_of(chat("q", tools=[{"type": "function"}])) != key_of(chat("q"))
     assert key_of(chat("q", chat_template_kwargs={"x": 1})) != key_of(chat("q"))
     assert key_of(chat("q", model="m:adapter")) != key_of(chat("q"))
-    other = {"model": "m", "messages": [{"role": "system", "content": "Other."}, SYSTEM]}
+    other: dict[str, object] = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "Other."}, SYSTEM],
+    }
     assert key_of(other) != key_of(chat("q"))
     # The last message's role opens its turn: a part.
-    assistant_last = {"model": "m", "messages": [SYSTEM, {"role": "assistant", "content": "q"}]}
+    assistant_last: dict[str, object] = {
+        "model": "m",
+        "messages": [SYSTEM, {"role": "assistant", "content": "q"}],
+    }
     assert key_of(assistant_last) != key_of(chat("q"))
 
 

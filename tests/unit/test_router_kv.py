@@ -325,6 +325,8 @@ def test_the_decision_hands_its_hashed_blocks_to_the_note_of_what_was_sent() -> 
     fresh_ticket = fresh.sent(route("a"), ask(), 3 * BLOCK)
     assert ticket is not None
     assert fresh_ticket is not None
+    assert ticket.kv is not None
+    assert fresh_ticket.kv is not None
     noted, afresh = (
         router.kv.pressure._sent["a"][ticket.kv],
         fresh.kv.pressure._sent["a"][fresh_ticket.kv],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from collections.abc import Sequence
 
 import pytest
 
@@ -150,7 +151,7 @@ def test_a_prompt_hashed_once_routes_as_one_hashed_at_each_step(
     hashed = Counter[bytes]()
     hashes = once.index.hashes
 
-    def counted(prompt: bytes) -> list[int]:
+    def counted(prompt: bytes) -> Sequence[int]:
         hashed[prompt] += 1
         return hashes(prompt)
 

@@ -2,6 +2,8 @@
 (ModelSpec.restart_fingerprint), the model's choice between telling and replacing
 (model_rules), and the replica's own check (replica_rules)."""
 
+from typing import Any
+
 from workflows.contracts import LoraAdapter, ModelSpec, ModelState, Profile
 from workflows.model.rules import adapter_updates, adapters_to_tell, stale_indices
 from workflows.replica.rules import new_adapter_artifacts, takes_adapters_at_runtime
@@ -10,7 +12,7 @@ SQL = LoraAdapter(name="sql", path="/a/sql")
 POEM = LoraAdapter(name="poem", path="", artifact="sha256:" + "cd" * 32)
 
 
-def spec(engine: str = "vllm", lora: list[LoraAdapter] | None = None, **profile) -> ModelSpec:
+def spec(engine: str = "vllm", lora: list[LoraAdapter] | None = None, **profile: Any) -> ModelSpec:
     version = "0.32.0" if engine == "vllm" else "1"
     return ModelSpec(
         name="m",

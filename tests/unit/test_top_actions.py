@@ -17,7 +17,7 @@ from tests.ollama_kit import ollama_store
 from workers import console_cluster, console_import
 from workers.commands.mirror import artifacts_used, mirror_entries
 from workers.fetch_progress import FetchStatus
-from workers.ollama.model_import import BlobProgress, ImportPlan
+from workers.ollama.model_import import BlobProgress, ImportPlan, fetch_blobs
 from workers.ollama.store import CHUNK, Blob
 from workers.paths import Locations
 from workers.top.catalog import artifact_rows, fetch_rows, model_rows
@@ -434,7 +434,7 @@ async def test_quitting_during_an_import_stops_the_copy_and_leaves_no_partial_fi
 ) -> None:
     operator, cluster, where = import_kit(tmp_path, monkeypatch, 3 * CHUNK)
     copying, release, ended = threading.Event(), threading.Event(), threading.Event()
-    real = console_import.fetch_blobs
+    real = fetch_blobs  # what console_import calls, until the patch below
 
     def held(plan: ImportPlan, progress: BlobProgress) -> list[str]:
         def each(blob: Blob, done: int) -> None:

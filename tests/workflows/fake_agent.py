@@ -5,7 +5,9 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -120,7 +122,7 @@ class FakeAgent:
         self.last_watch: NodeWatch | None = None
         self.holding = 0
 
-    def all(self) -> list:
+    def all(self) -> list[Callable[..., Any]]:
         return [
             self.install,
             self.start,

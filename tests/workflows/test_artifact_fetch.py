@@ -3,6 +3,7 @@ replicas on a node share one download, a stop of one leaves the other's fetch ru
 fetch says how far it got, and a failed fetch says why in the Temporal UI as in the replica."""
 
 import asyncio
+from functools import partial
 from typing import Any
 
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
@@ -29,8 +30,11 @@ from workflows.names import (
 )
 from workflows.replica.workflow import ReplicaWorkflow
 
+# A replica started: its id, and its workflow's handle.
+Started = tuple[str, WorkflowHandle[Any, Any]]
 
-async def start_at(cluster: Cluster, model: ModelSpec, index: int):
+
+async def start_at(cluster: Cluster, model: ModelSpec, index: int) -> Started:
     rid = replica_id(model.name, index)
     handle = await cluster.start(
         ReplicaWorkflow.run,
@@ -56,7 +60,7 @@ async def ready(cluster: Cluster, rid: str) -> bool:
     return shown is not None and shown[0] == ReplicaState.READY
 
 
-async def two_replicas_waiting(cluster: Cluster):
+async def two_replicas_waiting(cluster: Cluster) -> tuple[Started, Started]:
     """Two replicas of one model on the cluster's node, both waiting on a fetch held back."""
     await cluster.add_node()
     cluster.agent.fetch_gate = asyncio.Event()
@@ -64,13 +68,13 @@ async def two_replicas_waiting(cluster: Cluster):
     first, first_handle = await start_at(cluster, model, 0)
     second, second_handle = await start_at(cluster, model, 1)
     for handle in (first_handle, second_handle):
-        await eventually(lambda h=handle: waiting_on_the_fetch(cluster, h))
+        await eventually(partial(waiting_on_the_fetch, cluster, handle))
     # Long enough for a second download to have begun, were there one.
     await asyncio.sleep(0.5)
     return (first, first_handle), (second, second_handle)
 
 
-async def test_two_replicas_on_a_node_share_one_fetch_and_start_after_it(cluster):
+async def test_two_replicas_on_a_node_share_one_fetch_and_start_after_it(cluster: Cluster) -> None:
     (first, first_handle), (second, second_handle) = await two_replicas_waiting(cluster)
     assert cluster.agent.fetches == [ARTIFACT], "one download for both replicas"
     assert cluster.agent.launches == [], "nothing starts before the weights are there"
@@ -88,6 +92,7 @@ async def test_two_replicas_on_a_node_share_one_fetch_and_start_after_it(cluster
         ArtifactFetchState.FETCHING,
     )
 
+    assert cluster.agent.fetch_gate is not None  # the fetch held back
     cluster.agent.fetch_gate.set()
     await eventually(lambda: ready(cluster, first))
     await eventually(lambda: ready(cluster, second))
@@ -104,7 +109,9 @@ async def test_two_replicas_on_a_node_share_one_fetch_and_start_after_it(cluster
     await record_history(first_handle, "ReplicaSharedFetch")
 
 
-async def test_a_stop_during_a_shared_fetch_leaves_the_fetch_to_the_other_replica(cluster):
+async def test_a_stop_during_a_shared_fetch_leaves_the_fetch_to_the_other_replica(
+    cluster: Cluster,
+) -> None:
     (first, first_handle), (second, _) = await two_replicas_waiting(cluster)
     await first_handle.signal(ReplicaWorkflow.stop, StopReplica(reason="scaled down"))
     view = await finished(cluster.client, first_handle.id, ReplicaView)
@@ -113,6 +120,7 @@ async def test_a_stop_during_a_shared_fetch_leaves_the_fetch_to_the_other_replic
 
     fetch = cluster.client.get_workflow_handle(artifact_fetch_workflow_id(cluster.node, ARTIFACT))
     assert (await fetch.describe()).status == WorkflowExecutionStatus.RUNNING
+    assert cluster.agent.fetch_gate is not None  # the fetch held back
     cluster.agent.fetch_gate.set()
     await eventually(lambda: ready(cluster, second))
     assert cluster.agent.fetches == [ARTIFACT], "the stop did not end the download"
@@ -120,7 +128,7 @@ async def test_a_stop_during_a_shared_fetch_leaves_the_fetch_to_the_other_replic
     await record_history(first_handle, "ReplicaStoppedDuringSharedFetch")
 
 
-async def test_a_running_fetch_shows_how_far_it_got(cluster):
+async def test_a_running_fetch_shows_how_far_it_got(cluster: Cluster) -> None:
     (first, _), _ = await two_replicas_waiting(cluster)
     fetch_id = artifact_fetch_workflow_id(cluster.node, ARTIFACT)
 
@@ -147,11 +155,12 @@ async def test_a_running_fetch_shows_how_far_it_got(cluster):
         "fetching",
         "(model.gguf)",
     ]
+    assert cluster.agent.fetch_gate is not None  # the fetch held back
     cluster.agent.fetch_gate.set()
     await eventually(lambda: ready(cluster, first))
 
 
-async def test_a_failed_fetch_fails_its_workflow_with_the_nodes_reason(cluster):
+async def test_a_failed_fetch_fails_its_workflow_with_the_nodes_reason(cluster: Cluster) -> None:
     await cluster.add_node()
     cluster.agent.fetch_error = ApplicationError(
         "fetching needs 12.0 GB, 3.1 GB free", type="NoSpace", non_retryable=True

@@ -3,9 +3,10 @@ a changed profile rolls the fleet one replica at a time, and an autoscaled model
 engines' load down to zero and back up when a request wakes it."""
 
 import asyncio
+from typing import Any
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 
 from tests.workflows.conftest import (
     Cluster,
@@ -21,6 +22,7 @@ from workflows.contracts import (
     EngineLoad,
     ModelSpec,
     ModelState,
+    ModelView,
     ModelWake,
     Profile,
     RemoveModel,
@@ -30,21 +32,21 @@ from workflows.model.workflow import ModelWorkflow
 from workflows.names import model_workflow_id, replica_id
 
 
-def cpu_spec(replicas: int = 1, **fields) -> ModelSpec:
+def cpu_spec(replicas: int = 1, **fields: Any) -> ModelSpec:
     profile = Profile(engine="llamacpp", cpu_cores=1, memory_mb=256, context_size=2048)
     return ModelSpec(
         name=unique("m"), weights="/w/model.gguf", replicas=replicas, profiles=[profile], **fields
     )
 
 
-async def start(cluster: Cluster, model: ModelSpec):
+async def start(cluster: Cluster, model: ModelSpec) -> WorkflowHandle[ModelWorkflow, ModelView]:
     track_replicas(cluster, model, count=8)
     return await cluster.start(
         ModelWorkflow.run, ModelState(spec=model), id=model_workflow_id(model.name)
     )
 
 
-async def remove(cluster: Cluster, handle) -> None:
+async def remove(cluster: Cluster, handle: WorkflowHandle[ModelWorkflow, ModelView]) -> None:
     """End the model the way an operator does, so its replicas stop and release (a terminated
     replica would leave its supervise activity in flight, and the test server would then stop
     skipping time for the tests after it)."""
@@ -52,7 +54,7 @@ async def remove(cluster: Cluster, handle) -> None:
     await finished(cluster.client, handle.id)
 
 
-async def test_a_definition_llmgw_cannot_run_is_refused_naming_the_field(cluster):
+async def test_a_definition_llmgw_cannot_run_is_refused_naming_the_field(cluster: Cluster) -> None:
     model = cpu_spec(replicas=0)
     handle = await start(cluster, model)
     bad = model.model_copy(deep=True)
@@ -69,7 +71,7 @@ async def test_a_definition_llmgw_cannot_run_is_refused_naming_the_field(cluster
     assert view.spec == model  # nothing of the bad definition was taken
 
 
-async def test_a_changed_profile_replaces_replicas_one_at_a_time(cluster):
+async def test_a_changed_profile_replaces_replicas_one_at_a_time(cluster: Cluster) -> None:
     await cluster.add_node(cores=16)
     model = cpu_spec(replicas=2)
     handle = await start(cluster, model)
@@ -103,7 +105,9 @@ async def test_a_changed_profile_replaces_replicas_one_at_a_time(cluster):
     await remove(cluster, handle)
 
 
-async def test_an_idle_autoscaled_model_goes_to_zero_and_a_request_wakes_it(cluster):
+async def test_an_idle_autoscaled_model_goes_to_zero_and_a_request_wakes_it(
+    cluster: Cluster,
+) -> None:
     await cluster.add_node(cores=16)
     policy = Autoscale(idle_s=2, look_every_s=1, quiet_s=1, sustained_s=0, queue_per_replica=1)
     model = cpu_spec(replicas=1, min_replicas=0, max_replicas=3, autoscale=policy)
@@ -148,7 +152,9 @@ async def test_an_idle_autoscaled_model_goes_to_zero_and_a_request_wakes_it(clus
     await remove(cluster, handle)
 
 
-async def test_a_removal_that_arrives_while_the_autoscaler_looks_is_not_undone(cluster):
+async def test_a_removal_that_arrives_while_the_autoscaler_looks_is_not_undone(
+    cluster: Cluster,
+) -> None:
     """The autoscaler asks the engines' load (an activity); a removal that lands meanwhile must
     not be overwritten by the count the autoscaler read before it asked, or the model keeps a
     replica and never closes."""

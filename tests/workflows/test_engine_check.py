@@ -3,12 +3,13 @@ node re-verifies on demand and the command answers with what the agent found."""
 
 import pytest
 
+from tests.workflows.conftest import Cluster
 from tests.workflows.test_node import register, registration, wait_for_node
 from workers.commands.engine import check_engine, status_line
 from workflows.contracts import EngineState, NodeState
 
 
-async def test_a_check_reports_a_broken_engine_then_a_mended_one(cluster):
+async def test_a_check_reports_a_broken_engine_then_a_mended_one(cluster: Cluster) -> None:
     await register(cluster, cluster.node, registration(cluster.node))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     before = cluster.agent.verifications
@@ -30,7 +31,7 @@ async def test_a_check_reports_a_broken_engine_then_a_mended_one(cluster):
     assert status.state == EngineState.INSTALLED
 
 
-async def test_a_check_of_what_cannot_be_checked_says_why(cluster):
+async def test_a_check_of_what_cannot_be_checked_says_why(cluster: Cluster) -> None:
     with pytest.raises(SystemExit, match="no node 'nowhere'"):
         await check_engine(cluster.client, "nowhere", "llamacpp")
     await register(cluster, cluster.node, registration(cluster.node))

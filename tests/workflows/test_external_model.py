@@ -52,7 +52,9 @@ async def no_workflow(cluster: Cluster, workflow_id: str) -> bool:
     return False
 
 
-async def test_external_urls_become_ready_routes_that_follow_the_definition(cluster):
+async def test_external_urls_become_ready_routes_that_follow_the_definition(
+    cluster: Cluster,
+) -> None:
     name = unique("ext")
     first = external(name, "http://127.0.0.1:9000", "http://127.0.0.1:9001/v1/")
     view = await apply(cluster, first)
@@ -109,7 +111,7 @@ async def test_external_urls_become_ready_routes_that_follow_the_definition(clus
     await record_history(handle, "ModelExternal")
 
 
-async def test_a_model_turned_external_stops_its_replicas(cluster):
+async def test_a_model_turned_external_stops_its_replicas(cluster: Cluster) -> None:
     await cluster.add_node(cores=8)
     name = unique("m")
     ordinary = ModelSpec(name=name, weights="/w/model.gguf", profiles=[Profile(memory_mb=256)])
@@ -143,7 +145,7 @@ async def test_a_model_turned_external_stops_its_replicas(cluster):
     assert await routes_of(cluster, name) == {}
 
 
-async def test_an_invalid_external_definition_is_refused_by_the_workflow(cluster):
+async def test_an_invalid_external_definition_is_refused_by_the_workflow(cluster: Cluster) -> None:
     name = unique("ext")
     await apply(cluster, external(name, "http://127.0.0.1:9000"))
     bad = external(name, "http://user:secret@127.0.0.1:9000")
@@ -157,7 +159,7 @@ async def test_an_invalid_external_definition_is_refused_by_the_workflow(cluster
     await finished(cluster.client, handle.id)
 
 
-async def test_each_urls_route_names_its_own_engines_kv_event_source(cluster):
+async def test_each_urls_route_names_its_own_engines_kv_event_source(cluster: Cluster) -> None:
     name = unique("extkv")
     sources = [
         KvEventSource(endpoint="tcp://10.0.0.5:5557", replay="tcp://10.0.0.5:5558"),

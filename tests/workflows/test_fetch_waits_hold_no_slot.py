@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from temporalio import activity
@@ -31,6 +32,7 @@ from workflows.contracts import (
     Allocation,
     AllocationLookup,
     LedgerAck,
+    ModelSpec,
     PlacementRequest,
     ReleaseRequest,
     ReplicaAllocation,
@@ -106,9 +108,9 @@ class Fleet:
     queue: str
     ledger: StandInLedger
     agents: list[FakeAgent]
-    started: list[WorkflowHandle] = field(default_factory=list)
+    started: list[WorkflowHandle[Any, Any]] = field(default_factory=list)
 
-    async def start(self, model, index: int) -> str:
+    async def start(self, model: ModelSpec, index: int) -> str:
         rid = replica_id(model.name, index)
         handle = await self.client.start_workflow(
             ReplicaWorkflow.run,
@@ -171,7 +173,7 @@ async def fleet(env: WorkflowEnvironment) -> AsyncIterator[Fleet]:
                 await worker.__aexit__(None, None, None)
 
 
-async def test_300_replicas_waiting_for_weights_leave_the_control_queue_free(fleet):
+async def test_300_replicas_waiting_for_weights_leave_the_control_queue_free(fleet: Fleet) -> None:
     waiting_model = artifact_spec()
     waiting = [await fleet.start(waiting_model, i) for i in range(WAITING)]
 
@@ -194,6 +196,7 @@ async def test_300_replicas_waiting_for_weights_leave_the_control_queue_free(fle
     assert all(agent.launches == [newcomer] or not agent.launches for agent in fleet.agents)
 
     for agent in fleet.agents:
+        assert agent.fetch_gate is not None  # the fixture gave each agent one
         agent.fetch_gate.set()
 
     async def all_ready() -> bool:

@@ -1,15 +1,19 @@
 """A fleet refresh at fleet size: signals go out in batches and the run continues as new with
 the nodes still to be told, so its history stays bounded however many nodes there are."""
 
+import pytest
+
 import workflows.history_budget as history_budget
-from tests.workflows.conftest import eventually, record_history, unique
+from tests.workflows.conftest import Cluster, eventually, record_history, unique
 from tests.workflows.test_node import register, registration, wait_for_node
 from tests.workflows.test_replica import run_histories
 from workflows.contracts import EngineState, NodeRefresh, NodeState
 from workflows.fleet import SIGNAL_BATCH, FleetRefreshWorkflow
 
 
-async def test_a_refresh_of_many_nodes_continues_as_new_and_tells_every_one(cluster, monkeypatch):
+async def test_a_refresh_of_many_nodes_continues_as_new_and_tells_every_one(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     await register(cluster, cluster.node, registration(cluster.node))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     monkeypatch.setattr(history_budget, "FORCE_EVERY_EVENTS", 20)

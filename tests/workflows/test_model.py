@@ -50,7 +50,9 @@ async def held_by(cluster: Cluster, model: ModelSpec) -> tuple[list[str], list[s
     return allocations, routes
 
 
-async def test_model_scales_down_newest_first_and_removal_releases_everything(cluster):
+async def test_model_scales_down_newest_first_and_removal_releases_everything(
+    cluster: Cluster,
+) -> None:
     await cluster.add_node(cores=8)
     model = spec(replicas=2)
     track_replicas(cluster, model)
@@ -108,7 +110,9 @@ async def test_model_scales_down_newest_first_and_removal_releases_everything(cl
     )
 
 
-async def test_apply_creates_a_missing_model_then_updates_it_as_the_cli_does(cluster):
+async def test_apply_creates_a_missing_model_then_updates_it_as_the_cli_does(
+    cluster: Cluster,
+) -> None:
     await cluster.add_node(cores=8)
     model = spec(replicas=1)
     track_replicas(cluster, model)

@@ -116,7 +116,7 @@ async def dev_env() -> AsyncIterator[WorkflowEnvironment]:
 
 async def test_a_model_of_2100_replicas_starts_them_all_over_several_runs(
     dev_env: WorkflowEnvironment,
-):
+) -> None:
     env = dev_env
     await ensure_search_attributes(env.client)
     queue = unique("control")
@@ -185,8 +185,8 @@ async def children_started_per_run(env: WorkflowEnvironment, workflow_id: str) -
 
 
 async def test_each_run_starts_at_most_its_share_and_the_next_goes_on(
-    env: WorkflowEnvironment, monkeypatch
-):
+    env: WorkflowEnvironment, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The same with 3 a run, small enough to store the history for the replay tests."""
     monkeypatch.setenv(STARTED_PER_RUN_KNOB, "3")
     await ensure_search_attributes(env.client)
@@ -220,7 +220,9 @@ async def test_each_run_starts_at_most_its_share_and_the_next_goes_on(
                 await terminate(env, replica_workflow_id(spec.name, index))
 
 
-async def test_a_taken_index_is_skipped_and_another_started_in_its_place(env: WorkflowEnvironment):
+async def test_a_taken_index_is_skipped_and_another_started_in_its_place(
+    env: WorkflowEnvironment,
+) -> None:
     """A replica of an earlier model of this name still runs at index 1: the model's replicas,
     started together, never share its ID, and the count is still met."""
     await ensure_search_attributes(env.client)

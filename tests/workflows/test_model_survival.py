@@ -7,8 +7,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 from temporalio import activity
-from temporalio.client import WorkflowExecutionStatus
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
@@ -116,11 +117,15 @@ async def status(cluster: Cluster, workflow_id: str) -> WorkflowExecutionStatus 
     return (await cluster.client.get_workflow_handle(workflow_id).describe()).status
 
 
-async def start_model(cluster: Cluster, state: ModelState):
+async def start_model(
+    cluster: Cluster, state: ModelState
+) -> WorkflowHandle[ModelWorkflow, ModelView]:
     return await cluster.start(ModelWorkflow.run, state, id=model_workflow_id(state.spec.name))
 
 
-async def replica_0_serving(cluster: Cluster, model: ModelSpec):
+async def replica_0_serving(
+    cluster: Cluster, model: ModelSpec
+) -> WorkflowHandle[ReplicaWorkflow, ReplicaView]:
     """Replica 0 started on its own, as an earlier run of the model left it, and serving."""
     r0 = replica_id(model.name, 0)
     handle = await cluster.start(
@@ -137,8 +142,8 @@ async def replica_0_serving(cluster: Cluster, model: ModelSpec):
 
 
 async def test_a_removal_still_waits_for_stopping_replicas_after_continuing_as_new(
-    cluster, monkeypatch
-):
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     agent = SlowStopAgent(unique("slow"))
     async with node_with(cluster, agent):
         model = spec(replicas=1)
@@ -174,7 +179,9 @@ async def test_a_removal_still_waits_for_stopping_replicas_after_continuing_as_n
         assert agent.stops == [r0]
 
 
-async def test_a_run_started_from_carried_state_carries_out_a_pending_move(cluster):
+async def test_a_run_started_from_carried_state_carries_out_a_pending_move(
+    cluster: Cluster,
+) -> None:
     """What a continue-as-new carries: a replacement signalled but not yet carried out."""
     await cluster.add_node(cores=8)
     model = spec(replicas=1)
@@ -194,7 +201,9 @@ async def test_a_run_started_from_carried_state_carries_out_a_pending_move(clust
     assert sorted(cluster.agent.stops) == [r0]
 
 
-async def test_a_run_started_from_carried_state_waits_for_its_stopping_replicas(cluster):
+async def test_a_run_started_from_carried_state_waits_for_its_stopping_replicas(
+    cluster: Cluster,
+) -> None:
     agent = SlowStopAgent(unique("slow"))
     async with node_with(cluster, agent):
         model = spec(replicas=1)
@@ -223,8 +232,8 @@ async def test_a_run_started_from_carried_state_waits_for_its_stopping_replicas(
 
 
 async def test_a_terminated_replica_comes_back_after_the_model_continued_as_new(
-    cluster, monkeypatch
-):
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     await cluster.add_node(cores=8)
     model = spec(replicas=1)
     track_replicas(cluster, model)
@@ -266,7 +275,7 @@ async def test_a_terminated_replica_comes_back_after_the_model_continued_as_new(
     await record_history(handle, "ModelTerminatedReplicaContinued")
 
 
-async def test_scaling_down_onto_a_terminated_replica_cleans_it_up(cluster):
+async def test_scaling_down_onto_a_terminated_replica_cleans_it_up(cluster: Cluster) -> None:
     await cluster.add_node(cores=8)
     model = spec(replicas=2)
     track_replicas(cluster, model)
@@ -292,7 +301,7 @@ async def test_scaling_down_onto_a_terminated_replica_cleans_it_up(cluster):
     assert cluster.agent.running() == [r0]
 
 
-async def test_a_re_added_model_skips_the_id_of_a_replica_still_stopping(cluster):
+async def test_a_re_added_model_skips_the_id_of_a_replica_still_stopping(cluster: Cluster) -> None:
     await cluster.add_node(cores=8)
     model = spec(replicas=1)
     track_replicas(cluster, model)
@@ -315,7 +324,9 @@ async def test_a_re_added_model_skips_the_id_of_a_replica_still_stopping(cluster
     assert cluster.agent.launches == [r1]
 
 
-async def terminated_on_a_mute_node(cluster: Cluster, agent: MuteStopAgent, model: ModelSpec):
+async def terminated_on_a_mute_node(
+    cluster: Cluster, agent: MuteStopAgent, model: ModelSpec
+) -> WorkflowHandle[ModelWorkflow, ModelView]:
     """Replicas 0 and 1 serve on the agent's node; a scale-down tells replica 1 to stop while
     the agent does not answer stops, and its workflow is terminated mid-stop. Returns the
     model's handle."""
@@ -351,7 +362,9 @@ async def terminated_on_a_mute_node(cluster: Cluster, agent: MuteStopAgent, mode
     return handle
 
 
-async def test_a_dead_replicas_allocation_is_kept_until_its_engine_stops(cluster, monkeypatch):
+async def test_a_dead_replicas_allocation_is_kept_until_its_engine_stops(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     agent = MuteStopAgent(unique("mute"))
     async with node_with(cluster, agent):
         model = spec(replicas=2)
@@ -369,7 +382,9 @@ async def test_a_dead_replicas_allocation_is_kept_until_its_engine_stops(cluster
         await record_history(handle, "ModelStoppingReplicaTerminatedHeldUntilStopped")
 
 
-async def test_a_dead_replicas_allocation_is_freed_once_its_node_is_gone(cluster, monkeypatch):
+async def test_a_dead_replicas_allocation_is_freed_once_its_node_is_gone(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     agent = MuteStopAgent(unique("mute"))
     async with node_with(cluster, agent):
         model = spec(replicas=2)
@@ -388,7 +403,9 @@ async def test_a_dead_replicas_allocation_is_freed_once_its_node_is_gone(cluster
         assert r1 not in agent.stops  # never reached: freed because its node is gone
 
 
-async def test_a_removal_that_arrives_mid_pass_still_stops_every_replica(dev_cluster, monkeypatch):
+async def test_a_removal_that_arrives_mid_pass_still_stops_every_replica(
+    dev_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The model's first pass starts replica 0, then tells the fleet tables the model is not idle
     # (an activity). A removal accepted while that activity runs came after the pass had stopped
     # what it would stop: the model used to end there, its replica left running (seen in

@@ -64,7 +64,7 @@ async def gpu_nodes(cluster: Cluster, count: int) -> AsyncIterator[list[FakeAgen
                 await cluster.fleet.upsert_node(record)
 
 
-async def test_a_two_node_replica_starts_leader_first_and_restarts_whole(cluster):
+async def test_a_two_node_replica_starts_leader_first_and_restarts_whole(cluster: Cluster) -> None:
     profile = Profile(engine="vllm", engine_version="0.32.0", gpu_class="h100-80g",
                       gpus_per_node=4, nodes=2, tensor_parallel=4, pipeline_parallel=2,
                       cpu_cores=8, memory_mb=65536)  # fmt: skip
@@ -89,6 +89,7 @@ async def test_a_two_node_replica_starts_leader_first_and_restarts_whole(cluster
         assert (leader.rank, worker.rank) == (0, 1)
         assert len(leader.gpus) == len(worker.gpus) == 4
         route = await cluster.route(rid)
+        assert route is not None
         assert route.node == leader.node  # requests go to the leader
         by_node = {a.node: a for a in agents}
         # The leader's launch came first: the worker connects to it.

@@ -40,7 +40,7 @@ from workflows.node.workflow import NodeWorkflow
 V = LLAMACPP_DEFAULT_VERSION
 
 
-def registration(name: str, boot_id: str = "boot-1", **fields) -> NodeRegistration:
+def registration(name: str, boot_id: str = "boot-1", **fields: object) -> NodeRegistration:
     return NodeRegistration(
         inventory=NodeInventory(name=name, cpu_cores=8, memory_mb=16384),
         boot_id=boot_id,
@@ -76,11 +76,11 @@ async def wait_for_node(cluster: Cluster, state: NodeState, engine: EngineState)
     return record
 
 
-def node_handle(cluster: Cluster) -> WorkflowHandle[NodeWorkflow, None]:
+def node_handle(cluster: Cluster) -> WorkflowHandle[NodeWorkflow, NodeView | None]:
     return cluster.client.get_workflow_handle_for(NodeWorkflow.run, node_workflow_id(cluster.node))
 
 
-async def test_registration_installs_engines_and_the_node_becomes_ready(cluster):
+async def test_registration_installs_engines_and_the_node_becomes_ready(cluster: Cluster) -> None:
     view = await register(cluster, cluster.node, registration(cluster.node))
     assert view.record.inventory.name == cluster.node
     assert view.record.state == NodeState.READY
@@ -103,7 +103,7 @@ async def test_registration_installs_engines_and_the_node_becomes_ready(cluster)
     await record_history(install, "EngineInstall")
 
 
-async def test_a_node_cannot_register_under_another_nodes_name(cluster):
+async def test_a_node_cannot_register_under_another_nodes_name(cluster: Cluster) -> None:
     await register(cluster, cluster.node, registration(cluster.node))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     impostor = unique("impostor")
@@ -119,7 +119,9 @@ async def test_a_node_cannot_register_under_another_nodes_name(cluster):
     assert impostor not in (await cluster.ledger()).nodes
 
 
-async def test_a_silent_node_is_unreachable_then_lost_and_its_agent_brings_it_back(cluster):
+async def test_a_silent_node_is_unreachable_then_lost_and_its_agent_brings_it_back(
+    cluster: Cluster,
+) -> None:
     # A short grace in real time: the time-skipping server proved unreliable at skipping here
     # once earlier tests had run replicas (the RPC timed out).
     reg = registration(cluster.node, lost_after_s=3, gone_after_s=6)
@@ -132,7 +134,9 @@ async def test_a_silent_node_is_unreachable_then_lost_and_its_agent_brings_it_ba
     beats = cluster.agent.beats
     await asyncio.sleep(5)
     assert cluster.agent.beats > beats
-    assert (await ledger_record(cluster)).state == NodeState.READY
+    heard = await ledger_record(cluster)
+    assert heard is not None
+    assert heard.state == NodeState.READY
 
     # Silent past the grace: unreachable first, and its agent heard again makes it ready.
     cluster.agent.silent = True
@@ -153,7 +157,9 @@ async def test_a_silent_node_is_unreachable_then_lost_and_its_agent_brings_it_ba
     await record_history(handle, "NodeWatchUnreachableLostBack")
 
 
-async def test_an_agent_that_dies_during_reverification_still_loses_its_node(cluster):
+async def test_an_agent_that_dies_during_reverification_still_loses_its_node(
+    cluster: Cluster,
+) -> None:
     reg = registration(cluster.node, lost_after_s=3, gone_after_s=5)
     await register(cluster, cluster.node, reg)
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
@@ -167,7 +173,9 @@ async def test_an_agent_that_dies_during_reverification_still_loses_its_node(clu
     await record_history(node_handle(cluster), "NodeSilentDuringVerification")
 
 
-async def test_a_failed_install_is_reported_and_placement_refuses_the_node(cluster):
+async def test_a_failed_install_is_reported_and_placement_refuses_the_node(
+    cluster: Cluster,
+) -> None:
     cluster.agent.install_result = EngineState.FAILED
     cluster.agent.install_detail = "cmake: no C++ compiler found"
     await register(cluster, cluster.node, registration(cluster.node))

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
@@ -15,6 +15,7 @@ from tests.history_reading import node_states_published
 from tests.workflows.conftest import (
     Cluster,
     activities_scheduled,
+    ask,
     eventually,
     record_history,
     signal_across_runs,
@@ -22,8 +23,8 @@ from tests.workflows.conftest import (
     unique,
 )
 from tests.workflows.fake_agent import FakeAgent
-from tests.workflows.test_node import ask, ledger_record, node_handle, register, registration
-from workflows.contracts import EngineState, NodeHeartbeat, NodeState
+from tests.workflows.test_node import ledger_record, node_handle, register, registration
+from workflows.contracts import EngineState, NodeHeartbeat, NodeState, NodeView
 from workflows.names import NodeActivity, node_task_queue, node_workflow_id
 from workflows.node.workflow import NodeWorkflow
 
@@ -43,7 +44,7 @@ async def agent_worker(client: Client, agent: FakeAgent, watch: bool = True) -> 
             await asyncio.sleep(0.5)  # the agent's hand-over (workers/agent.py HAND_OVER_S)
 
 
-def node_handle_of(cluster: Cluster, node: str):
+def node_handle_of(cluster: Cluster, node: str) -> WorkflowHandle[NodeWorkflow, NodeView | None]:
     return cluster.client.get_workflow_handle_for(NodeWorkflow.run, node_workflow_id(node))
 
 
@@ -94,7 +95,7 @@ async def installed(cluster: Cluster) -> None:
     await eventually(there, timeout=30)
 
 
-async def test_heartbeats_write_no_history(cluster):
+async def test_heartbeats_write_no_history(cluster: Cluster) -> None:
     await register(cluster, cluster.node, registration(cluster.node, lost_after_s=3))
     await installed(cluster)
 
@@ -123,10 +124,12 @@ async def test_heartbeats_write_no_history(cluster):
     assert (now_run, cluster.agent.watches) == (run, watches)
     assert latest > first
     assert await history_length(cluster.client, cluster.node) == before
-    assert (await ledger_record(cluster)).state == NodeState.READY
+    record = await ledger_record(cluster)
+    assert record is not None
+    assert record.state == NodeState.READY
 
 
-async def test_a_dead_agent_makes_its_node_unreachable_then_lost(cluster):
+async def test_a_dead_agent_makes_its_node_unreachable_then_lost(cluster: Cluster) -> None:
     async with own_node(cluster, "dead") as node:
         await dead_agent(cluster, node)
 
@@ -155,7 +158,7 @@ async def dead_agent(cluster: Cluster, node: str) -> None:
     )
 
 
-async def test_an_agent_restart_does_not_flap_its_node(cluster):
+async def test_an_agent_restart_does_not_flap_its_node(cluster: Cluster) -> None:
     async with own_node(cluster, "restart") as node:
         await restarts(cluster, node)
 
@@ -202,7 +205,7 @@ async def restarts(cluster: Cluster, node: str) -> None:
     await running
 
 
-async def test_an_agent_without_the_watch_is_heard_through_its_signals(cluster):
+async def test_an_agent_without_the_watch_is_heard_through_its_signals(cluster: Cluster) -> None:
     async with own_node(cluster, "old") as node:
         await old_agent(cluster, node)
 
@@ -242,7 +245,9 @@ async def old_agent(cluster: Cluster, node: str) -> None:
     await record_history(handle, "NodeWatchOldAgent")
 
 
-async def test_an_agent_that_fails_its_watch_is_alive_but_not_asked_in_a_loop(cluster):
+async def test_an_agent_that_fails_its_watch_is_alive_but_not_asked_in_a_loop(
+    cluster: Cluster,
+) -> None:
     cluster.agent.watch_error = ApplicationError("watch broke", non_retryable=True)
     await register(cluster, cluster.node, registration(cluster.node, lost_after_s=4))
     await installed(cluster)
@@ -251,7 +256,9 @@ async def test_an_agent_that_fails_its_watch_is_alive_but_not_asked_in_a_loop(cl
     # the node stays ready, and the watch is asked again after a pause (half the grace), not
     # at once.
     await asyncio.sleep(8)
-    assert (await ledger_record(cluster)).state == NodeState.READY
+    record = await ledger_record(cluster)
+    assert record is not None
+    assert record.state == NodeState.READY
     assert 2 <= cluster.agent.watches - watches <= 6
     # Then it goes silent: the failed-watch pause does not hide that.
     cluster.agent.watch_error = None

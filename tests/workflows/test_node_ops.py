@@ -3,9 +3,12 @@ cordon, drain, remove, lose it; and the schedules' refresh and onboarding."""
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import cast
 
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.exceptions import TemporalError
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 
@@ -113,7 +116,7 @@ def placement(model: str = "m") -> PlacementRequest:
     )
 
 
-async def test_the_first_identity_is_pinned_and_another_token_is_refused(cluster):
+async def test_the_first_identity_is_pinned_and_another_token_is_refused(cluster: Cluster) -> None:
     await register(cluster, cluster.node, registration(cluster.node, identity="token-a"))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
 
@@ -130,14 +133,16 @@ async def test_the_first_identity_is_pinned_and_another_token_is_refused(cluster
     assert view.boot_id == "boot-2"
 
 
-async def test_no_agent_can_register_as_the_node_external_models_routes_name(cluster):
+async def test_no_agent_can_register_as_the_node_external_models_routes_name(
+    cluster: Cluster,
+) -> None:
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await register(cluster, "external", registration("external"))
     assert "reserved for external models' routes" in str(refused.value.cause)
     assert "external" not in (await cluster.ledger()).nodes
 
 
-async def test_a_live_node_name_cannot_be_taken_by_another_machine(cluster):
+async def test_a_live_node_name_cannot_be_taken_by_another_machine(cluster: Cluster) -> None:
     first = registration(cluster.node)
     first.inventory.machine_id, first.inventory.hostname = "aaaa", "rack1-07"
     cluster.agent.inventory = first.inventory  # what its agent's watch sees too
@@ -151,7 +156,9 @@ async def test_a_live_node_name_cannot_be_taken_by_another_machine(cluster):
     assert "live on another machine (rack1-07)" in str(refused.value.cause)
 
 
-async def test_an_expected_node_waits_with_its_labels_until_its_agent_registers(cluster):
+async def test_an_expected_node_waits_with_its_labels_until_its_agent_registers(
+    cluster: Cluster,
+) -> None:
     labels = {"rack": "r1", "tier": "a"}
     await add_node(cluster.client, NodeAdd(name=cluster.node, labels=labels), cluster.task_queue)
     cluster.started.append(node_handle(cluster))
@@ -173,7 +180,7 @@ async def test_an_expected_node_waits_with_its_labels_until_its_agent_registers(
     assert record.labels == {"rack": "r1", "tier": "a", "gpu": "none"}
 
 
-async def test_cordon_keeps_new_replicas_away_until_uncordon(cluster):
+async def test_cordon_keeps_new_replicas_away_until_uncordon(cluster: Cluster) -> None:
     await register(cluster, cluster.node, registration(cluster.node))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     handle = node_handle(cluster)
@@ -201,7 +208,7 @@ async def test_cordon_keeps_new_replicas_away_until_uncordon(cluster):
     assert await cluster.fleet.release(allocation.replica_id)
 
 
-async def test_drain_moves_each_replica_after_its_successor_serves(cluster):
+async def test_drain_moves_each_replica_after_its_successor_serves(cluster: Cluster) -> None:
     await register(cluster, cluster.node, registration(cluster.node))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     model = await serving_model(cluster)
@@ -220,6 +227,7 @@ async def test_drain_moves_each_replica_after_its_successor_serves(cluster):
 
         await eventually(drained, timeout=30)
         record = await ledger_record(cluster)
+        assert record is not None
         assert record.cordoned
         assert record.state == NodeState.READY
     await record_history(node_handle(cluster), "NodeDrained")
@@ -231,7 +239,9 @@ async def served_route(cluster: Cluster, rid: str) -> Route | None:
     return next((r for r in table.routes if r.replica_id == rid), None)
 
 
-async def test_an_unreachable_node_keeps_its_replicas_and_serves_again_when_heard(cluster):
+async def test_an_unreachable_node_keeps_its_replicas_and_serves_again_when_heard(
+    cluster: Cluster,
+) -> None:
     await register(cluster, cluster.node, registration(cluster.node, lost_after_s=3))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     model = await serving_model(cluster)
@@ -268,7 +278,7 @@ async def test_an_unreachable_node_keeps_its_replicas_and_serves_again_when_hear
         assert replica_id(model, 1) not in (await cluster.ledger()).allocations
 
 
-async def test_a_lost_nodes_replicas_are_placed_elsewhere(cluster):
+async def test_a_lost_nodes_replicas_are_placed_elsewhere(cluster: Cluster) -> None:
     # A short grace: time cannot be skipped while the replica's supervise activity runs.
     reg = registration(cluster.node, lost_after_s=3, gone_after_s=5)
     await register(cluster, cluster.node, reg)
@@ -285,7 +295,7 @@ async def test_a_lost_nodes_replicas_are_placed_elsewhere(cluster):
     await record_history(node_handle(cluster), "NodeLost")
 
 
-async def test_remove_takes_the_node_out_and_moves_its_replicas(cluster):
+async def test_remove_takes_the_node_out_and_moves_its_replicas(cluster: Cluster) -> None:
     await register(cluster, cluster.node, registration(cluster.node))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     model = await serving_model(cluster)
@@ -301,7 +311,9 @@ async def test_remove_takes_the_node_out_and_moves_its_replicas(cluster):
         await released(cluster, replica_id(model, 0))
 
 
-async def test_the_refresh_schedule_publishes_a_changed_machine_and_a_broken_engine(cluster):
+async def test_the_refresh_schedule_publishes_a_changed_machine_and_a_broken_engine(
+    cluster: Cluster,
+) -> None:
     await register(cluster, cluster.node, registration(cluster.node))
     await wait_for_node(cluster, NodeState.READY, EngineState.INSTALLED)
     cluster.agent.inventory = NodeInventory(name=cluster.node, cpu_cores=8, memory_mb=32768)
@@ -326,7 +338,9 @@ async def test_the_refresh_schedule_publishes_a_changed_machine_and_a_broken_eng
     assert f"{cluster.node}: llamacpp failed: ldd: libgomp.so.1" in refused.summary
 
 
-async def test_scheduled_onboarding_expects_every_node_in_the_file(cluster, server_config):
+async def test_scheduled_onboarding_expects_every_node_in_the_file(
+    cluster: Cluster, server_config: Path
+) -> None:
     names = [unique("listed"), unique("listed")]
     nodes_file = server_config.parent / "nodes.yaml"
     nodes_file.write_text(
@@ -352,8 +366,8 @@ async def test_scheduled_onboarding_expects_every_node_in_the_file(cluster, serv
 
 
 async def test_onboarding_a_long_list_continues_as_new_and_adds_every_node(
-    cluster, server_config, monkeypatch
-):
+    cluster: Cluster, server_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # More nodes than one batch, and a history budget a batch exceeds: the run must continue
     # as new with the nodes still to add, as it would at 10,000 nodes.
     names = [unique("many") for _ in range(SIGNAL_BATCH + 20)]
@@ -383,7 +397,9 @@ async def test_onboarding_a_long_list_continues_as_new_and_adds_every_node(
     assert len(histories) == 2, "did not continue as new after a batch"
 
 
-async def test_a_broken_nodes_file_fails_the_run_naming_the_field(cluster, server_config):
+async def test_a_broken_nodes_file_fails_the_run_naming_the_field(
+    cluster: Cluster, server_config: Path
+) -> None:
     nodes_file = server_config.parent / "bad-nodes.yaml"
     nodes_file.write_text("nodes:\n  - {name: ok-1, labels: [not, a, map]}\n")
     server_config.write_text(f"nodes_file: {nodes_file}\n")
@@ -393,10 +409,13 @@ async def test_a_broken_nodes_file_fails_the_run_naming_the_field(cluster, serve
             await run.result()
     finally:
         server_config.write_text("")
-    assert "labels" in str(failed.value.cause.cause)
+    # The run failed on an activity's error: a Temporal failure, whose cause names the field.
+    assert "labels" in str(cast(TemporalError, failed.value.cause).cause)
 
 
-async def test_an_engine_disabled_at_add_is_kept_off_and_comes_back_when_enabled(cluster):
+async def test_an_engine_disabled_at_add_is_kept_off_and_comes_back_when_enabled(
+    cluster: Cluster,
+) -> None:
     """`llmgw node add --disable-engine` before the node joins, and `--enable-engine` after."""
     expect = NodeAdd(name=cluster.node, disable_engines=["llamacpp"])
     view = await add_node(cluster.client, expect, cluster.task_queue)
@@ -422,7 +441,7 @@ async def test_an_engine_disabled_at_add_is_kept_off_and_comes_back_when_enabled
     await record_history(node_handle(cluster), "NodeEngineDisabledThenEnabled")
 
 
-async def test_an_add_naming_an_unknown_engine_is_refused(cluster):
+async def test_an_add_naming_an_unknown_engine_is_refused(cluster: Cluster) -> None:
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await add_node(
             cluster.client, NodeAdd(name=cluster.node, disable_engines=["vlm"]), cluster.task_queue

@@ -90,8 +90,8 @@ async def own_fleet(tmp_path: Path) -> AsyncIterator[FleetTables]:
 
 
 async def test_a_frozen_control_plane_costs_no_node_its_routes_or_replicas(
-    dev_server, own_fleet, tmp_path
-):
+    dev_server: tuple[subprocess.Popen[bytes], Client], own_fleet: FleetTables, tmp_path: Path
+) -> None:
     fleet = own_fleet
     server, client = dev_server
     config = tmp_path / "llmgw.yaml"

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
+import pytest
 from temporalio.worker import Worker
 
 from activities.agent.liveness import NodePulse
@@ -86,8 +87,8 @@ async def record_of(cluster: Cluster, node: str) -> NodeRecord | None:
 
 
 async def test_an_unchanged_node_adds_no_history_and_a_change_reaches_its_record(
-    cluster, monkeypatch
-):
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(options, "ENGINE_REVERIFY_ON_NODE", timedelta(seconds=VERIFY_S))
     async with real_watch_agent(cluster) as (node, agent, pulse, machine):
         await register(cluster, node, registration(node, boot_id=pulse.boot_id))

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 from temporalio import activity
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
@@ -120,7 +121,9 @@ async def route_watch(cluster: Cluster, rid: str) -> AsyncIterator[list[ReplicaS
         await task
 
 
-async def serving_model(cluster: Cluster, replicas: int, monkeypatch) -> ModelSpec:
+async def serving_model(
+    cluster: Cluster, replicas: int, monkeypatch: pytest.MonkeyPatch
+) -> ModelSpec:
     """A model of `replicas` replicas, every one serving, that checks its replicas every second."""
     await cluster.add_node(cores=8)
     monkeypatch.setenv(CHECK_EVERY, "1")
@@ -136,7 +139,9 @@ async def serving_model(cluster: Cluster, replicas: int, monkeypatch) -> ModelSp
     return model
 
 
-async def test_a_terminated_replica_comes_back_and_adopts_its_engine(cluster, monkeypatch):
+async def test_a_terminated_replica_comes_back_and_adopts_its_engine(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = await serving_model(cluster, 1, monkeypatch)
     r0, workflow_id = replica_id(model.name, 0), replica_workflow_id(model.name, 0)
     pid = cluster.agent.engines[r0].pid
@@ -173,7 +178,9 @@ async def test_a_terminated_replica_comes_back_and_adopts_its_engine(cluster, mo
     )
 
 
-async def test_a_cancelled_replica_or_model_refuses_and_keeps_serving(cluster, monkeypatch):
+async def test_a_cancelled_replica_or_model_refuses_and_keeps_serving(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = await serving_model(cluster, 1, monkeypatch)
     r0 = replica_id(model.name, 0)
     replica_wf, model_wf = replica_workflow_id(model.name, 0), model_workflow_id(model.name)
@@ -207,7 +214,9 @@ async def test_a_cancelled_replica_or_model_refuses_and_keeps_serving(cluster, m
     await record_history(model_handle, "ModelRefusesCancel")
 
 
-async def test_a_model_applied_again_after_terminate_adopts_its_replicas(cluster, monkeypatch):
+async def test_a_model_applied_again_after_terminate_adopts_its_replicas(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = await serving_model(cluster, 2, monkeypatch)
     r0, r1 = replica_id(model.name, 0), replica_id(model.name, 1)
     pids = {r: cluster.agent.engines[r].pid for r in (r0, r1)}
@@ -255,7 +264,9 @@ async def reset_to_first_task(client: Client, workflow_id: str) -> str:
     return answer.run_id
 
 
-async def test_a_replica_reset_to_its_start_adopts_its_engine(dev_cluster, monkeypatch):
+async def test_a_replica_reset_to_its_start_adopts_its_engine(
+    dev_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # On a dev server: the time-skipping test server does not implement reset.
     cluster = dev_cluster
     model = await serving_model(cluster, 1, monkeypatch)
@@ -294,7 +305,9 @@ class GatedInstallAgent(FakeAgent):
         return await super().install(req)
 
 
-async def test_a_node_refuses_cancel_and_restarts_a_terminated_install(dev_cluster):
+async def test_a_node_refuses_cancel_and_restarts_a_terminated_install(
+    dev_cluster: Cluster,
+) -> None:
     # On a dev server: the time-skipping test server never tells a parent its child was
     # terminated.
     cluster = dev_cluster

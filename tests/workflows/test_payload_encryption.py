@@ -45,7 +45,9 @@ async def server() -> AsyncIterator[WorkflowEnvironment]:
 
 
 def client_with(env: WorkflowEnvironment, keys: PayloadKeys | None) -> Client:
-    return Client(**{**env.client.config(), "data_converter": data_converter(keys)})
+    config = env.client.config()  # a copy of the environment's
+    config["data_converter"] = data_converter(keys)
+    return Client(**config)
 
 
 async def run_echo(client: Client) -> tuple[str, ModelSpec]:

@@ -35,7 +35,9 @@ def spec(cores: int = 2) -> ModelSpec:
     return ModelSpec(name=unique("m"), weights="/w/model.gguf", cpu_cores=cores, engine_version="1")
 
 
-async def start_replica(cluster: Cluster, model: ModelSpec):
+async def start_replica(
+    cluster: Cluster, model: ModelSpec
+) -> tuple[str, WorkflowHandle[ReplicaWorkflow, ReplicaView]]:
     rid = replica_id(model.name, 0)
     handle = await cluster.start(
         ReplicaWorkflow.run,
@@ -119,7 +121,9 @@ async def put_node(
     await fleet.upsert_node(record)
 
 
-async def test_replica_becomes_routable_restarts_after_exit_and_releases_on_stop(cluster):
+async def test_replica_becomes_routable_restarts_after_exit_and_releases_on_stop(
+    cluster: Cluster,
+) -> None:
     await cluster.add_node()
     rid, handle = await start_replica(cluster, spec())
 
@@ -129,6 +133,7 @@ async def test_replica_becomes_routable_restarts_after_exit_and_releases_on_stop
 
     await eventually(ready)
     route = await cluster.route(rid)
+    assert route is not None
     alloc = (await cluster.ledger()).allocations[rid]
     assert route.endpoint == f"http://127.0.0.1:{alloc.port}"
     assert route.node == cluster.node
@@ -153,7 +158,9 @@ async def test_replica_becomes_routable_restarts_after_exit_and_releases_on_stop
     assert rid not in state.routes
 
 
-async def test_a_replica_publishing_kv_events_routes_with_where_to_read_them(cluster):
+async def test_a_replica_publishing_kv_events_routes_with_where_to_read_them(
+    cluster: Cluster,
+) -> None:
     # What the agent reports at launch is what gateways read to route by the engine's cache,
     # and it stays on the route through a restart of the engine.
     await cluster.add_node()
@@ -178,7 +185,7 @@ async def test_a_replica_publishing_kv_events_routes_with_where_to_read_them(clu
     await eventually(lambda: ready_with(None, 1))
 
 
-async def test_replica_waits_for_a_node_and_says_why(cluster):
+async def test_replica_waits_for_a_node_and_says_why(cluster: Cluster) -> None:
     await cluster.add_node(engine_state=EngineState.INSTALLING)
     rid, handle = await start_replica(cluster, spec())
 
@@ -210,7 +217,9 @@ async def test_replica_waits_for_a_node_and_says_why(cluster):
     await finished(cluster.client, handle.id)
 
 
-async def test_engine_exit_reported_by_a_restarted_agent_restarts_the_engine(cluster):
+async def test_engine_exit_reported_by_a_restarted_agent_restarts_the_engine(
+    cluster: Cluster,
+) -> None:
     await cluster.add_node()
     rid, handle = await start_replica(cluster, spec())
 

@@ -2,9 +2,10 @@
 until the engine is known stopped or the node is gone, and moves off a node it keeps failing
 on, saying why."""
 
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.workflows.conftest import eventually, finished, record_history, unique
+from tests.workflows.conftest import Cluster, eventually, finished, record_history, unique
 from tests.workflows.fake_agent import FakeAgent
 from tests.workflows.test_replica import (
     describe,
@@ -20,8 +21,8 @@ from workflows.replica.workflow import ReplicaWorkflow
 
 
 async def test_a_replica_whose_agent_is_gone_stops_when_told_and_frees_only_once_the_node_is_gone(
-    cluster,
-):
+    cluster: Cluster,
+) -> None:
     ghost = unique("ghost")  # in the ledger, but no agent serves its queue
     await put_node(cluster.fleet, ghost)
     try:
@@ -64,7 +65,9 @@ async def test_a_replica_whose_agent_is_gone_stops_when_told_and_frees_only_once
         await put_node(cluster.fleet, ghost, state=NodeState.REMOVED)
 
 
-async def test_a_stop_for_a_node_declared_gone_still_reaches_an_agent_that_answers(cluster):
+async def test_a_stop_for_a_node_declared_gone_still_reaches_an_agent_that_answers(
+    cluster: Cluster,
+) -> None:
     await cluster.add_node()
     rid, handle = await start_replica(cluster, spec())
 
@@ -84,7 +87,9 @@ async def test_a_stop_for_a_node_declared_gone_still_reaches_an_agent_that_answe
     assert rid not in state.routes
 
 
-async def test_a_replica_failing_on_one_node_moves_to_another_and_says_why(cluster, env):
+async def test_a_replica_failing_on_one_node_moves_to_another_and_says_why(
+    cluster: Cluster, env: WorkflowEnvironment
+) -> None:
     other = unique("n2")
     healthy = FakeAgent(other)
     async with Worker(env.client, task_queue=node_task_queue(other), activities=healthy.all()):
@@ -122,7 +127,7 @@ async def test_a_replica_failing_on_one_node_moves_to_another_and_says_why(clust
             await put_node(cluster.fleet, other, state=NodeState.REMOVED)
 
 
-async def test_a_port_another_program_holds_is_skipped_not_crash_looped(cluster):
+async def test_a_port_another_program_holds_is_skipped_not_crash_looped(cluster: Cluster) -> None:
     """Seen: anything else listening on the node's first engine port left the demo replica
     `restarting` every 60 s, forever. Nothing started, so nothing is retried there."""
     await cluster.add_node()

@@ -24,7 +24,7 @@ async def state_and_detail(cluster: Cluster, rid: str) -> tuple[ReplicaState, st
     return None if route is None else (route.state, route.detail)
 
 
-async def test_the_node_fetches_the_weights_before_the_engine_starts(cluster):
+async def test_the_node_fetches_the_weights_before_the_engine_starts(cluster: Cluster) -> None:
     await cluster.add_node()
     agent = cluster.agent
     agent.fetch_gate = asyncio.Event()
@@ -60,7 +60,9 @@ async def test_the_node_fetches_the_weights_before_the_engine_starts(cluster):
     await finished(cluster.client, handle.id, ReplicaView)
 
 
-async def test_a_stop_during_the_fetch_ends_the_replica_without_starting_it(cluster):
+async def test_a_stop_during_the_fetch_ends_the_replica_without_starting_it(
+    cluster: Cluster,
+) -> None:
     await cluster.add_node()
     cluster.agent.fetch_gate = asyncio.Event()  # a fetch that would take hours
     rid, handle = await start_replica(cluster, artifact_spec())
@@ -72,7 +74,7 @@ async def test_a_stop_during_the_fetch_ends_the_replica_without_starting_it(clus
     assert rid not in (await cluster.ledger()).allocations
 
 
-async def test_a_failed_fetch_says_why_and_starts_nothing(cluster):
+async def test_a_failed_fetch_says_why_and_starts_nothing(cluster: Cluster) -> None:
     await cluster.add_node()
     cluster.agent.fetch_error = ApplicationError(
         "needs 12.0 GB, 3.1 GB free", type="NoSpace", non_retryable=True
@@ -93,7 +95,9 @@ async def _fetch_started(cluster: Cluster) -> bool:
     return bool(cluster.agent.fetches)
 
 
-async def test_the_adapters_of_the_placed_profile_are_fetched_with_the_weights(cluster):
+async def test_the_adapters_of_the_placed_profile_are_fetched_with_the_weights(
+    cluster: Cluster,
+) -> None:
     await cluster.add_node()
     adapter = "sha256:" + "cd" * 32
     model = artifact_spec()
@@ -112,7 +116,7 @@ async def test_the_adapters_of_the_placed_profile_are_fetched_with_the_weights(c
     await finished(cluster.client, handle.id, ReplicaView)
 
 
-async def test_a_replica_waits_for_a_node_with_the_disk_for_its_weights(cluster):
+async def test_a_replica_waits_for_a_node_with_the_disk_for_its_weights(cluster: Cluster) -> None:
     await cluster.add_node()
     node = (await cluster.ledger()).nodes[cluster.node]
 

@@ -4,7 +4,10 @@ node's refusal nor engine output."""
 
 from datetime import timedelta
 
-from tests.workflows.conftest import eventually, finished, record_history, unique
+import pytest
+from temporalio.api.history.v1 import HistoryEvent
+
+from tests.workflows.conftest import Cluster, eventually, finished, record_history, unique
 from tests.workflows.test_replica import (
     decoded,
     describe,
@@ -32,7 +35,7 @@ FORCED = 40
 RUN_BOUND = FORCED + 160
 
 
-def activities_named(history: list, name: str) -> int:
+def activities_named(history: list[HistoryEvent], name: str) -> int:
     return sum(
         1
         for event in history
@@ -42,8 +45,8 @@ def activities_named(history: list, name: str) -> int:
 
 
 async def test_a_crash_looping_replica_continues_as_new_keeps_counting_and_still_stops(
-    dev_cluster, monkeypatch
-):
+    dev_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # On a dev server (conftest.dev_cluster says why): told to stop while its backoff timer
     # fired, the replica never closed on the time-skipping server. Timers run in real time
     # there, so the backoff is capped at a second.
@@ -87,8 +90,8 @@ async def test_a_crash_looping_replica_continues_as_new_keeps_counting_and_still
 
 
 async def test_a_restarted_replica_continues_as_new_on_its_allocation_without_placing_again(
-    cluster, monkeypatch
-):
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(history_budget, "FORCE_EVERY_EVENTS", 30)
     await cluster.add_node()
     rid, handle = await start_replica(cluster, spec())
@@ -131,8 +134,8 @@ async def test_a_restarted_replica_continues_as_new_on_its_allocation_without_pl
 
 
 async def test_a_replica_waiting_for_room_continues_as_new_and_is_placed_once_there_is_room(
-    cluster, monkeypatch
-):
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(history_budget, "FORCE_EVERY_EVENTS", 30)
     await cluster.add_node(engine_state=EngineState.INSTALLING)
     rid, handle = await start_replica(cluster, spec())
@@ -167,7 +170,9 @@ async def test_a_replica_waiting_for_room_continues_as_new_and_is_placed_once_th
     assert rid not in state.routes
 
 
-async def test_a_refused_placement_records_a_summary_not_every_nodes_reason(cluster):
+async def test_a_refused_placement_records_a_summary_not_every_nodes_reason(
+    cluster: Cluster,
+) -> None:
     full = [unique("full") for _ in range(30)]
     for name in full:
         await put_node(cluster.fleet, name, cores=1)

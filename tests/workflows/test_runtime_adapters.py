@@ -50,7 +50,7 @@ async def routes_list(cluster: Cluster, model: ModelSpec, names: list[str]) -> b
     return len(ready) == model.replicas and all(r.adapters == names for r in ready)
 
 
-async def test_a_vllm_replica_loads_new_adapters_without_a_restart(cluster):
+async def test_a_vllm_replica_loads_new_adapters_without_a_restart(cluster: Cluster) -> None:
     await cluster.add_node(cores=16, engine="vllm", version=VLLM_VERSION)
     # Each engine reports where gateways hear its KV events, with the adapters it launched with.
     cluster.agent.kv = KvSource(feed="http://n1:8003", block_size=32, adapters={"sql": SQL.path})
@@ -106,7 +106,7 @@ async def test_a_vllm_replica_loads_new_adapters_without_a_restart(cluster):
     )
 
 
-async def test_a_replica_whose_engine_refuses_the_adapters_is_replaced(cluster):
+async def test_a_replica_whose_engine_refuses_the_adapters_is_replaced(cluster: Cluster) -> None:
     await cluster.add_node(cores=16, engine="vllm", version=VLLM_VERSION)
     model = adapter_spec("vllm", [SQL], replicas=1)
     handle = await start(cluster, model)
@@ -136,7 +136,7 @@ async def test_a_replica_whose_engine_refuses_the_adapters_is_replaced(cluster):
     await remove(cluster, handle)
 
 
-async def test_llamacpp_adapters_still_restart_the_replica(cluster):
+async def test_llamacpp_adapters_still_restart_the_replica(cluster: Cluster) -> None:
     await cluster.add_node(cores=16)
     gguf = LoraAdapter(name="sql", path="/adapters/sql.gguf")
     model = adapter_spec("llamacpp", [gguf], replicas=1)
@@ -160,7 +160,9 @@ async def test_llamacpp_adapters_still_restart_the_replica(cluster):
     await remove(cluster, handle)
 
 
-async def test_new_adapters_told_while_the_engine_restarts_are_launched_with_it(cluster):
+async def test_new_adapters_told_while_the_engine_restarts_are_launched_with_it(
+    cluster: Cluster,
+) -> None:
     await cluster.add_node(cores=16, engine="vllm", version=VLLM_VERSION)
     model = adapter_spec("vllm", [SQL], replicas=1)
     handle = await start(cluster, model)

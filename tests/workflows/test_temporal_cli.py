@@ -85,7 +85,7 @@ async def record_shows(
 
 async def test_the_documented_node_signals_and_replica_query_work_from_the_temporal_cli(
     dev_cluster: Cluster, server_config: Path
-):
+) -> None:
     cluster = dev_cluster
     # Agents start their node's workflow on the shared control queue: served here too.
     activities = control_activities(cluster.client, cluster.fleet, server_config)

@@ -2,6 +2,8 @@
 keeps what it had, and its history holds no trace of the refused update (so a bad update can
 never wedge a workflow or replay into a failure)."""
 
+from typing import Any
+
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
@@ -15,13 +17,13 @@ from workflows.names import node_workflow_id
 from workflows.node.workflow import NodeWorkflow
 
 
-async def accepted_updates(handle: WorkflowHandle) -> int:
+async def accepted_updates(handle: WorkflowHandle[Any, Any]) -> int:
     history = await handle.fetch_history()
     accepted = EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
     return sum(1 for event in history.events if event.event_type == accepted)
 
 
-async def test_an_add_naming_another_node_is_refused_and_not_recorded(cluster: Cluster):
+async def test_an_add_naming_another_node_is_refused_and_not_recorded(cluster: Cluster) -> None:
     name = unique("n")
     await add_node(cluster.client, NodeAdd(name=name, labels={"rack": "a"}), cluster.task_queue)
     handle = cluster.client.get_workflow_handle(node_workflow_id(name))
@@ -41,7 +43,9 @@ async def test_an_add_naming_another_node_is_refused_and_not_recorded(cluster: C
     assert await accepted_updates(handle) == 1, "only the first add was recorded"
 
 
-async def test_a_removal_with_a_runaway_reason_is_refused_and_the_model_runs_on(cluster):
+async def test_a_removal_with_a_runaway_reason_is_refused_and_the_model_runs_on(
+    cluster: Cluster,
+) -> None:
     model = cpu_spec(replicas=0)
     handle = await start(cluster, model)
     with pytest.raises(WorkflowUpdateFailedError) as refused:
