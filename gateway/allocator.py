@@ -17,9 +17,15 @@ import ctypes
 # mallopt's parameters (glibc's malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-# Freed heap kept rather than given back: four times the largest body the gateway accepts by
-# default (16 MB).
-TRIM_BYTES = 64 * 1024 * 1024
+# Freed heap kept rather than given back: four of the largest bodies the gateway accepts by
+# default (16 MB), each held twice on its way to a body-parsing worker (the pieces read off the
+# socket, then their join). At 64 MB, four such bodies at once gave more back after each round
+# and took it again: a loop of that took 82 ms a round where it took 28 at 128 MB (29,000 page
+# faults against 3,300), and a well-behaved client's p99 beside them (bench-abuse's `big`) was
+# 28-84 ms, median 74, at 64 MB (five runs), 18-38, median 28, at 128 (three) and 15-44, median
+# 27, at 256 (five). The price: after such a burst the process stays near its peak (about 235
+# MB there, against 128 at 64 MB).
+TRIM_BYTES = 128 * 1024 * 1024
 # Blocks up to this size come from the heap (every body the gateway accepts by default), where
 # freed memory is reused; glibc refuses more than 32 MB here on 64-bit machines.
 MMAP_BYTES = 32 * 1024 * 1024
