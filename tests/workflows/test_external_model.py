@@ -1,7 +1,7 @@
 """An external model: servers llmgw does not run, one ready route per URL and nothing placed."""
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from tests.workflows.conftest import Cluster, ask, eventually, finished, record_history, unique
@@ -78,7 +78,9 @@ async def test_external_urls_become_ready_routes_that_follow_the_definition(
     state = await cluster.ledger()
     assert not [a for a in state.allocations.values() if a.model == name]
     assert await no_workflow(cluster, replica_workflow_id(name, 0))
-    handle = cluster.client.get_workflow_handle_for(ModelWorkflow.run, model_workflow_id(name))
+    handle: WorkflowHandle[ModelWorkflow, ModelView] = cluster.client.get_workflow_handle_for(
+        ModelWorkflow.run, model_workflow_id(name)
+    )
     described = await ask(handle, ModelWorkflow.describe)
     assert described.replica_ids == [e0, e1]
 
@@ -187,6 +189,8 @@ async def test_each_urls_route_names_its_own_engines_kv_event_source(cluster: Cl
         return all(r.kv is None for r in (await routes_of(cluster, name)).values())
 
     await eventually(plain)
-    handle = cluster.client.get_workflow_handle_for(ModelWorkflow.run, model_workflow_id(name))
+    handle: WorkflowHandle[ModelWorkflow, ModelView] = cluster.client.get_workflow_handle_for(
+        ModelWorkflow.run, model_workflow_id(name)
+    )
     await handle.execute_update(ModelWorkflow.remove, RemoveModel())
     await finished(cluster.client, handle.id, ModelView)

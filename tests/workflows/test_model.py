@@ -1,7 +1,7 @@
 """The model workflow: replicas follow the declared count, and removal leaves nothing behind."""
 
 import pytest
-from temporalio.client import WorkflowUpdateFailedError
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 
 from tests.workflows.conftest import Cluster, ask, eventually, finished, record_history, unique
 from workflows.contracts import (
@@ -82,7 +82,7 @@ async def test_model_scales_down_newest_first_and_removal_releases_everything(
     assert await serving(cluster, model) == [r0]
     assert cluster.agent.stops == [r1]
     assert cluster.agent.running() == [r0]
-    replica1 = cluster.client.get_workflow_handle_for(
+    replica1: WorkflowHandle[ReplicaWorkflow, ReplicaView] = cluster.client.get_workflow_handle_for(
         ReplicaWorkflow.run, replica_workflow_id(model.name, 1)
     )
     stopped = await finished(cluster.client, replica1.id, ReplicaView)

@@ -96,8 +96,10 @@ async def test_registration_installs_engines_and_the_node_becomes_ready(cluster:
     assert described.boot_id == "boot-1"
     assert described.record.engines["llamacpp"].state == EngineState.INSTALLED
 
-    install = cluster.client.get_workflow_handle_for(
-        EngineInstallWorkflow.run, engine_install_workflow_id(cluster.node, "llamacpp", V)
+    install: WorkflowHandle[EngineInstallWorkflow, EngineStatus] = (
+        cluster.client.get_workflow_handle_for(
+            EngineInstallWorkflow.run, engine_install_workflow_id(cluster.node, "llamacpp", V)
+        )
     )
     assert (await install.result()).state == EngineState.INSTALLED
     await record_history(install, "EngineInstall")
