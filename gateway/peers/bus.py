@@ -85,6 +85,7 @@ class PeerBus:
         self._loads_at = 0.0
         self._connected: dict[str, str] = {}  # peer -> its address
         self._asked: dict[str, float] = {}  # peer -> when it was last asked for a snapshot
+        self._ask_later: dict[str, asyncio.TimerHandle] = {}  # peer -> its ask put off
         self._tasks: set[asyncio.Task[None]] = set()
         self._complete = asyncio.Event()  # set when a snapshot completes the picture
         self._loops: list[PeriodicTask] = []
@@ -130,6 +131,9 @@ class PeerBus:
     async def close(self) -> None:
         for loop in self._loops:
             await loop.stop()
+        for handle in self._ask_later.values():
+            handle.cancel()
+        self._ask_later.clear()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -194,11 +198,24 @@ class PeerBus:
                 self._ask(str(peer))
 
     def _ask(self, peer: str) -> None:
+        if peer not in self._connected or peer in self._ask_later:
+            return
         now = self._clock()
-        if now - self._asked.get(peer, -ASK_AGAIN_S) < ASK_AGAIN_S or peer not in self._connected:
+        wait = self._asked.get(peer, -ASK_AGAIN_S) + ASK_AGAIN_S - now
+        if wait > 0:
+            # Put off, not dropped: a gap seen just after a snapshot (a batch published before
+            # this process's subscription reached the peer) would otherwise wait for the next
+            # announce, which start() does not run while it waits for the snapshots.
+            handle = asyncio.get_running_loop().call_later(wait, self._ask_put_off, peer)
+            self._ask_later[peer] = handle
             return
         self._asked[peer] = now
         self._spawn(self._take_snapshot(peer), f"peer-ask-{peer}")
+
+    def _ask_put_off(self, peer: str) -> None:
+        del self._ask_later[peer]
+        if not self.picture.peers().get(peer, True):  # still known and still not heard
+            self._ask(peer)
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(work, name=name)

@@ -8,11 +8,13 @@ import asyncio
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
+import pytest
 import zmq
 import zmq.asyncio
 
-from gateway.peers.bus import PeerBus, advertised_host
+from gateway.peers.bus import SNAPSHOT_WAIT_S, PeerBus, advertised_host
 from gateway.peers.wire import seal
 from gateway.routing import RequestKey, Router
 from gateway.routing.prefix_index import PrefixIndex
@@ -23,10 +25,14 @@ from workflows.engine_keys import peer_bus_key, prefix_hash_key
 SNAP = routes("r-0", "r-1", "r-2")
 
 
-async def bus(store: Store, loads: dict[str, int] | None = None) -> PeerBus:
+async def unstarted_bus(store: Store, loads: dict[str, int] | None = None) -> PeerBus:
     master = await store.master_secret()
     router = Router(index=PrefixIndex(hash_key=prefix_hash_key(master)))
-    found = PeerBus(store, router, lambda: loads or {}, peer_bus_key(master), "127.0.0.1")
+    return PeerBus(store, router, lambda: loads or {}, peer_bus_key(master), "127.0.0.1")
+
+
+async def bus(store: Store, loads: dict[str, int] | None = None) -> PeerBus:
+    found = await unstarted_bus(store, loads)
     await found.start()
     return found
 
@@ -135,6 +141,35 @@ async def test_an_outbox_that_overflowed_makes_the_peers_ask_for_a_snapshot(stor
         gaps = b.picture.gaps
         await until(lambda: b.picture.gaps > gaps)  # the skipped number is seen as a loss
         await until(lambda: b.picture.complete)  # and a snapshot asked for and taken
+    finally:
+        await b.close()
+        await a.close()
+
+
+async def test_a_snapshot_lost_while_starting_is_asked_again_before_it_serves(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a batch published before b's subscription reached a does to b's first snapshot: a
+    # gap just after it. b asks again as soon as it may, within its start, not after it.
+    a = await bus(store)
+    b = await unstarted_bus(store)
+    taken = b.picture.snapshot_of
+    calls: list[str] = []
+
+    async def first_one_lost(name: str, found: dict[str, Any], now: float) -> bool:
+        calls.append(name)
+        applied = await taken(name, found, now)
+        if len(calls) == 1:  # the batch after the snapshot's number was lost
+            return b.picture.batch(name, int(found["seq"]) + 2, [], now)
+        return applied
+
+    monkeypatch.setattr(b.picture, "snapshot_of", first_one_lost)
+    started = time.perf_counter()
+    await b.start()
+    try:
+        assert calls == [a.name, a.name]
+        assert b.picture.peers() == {a.name: True}
+        assert time.perf_counter() - started < SNAPSHOT_WAIT_S - 1
     finally:
         await b.close()
         await a.close()
