@@ -310,6 +310,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self.cycle is not None:
             # Before the cycle's task first runs, so the application is given this class's send.
             self.cycle.__class__ = ResponseCycle
+            cast(ResponseCycle, self.cycle).loop = self.loop
             if not any(c is self.cycle for c, _ in self.pipeline):
                 self._body_awaited = True
 

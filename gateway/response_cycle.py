@@ -3,6 +3,8 @@ gateway/http_limits.py's protocol relies on (it gives each request's cycle this 
 
 from __future__ import annotations
 
+import asyncio
+
 from uvicorn._types import (
     ASGIReceiveEvent,
     ASGISendEvent,
@@ -31,9 +33,11 @@ class ResponseCycle(RequestResponseCycle):
       `connection: close` and leaves the closing to the protocol's `on_response_complete`
       (uvicorn would close at once, which can reset the connection before the client reads the
       answer).
-    - An answer with a Content-Length (every answer but a stream) goes out with its head and
-      the body's first bytes in one write: uvicorn writes them apart, two system calls and two
-      TCP segments where one does. A stream's head goes at once.
+    - An answer goes out with its head and the body's first bytes in one write: uvicorn
+      writes them apart, two system calls and two TCP segments where one does. A stream's head
+      waits for nothing: its first event goes with it if the application sends that before the
+      loop's next turn (the relay does when the engine's first read holds it), else the head
+      goes then, alone.
     Otherwise as uvicorn's `send` (0.54): the same head, the same checks of headers (the first
     error found may be another header's) and of the body's length. Its own rather than
     uvicorn's wrapped: wrapping took two calls of uvicorn's `send` and a stand-in transport per
@@ -49,6 +53,9 @@ class ResponseCycle(RequestResponseCycle):
     (the body is bounded by the protocol's limit, as the application's read of it was)."""
 
     _held_head = b""
+    # The connection's loop, set by the protocol (gateway/http_limits.py): asyncio's lookup of
+    # the running loop asks the kernel for the process id each time (CPython 3.11).
+    loop: asyncio.AbstractEventLoop | None = None
     # The request body's pieces not yet received, their size, and whether `receive` waits.
     _pieces: list[bytes] | None = None
     _piece_bytes = 0
@@ -166,16 +173,26 @@ class ResponseCycle(RequestResponseCycle):
             content.append(b"transfer-encoding: chunked\r\n")
         content.append(b"\r\n")
         head = b"".join(content)
-        if self.chunked_encoding is False and not early:
-            self._held_head = head  # for the body's first write
-        else:
+        if early:
             self.transport.write(head)
+        else:
+            self._held_head = head  # for the body's first write
+            if self.chunked_encoding is not False:
+                # A stream's: sent by the body's first write if that comes before the loop's
+                # next turn (an event the engine had sent already), else then, on its own.
+                loop = self.loop or asyncio.get_running_loop()
+                loop.call_soon(self._send_held_head)
         if early:
             answered_early = getattr(
                 getattr(self.on_response, "__self__", None), "answered_early", None
             )
             if answered_early is not None:
                 answered_early(self)
+
+    def _send_held_head(self) -> None:
+        head, self._held_head = self._held_head, b""
+        if head and not self.disconnected and not self.transport.is_closing():
+            self.transport.write(head)
 
     def _body(self, message: HTTPResponseBodyEvent) -> None:
         body = message.get("body", b"")

@@ -1,7 +1,8 @@
 """The gateway's request cycle (gateway/response_cycle.py) on a real uvicorn server with the
 gateway's protocol: a plain answer leaves in one write, head and body together; a HEAD request
-still gets its head; a stream's head is not held back for its first event; an answer started
-before the body was read still closes its connection; a header value holding a line break is
+still gets its head; a stream's head is not held back for its first event, and goes with it
+when it is sent at once; an answer started before the body was read still closes its
+connection; a header value holding a line break is
 never sent; a body of unknown length is chunked; a request body sent in pieces reaches the
 application whole, in one message, and an application not yet reading holds reading back."""
 
@@ -53,6 +54,12 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.body", "body": b"abc", "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": True})
         await send({"type": "http.response.body", "body": b"de", "more_body": False})
+        return
+    if path == "/stream-ready":  # the first event already in hand: sent with the head
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        await asyncio.sleep(0.3)
+        await send({"type": "http.response.body", "body": b"data: 2\n\n", "more_body": False})
         return
     if path == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -144,6 +151,17 @@ async def test_a_streams_head_is_not_held_for_its_first_event() -> None:
         assert got[0].startswith(b"HTTP/1.1 200 ")
         assert b"data: 1" not in got[0], "the head came alone, before the late event"
     assert WRITES[0].endswith(b"\r\n\r\n"), "the head in a write of its own"
+
+
+async def test_a_streams_head_goes_with_an_event_sent_at_once() -> None:
+    async with serving() as port:
+        request = http_request("POST", "/stream-ready", headers={"Connection": "close"}, body=b"{}")
+        got = await asyncio.to_thread(reads, port, request, 10**9)
+    first, second = WRITES
+    assert first.startswith(b"HTTP/1.1 200 ")
+    assert first.endswith(b"\r\n\r\n9\r\ndata: 1\n\n\r\n"), first
+    assert second == b"9\r\ndata: 2\n\n\r\n0\r\n\r\n"
+    assert b"".join(got) == first + second
 
 
 async def test_an_answer_before_the_body_closes_the_connection() -> None:
