@@ -173,21 +173,20 @@ class ResponseCycle(RequestResponseCycle):
             content.append(b"transfer-encoding: chunked\r\n")
         content.append(b"\r\n")
         head = b"".join(content)
-        if early:
-            self.transport.write(head)
-        else:
+        if not early:
             self._held_head = head  # for the body's first write
             if self.chunked_encoding is not False:
                 # A stream's: sent by the body's first write if that comes before the loop's
                 # next turn (an event the engine had sent already), else then, on its own.
                 loop = self.loop or asyncio.get_running_loop()
                 loop.call_soon(self._send_held_head)
-        if early:
-            answered_early = getattr(
-                getattr(self.on_response, "__self__", None), "answered_early", None
-            )
-            if answered_early is not None:
-                answered_early(self)
+            return
+        self.transport.write(head)
+        answered_early = getattr(
+            getattr(self.on_response, "__self__", None), "answered_early", None
+        )
+        if answered_early is not None:
+            answered_early(self)
 
     def _send_held_head(self) -> None:
         head, self._held_head = self._held_head, b""
