@@ -28,17 +28,15 @@ from typing import Any
 import httpx
 import pytest
 
-from engines.build_llamacpp import build_llamacpp
 from engines.llamacpp import command_line
 from gateway.body_parse import upstream_payload
 from gateway.lora import UpstreamBodies
 from gateway.request_body import ProxiedRequest
+from tests.e2e.llamacpp_kit import llama_server
 from tests.ports import free_port
 from workers.demo import DEMO_MODEL, demo_weights
-from workers.paths import default_cache_dir
 from workflows.contracts import ReplicaState, Route
 from workflows.contracts.models import LoraAdapter, ModelSpec, Profile
-from workflows.engine_plan import LLAMACPP_DEFAULT_VERSION
 
 pytestmark = pytest.mark.e2e
 
@@ -85,13 +83,6 @@ def rank1_adapter(path: Path, b_scale: float) -> None:
     b = [b_scale * math.cos(0.9 * j + 1.1) for j in range(HIDDEN)]
     tensors = {f"{TARGET}.lora_a": ([HIDDEN, 1], a), f"{TARGET}.lora_b": ([1, HIDDEN], b)}
     write_lora_gguf(path, tensors)
-
-
-def llama_server() -> Path:
-    """The real llama-server, from the build the agent's installer caches (built here on a
-    machine that has none yet, as the first `llmgw up` would)."""
-    dist = build_llamacpp(LLAMACPP_DEFAULT_VERSION, default_cache_dir(), lambda _: None)
-    return dist / "llama-server"
 
 
 @pytest.fixture(scope="module")
