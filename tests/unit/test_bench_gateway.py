@@ -199,7 +199,9 @@ async def test_load_generator_counts_answers_from_the_stand_in() -> None:
                 port,
                 request,
                 concurrency=2,
-                duration_s=0.2,
+                # A second, not a fifth: on a busy machine a fresh-clone run saw the first
+                # answers of both connections come after a 0.2 s window had closed.
+                duration_s=1.0,
                 warmup_s=0.05,
                 expect_done=stream,
             )
