@@ -23,8 +23,8 @@ M_MMAP_THRESHOLD = -3
 # and took it again: a loop of that took 82 ms a round where it took 28 at 128 MB (29,000 page
 # faults against 3,300), and a well-behaved client's p99 beside them (bench-abuse's `big`) was
 # 28-84 ms, median 74, at 64 MB (five runs), 18-38, median 28, at 128 (three) and 15-44, median
-# 27, at 256 (five). The price: after such a burst the process stays near its peak (about 235
-# MB there, against 128 at 64 MB).
+# 27, at 256 (five). The price: after such a burst the process stays near its peak (264 MB
+# after a whole bench-abuse run, where it went back to 166 at 64 MB).
 TRIM_BYTES = 128 * 1024 * 1024
 # Blocks up to this size come from the heap (every body the gateway accepts by default), where
 # freed memory is reused; glibc refuses more than 32 MB here on 64-bit machines.

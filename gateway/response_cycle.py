@@ -53,9 +53,10 @@ class ResponseCycle(RequestResponseCycle):
     (the body is bounded by the protocol's limit, as the application's read of it was)."""
 
     _held_head = b""
-    # The connection's loop, set by the protocol (gateway/http_limits.py): asyncio's lookup of
-    # the running loop asks the kernel for the process id each time (CPython 3.11).
-    loop: asyncio.AbstractEventLoop | None = None
+    # The connection's loop, set by the protocol (gateway/http_limits.py) as it gives a cycle
+    # this class: asyncio's lookup of the running loop asks the kernel for the process id each
+    # time (CPython 3.11).
+    loop: asyncio.AbstractEventLoop
     # The request body's pieces not yet received, their size, and whether `receive` waits.
     _pieces: list[bytes] | None = None
     _piece_bytes = 0
@@ -178,8 +179,7 @@ class ResponseCycle(RequestResponseCycle):
             if self.chunked_encoding is not False:
                 # A stream's: sent by the body's first write if that comes before the loop's
                 # next turn (an event the engine had sent already), else then, on its own.
-                loop = self.loop or asyncio.get_running_loop()
-                loop.call_soon(self._send_held_head)
+                self.loop.call_soon(self._send_held_head)
             return
         self.transport.write(head)
         answered_early = getattr(

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import subprocess
 
-from engines.llamacpp import command_line
 from tests.e2e.llamacpp_kit import llama_server
-from workflows.contracts import LoraAdapter, ModelSpec, Profile
+from tests.unit.test_llamacpp_command import command_line, spec
+from workflows.contracts import LoraAdapter
 
-MODEL = ModelSpec(name="smollm2", weights="/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 LORA = [LoraAdapter(name="sql", path="/a/sql.gguf"), LoraAdapter(name="fr", path="/a/fr.gguf")]
 PROFILES = {
-    "cpu": Profile(context_size=8192, parallel=4),
-    "gpu": Profile(context_size=8192, parallel=4, gpu_class="l4-22g", gpus_per_node=1),
-    "lora": Profile(context_size=8192, parallel=4, lora=LORA),
+    "cpu": spec(),
+    "gpu": spec(gpu_class="l4-22g", gpus_per_node=1),
+    "lora": spec(lora=LORA),
 }
 
 
@@ -29,6 +28,6 @@ def test_every_flag_llmgw_sets_is_known_to_the_real_build() -> None:
     listed = shown.stdout + shown.stderr
     assert "--port" in listed, listed[-2000:]  # the help itself, not an error
     for name, profile in PROFILES.items():
-        argv = command_line(server, MODEL, profile, "127.0.0.1", 18001, 2)
+        argv = command_line(server, profile, "127.0.0.1", 18001, 2)
         for flag in (a for a in argv[1:] if a.startswith("-")):
             assert f"{flag}," in listed or f"{flag} " in listed, f"{name}: {flag} not in --help"

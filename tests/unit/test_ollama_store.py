@@ -9,13 +9,11 @@ import os
 import re
 import struct
 from pathlib import Path
-from typing import cast
 
 import pytest
-from temporalio.client import Client
 
 from engines.llamacpp import command_line
-from workers.cli import build_parser
+from tests.unit.test_model_commands import NO_CLIENT, parse
 from workers.commands import model as model_commands
 from workers.ollama import store as ollama_store
 from workers.ollama.gguf_header import gguf_has_chat_template
@@ -103,8 +101,6 @@ class FakeStore:
 
 
 WEIGHTS = gguf()
-# The command's client only reaches apply_model, which the command tests replace.
-NO_CLIENT = cast(Client, None)
 PARAMS_JSON = {"stop": ["<|im_start|>", "<|im_end|>"], "temperature": 0.2, "num_ctx": 2048}
 
 
@@ -126,7 +122,7 @@ def fake(tmp_path: Path) -> FakeStore:
 
 
 def parse_import(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["model", "import-ollama", *argv])
+    return parse("import-ollama", *argv)
 
 
 # --- names ----------------------------------------------------------------------------------
