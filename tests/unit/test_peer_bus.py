@@ -167,7 +167,10 @@ async def test_a_snapshot_lost_while_starting_is_asked_again_before_it_serves(
     started = time.perf_counter()
     await b.start()
     try:
-        assert calls == [a.name, a.name]
+        # Asked again at least once; a third ask is no fault: on a loaded machine b's
+        # subscription can reach a after the second snapshot too, and the same path mends it.
+        assert len(calls) >= 2
+        assert set(calls) == {a.name}
         assert b.picture.peers() == {a.name: True}
         assert time.perf_counter() - started < SNAPSHOT_WAIT_S - 1
     finally:
