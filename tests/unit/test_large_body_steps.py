@@ -13,7 +13,13 @@ import pytest
 from gateway import json_body, prompt_estimate
 from gateway.body_parse import INLINE_BYTES_PER_VALUE, INLINE_SIZE_FACTOR, few_values
 from gateway.errors import ApiError
-from gateway.json_body import check_surrogates, lone_surrogate_at
+from gateway.json_body import (
+    FIND_AT_MOST,
+    FIND_FROM_BYTES,
+    check_surrogates,
+    count_byte,
+    lone_surrogate_at,
+)
 from gateway.prompt_estimate import estimate_prompt_tokens
 from gateway.routing.request_key import prompt_bytes
 
@@ -63,6 +69,22 @@ def test_few_values_sends_dense_bodies_to_a_worker() -> None:
         assert len(raw) <= one_mb
         assert not few_values(raw, inline)
         assert not few_values_before(raw, inline)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_count_byte_counts_as_bytes_count_does(seed: int) -> None:
+    # Large bodies find their first few by `find` and the rest by deleting: every count near the
+    # switch, at both sizes, stopped at every limit near it, as bytes.count (bounded) gives it.
+    rng = random.Random(seed)
+    for size in (FIND_FROM_BYTES - 1, FIND_FROM_BYTES, 4 * FIND_FROM_BYTES):
+        for count in (0, 1, FIND_AT_MOST - 1, FIND_AT_MOST, FIND_AT_MOST + 1, 500):
+            data = bytearray(rng.choice(b"ab{[") for _ in range(size))
+            for at in rng.sample(range(size), count):
+                data[at] = ord(":")
+            raw = bytes(data)
+            for limit in (-1, 0, 1, FIND_AT_MOST - 1, FIND_AT_MOST, count, count + 1):
+                expected = raw.count(b":") if limit < 0 else min(raw.count(b":"), limit)
+                assert count_byte(raw, b":", limit) == expected, (size, count, limit)
 
 
 def _surrogate_answer(raw: bytes) -> str | None:
