@@ -17,6 +17,7 @@ from gateway.routing.prefix_index import (
     RECENT_PROMPT_BYTES,
     RECENT_PROMPTS,
     REFRESH_S,
+    SAMPLE_BYTES,
     PrefixIndex,
     block_hashes,
 )
@@ -109,15 +110,27 @@ def test_the_recent_prompts_are_bounded_and_hold_only_what_the_keys_cover() -> N
     for n in range(RECENT_PROMPTS * 2):
         index.hashes(n.to_bytes(4, "big") * (MAX_BLOCKS * BLOCK_BYTES))  # 256 KB each
     assert len(index._recent) == RECENT_PROMPTS
-    assert all(len(prompt) == MAX_BLOCKS * BLOCK_BYTES for prompt in index._recent)
+    held = dict(index._recent.values())
+    assert all(len(prompt) == MAX_BLOCKS * BLOCK_BYTES for prompt in held)
     # The least recently used went first: the earliest are gone, the latest are there.
     first, last = (
         n.to_bytes(4, "big") * (MAX_BLOCKS * BLOCK_BYTES // 4) for n in (0, RECENT_PROMPTS * 2 - 1)
     )
-    held = set(index._recent)
     assert first not in held, "the oldest prompt was kept"
     assert last in held, "the latest prompt was not kept"
-    assert index._recent[last] == tuple(block_hashes(last))
+    assert held[last] == tuple(block_hashes(last))
+
+
+def test_prompts_alike_at_both_ends_each_get_their_own_keys() -> None:
+    # Found by their length and ends first: two prompts that differ only in the middle share a
+    # place, and each turn must still give each its own keys, whichever held the place last.
+    index = PrefixIndex()
+    ends = b"e" * (SAMPLE_BYTES + BLOCK_BYTES)
+    one, other = (ends + middle * RECENT_PROMPT_BYTES + ends for middle in (b"1", b"2"))
+    for _ in range(3):
+        for prompt in (one, other, other, one):
+            assert list(index.hashes(bytes(bytearray(prompt)))) == block_hashes(prompt)
+    assert len(index._recent) == 1
 
 
 def test_longest_match_picks_the_replica_that_served_the_shared_system_prompt() -> None:
