@@ -212,12 +212,14 @@ class Router(PrefixChoice):
             replica_id, sent_lately, now, self.working_sets.window_s
         )
 
-    def learn_prefix(self, replica_id: str, keys: Sequence[int], now: float) -> None:
+    def learn_prefix(self, replica_id: str, keys: Sequence[int], now: float) -> bool:
         """`replica_id` was sent the prompt of these block keys (by this gateway, or by another
-        that said so: gateway/peers/)."""
-        self.index.insert_hashes(replica_id, keys, now)
+        that said so: gateway/peers/). False where the index had it from less than REFRESH_S
+        ago (prefix_index.py): then every gateway was told it within that time."""
+        taken = self.index.insert_hashes(replica_id, keys, now)
         self._indexed.add(replica_id)
         self.working_sets.sent(replica_id, keys, now)
+        return taken
 
     def learn_claims(self, claims: Claims, now: float) -> None:
         """Another gateway's record of what was sent where (its prefix index's claims, or a

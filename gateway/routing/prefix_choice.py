@@ -61,7 +61,7 @@ class PrefixChoice:
             self, model: str, loads: Sequence[int], among: Collection[int] | None = None
         ) -> int: ...
 
-        def learn_prefix(self, replica_id: str, keys: Sequence[int], now: float) -> None: ...
+        def learn_prefix(self, replica_id: str, keys: Sequence[int], now: float) -> bool: ...
 
     def _starts_prefix(self, keys: Sequence[int], matches: Mapping[str, int]) -> bool:
         """Whether the prompt of these block keys starts a prefix: long enough, and no replica
@@ -153,13 +153,14 @@ class PrefixChoice:
         elif chosen is None:
             chosen = self._least_loaded(request.model, loads, self._spares(slots, loads, least))
 
-        if keys:
-            # Whatever the reason, the chosen engine will now cache this prompt: a hot prefix
-            # that overflowed onto a second replica is then matched on both. Kept for replicas
-            # with KV events too: it routes them while their feed is down.
-            self.learn_prefix(ids[chosen], keys, now)
-            if self.outbox is not None:
-                self.outbox.prefix_sent(ids[chosen], keys)
+        # Whatever the reason, the chosen engine will now cache this prompt: a hot prefix that
+        # overflowed onto a second replica is then matched on both. Kept for replicas with KV
+        # events too: it routes them while their feed is down. Told to the other gateways only
+        # where the index took it: a prompt resent within REFRESH_S was told them when it was
+        # taken (a resent 200 KB context's 256 keys, listed, packed and signed for every
+        # request, were 2-3% of its CPU).
+        if keys and self.learn_prefix(ids[chosen], keys, now) and self.outbox is not None:
+            self.outbox.prefix_sent(ids[chosen], keys)
         uncached = judged.uncached(chosen) if judged is not None else prompt if sticky else None
         return chosen, reason, matched, kv.get(ids[chosen]), predicted.get(chosen), uncached
 

@@ -226,16 +226,17 @@ class PrefixIndex:
         recent[ends] = (read, keys)
         return keys
 
-    def insert(self, replica_id: str, prompt: bytes, now: float) -> None:
-        self.insert_hashes(replica_id, self.hashes(prompt), now)
+    def insert(self, replica_id: str, prompt: bytes, now: float) -> bool:
+        return self.insert_hashes(replica_id, self.hashes(prompt), now)
 
-    def insert_hashes(self, replica_id: str, keys: Sequence[int], now: float) -> None:
-        """Record that `replica_id` was sent the prefix these chain keys describe."""
+    def insert_hashes(self, replica_id: str, keys: Sequence[int], now: float) -> bool:
+        """Record that `replica_id` was sent the prefix these chain keys describe; False where
+        that was recorded less than REFRESH_S ago and nothing changed."""
         nodes = self._nodes
         get, move_to_end = nodes.get, nodes.move_to_end
         held = self._held(replica_id, keys)
         if held and held == len(keys) and 0.0 <= now - nodes[keys[-1]][replica_id] < REFRESH_S:
-            return
+            return False
         added = 0
         # Deepest first, so every parent ends up more recent than its children. A block new to
         # the index is added at the end, which is its place when the blocks go deepest first:
@@ -265,6 +266,7 @@ class PrefixIndex:
             _, evicted = nodes.popitem(last=False)
             claims -= len(evicted)
         self._claims = claims
+        return True
 
     def longest_match(self, prompt: bytes, candidates: Collection[str]) -> dict[str, int]:
         return self.longest_match_hashes(self.hashes(prompt), candidates)

@@ -12,7 +12,7 @@ from gateway.peers.outbox import PeerOutbox
 from gateway.peers.picture import STALE_S, SharedPicture, snapshot
 from gateway.routing import LoadSample, RequestKey, Router, RoutingSnapshot
 from gateway.routing.breaker import BreakerState
-from gateway.routing.prefix_index import Claims, PrefixIndex
+from gateway.routing.prefix_index import REFRESH_S, Claims, PrefixIndex
 from workflows.contracts import ReplicaState, Route, RoutingTable
 
 KEY = b"k" * 32
@@ -77,13 +77,37 @@ async def test_a_prefix_one_gateway_sent_is_followed_by_the_other() -> None:
     first = a.router.choose(snap, RequestKey("m", SYSTEM + b"Q: my chain slips"), {}, now=1.0)
     assert first.route is not None
     assert tell(a, b, 1.0)
-    # b never sent this prefix, yet routes its follow-up where a did, by prefix.
-    follow = b.router.choose(snap, RequestKey("m", SYSTEM + b"Q: brakes squeal"), {}, now=1.5)
+    # b never sent this prefix, yet routes its follow-up where a did, by prefix (a question
+    # long enough to add blocks of its own, which b then tells: test below).
+    follow = b.router.choose(snap, RequestKey("m", SYSTEM + b"Q: brakes squeal" * 20), {}, now=1.5)
     assert follow.reason == "prefix"
     assert follow.route is not None
     assert follow.route.replica_id == first.route.replica_id
     # And it says nothing back about it as its own: the outbox holds b's decision only.
     assert [item[0] for item in b.outbox.take()] == ["p"]
+
+
+async def test_a_prompt_resent_within_the_refresh_interval_is_told_once() -> None:
+    # An agent resending its context: the index takes it once per REFRESH_S, and so do the
+    # other gateways, whose record of where it went is then as fresh as the sender's.
+    a, b = Gateway("a"), Gateway("b")
+    await joined(a, b)
+    snap = routes("r-0", "r-1")
+    prompt = SYSTEM + b"Q: my chain slips"
+    kinds = []
+    replicas = set()
+    for now in (1.0, 1.0 + REFRESH_S / 2, 1.0 + REFRESH_S):
+        decision = a.router.choose(snap, RequestKey("m", prompt), {}, now=now)
+        assert decision.route is not None
+        replicas.add(decision.route.replica_id)
+        seq, items = a.batch()
+        kinds.append([item[0] for item in items])
+        assert b.picture.batch(a.name, seq, items, now)
+    assert kinds == [["p", "l"], ["l"], ["p", "l"]]
+    (replica,) = replicas
+    keys = b.router.index.hashes(prompt)
+    assert b.router.index.last_used(replica, keys) == a.router.index.last_used(replica, keys)
+    assert b.router.index.last_used(replica, keys) == 1.0 + REFRESH_S
 
 
 async def test_a_gateway_that_joins_late_gets_the_whole_record_in_its_snapshot() -> None:
