@@ -247,13 +247,13 @@ def test_bad_sizes_are_refused() -> None:
 class PlainInsert(PrefixIndex):
     """`insert_hashes` written the plain way: nothing where every block is held and the deepest
     was sent within REFRESH_S; else times set, claims counted, then every block moved to the end
-    deepest first, then the oldest nodes evicted."""
+    deepest first, then the oldest nodes evicted. False where it did nothing."""
 
-    def insert_hashes(self, replica_id: str, keys: Sequence[int], now: float) -> None:
+    def insert_hashes(self, replica_id: str, keys: Sequence[int], now: float) -> bool:
         held = self._held(replica_id, keys)
         all_held = bool(keys) and held == len(keys)
         if all_held and now - self._nodes[keys[-1]][replica_id] < REFRESH_S:
-            return
+            return False
         for key in keys[:held]:
             self._nodes[key][replica_id] = now
         for key in keys[held:]:
@@ -266,6 +266,7 @@ class PlainInsert(PrefixIndex):
         while self._claims > self.max_claims:
             _, evicted = self._nodes.popitem(last=False)
             self._claims -= len(evicted)
+        return True
 
 
 def state(index: PrefixIndex, now: float) -> tuple[object, ...]:
@@ -306,8 +307,7 @@ def test_insert_leaves_the_index_as_the_plain_algorithm_does() -> None:
             if target is not None:
                 target.insert(replica, prompt, now)
                 continue
-            fast.insert(replica, prompt, now)
-            plain.insert(replica, prompt, now)
+            assert fast.insert(replica, prompt, now) == plain.insert(replica, prompt, now)
             assert fast.longest_match(prompt, replicas) == plain.longest_match(prompt, replicas)
         assert state(fast, now) == state(plain, now)
     assert len(fast) == 300  # the bound was reached, so eviction was compared too
