@@ -90,14 +90,11 @@ def count_byte(data: bytes, byte: bytes, limit: int = -1) -> int:
     and a byte as rare as that is counted without the copy."""
     if len(data) >= FIND_FROM_BYTES:
         find = data.find
-        found = 0
-        at = find(byte)
-        while at >= 0 and found != limit:
+        found, at = 0, find(byte)
+        while at >= 0 and found != limit and found < FIND_AT_MOST:
             found += 1
-            if found == FIND_AT_MOST:
-                break
             at = find(byte, at + 1)
-        else:
+        if at < 0 or found == limit:  # all of them, or as many as asked
             return found
     return len(data) - len(data.replace(byte, b"", limit))
 

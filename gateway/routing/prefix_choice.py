@@ -158,7 +158,7 @@ class PrefixChoice:
         # events too: it routes them while their feed is down. Told to the other gateways only
         # where the index took it: a prompt resent within REFRESH_S was told them when it was
         # taken (a resent 200 KB context's 256 keys, listed, packed and signed for every
-        # request, were 2-3% of its CPU).
+        # request, were about 2% of its CPU).
         if keys and self.learn_prefix(ids[chosen], keys, now) and self.outbox is not None:
             self.outbox.prefix_sent(ids[chosen], keys)
         uncached = judged.uncached(chosen) if judged is not None else prompt if sticky else None
