@@ -59,5 +59,11 @@ def test_the_remote_playground_needs_the_session_and_its_csrf_token(
         log = gateway.state.request_log
         assert log is not None
         wanted = RequestFilter(request_id=response.headers["x-request-id"])
-        (record,) = log.query(wanted, 1)
+        # The gateway logs a request once its handler returns, after the last byte went out: a
+        # client that has read [DONE] can ask before then (a fresh clone's run did).
+        deadline = time.monotonic() + 5
+        while not (found := log.query(wanted, 1)):
+            assert time.monotonic() < deadline, "the request was never logged"
+            time.sleep(0.01)
+        (record,) = found
         assert (record.key_name, record.replica, record.status) == ("remote-app", "smol-0", 200)
