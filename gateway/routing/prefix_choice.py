@@ -153,14 +153,16 @@ class PrefixChoice:
         elif chosen is None:
             chosen = self._least_loaded(request.model, loads, self._spares(slots, loads, least))
 
-        # Whatever the reason, the chosen engine will now cache this prompt: a hot prefix that
-        # overflowed onto a second replica is then matched on both. Kept for replicas with KV
-        # events too: it routes them while their feed is down. Told to the other gateways only
-        # where the index took it: a prompt resent within REFRESH_S was told them when it was
-        # taken (a resent 200 KB context's 256 keys, listed, packed and signed for every
-        # request, were about 2% of its CPU).
-        if keys and self.learn_prefix(ids[chosen], keys, now) and self.outbox is not None:
-            self.outbox.prefix_sent(ids[chosen], keys)
+        if keys:
+            # Whatever the reason, the chosen engine will now cache this prompt: a hot prefix
+            # that overflowed onto a second replica is then matched on both. Kept for replicas
+            # with KV events too: it routes them while their feed is down.
+            taken = self.learn_prefix(ids[chosen], keys, now)
+            # Told to the other gateways only where the index took it: a prompt resent within
+            # REFRESH_S was told them when it was taken (a resent 200 KB context's 256 keys,
+            # listed, packed and signed for every request, were about 2% of its CPU).
+            if taken and self.outbox is not None:
+                self.outbox.prefix_sent(ids[chosen], keys)
         uncached = judged.uncached(chosen) if judged is not None else prompt if sticky else None
         return chosen, reason, matched, kv.get(ids[chosen]), predicted.get(chosen), uncached
 

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from gateway.observe.request_log import RequestFilter
+from tests.browser_kit import until
 from tests.console_kit import ConsoleGateway, console_gateway
 from tests.gateway_kit import MODEL, fast_settings, recording_standin_thread, route
 from tests.unit.test_console_remote import logged_in, make_key
@@ -61,9 +62,5 @@ def test_the_remote_playground_needs_the_session_and_its_csrf_token(
         wanted = RequestFilter(request_id=response.headers["x-request-id"])
         # The gateway logs a request once its handler returns, after the last byte went out: a
         # client that has read [DONE] can ask before then (a fresh clone's run did).
-        deadline = time.monotonic() + 5
-        while not (found := log.query(wanted, 1)):
-            assert time.monotonic() < deadline, "the request was never logged"
-            time.sleep(0.01)
-        (record,) = found
+        (record,) = until(lambda: log.query(wanted, 1), "the request's log record", within_s=5)
         assert (record.key_name, record.replica, record.status) == ("remote-app", "smol-0", 200)
